@@ -1,0 +1,31 @@
+"""Flags shared by the subcommands that start workers (`run`, `train`)."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..launch import LaunchSpec
+
+
+def add_launch_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("where to run")
+    g.add_argument("-n", "--nproc", type=int, default=None, metavar="NPROC", help="worker processes on this node (default 1)")
+    g.add_argument("--nnodes", type=int, default=1, help="number of nodes (default 1)")
+    g.add_argument("--node-rank", type=int, default=0, help="index of this node, 0..nnodes-1 (default 0)")
+    g.add_argument("--master-addr", default=None, help="address of node 0 (default 127.0.0.1 on one node)")
+    g.add_argument("--master-port", type=int, default=None, help="rendezvous port (default: a free port on one node, 29500 on several)")
+    g.add_argument("--launcher", default="torchrun", help="torchrun (torch's elastic agent, default) or spawn (torch.multiprocessing.spawn)")
+    g.add_argument("--max-restarts", type=int, default=0, help="restart failed workers up to K times (torchrun launcher)")
+    g.add_argument("-v", "--verbose", action="store_true", help="show the launcher's own log")
+
+
+def launch_spec(args: argparse.Namespace) -> LaunchSpec:
+    return LaunchSpec(
+        nproc=1 if args.nproc is None else args.nproc,
+        nnodes=args.nnodes,
+        node_rank=args.node_rank,
+        master_addr=args.master_addr,
+        master_port=args.master_port,
+        launcher=args.launcher,
+        max_restarts=args.max_restarts,
+    )

@@ -1,0 +1,84 @@
+"""`dtrain train`: the ready job, on a built-in task or your own (MODULE:FUNCTION)."""
+
+from __future__ import annotations
+
+import argparse
+
+from .._log import configure_cli_logging
+from ..errors import ConfigError
+from ..launch import launch_function
+from ..tasks import load_task
+from ..train import TrainConfig, worker_main
+from ..world import World
+from .common import add_launch_args, launch_spec
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train", help="train a built-in or your own task", description=__doc__)
+    g = p.add_argument_group("what to train")
+    g.add_argument("--task", default="digits", help="digits (default), mnist, synthetic, or MODULE:FUNCTION")
+    g.add_argument("--task-arg", action="append", default=[], metavar="KEY=VALUE", help="option for the task function (repeatable)")
+    g.add_argument("--data-dir", default=None, help="folder with the task's data files (mnist: the IDX files)")
+    g.add_argument("--strategy", default="auto", help="single, ddp, ... (default: ddp on several processes)")
+    g.add_argument("--precision", default="fp32", help="fp32 (default), bf16-mixed, fp16-mixed")
+    g.add_argument("--epochs", type=int, default=None, help="passes over the data (default: the task's)")
+    g.add_argument("--max-steps", type=int, default=None, help="stop after this many optimizer steps")
+    g.add_argument("--batch-size", type=int, default=None, help="batch of one process (default: the task's)")
+    g.add_argument("--lr", type=float, default=None, help="learning rate (default: the task's)")
+    g.add_argument("--optimizer", default=None, help="sgd, adam, adamw or adadelta (default: the task's)")
+    g.add_argument("--grad-accum", type=int, default=1, help="micro-batches per batch; gradients sync once per batch")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--device", default=None, help="cpu or cuda (default: cuda:<local rank> when available)")
+    g.add_argument("--num-workers", type=int, default=0, help="DataLoader worker processes per rank")
+    g.add_argument("--log-every", type=int, default=20, help="steps between progress lines / metrics records")
+    g.add_argument("--metrics-file", default=None, help="append one JSON line per log interval to this file")
+    g.add_argument("--checkpoint-dir", default=None, help="save model, optimizer and step here at the end")
+    g.add_argument("--save-every", type=int, default=None, help="also save every N steps")
+    add_launch_args(p)
+    p.set_defaults(func=main)
+
+
+def parse_task_args(pairs: list[str]) -> dict[str, str]:
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--task-arg {pair!r} is not KEY=VALUE; write e.g. --task-arg hidden=256.")
+        out[key] = value
+    return out
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    return TrainConfig(
+        task=args.task, task_args=parse_task_args(args.task_arg), data_dir=args.data_dir,
+        strategy=args.strategy, precision=args.precision, epochs=args.epochs, max_steps=args.max_steps,
+        batch_size=args.batch_size, lr=args.lr, optimizer=args.optimizer, grad_accum=args.grad_accum,
+        seed=args.seed, log_every=args.log_every, metrics_file=args.metrics_file,
+        checkpoint_dir=args.checkpoint_dir, save_every=args.save_every, device=args.device,
+        num_workers=args.num_workers,
+    )
+
+
+def validate(cfg: TrainConfig) -> None:
+    """Fail on bad input here, once, before any worker starts."""
+    from .. import strategies
+    from ..precision import Precision
+
+    strategies.build(cfg.strategy) if cfg.strategy != "auto" else None
+    Precision.resolve(cfg.precision, World.detect(device=cfg.device).device)
+    load_task(cfg.task, data_dir=cfg.data_dir, options=cfg.task_args)
+
+
+def main(args: argparse.Namespace) -> int:
+    configure_cli_logging(0, verbose=args.verbose)
+    cfg = config_from_args(args)
+    already_launched = World.detect().distributed  # under torchrun/srun: this process is a worker
+    if already_launched and args.nproc is None:
+        worker_main(cfg)
+        return 0
+    spec = launch_spec(args)
+    validate(cfg)
+    if not spec.needs_launch:
+        worker_main(cfg)
+        return 0
+    return launch_function(spec, worker_main, cfg)

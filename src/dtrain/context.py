@@ -1,0 +1,410 @@
+"""The object a training script holds: ``ctx = dtrain.init(...)``.
+
+    ctx = dtrain.init(strategy="ddp", precision="bf16-mixed")
+    model, optimizer = ctx.setup(model, optimizer)
+    loader = ctx.setup_dataloader(loader)
+    for x, y in loader:
+        with ctx.accumulate(model, steps=4):
+            ctx.backward(loss_fn(model(x), y))
+            optimizer.step()          # a no-op until the 4th micro-step
+            optimizer.zero_grad()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+from . import strategies
+from .checkpoint import atomic_save, safe_load
+from .data.loader import DeviceLoader, reshard, to_device
+from .data.sampler import EvalShardSampler
+from .errors import ConfigError
+from .precision import Precision
+from .strategies.base import Strategy
+from .world import World, destroy_process_group, init_process_group
+
+_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN, "mean": dist.ReduceOp.SUM}
+
+
+def init(
+    strategy: str | Strategy = "auto",
+    precision: str | Precision = "fp32",
+    *,
+    seed: int | None = None,
+    device: str | torch.device | None = None,
+    world: World | None = None,
+    timeout_s: float = 1800.0,
+    **strategy_options: Any,
+) -> Context:
+    """Detect the world, join the process group and build the strategy.
+
+    Collective: call on every rank. ``strategy="auto"`` is ``ddp`` with several processes and
+    ``single`` with one. ``seed`` seeds Python, NumPy and torch on every rank alike.
+    """
+    world = world or World.detect(device=device)
+    if strategy == "auto":
+        strategy = "ddp" if world.distributed else "single"
+    strat = strategies.build(strategy, **strategy_options)
+    prec = Precision.resolve(precision, world.device)
+    owns_group = init_process_group(world, timeout_s=timeout_s)
+    if seed is not None:
+        seed_everything(seed)
+    return Context(world=world, strategy=strat, precision=prec, seed=seed or 0, owns_group=owns_group)
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python, NumPy and torch (CPU and every CUDA device)."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+class DtrainModule(nn.Module):
+    """The model as ``ctx.setup`` returns it: the strategy's wrapper, run under the precision's
+    autocast. ``state_dict`` and ``load_state_dict`` are the user's module's own, so checkpoints
+    carry no wrapper prefixes."""
+
+    def __init__(self, wrapped: nn.Module, original: nn.Module, precision: Precision) -> None:
+        super().__init__()
+        self.module = wrapped
+        object.__setattr__(self, "original", original)  # not a submodule: no duplicate state
+        object.__setattr__(self, "_precision", precision)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        with self._precision.autocast():
+            return self.module(*args, **kwargs)
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        return self.original.state_dict(*args, **kwargs)
+
+    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
+        return self.original.load_state_dict(state_dict, strict=strict, assign=assign)
+
+
+class DtrainOptimizer(torch.optim.Optimizer):
+    """The optimizer as ``ctx.setup`` returns it. ``step`` and ``zero_grad`` do nothing on
+    micro-steps inside ``ctx.accumulate`` that are not the last of their window, and go through
+    the GradScaler when the precision uses one."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, ctx: Context) -> None:
+        # Deliberately no super().__init__: this object only forwards to ``optimizer``.
+        self.optimizer = optimizer
+        self._ctx = ctx
+
+    @property
+    def state(self):  # type: ignore[override]
+        return self.optimizer.state
+
+    @property
+    def param_groups(self):  # type: ignore[override]
+        return self.optimizer.param_groups
+
+    @property
+    def defaults(self):  # type: ignore[override]
+        return self.optimizer.defaults
+
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        if not self._ctx.sync_gradients:
+            return None
+        scaler = self._ctx.scaler
+        if scaler is not None:
+            out = scaler.step(self.optimizer, closure) if closure else scaler.step(self.optimizer)
+            scaler.update()
+            return out
+        return self.optimizer.step(closure) if closure else self.optimizer.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        if self._ctx.sync_gradients:
+            self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state_dict)
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        self.optimizer.add_param_group(param_group)
+
+    def __repr__(self) -> str:
+        return f"DtrainOptimizer({self.optimizer!r})"
+
+
+class Context:
+    """What a training script holds: the world, the strategy, the precision and their helpers."""
+
+    def __init__(self, *, world: World, strategy: Strategy, precision: Precision, seed: int = 0, owns_group: bool = False) -> None:
+        self.world = world
+        self.strategy = strategy
+        self.precision = precision
+        self.seed = seed
+        self.scaler = precision.grad_scaler()
+        self._owns_group = owns_group
+        self._accum_steps = 1
+        self._micro_step = 0
+        self._sync = True
+        self._batches_left: int | None = None
+        self._optimizers: list[DtrainOptimizer] = []
+
+    # -- topology ---------------------------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        return self.world.rank
+
+    @property
+    def local_rank(self) -> int:
+        return self.world.local_rank
+
+    @property
+    def world_size(self) -> int:
+        return self.world.size
+
+    @property
+    def is_main(self) -> bool:
+        return self.world.is_main
+
+    @property
+    def device(self) -> torch.device:
+        return self.world.device
+
+    def __repr__(self) -> str:
+        return f"Context(world={self.world}, strategy={self.strategy.name!r}, precision={self.precision.effective!r})"
+
+    # -- setup ------------------------------------------------------------------------------
+    def setup(self, model: nn.Module, *optimizers: torch.optim.Optimizer) -> Any:
+        """Wrap the model (and optimizers) for the strategy and precision.
+
+        Collective: call on every rank (DDP broadcasts rank 0's parameters). Returns the model
+        alone, or ``(model, optimizer, ...)`` when optimizers are given. Build the optimizer
+        from the original model's parameters before calling this.
+        """
+        wrapped = self.setup_model(model)
+        if not optimizers:
+            return wrapped
+        return (wrapped, *(self.setup_optimizer(o, wrapped) for o in optimizers))
+
+    def setup_model(self, model: nn.Module) -> DtrainModule:
+        """Collective: call on every rank."""
+        if isinstance(model, DtrainModule):
+            raise ConfigError("this model was already set up; call ctx.setup once per model.")
+        inner = self.strategy.setup_model(model, self.world)
+        return DtrainModule(inner, self.strategy.unwrap(inner), self.precision)
+
+    def setup_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module | None = None) -> DtrainOptimizer:
+        inner = model.module if isinstance(model, DtrainModule) else model
+        wrapped = DtrainOptimizer(self.strategy.setup_optimizer(optimizer, inner), self)
+        self._optimizers.append(wrapped)
+        return wrapped
+
+    def setup_dataloader(self, loader: DataLoader, *, shuffle: bool | None = None, move_to_device: bool = True) -> DeviceLoader:
+        """Shard ``loader`` by rank; every new pass over it is a new, reshuffled epoch.
+
+        ``shuffle`` defaults to whether the loader shuffled (``shuffle=True``).
+        """
+        sharded = reshard(loader, rank=self.rank, world_size=self.world_size, seed=self.seed, shuffle=shuffle)
+        device = self.device if move_to_device else torch.device("cpu")
+        return DeviceLoader(sharded, device, on_epoch=self._on_epoch)
+
+    def unwrap(self, model: nn.Module) -> nn.Module:
+        """The user's own module inside the wrappers ``setup`` added."""
+        return model.original if isinstance(model, DtrainModule) else self.strategy.unwrap(model)
+
+    # -- the step ---------------------------------------------------------------------------
+    @property
+    def sync_gradients(self) -> bool:
+        """True when the current micro-step ends an accumulation window (always outside one)."""
+        return self._sync
+
+    def _on_epoch(self, num_batches: int) -> None:
+        self._micro_step = 0
+        self._batches_left = num_batches
+
+    @contextlib.contextmanager
+    def accumulate(self, model: nn.Module, steps: int = 1) -> Iterator[None]:
+        """One micro-step of a window of ``steps``: gradients are only communicated on the last
+        micro-step of the window (or the last batch of the epoch); ``backward`` divides the loss
+        by ``steps`` so the window's gradient is the mean over its micro-batches."""
+        if steps < 1:
+            raise ConfigError(f"accumulate(steps={steps}) must be >= 1.")
+        self._accum_steps = steps
+        self._micro_step += 1
+        if self._batches_left is not None:
+            self._batches_left -= 1
+        last_batch = self._batches_left == 0
+        self._sync = self._micro_step % steps == 0 or last_batch
+        inner = model.module if isinstance(model, DtrainModule) else model
+        try:
+            with contextlib.nullcontext() if self._sync else self.strategy.no_sync(inner):
+                yield
+        finally:
+            if self._sync:
+                self._micro_step = 0
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """The precision's autocast, for computations outside the model's forward (e.g. the loss)."""
+        return self.precision.autocast()
+
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        """``loss.backward()``, divided by the accumulation window and scaled for fp16."""
+        if self._accum_steps > 1:
+            loss = loss / self._accum_steps
+        if self.scaler is not None:
+            loss = self.scaler.scale(loss)
+        loss.backward(**kwargs)
+
+    def clip_grad_norm_(self, model: nn.Module, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        """Clip gradients by their global norm (after unscaling fp16 gradients)."""
+        if self.scaler is not None:
+            for opt in self._optimizers:
+                self.scaler.unscale_(opt.optimizer)
+        return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm, norm_type=norm_type)
+
+    # -- collectives ------------------------------------------------------------------------
+    def all_reduce(self, tensor: torch.Tensor, op: str = "mean") -> torch.Tensor:
+        """Reduce ``tensor`` over all ranks in place and return it.
+
+        Collective: call on every rank. ``op`` is one of mean, sum, max, min.
+        """
+        if op not in _OPS:
+            raise ConfigError(f"unknown reduce op {op!r}; choose one of: {', '.join(_OPS)}.")
+        if self.world.distributed:
+            dist.all_reduce(tensor, op=_OPS[op])
+            if op == "mean":
+                tensor.div_(self.world_size)
+        return tensor
+
+    def all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        """Collective: call on every rank. Every rank's ``tensor`` (same shape on all ranks)."""
+        if not self.world.distributed:
+            return [tensor]
+        out = [torch.empty_like(tensor) for _ in range(self.world_size)]
+        dist.all_gather(out, tensor)
+        return out
+
+    def broadcast(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
+        """Collective: call on every rank. Copy rank ``src``'s tensor to all ranks, in place."""
+        if self.world.distributed:
+            dist.broadcast(tensor, src=src)
+        return tensor
+
+    def broadcast_object(self, obj: Any, src: int = 0) -> Any:
+        """Collective: call on every rank. Rank ``src``'s picklable object, on every rank."""
+        if not self.world.distributed:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=src)
+        return box[0]
+
+    def barrier(self) -> None:
+        """Collective: call on every rank. Wait until every rank gets here."""
+        if self.world.distributed:
+            dist.barrier()
+
+    @contextlib.contextmanager
+    def main_process_first(self) -> Iterator[None]:
+        """Collective: call on every rank. Rank 0 runs the block first (e.g. to prepare a cache)."""
+        if not self.is_main:
+            self.barrier()
+        yield
+        if self.is_main:
+            self.barrier()
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """``print`` on rank 0 only."""
+        if self.is_main:
+            kwargs.setdefault("flush", True)
+            print(*args, **kwargs)
+
+    # -- evaluation -------------------------------------------------------------------------
+    @torch.no_grad()
+    def evaluate(
+        self,
+        model: nn.Module,
+        dataset: Dataset,
+        metric: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        *,
+        batch_size: int = 256,
+        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    ) -> dict[str, float]:
+        """Score ``model`` on ``dataset`` with every sample counted exactly once across ranks.
+
+        Collective: call on every rank. ``metric(outputs, targets)`` returns one value per
+        sample (e.g. 1.0 where the prediction is right); the result is their mean over the whole
+        data set, with ``loss`` the mean loss and ``count`` the number of samples scored.
+        """
+        net = self.unwrap(model)  # no DDP forward: ranks may run different numbers of batches
+        was_training = net.training
+        net.eval()
+        sampler = EvalShardSampler(len(dataset), rank=self.rank, world_size=self.world_size)
+        loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler)
+        totals = torch.zeros(3, dtype=torch.float64, device=self.device)  # metric, loss, count
+        for x, y in loader:
+            x, y = to_device(x, self.device), to_device(y, self.device)
+            with self.precision.autocast():
+                out = net(x)
+            out = out.float()
+            totals[0] += metric(out, y).double().sum()
+            if loss_fn is not None:
+                totals[1] += loss_fn(out, y).double() * len(y)
+            totals[2] += len(y)
+        net.train(was_training)
+        self.all_reduce(totals, op="sum")
+        count = totals[2].item()
+        return {
+            "metric": totals[0].item() / max(count, 1),
+            "loss": totals[1].item() / max(count, 1) if loss_fn is not None else float("nan"),
+            "count": int(count),
+        }
+
+    # -- checkpoints ------------------------------------------------------------------------
+    def save(self, path: str, state: dict[str, Any]) -> None:
+        """Save ``state`` to ``path`` from rank 0, atomically.
+
+        Collective: call on every rank. Values with a ``state_dict()`` (model, optimizer,
+        scheduler) are stored as their state dict.
+        """
+        if self.is_main:
+            atomic_save({k: _state_of(v) for k, v in state.items()}, path)
+        self.barrier()
+
+    def load(self, path: str, state: dict[str, Any]) -> dict[str, Any]:
+        """Load ``path`` (safely: no arbitrary unpickling) into the objects of ``state``.
+
+        Objects with ``load_state_dict`` are restored in place; the returned dict holds every
+        stored value (plain values such as ``step`` included).
+        """
+        stored = safe_load(path, map_location=self.device)
+        for key, obj in state.items():
+            if hasattr(obj, "load_state_dict") and key in stored:
+                obj.load_state_dict(stored[key])
+        return stored
+
+    # -- life cycle -------------------------------------------------------------------------
+    def close(self) -> None:
+        """Leave the process group if ``init`` created it."""
+        if self._owns_group:
+            destroy_process_group()
+            self._owns_group = False
+
+    def __enter__(self) -> Context:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _state_of(value: Any) -> Any:
+    if isinstance(value, DtrainModule):
+        return value.original.state_dict()
+    if hasattr(value, "state_dict") and callable(value.state_dict):
+        return value.state_dict()
+    return value

@@ -1,0 +1,113 @@
+"""Samplers that split a data set between ranks.
+
+``ShardSampler`` (training) draws one permutation per epoch from ``seed + epoch`` on every
+rank alike, pads it with its own first indices to a multiple of the world size (so every
+rank runs the same number of steps, as torch's DistributedSampler does), and gives rank r
+the indices r, r+W, r+2W, ... Because of that interleaving, the first B indices of each of
+W ranks are exactly the first W*B indices of the permutation: W ranks with batch B see the
+same samples per step as one process with batch W*B.
+
+Each ``iter()`` starts the next epoch by itself, so a training loop needs no
+``set_epoch`` call to reshuffle (calling it still works).
+
+``EvalShardSampler`` (evaluation) never pads: every sample is seen exactly once across
+ranks, which a padded sampler cannot promise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+from torch.utils.data import Sampler
+
+from ..errors import ConfigError
+
+
+def _check_rank(rank: int, world_size: int) -> None:
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ConfigError(f"rank {rank} / world size {world_size} is not a valid shard.")
+
+
+class ShardSampler(Sampler[int]):
+    """This rank's share of a data set, reshuffled every epoch, resumable."""
+
+    def __init__(
+        self,
+        length: int,
+        *,
+        rank: int = 0,
+        world_size: int = 1,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+    ) -> None:
+        _check_rank(rank, world_size)
+        self.length = length
+        self.rank = rank
+        self.world_size = world_size
+        self.shuffle = shuffle
+        self.seed = seed
+        self.drop_last = drop_last
+        self.epoch = -1
+        """The epoch of the iteration in progress (-1 before the first)."""
+        self._next_epoch = 0
+        self._skip = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make the next iteration use ``epoch``'s permutation."""
+        self._next_epoch = epoch
+
+    def skip(self, n: int) -> None:
+        """Leave out the first ``n`` of this rank's indices in the next iteration (resume mid-epoch)."""
+        self._skip = n
+
+    def __len__(self) -> int:
+        if self.drop_last:
+            return self.length // self.world_size
+        return -(-self.length // self.world_size)
+
+    def global_order(self, epoch: int) -> list[int]:
+        """The permutation for ``epoch``, padded or trimmed to a multiple of the world size."""
+        if self.shuffle:
+            g = torch.Generator()
+            g.manual_seed(self.seed + epoch)
+            order = torch.randperm(self.length, generator=g).tolist()
+        else:
+            order = list(range(self.length))
+        total = len(self) * self.world_size
+        if total <= len(order):
+            return order[:total]
+        pad = total - len(order)
+        return order + (order * (pad // max(1, len(order)) + 1))[:pad]
+
+    def __iter__(self) -> Iterator[int]:
+        self.epoch = self._next_epoch
+        self._next_epoch += 1
+        skip, self._skip = self._skip, 0
+        order = self.global_order(self.epoch)
+        return iter(order[self.rank :: self.world_size][skip:])
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "next_epoch": self._next_epoch, "seed": self.seed}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch = int(state["epoch"])
+        self._next_epoch = int(state["next_epoch"])
+        self.seed = int(state["seed"])
+
+
+class EvalShardSampler(Sampler[int]):
+    """Rank r takes indices r, r+W, ...; no padding, so the ranks together see each sample once."""
+
+    def __init__(self, length: int, *, rank: int = 0, world_size: int = 1) -> None:
+        _check_rank(rank, world_size)
+        self.length = length
+        self.rank = rank
+        self.world_size = world_size
+
+    def __len__(self) -> int:
+        return len(range(self.rank, self.length, self.world_size))
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self.rank, self.length, self.world_size))

@@ -1,0 +1,158 @@
+"""Start the workers of one node: through torch's elastic agent (``torch.distributed.run``'s
+engine) or ``torch.multiprocessing.spawn``. Nothing here re-implements either."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import runpy
+import sys
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch.multiprocessing as mp
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+from .._log import logger
+from ..errors import DtrainError, LaunchError
+from .spec import LaunchSpec
+from .store import host_store
+
+#: Worker exit status that means "the worker already printed a clear error line".
+USER_ERROR_EXIT = 2
+
+
+def launch_function(spec: LaunchSpec, fn: Callable[..., Any], *args: Any) -> int:
+    """Run ``fn(*args)`` in ``spec.nproc`` workers on this node; returns the exit status."""
+    if spec.launcher == "spawn":
+        return _spawn(spec, fn, args)
+    return _elastic(spec, fn, args)
+
+
+def launch_script(spec: LaunchSpec, script: str, argv: list[str]) -> int:
+    """Run ``python script argv...`` in ``spec.nproc`` workers on this node; returns the exit status."""
+    if spec.launcher == "spawn":
+        return _spawn(spec, run_script, (script, argv))
+    return _elastic(spec, sys.executable, ("-u", script, *argv))
+
+
+def run_script(script: str, argv: list[str]) -> None:
+    """Execute ``script`` as ``__main__`` with ``argv`` (how a spawned worker runs a script)."""
+    sys.argv = [script, *argv]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    runpy.run_path(script, run_name="__main__")
+
+
+@contextlib.contextmanager
+def _rendezvous(spec: LaunchSpec) -> Iterator[int]:
+    """Host the rendezvous store on node 0 (bound to the master address); yields its port."""
+    if spec.node_rank != 0:
+        yield spec.port
+        return
+    store, port = host_store(spec.addr, spec.port)
+    try:
+        yield port
+    finally:
+        del store
+
+
+def _quiet_elastic_logs() -> None:
+    """The elastic agent logs each failure as a multi-line table; dtrain prints one line instead."""
+    if logger.isEnabledFor(logging.DEBUG):
+        return
+    for name in list(logging.root.manager.loggerDict):
+        if name.startswith("torch.distributed.elastic"):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
+def _elastic(spec: LaunchSpec, entrypoint: Callable[..., Any] | str, args: tuple) -> int:
+    # torchrun's own rule: one OpenMP thread per worker unless the user says otherwise.
+    with _rendezvous(spec) as port, _env_default("OMP_NUM_THREADS", "1" if spec.nproc > 1 else None):
+        config = LaunchConfig(
+            min_nodes=spec.nnodes,
+            max_nodes=spec.nnodes,
+            nproc_per_node=spec.nproc,
+            run_id=f"dtrain-{uuid.uuid4().hex[:8]}" if spec.nnodes == 1 else "dtrain",
+            rdzv_backend="static",
+            rdzv_endpoint=f"{spec.addr}:{port}",
+            rdzv_configs={"rank": spec.node_rank, "timeout": 900},
+            max_restarts=spec.max_restarts,
+            monitor_interval=0.1,
+            start_method="spawn",
+            local_addr=spec.addr if spec.nnodes == 1 else None,
+        )
+        _quiet_elastic_logs()
+        try:
+            elastic_launch(config, entrypoint)(*args)
+        except ChildFailedError as exc:
+            return _report_failure({rank: f.exitcode for rank, f in exc.failures.items()})
+        except KeyboardInterrupt:
+            return 130
+        except DtrainError:
+            raise
+        except Exception as exc:  # the agent's own errors (rendezvous timeout, signals)
+            name = type(exc).__name__
+            if name == "SignalException":
+                return 128 + int(getattr(exc, "sigval", 15))
+            raise LaunchError(f"the elastic agent failed: {name}: {exc}") from None
+    return 0
+
+
+def _spawn_worker(local_rank: int, spec: LaunchSpec, port: int, fn: Callable[..., Any], args: tuple) -> None:
+    rank = spec.node_rank * spec.nproc + local_rank
+    os.environ.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(local_rank),
+        WORLD_SIZE=str(spec.world_size),
+        LOCAL_WORLD_SIZE=str(spec.nproc),
+        GROUP_RANK=str(spec.node_rank),
+        MASTER_ADDR=spec.addr,
+        MASTER_PORT=str(port),
+        # Every worker is a client of the store the launcher hosts (as under torchrun).
+        TORCHELASTIC_USE_AGENT_STORE="True",
+        TORCHELASTIC_RESTART_COUNT="0",
+    )
+    fn(*args)
+
+
+def _spawn(spec: LaunchSpec, fn: Callable[..., Any], args: tuple) -> int:
+    with _rendezvous(spec) as port, _env_default("OMP_NUM_THREADS", "1" if spec.nproc > 1 else None):
+        try:
+            mp.spawn(_spawn_worker, args=(spec, port, fn, args), nprocs=spec.nproc, join=True)
+        except mp.ProcessExitedException as exc:
+            return _report_failure({spec.node_rank * spec.nproc + exc.error_index: exc.exit_code})
+        except mp.ProcessRaisedException as exc:
+            print(str(exc), file=sys.stderr)
+            return _report_failure({spec.node_rank * spec.nproc + exc.error_index: 1})
+        except KeyboardInterrupt:
+            return 130
+    return 0
+
+
+@contextlib.contextmanager
+def _env_default(key: str, value: str | None) -> Iterator[None]:
+    """Set ``key`` for the children unless the user set it (torchrun's rule for OMP_NUM_THREADS)."""
+    if value is None or key in os.environ:
+        yield
+        return
+    os.environ[key] = value
+    try:
+        yield
+    finally:
+        os.environ.pop(key, None)
+
+
+def _report_failure(exit_codes: dict[int, int]) -> int:
+    rank = min(exit_codes)
+    code = exit_codes[rank]
+    if code == USER_ERROR_EXIT:
+        return code  # the worker printed its one-line error already
+    if code is None or code < 0:
+        sig = -code if code else "?"
+        print(f"dtrain: error: worker rank {rank} was killed by signal {sig}; see its output above.", file=sys.stderr)
+        return 1
+    print(f"dtrain: error: worker rank {rank} exited with status {code}; see its output above.", file=sys.stderr)
+    return code or 1

@@ -1,0 +1,57 @@
+"""The rendezvous store, hosted by node 0's launcher on exactly the address it was given.
+
+torch's TCPStore binds every interface when it opens its own socket; handing it a socket
+already bound to the master address (``master_listen_fd``) keeps a one-node run on loopback.
+The store is created multi-tenant, so torch's static rendezvous (same port, same process)
+reuses it instead of opening a second server.
+"""
+
+from __future__ import annotations
+
+import datetime
+import errno
+import socket
+
+import torch.distributed as dist
+
+from ..errors import ConfigError, LaunchError
+
+
+def bind_socket(addr: str, port: int) -> socket.socket:
+    """A listening socket on ``addr:port`` (port 0: a free one)."""
+    try:
+        infos = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise ConfigError(f"--master-addr {addr} does not resolve ({exc.strerror}); give an IP address or a resolvable host name.") from None
+    family, _, _, _, sockaddr = infos[0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(sockaddr)
+        sock.listen(1024)
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise ConfigError(f"--master-port {port} is already in use on {addr}; choose another port, or omit --master-port on one node to pick a free one.") from None
+        if exc.errno == errno.EADDRNOTAVAIL:
+            raise ConfigError(f"--master-addr {addr} is not an address of this host, but node 0 hosts the rendezvous there; run node 0 on {addr} or pass this host's address.") from None
+        raise LaunchError(f"cannot listen on {addr}:{port}: {exc.strerror}.") from None
+    return sock
+
+
+def host_store(addr: str, port: int, timeout_s: float = 900.0) -> tuple[dist.TCPStore, int]:
+    """Start the rendezvous TCPStore server on ``addr:port``; returns it and the bound port."""
+    sock = bind_socket(addr, port)
+    bound_port = sock.getsockname()[1]
+    fd = sock.detach()  # the store owns (and closes) the socket from here on
+    store = dist.TCPStore(
+        addr,
+        bound_port,
+        None,
+        True,
+        datetime.timedelta(seconds=timeout_s),
+        wait_for_workers=False,
+        multi_tenant=True,
+        master_listen_fd=fd,
+    )
+    return store, bound_port

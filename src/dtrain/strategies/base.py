@@ -1,0 +1,45 @@
+"""What every strategy provides, and the steps strategies share (plain functions, not a base class)."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Protocol, runtime_checkable
+
+import torch
+from torch import nn
+
+from ..world import World
+
+
+@runtime_checkable
+class Strategy(Protocol):
+    """How a model and its optimizer are spread over ranks."""
+
+    name: str
+
+    def setup_model(self, model: nn.Module, world: World) -> nn.Module:
+        """Move ``model`` to the world's device and wrap it for this strategy."""
+        ...
+
+    def setup_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module) -> torch.optim.Optimizer:
+        """Wrap ``optimizer`` if the strategy communicates through it (identity otherwise)."""
+        ...
+
+    def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager:
+        """Context in which backward passes accumulate gradients locally without communicating."""
+        ...
+
+    def unwrap(self, model: nn.Module) -> nn.Module:
+        """The user's own module inside whatever wrapper ``setup_model`` added."""
+        ...
+
+
+def move_to_device(model: nn.Module, world: World) -> nn.Module:
+    return model.to(world.device)
+
+
+def unwrap_module(model: nn.Module) -> nn.Module:
+    """Peel wrappers that keep the user's module in ``.module`` (DDP, DataParallel)."""
+    while isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
+        model = model.module
+    return model

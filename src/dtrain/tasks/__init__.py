@@ -1,0 +1,135 @@
+"""Tasks: a model, its data sets, its loss and its metric, as one value.
+
+Built-ins: ``digits`` (scikit-learn's bundled handwritten digits; needs no files), ``mnist``
+(the IDX files from ``--data-dir``) and ``synthetic`` (random tensors, for throughput). A
+user's own task is ``MODULE:FUNCTION``: a function returning a ``Task`` (or a dict of its
+fields); it may take ``data_dir`` and any ``--task-arg KEY=VALUE`` as keyword arguments.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+from ..errors import ConfigError
+
+
+def accuracy(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """1.0 per sample whose arg-max class is the target, else 0.0."""
+    return (outputs.argmax(dim=1) == targets).float()
+
+
+@dataclass(frozen=True, kw_only=True)
+class Task:
+    """Everything ``dtrain train`` and ``dtrain bench`` need to know about a workload."""
+
+    name: str
+    build_model: Callable[[], nn.Module]
+    """Builds a fresh model; called once per rank after seeding, so ranks start identical."""
+    train_set: Dataset
+    test_set: Dataset | None = None
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = nn.functional.cross_entropy
+    metric: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = accuracy
+    """Per-sample score on the test set (default: accuracy); reported as ``test_acc``."""
+    optimizer: str = "sgd"
+    """Default optimizer: one of ``OPTIMIZERS``."""
+    lr: float = 0.01
+    batch_size: int = 32
+    """Default batch of one process."""
+    epochs: int = 1
+
+    def __post_init__(self) -> None:
+        if self.optimizer not in OPTIMIZERS:
+            raise ConfigError(f"task {self.name!r}: unknown optimizer {self.optimizer!r}; choose one of: {', '.join(OPTIMIZERS)}.")
+
+
+OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
+    "sgd": lambda params, lr: torch.optim.SGD(params, lr=lr, momentum=0.9),
+    "adam": lambda params, lr: torch.optim.Adam(params, lr=lr),
+    "adamw": lambda params, lr: torch.optim.AdamW(params, lr=lr),
+    "adadelta": lambda params, lr: torch.optim.Adadelta(params, lr=lr),
+}
+
+
+def make_optimizer(name: str, params, lr: float) -> torch.optim.Optimizer:
+    if name not in OPTIMIZERS:
+        raise ConfigError(f"unknown optimizer {name!r}; choose one of: {', '.join(OPTIMIZERS)}.")
+    return OPTIMIZERS[name](params, lr)
+
+
+BUILTIN = ("digits", "mnist", "synthetic")
+
+
+def load_task(spec: str, *, data_dir: str | None = None, options: dict[str, str] | None = None) -> Task:
+    """Build the task named by ``spec``: a built-in name or ``MODULE:FUNCTION``."""
+    options = dict(options or {})
+    if spec in BUILTIN:
+        module = importlib.import_module(f"{__name__}.{spec}")
+        factory = module.make_task
+    elif ":" in spec:
+        factory = _import_function(spec)
+    else:
+        raise ConfigError(f"unknown task {spec!r}; choose one of: {', '.join(BUILTIN)}, or MODULE:FUNCTION for your own.")
+    task = _call_factory(spec, factory, data_dir, options)
+    if isinstance(task, dict):
+        names = {f.name for f in fields(Task)}
+        unknown = set(task) - names
+        if unknown:
+            raise ConfigError(f"task {spec!r} returned unknown fields {sorted(unknown)}; allowed: {sorted(names)}.")
+        task = Task(**{"name": spec, **task})
+    if not isinstance(task, Task):
+        raise ConfigError(f"task {spec!r} returned {type(task).__name__}; return a dtrain.Task or a dict of its fields.")
+    return task
+
+
+def _import_function(spec: str) -> Callable[..., Any]:
+    module_name, _, func_name = spec.rpartition(":")
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())  # `dtrain train --task mytask:make` finds ./mytask.py, like python -m
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"task {spec!r}: cannot import module {module_name!r} ({exc}); check the name and PYTHONPATH.") from None
+    func = getattr(module, func_name, None)
+    if not callable(func):
+        raise ConfigError(f"task {spec!r}: module {module_name!r} has no function {func_name!r}.")
+    return func
+
+
+def _call_factory(spec: str, factory: Callable[..., Any], data_dir: str | None, options: dict[str, str]) -> Any:
+    params = inspect.signature(factory).parameters
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    kwargs: dict[str, Any] = {}
+    if "data_dir" in params or takes_any:
+        kwargs["data_dir"] = data_dir
+    for key, value in options.items():
+        if key not in params and not takes_any:
+            accepted = [p for p in params if p != "data_dir"]
+            raise ConfigError(f"task {spec!r} takes no option {key!r}; it accepts: {', '.join(accepted) or 'none'}.")
+        kwargs[key] = _coerce(value, params.get(key))
+    return factory(**kwargs)
+
+
+def _coerce(value: str, param: inspect.Parameter | None) -> Any:
+    """Convert a --task-arg string to the type of the parameter's default."""
+    default = param.default if param is not None else inspect.Parameter.empty
+    if default is inspect.Parameter.empty or default is None or isinstance(default, str):
+        return value
+    try:
+        if isinstance(default, bool):
+            return value.lower() in ("1", "true", "yes", "on")
+        return type(default)(value)
+    except ValueError:
+        raise ConfigError(f"task option {param.name}={value!r} is not a {type(default).__name__}.") from None
+
+
+__all__ = ["BUILTIN", "OPTIMIZERS", "Task", "accuracy", "load_task", "make_optimizer"]

@@ -1,0 +1,49 @@
+"""Random inputs of a configurable shape with learnable labels, for throughput measurements.
+
+Labels come from a fixed random linear "teacher", so accuracy above chance means learning.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch.utils.data import TensorDataset
+
+from ..errors import ConfigError
+from . import Task
+from .models import MnistNet, mlp
+
+
+def _shape(spec: str) -> tuple[int, ...]:
+    try:
+        dims = tuple(int(d) for d in spec.lower().split("x"))
+    except ValueError:
+        dims = ()
+    if not dims or any(d <= 0 for d in dims):
+        raise ConfigError(f"task 'synthetic': shape {spec!r} is not like 1x28x28; give positive sizes joined by 'x'.")
+    return dims
+
+
+def make_task(shape: str = "1x28x28", classes: int = 10, samples: int = 8192, model: str = "mlp", hidden: int = 512, layers: int = 2, seed: int = 0) -> Task:
+    dims = _shape(shape)
+    if model not in ("mlp", "convnet"):
+        raise ConfigError(f"task 'synthetic': model {model!r} unknown; choose mlp or convnet.")
+    if model == "convnet" and dims != (1, 28, 28):
+        raise ConfigError(f"task 'synthetic': model convnet needs shape 1x28x28, got {shape}.")
+    g = torch.Generator().manual_seed(seed)
+    n_test = max(1, samples // 8)
+    x = torch.randn(samples + n_test, *dims, generator=g)
+    teacher = torch.randn(math.prod(dims), classes, generator=g)
+    y = (x.flatten(1) @ teacher).argmax(dim=1)
+    build = MnistNet if model == "convnet" else (lambda: mlp(math.prod(dims), hidden, classes, layers))
+    return Task(
+        name="synthetic",
+        build_model=build,
+        train_set=TensorDataset(x[:samples], y[:samples]),
+        test_set=TensorDataset(x[samples:], y[samples:]),
+        optimizer="sgd",
+        lr=0.01,
+        batch_size=64,
+        epochs=1,
+    )

@@ -1,0 +1,118 @@
+"""A harness for multi-process tests (used by dtrain's own tests; users may use it too).
+
+    def body(scale):                      # module-level, so spawned processes can import it
+        ctx = dtrain.init("ddp")
+        ...
+        return result                     # any picklable value
+
+    results = run_distributed(body, 2.0, world_size=2, timeout=60)   # one result per rank
+
+Each rank is a fresh spawned process with the environment ``dtrain run`` gives its workers;
+the rendezvous store is hosted by the calling process on loopback. A rank that raises fails
+the call with every failing rank's traceback; a hang fails it after ``timeout`` seconds with
+the ranks that never finished, and all ranks are killed.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import queue
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.multiprocessing as mp
+
+from ..launch.store import host_store
+
+
+class DistributedTestError(AssertionError):
+    """One or more ranks failed or hung."""
+
+
+def _child(rank: int, world_size: int, port: int, env: dict[str, str], fn: Callable[..., Any], args: tuple, results: Any) -> None:
+    os.environ.update(env)
+    os.environ.update(
+        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size),
+        GROUP_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+        TORCHELASTIC_USE_AGENT_STORE="True", TORCHELASTIC_RESTART_COUNT="0",
+    )
+    try:
+        value = fn(*args)
+        # Tensors go through a queue as shared-memory handles that die with this process;
+        # send bytes instead so the parent can read them after we exit.
+        buf = io.BytesIO()
+        torch.save(value, buf)
+        results.put((rank, True, buf.getvalue()))
+    except BaseException:  # report everything, SystemExit included, to the parent
+        results.put((rank, False, traceback.format_exc()))
+    finally:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def run_distributed(
+    fn: Callable[..., Any],
+    *args: Any,
+    world_size: int = 2,
+    timeout: float = 120.0,
+    env: dict[str, str] | None = None,
+) -> list[Any]:
+    """Run ``fn(*args)`` on ``world_size`` ranks; return each rank's return value, by rank."""
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    store, port = host_store("127.0.0.1", 0)
+    child_env = {"OMP_NUM_THREADS": "1", **(env or {})}
+    procs = [
+        ctx.Process(target=_child, args=(r, world_size, port, child_env, fn, args, results), daemon=True)
+        for r in range(world_size)
+    ]
+    for p in procs:
+        p.start()
+    outcome: dict[int, tuple[bool, Any]] = {}
+    deadline = time.monotonic() + timeout
+    shortened = False
+    try:
+        while len(outcome) < world_size and (left := deadline - time.monotonic()) > 0:
+            try:
+                rank, ok, value = results.get(timeout=min(left, 0.5))
+                outcome[rank] = (ok, value)
+            except queue.Empty:
+                if all(procs[r].exitcode is not None for r in range(world_size) if r not in outcome):
+                    break  # the rest died without reporting
+            if not shortened and any(not ok for ok, _ in outcome.values()):
+                # One rank failed: its peers are likely stuck in a collective; give them 10 s.
+                deadline, shortened = min(deadline, time.monotonic() + 10), True
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+            p.join(5)
+        del store
+    failures = [f"rank {r} raised:\n{v}" for r, (ok, v) in sorted(outcome.items()) if not ok]
+    missing = [r for r in range(world_size) if r not in outcome]
+    if missing:
+        codes = ", ".join(f"rank {r}: exit {procs[r].exitcode}" for r in missing)
+        failures.append(f"ranks {missing} did not finish within {timeout:.0f} s ({codes}); killed.")
+    if failures:
+        raise DistributedTestError("\n".join(failures))
+    return [torch.load(io.BytesIO(outcome[r][1]), weights_only=False) for r in range(world_size)]
+
+
+def run_cli(args: Sequence[str], *, timeout: float = 300.0, cwd: str | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run ``python -m dtrain ARGS`` and capture its output; a hang fails after ``timeout`` s."""
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "dtrain", *args],
+        capture_output=True, text=True, timeout=timeout, cwd=cwd, env=full_env, stdin=subprocess.DEVNULL,
+    )
+
+
+__all__ = ["DistributedTestError", "run_cli", "run_distributed"]

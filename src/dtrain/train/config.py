@@ -1,0 +1,60 @@
+"""What ``dtrain train`` runs, as one frozen, self-validating value."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..errors import ConfigError
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    task: str = "digits"
+    """Built-in task name or MODULE:FUNCTION."""
+    task_args: dict[str, str] = field(default_factory=dict)
+    """Keyword options for the task function (``--task-arg KEY=VALUE``)."""
+    data_dir: str | None = None
+    strategy: str = "auto"
+    precision: str = "fp32"
+    epochs: int | None = None
+    """Passes over the training set; the task's default when None."""
+    max_steps: int | None = None
+    """Stop after this many optimizer steps (across epochs)."""
+    batch_size: int | None = None
+    """Batch of one process, what its DataLoader yields; the task's default when None."""
+    lr: float | None = None
+    optimizer: str | None = None
+    grad_accum: int = 1
+    """Split each batch into this many micro-batches and step once per batch."""
+    seed: int = 0
+    log_every: int = 20
+    metrics_file: str | None = None
+    checkpoint_dir: str | None = None
+    save_every: int | None = None
+    device: str | None = None
+    num_workers: int = 0
+
+    def __post_init__(self) -> None:
+        positive = {"--epochs": self.epochs, "--max-steps": self.max_steps, "--batch-size": self.batch_size,
+                    "--grad-accum": self.grad_accum, "--log-every": self.log_every, "--save-every": self.save_every}
+        for flag, value in positive.items():
+            if value is not None and value < 1:
+                raise ConfigError(f"{flag} must be >= 1, got {value}.")
+        if self.lr is not None and not self.lr > 0:
+            raise ConfigError(f"--lr must be > 0, got {self.lr}.")
+        if self.num_workers < 0:
+            raise ConfigError(f"--num-workers must be >= 0, got {self.num_workers}.")
+        if self.batch_size is not None:
+            check_accum(self.batch_size, self.grad_accum)
+        if self.save_every is not None and not self.checkpoint_dir:
+            raise ConfigError("--save-every needs --checkpoint-dir, the folder to write checkpoints to.")
+
+
+def check_accum(batch_size: int, grad_accum: int) -> None:
+    if batch_size % grad_accum:
+        lo = batch_size // grad_accum * grad_accum
+        hint = f"{lo} or {lo + grad_accum}" if lo else f"{grad_accum}"
+        raise ConfigError(
+            f"--batch-size {batch_size} is not divisible by --grad-accum {grad_accum}; "
+            f"use a multiple of {grad_accum} (e.g. {hint})."
+        )

@@ -1,0 +1,230 @@
+"""Where this process runs: rank, local rank, world size, device and backend, detected once.
+
+``World.detect()`` is the only place in dtrain that reads the launcher's environment
+(torchrun / ``dtrain run``, SLURM, or none). Everything else takes a ``World``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+import torch
+import torch.distributed as dist
+
+from .errors import ConfigError, LaunchError
+
+#: Port used under SLURM when the job does not set MASTER_PORT: derived from the job id
+#: so that two jobs sharing a node do not collide (the same rule as Lightning's).
+_SLURM_PORT_BASE = 15000
+
+
+@dataclass(frozen=True, kw_only=True)
+class World:
+    """The topology of one process, as a single explicit value."""
+
+    rank: int = 0
+    """Global rank of this process, 0 .. size-1."""
+    local_rank: int = 0
+    """Rank among the processes of this node; picks the GPU."""
+    size: int = 1
+    """Number of processes in the job."""
+    local_size: int = 1
+    """Number of processes on this node."""
+    node_rank: int = 0
+    """Index of this node, 0 .. num_nodes-1."""
+    master_addr: str = "127.0.0.1"
+    master_port: int = 0
+    source: str = "single"
+    """Who started the process: 'torchrun' (includes ``dtrain run``), 'slurm' or 'single'."""
+    device: torch.device = torch.device("cpu")
+    backend: str = "gloo"
+
+    def __post_init__(self) -> None:
+        if self.size < 1:
+            raise ConfigError(f"world size must be >= 1, got {self.size}.")
+        if not 0 <= self.rank < self.size:
+            raise ConfigError(f"rank {self.rank} is outside the world of size {self.size}.")
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def is_local_main(self) -> bool:
+        return self.local_rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.size > 1
+
+    @property
+    def num_nodes(self) -> int:
+        return max(1, self.size // max(1, self.local_size))
+
+    @classmethod
+    def detect(
+        cls,
+        env: Mapping[str, str] | None = None,
+        *,
+        device: str | torch.device | None = None,
+        backend: str | None = None,
+    ) -> World:
+        """Read the launcher's environment once: torchrun first, then SLURM, else one process."""
+        env = os.environ if env is None else env
+        if "RANK" in env and "WORLD_SIZE" in env:
+            fields = _from_torchrun(env)
+        elif "SLURM_PROCID" in env and int(env.get("SLURM_NTASKS", "1")) > 1:
+            fields = _from_slurm(env)
+        else:
+            fields = {"source": "single"}
+        dev = _pick_device(device, fields.get("local_rank", 0))
+        return cls(**fields, device=dev, backend=backend or default_backend(dev))
+
+    def with_device(self, device: str | torch.device) -> World:
+        dev = torch.device(device)
+        return replace(self, device=dev, backend=default_backend(dev))
+
+
+def default_backend(device: torch.device) -> str:
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+def _int(env: Mapping[str, str], key: str, default: int | None = None) -> int:
+    raw = env.get(key)
+    if raw is None:
+        if default is None:
+            raise ConfigError(f"environment variable {key} is not set; start the job with `dtrain run`.")
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigError(f"environment variable {key}={raw!r} is not an integer.") from None
+
+
+def _from_torchrun(env: Mapping[str, str]) -> dict:
+    size = _int(env, "WORLD_SIZE")
+    local_size = _int(env, "LOCAL_WORLD_SIZE", size)
+    return {
+        "rank": _int(env, "RANK"),
+        "local_rank": _int(env, "LOCAL_RANK", 0),
+        "size": size,
+        "local_size": local_size,
+        "node_rank": _int(env, "GROUP_RANK", _int(env, "RANK") // max(1, local_size)),
+        "master_addr": env.get("MASTER_ADDR", "127.0.0.1"),
+        "master_port": _int(env, "MASTER_PORT", 0),
+        "source": "torchrun",
+    }
+
+
+def _from_slurm(env: Mapping[str, str]) -> dict:
+    nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or "127.0.0.1"
+    hosts = expand_hostlist(nodelist)
+    size = _int(env, "SLURM_NTASKS")
+    nnodes = max(1, _int(env, "SLURM_NNODES", len(hosts)))
+    job_id = _int(env, "SLURM_JOB_ID", 0)
+    return {
+        "rank": _int(env, "SLURM_PROCID"),
+        "local_rank": _int(env, "SLURM_LOCALID", 0),
+        "size": size,
+        "local_size": max(1, size // nnodes),
+        "node_rank": _int(env, "SLURM_NODEID", 0),
+        "master_addr": env.get("MASTER_ADDR") or hosts[0],
+        "master_port": _int(env, "MASTER_PORT", _SLURM_PORT_BASE + job_id % 20000),
+        "source": "slurm",
+    }
+
+
+def _pick_device(device: str | torch.device | None, local_rank: int) -> torch.device:
+    if device is not None:
+        dev = torch.device(device)
+        if dev.type == "cuda" and not torch.cuda.is_available():
+            raise ConfigError(f"device {str(dev)!r} requested but CUDA is not available; use --device cpu.")
+        return dev
+    if torch.cuda.is_available():
+        return torch.device("cuda", local_rank % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
+_RANGE = re.compile(r"^(\d+)-(\d+)$")
+
+
+def expand_hostlist(spec: str) -> list[str]:
+    """Expand a SLURM host list such as ``node[01-03,7],gpu5`` into host names."""
+    hosts: list[str] = []
+    for part in _split_top_level(spec):
+        m = re.match(r"^([^\[]*)\[([^\]]+)\](.*)$", part)
+        if not m:
+            hosts.append(part)
+            continue
+        prefix, ranges, suffix = m.groups()
+        for item in ranges.split(","):
+            r = _RANGE.match(item)
+            if r:
+                lo, hi = r.groups()
+                width = len(lo)
+                hosts.extend(f"{prefix}{i:0{width}d}{suffix}" for i in range(int(lo), int(hi) + 1))
+            else:
+                hosts.append(f"{prefix}{item}{suffix}")
+    if not hosts:
+        raise ConfigError(f"SLURM node list {spec!r} names no host.")
+    return hosts
+
+
+def _split_top_level(spec: str) -> list[str]:
+    parts, depth, cur = [], 0, ""
+    for ch in spec:
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+        if ch == "," and depth == 0:
+            parts.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    if cur:
+        parts.append(cur)
+    return [p.strip() for p in parts if p.strip()]
+
+
+def init_process_group(world: World, timeout_s: float = 1800.0) -> bool:
+    """Join the default process group described by ``world``; no-op for one process.
+
+    Collective: call on every rank. Returns True when this call created the group.
+    """
+    if not world.distributed or dist.is_initialized():
+        return False
+    if world.device.type == "cuda":
+        torch.cuda.set_device(world.device)
+    timeout = datetime.timedelta(seconds=timeout_s)
+    kwargs: dict = {"backend": world.backend, "timeout": timeout, "rank": world.rank, "world_size": world.size}
+    if world.source == "torchrun":
+        # env:// lets torchrun's agent share its TCPStore with the workers.
+        kwargs["init_method"] = "env://"
+    else:
+        kwargs["init_method"] = f"tcp://{_bracket(world.master_addr)}:{world.master_port}"
+    if world.device.type == "cuda":
+        kwargs["device_id"] = world.device
+    try:
+        dist.init_process_group(**kwargs)
+    except (RuntimeError, ValueError) as exc:  # c10d reports rendezvous problems as RuntimeError
+        raise LaunchError(
+            f"rank {world.rank} could not join the process group at "
+            f"{world.master_addr}:{world.master_port} ({exc}); check --master-addr/--master-port "
+            "and that every node was started with the same --nnodes and -n."
+        ) from exc
+    return True
+
+
+def destroy_process_group() -> None:
+    """Leave the default process group if one exists."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _bracket(addr: str) -> str:
+    return f"[{addr}]" if ":" in addr and not addr.startswith("[") else addr

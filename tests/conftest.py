@@ -1,0 +1,46 @@
+"""Shared fixtures: every test must leave no process group, no changed environment and no stray thread."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+ROOT = Path(__file__).resolve().parent.parent
+MNIST_DIR = ROOT.parent / "shared" / "data" / "mnist"
+
+
+# Variables that libraries set on import (scikit-learn's OpenMP, torch's inductor cache).
+_SET_BY_LIBRARIES = ("KMP_", "TORCHINDUCTOR_")
+
+
+@pytest.fixture(autouse=True)
+def _no_leaks():
+    env_before = dict(os.environ)
+    threads_before = {t.ident for t in threading.enumerate()}
+    yield
+    assert not dist.is_initialized(), "test left a process group initialised"
+    changed = {k for k in set(env_before) | set(os.environ) if env_before.get(k) != os.environ.get(k)}
+    changed = {k for k in changed if k != "PYTEST_CURRENT_TEST" and not k.startswith(_SET_BY_LIBRARIES)}
+    assert not changed, f"test changed environment variables: {sorted(changed)}"
+    leaked = [t for t in threading.enumerate() if t.ident not in threads_before and t.is_alive() and not t.daemon]
+    assert not leaked, f"test left threads running: {leaked}"
+
+
+@pytest.fixture
+def mnist_dir() -> Path:
+    if not (MNIST_DIR / "train-images-idx3-ubyte.gz").exists():
+        pytest.skip(f"MNIST files not found in {MNIST_DIR}")
+    return MNIST_DIR
+
+
+def pytest_collection_modifyitems(config, items):
+    if not torch.cuda.is_available():
+        skip = pytest.mark.skip(reason="needs a CUDA GPU")
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(skip)

@@ -1,0 +1,120 @@
+"""Tier 2: 2 ranks on gloo, started by dtrain.testing.run_distributed; each with a timeout."""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+import dtrain
+from dtrain.testing import run_distributed
+
+STEPS = 5
+
+
+def _data() -> TensorDataset:
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(256, 6, generator=g)
+    return TensorDataset(x, (x @ torch.randn(6, 3, generator=g)).tanh())
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+
+
+def train_steps(batch: int, accum: int = 1, steps: int = STEPS) -> dict[str, torch.Tensor]:
+    """``steps`` optimizer steps of ``batch`` samples per rank, in ``accum`` micro-batches each."""
+    ctx = dtrain.init(seed=0)
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, opt = ctx.setup(model, opt)
+    loader = ctx.setup_dataloader(DataLoader(_data(), batch_size=batch, shuffle=True))
+    it = iter(loader)
+    for _ in range(steps):
+        x, y = next(it)
+        for xm, ym in zip(x.chunk(accum), y.chunk(accum)):
+            with ctx.accumulate(model, steps=accum):
+                ctx.backward(torch.nn.functional.mse_loss(model(xm), ym))
+                opt.step()
+                opt.zero_grad()
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    ctx.close()
+    return state
+
+
+def _assert_close(a: dict, b: dict, tol: float = 1e-5) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        diff = (a[k] - b[k]).abs().max().item()
+        assert diff <= tol, f"{k}: max |diff| {diff:.3g} > {tol}"
+
+
+def test_ddp_two_ranks_equal_one_process_with_double_batch():
+    reference = train_steps(batch=16)  # one process, batch 2B, in this process
+    ranks = run_distributed(train_steps, 8, world_size=2, timeout=120)
+    _assert_close(ranks[0], ranks[1], tol=0.0)  # ranks hold identical weights
+    _assert_close(ranks[0], reference)
+
+
+def test_four_micro_batches_equal_one_batch():
+    whole = run_distributed(train_steps, 8, 1, world_size=2, timeout=120)
+    micro = run_distributed(train_steps, 8, 4, world_size=2, timeout=120)
+    _assert_close(micro[0], whole[0])
+
+
+def count_allreduces_per_micro_step() -> list[int]:
+    """Number of DDP comm-hook calls after each of 4 micro-steps of one window."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    ctx = dtrain.init(seed=0)
+    model = ctx.setup(_model())
+    calls = []
+
+    def counting_hook(state, bucket):
+        calls.append(bucket.index())
+        return allreduce_hook(state, bucket)
+
+    model.module.register_comm_hook(None, counting_hook)
+    x, y = _data().tensors
+    seen = []
+    for i in range(4):
+        with ctx.accumulate(model, steps=4):
+            ctx.backward(torch.nn.functional.mse_loss(model(x[i * 4 : i * 4 + 4]), y[i * 4 : i * 4 + 4]))
+        seen.append(len(calls))
+    ctx.close()
+    return seen
+
+
+def test_non_boundary_micro_steps_do_not_communicate():
+    seen = run_distributed(count_allreduces_per_micro_step, world_size=2, timeout=120)[0]
+    assert seen[:3] == [0, 0, 0], f"gradient all-reduce on a non-boundary micro-step: {seen}"
+    assert seen[3] >= 1, "no all-reduce on the boundary micro-step"
+
+
+class IndexSet(torch.utils.data.Dataset):
+    """Sample i is (i, i): lets the metric see exactly which samples were scored."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        return torch.tensor([float(i)]), torch.tensor(i)
+
+
+def evaluate_index_set(n: int) -> dict:
+    ctx = dtrain.init()
+    model = ctx.setup(torch.nn.Identity())
+    # metric = 2**index: the sum identifies the exact multiset of samples scored.
+    out = ctx.evaluate(model, IndexSet(n), lambda o, y: torch.pow(2.0, y.double()), batch_size=4)
+    ctx.close()
+    return out
+
+
+def test_evaluation_counts_every_sample_exactly_once():
+    n = 11  # not divisible by the world size
+    for result in run_distributed(evaluate_index_set, n, world_size=2, timeout=120):
+        assert result["count"] == n
+        assert result["metric"] * n == sum(2.0**i for i in range(n))
