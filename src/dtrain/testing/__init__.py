@@ -108,7 +108,10 @@ def run_distributed(
 
 def run_cli(args: Sequence[str], *, timeout: float = 300.0, cwd: str | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """Run ``python -m dtrain ARGS`` and capture its output; a hang fails after ``timeout`` s."""
+    # The child imports the same dtrain as this process (a worktree's src/, not another install).
+    src = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     full_env = {**os.environ, **(env or {})}
+    full_env["PYTHONPATH"] = os.pathsep.join(p for p in (src, full_env.get("PYTHONPATH")) if p)
     return subprocess.run(
         [sys.executable, "-m", "dtrain", *args],
         capture_output=True, text=True, timeout=timeout, cwd=cwd, env=full_env, stdin=subprocess.DEVNULL,
