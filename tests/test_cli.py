@@ -126,3 +126,10 @@ def test_mnist_one_epoch_two_processes_reaches_97_percent(mnist_dir):
     result = json.loads(r.stdout.strip().splitlines()[-1])
     assert result["test_acc"] >= 0.97, result
     assert result["steps"] == 468 and result["world_size"] == 2
+
+
+@pytest.mark.parametrize("example", sorted(p.name for p in (Path(__file__).parent.parent / "examples").glob("*.py")))
+def test_examples_run_on_two_processes(example):
+    path = Path(__file__).parent.parent / "examples" / example
+    r = run_cli(["run", "-n", "2", str(path)], timeout=180)
+    assert r.returncode == 0, r.stderr[-3000:]

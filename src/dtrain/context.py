@@ -152,7 +152,7 @@ class Context:
         self._accum_steps = 1
         self._micro_step = 0
         self._sync = True
-        self._batches_left: int | None = None
+        self._end_of_data = False
         self._optimizers: list[DtrainOptimizer] = []
 
     # -- topology ---------------------------------------------------------------------------
@@ -212,7 +212,7 @@ class Context:
         """
         sharded = reshard(loader, rank=self.rank, world_size=self.world_size, seed=self.seed, shuffle=shuffle)
         device = self.device if move_to_device else torch.device("cpu")
-        return DeviceLoader(sharded, device, on_epoch=self._on_epoch)
+        return DeviceLoader(sharded, device, on_last=self._set_end_of_data)
 
     def unwrap(self, model: nn.Module) -> nn.Module:
         """The user's own module inside the wrappers ``setup`` added."""
@@ -224,9 +224,10 @@ class Context:
         """True when the current micro-step ends an accumulation window (always outside one)."""
         return self._sync
 
-    def _on_epoch(self, num_batches: int) -> None:
-        self._micro_step = 0
-        self._batches_left = num_batches
+    def _set_end_of_data(self, last: bool) -> None:
+        self._end_of_data = last
+        if not last:
+            self._micro_step = 0  # a new epoch starts a new accumulation window
 
     @contextlib.contextmanager
     def accumulate(self, model: nn.Module, steps: int = 1) -> Iterator[None]:
@@ -237,10 +238,8 @@ class Context:
             raise ConfigError(f"accumulate(steps={steps}) must be >= 1.")
         self._accum_steps = steps
         self._micro_step += 1
-        if self._batches_left is not None:
-            self._batches_left -= 1
-        last_batch = self._batches_left == 0
-        self._sync = self._micro_step % steps == 0 or last_batch
+        # A window cut short by the end of the epoch still syncs, so no gradient is left behind.
+        self._sync = self._micro_step % steps == 0 or self._end_of_data
         inner = model.module if isinstance(model, DtrainModule) else model
         try:
             with contextlib.nullcontext() if self._sync else self.strategy.no_sync(inner):

@@ -58,12 +58,13 @@ def to_device(batch: Any, device: torch.device) -> Any:
 
 
 class DeviceLoader:
-    """Iterates a DataLoader, moves batches to the device and tells ``on_last`` when the last one comes."""
+    """Iterates a DataLoader and moves batches to the device; ``on_last(flag)`` is told when the
+    epoch's last batch is handed out (and when a new epoch starts)."""
 
-    def __init__(self, loader: DataLoader, device: torch.device, on_epoch: Callable[[int], None]) -> None:
+    def __init__(self, loader: DataLoader, device: torch.device, on_last: Callable[[bool], None]) -> None:
         self.loader = loader
         self.device = device
-        self._on_epoch = on_epoch
+        self._on_last = on_last
 
     @property
     def dataset(self):
@@ -82,7 +83,9 @@ class DeviceLoader:
 
     def __iter__(self) -> Iterator[Any]:
         n = len(self.loader)
-        self._on_epoch(n)
+        self._on_last(False)
         move = self.device.type != "cpu"
-        for batch in self.loader:
+        for i, batch in enumerate(self.loader, start=1):
+            if i == n:
+                self._on_last(True)
             yield to_device(batch, self.device) if move else batch
