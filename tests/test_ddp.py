@@ -118,3 +118,22 @@ def test_evaluation_counts_every_sample_exactly_once():
     for result in run_distributed(evaluate_index_set, n, world_size=2, timeout=120):
         assert result["count"] == n
         assert result["metric"] * n == sum(2.0**i for i in range(n))
+
+
+def ddp_objects_alive_after_close() -> tuple[str, int]:
+    import gc
+
+    ctx = dtrain.init(seed=0)
+    model = ctx.setup(_model())
+    ctx.backward(model(torch.ones(2, 6)).sum())
+    ctx.close()
+    gc.collect()
+    alive = sum(isinstance(o, torch.nn.parallel.DistributedDataParallel) for o in gc.get_objects())
+    return type(model.module).__name__, alive
+
+
+def test_close_frees_ddp_before_leaving_the_group():
+    # A DDP object outliving its process group can abort the process at exit with torch 2.13
+    # + gloo (a gloo worker thread frees a finished work item during interpreter finalisation).
+    for inner, alive in run_distributed(ddp_objects_alive_after_close, world_size=2, timeout=120):
+        assert (inner, alive) == ("Sequential", 0)

@@ -13,7 +13,9 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import random
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -154,6 +156,7 @@ class Context:
         self._sync = True
         self._end_of_data = False
         self._optimizers: list[DtrainOptimizer] = []
+        self._modules: list[weakref.ref[DtrainModule]] = []
 
     # -- topology ---------------------------------------------------------------------------
     @property
@@ -197,7 +200,9 @@ class Context:
         if isinstance(model, DtrainModule):
             raise ConfigError("this model was already set up; call ctx.setup once per model.")
         inner = self.strategy.setup_model(model, self.world)
-        return DtrainModule(inner, self.strategy.unwrap(inner), self.precision)
+        wrapped = DtrainModule(inner, self.strategy.unwrap(inner), self.precision)
+        self._modules.append(weakref.ref(wrapped))
+        return wrapped
 
     def setup_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module | None = None) -> DtrainOptimizer:
         inner = model.module if isinstance(model, DtrainModule) else model
@@ -389,10 +394,23 @@ class Context:
 
     # -- life cycle -------------------------------------------------------------------------
     def close(self) -> None:
-        """Leave the process group if ``init`` created it."""
-        if self._owns_group:
-            destroy_process_group()
-            self._owns_group = False
+        """Leave the process group if ``init`` created it. The models ``setup`` returned keep
+        working afterwards, as plain local modules.
+
+        Collective: call on every rank.
+        """
+        if not self._owns_group:
+            return
+        # Free the strategy's wrappers (DDP) before the group: a DDP object that outlives its
+        # group can abort the process at exit (see world._register_exit_cleanup).
+        for ref in self._modules:
+            module = ref()
+            if module is not None and module.module is not module.original:
+                module.module = module.original
+        self._modules.clear()
+        gc.collect()
+        destroy_process_group()
+        self._owns_group = False
 
     def __enter__(self) -> Context:
         return self
