@@ -119,6 +119,10 @@ class DtrainOptimizer(torch.optim.Optimizer):
             return None
         scaler = self._ctx.scaler
         if scaler is not None:
+            # An optimizer that communicates (hvd) must finish before the scaler unscales.
+            synchronize = getattr(self.optimizer, "synchronize", None)
+            if synchronize is not None:
+                synchronize()
             out = scaler.step(self.optimizer, closure) if closure else scaler.step(self.optimizer)
             scaler.update()
             return out

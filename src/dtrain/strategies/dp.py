@@ -1,0 +1,48 @@
+"""torch's ``nn.DataParallel``: one process drives every visible GPU from threads.
+
+Kept for comparison with the seed project. DDP is preferred: DataParallel runs one Python
+interpreter (one GIL) for all devices, copies the model to every device at every step and
+gathers outputs on the first device, so it scales poorly beyond two GPUs and not at all
+across machines. Without a GPU (or with one) it is a plain single process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch import nn
+
+from .._log import note_once
+from ..errors import ConfigError
+from ..world import World
+from . import register
+from .base import move_to_device, unwrap_module
+
+
+@register("dp")
+class DataParallelStrategy:
+    name = "dp"
+
+    def setup_model(self, model: nn.Module, world: World) -> nn.Module:
+        if world.distributed:
+            raise ConfigError(
+                f"strategy 'dp' runs in one process, but this job has {world.size}; "
+                "start it with -n 1, or use --strategy ddp for several processes."
+            )
+        model = move_to_device(model, world)
+        n_gpus = torch.cuda.device_count() if world.device.type == "cuda" else 0
+        if n_gpus < 2:
+            what = "no GPU" if n_gpus == 0 else "one GPU"
+            note_once(f"dp: {what} visible, so DataParallel has nothing to split; running as a single process.")
+            return model
+        return nn.DataParallel(model, device_ids=list(range(n_gpus)), output_device=world.device.index)
+
+    def setup_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module) -> torch.optim.Optimizer:
+        return optimizer
+
+    def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()  # gradients land on the first device; nothing to hold back
+
+    def unwrap(self, model: nn.Module) -> nn.Module:
+        return unwrap_module(model)
