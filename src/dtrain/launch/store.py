@@ -55,3 +55,12 @@ def host_store(addr: str, port: int, timeout_s: float = 900.0) -> tuple[dist.TCP
         master_listen_fd=fd,
     )
     return store, bound_port
+
+
+def free_port(addr: str = "127.0.0.1") -> int:
+    """A port that was free on ``addr`` a moment ago (for a launcher that binds it itself)."""
+    sock = bind_socket(addr, 0)
+    try:
+        return sock.getsockname()[1]
+    finally:
+        sock.close()

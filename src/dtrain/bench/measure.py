@@ -1,0 +1,114 @@
+"""The measured loop's bookkeeping, shared by the dtrain worker and the plain reference so that
+both are timed the same way. Pure Python and torch; no dtrain training code."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+PHASES = ("data_wait", "forward_backward", "comm_wait", "optimizer")
+
+
+@dataclass
+class Recorder:
+    """Per-step phase times (ms), per-repeat wall times and the loss curve of one rank."""
+
+    rank: int
+    world_size: int
+    method: str
+    batch_size: int
+    device: str
+    steps: list[list[float]] = field(default_factory=list)
+    """One [data_wait, forward_backward, comm_wait, optimizer] row (ms) per measured step."""
+    repeats: list[float] = field(default_factory=list)
+    """Wall seconds of each measured repeat."""
+    steps_per_repeat: int = 0
+    compute_only_ms: list[float] = field(default_factory=list)
+    """forward+backward times (ms) of steps run without gradient communication."""
+    loss_curve: list[tuple[float, float]] = field(default_factory=list)
+    """(seconds since training started, loss) for every step, warm-up included."""
+    comm_bytes_per_step: float | None = None
+    final_loss: float | None = None
+    test_acc: float | None = None
+    peak_mem_mib: float | None = None
+    mem_kind: str = "rss"
+    threads: int = field(default_factory=torch.get_num_threads)
+    start: float = field(default_factory=time.perf_counter)
+
+    def clock(self) -> float:
+        """Seconds, after waiting for the device so GPU work is inside the phase that queued it."""
+        if self.device.startswith("cuda"):
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    def add_step(self, t0: float, t_data: float, t_fb: float, t_comm: float, t_end: float, loss: float, measured: bool) -> None:
+        if measured:
+            self.steps.append([(t_data - t0) * 1e3, (t_fb - t_data) * 1e3, (t_comm - t_fb) * 1e3, (t_end - t_comm) * 1e3])
+        self.loss_curve.append((round(t_end - self.start, 4), loss))
+
+    def finish(self) -> None:
+        if self.device.startswith("cuda"):
+            self.peak_mem_mib = torch.cuda.max_memory_allocated() / 2**20
+            self.mem_kind = "cuda_max_allocated"
+        else:
+            self.peak_mem_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+            self.mem_kind = "rss"
+
+    def write(self, folder: str) -> str:
+        os.makedirs(folder, exist_ok=True)
+        path = os.path.join(folder, f"rank{self.rank}.json")
+        data = asdict(self)
+        data.pop("start")
+        with open(path, "w") as fh:
+            json.dump(data, fh)
+        return path
+
+
+def grad_payload_bytes(model: torch.nn.Module) -> int:
+    """Bytes of gradients one rank hands to all-reduce per synchronised step (DDP reduces every
+    trainable parameter's gradient, in the parameter's dtype)."""
+    return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+
+
+def forever(loader: Any):
+    """Batches without end: a new pass (a new, reshuffled epoch) when one ends."""
+    while True:
+        yielded = False
+        for batch in loader:
+            yielded = True
+            yield batch
+        if not yielded:
+            raise RuntimeError("the data loader is empty")
+
+
+def worker_parser():
+    """Arguments of both bench workers (the runner passes the same ones to each)."""
+    import argparse
+
+    p = argparse.ArgumentParser(description="one method of dtrain bench (started by `dtrain bench`)")
+    p.add_argument("--method", required=True)
+    p.add_argument("--task", default="digits")
+    p.add_argument("--task-arg", action="append", default=[])
+    p.add_argument("--data-dir", default=None)
+    p.add_argument("--strategy", default="ddp")
+    p.add_argument("--precision", default="fp32")
+    p.add_argument("--batch-size", type=int, default=None)
+    p.add_argument("--lr", type=float, default=None)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--compute-steps", type=int, default=10)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default=None)
+    p.add_argument("--out", required=True)
+    return p
+
+
+def task_options(pairs: list[str]) -> dict[str, str]:
+    return dict(pair.partition("=")[::2] for pair in pairs)

@@ -1,0 +1,60 @@
+"""What ``dtrain bench`` can compare: one value per method."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import ConfigError
+
+
+@dataclass(frozen=True, kw_only=True)
+class Method:
+    name: str
+    description: str
+    kind: str = "dtrain"
+    """``dtrain`` (bench.worker through dtrain's API) or ``reference`` (plain PyTorch DDP)."""
+    strategy: str = "ddp"
+    precision: str = "fp32"
+    launcher: str = "torchrun"
+    """torchrun, spawn, or ``none`` (one process started directly)."""
+    single_process: bool = False
+    gpu_only: bool = False
+
+
+METHODS: dict[str, Method] = {
+    m.name: m
+    for m in (
+        Method(name="reference", kind="reference", description="plain PyTorch DDP script started by torchrun (no dtrain)"),
+        Method(name="single", strategy="single", launcher="none", single_process=True, description="one process: the scaling baseline"),
+        Method(name="dp", strategy="dp", launcher="none", single_process=True, description="nn.DataParallel in one process over the visible GPUs"),
+        Method(name="ddp", description="dtrain ddp started by torchrun (torch's elastic agent)"),
+        Method(name="ddp-spawn", launcher="spawn", description="dtrain ddp started by torch.multiprocessing.spawn"),
+        Method(name="ddp-bf16", precision="bf16-mixed", description="dtrain ddp with bf16 autocast"),
+        Method(name="ddp-fp16", precision="fp16-mixed", gpu_only=True, description="dtrain ddp with fp16 autocast and loss scaling (apex O1)"),
+        Method(name="hvd", strategy="hvd", description="Horovod's method: the optimizer all-reduces fused gradients"),
+    )
+}
+
+DEFAULT_METHODS = ("reference", "dp", "ddp", "ddp-spawn", "ddp-bf16", "ddp-fp16", "hvd")
+
+
+def parse_methods(text: str | None) -> list[Method]:
+    """``a,b,c`` -> Methods; the default set drops GPU-only methods on a machine without CUDA.
+    The ``single`` baseline is always added (scaling efficiency needs it)."""
+    if text:
+        names = [n.strip() for n in text.split(",") if n.strip()]
+        unknown = [n for n in names if n not in METHODS]
+        if unknown:
+            raise ConfigError(f"unknown bench method(s) {', '.join(unknown)}; choose from: {', '.join(METHODS)}.")
+        if len(set(names)) != len(names):
+            raise ConfigError(f"--methods lists a method twice: {text!r}.")
+        gpu = [n for n in names if METHODS[n].gpu_only and not torch.cuda.is_available()]
+        if gpu:
+            raise ConfigError(f"method(s) {', '.join(gpu)} need a GPU and none is visible; drop them from --methods.")
+    else:
+        names = [n for n in DEFAULT_METHODS if torch.cuda.is_available() or not METHODS[n].gpu_only]
+    if "single" not in names:
+        names.insert(0, "single")
+    return [METHODS[n] for n in names]

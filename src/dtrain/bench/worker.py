@@ -1,0 +1,93 @@
+"""One method of ``dtrain bench`` through dtrain's own API (each rank runs this file)."""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+from torch.utils.data import DataLoader
+
+import dtrain
+from dtrain.bench.measure import Recorder, forever, grad_payload_bytes, task_options, worker_parser
+from dtrain.errors import DtrainError
+from dtrain.tasks import load_task, make_optimizer
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = worker_parser().parse_args(argv)
+    try:
+        task = load_task(args.task, data_dir=args.data_dir, options=task_options(args.task_arg))
+        ctx = dtrain.init(args.strategy, args.precision, seed=args.seed, device=args.device)
+    except DtrainError as exc:
+        print(f"dtrain: error: {exc}", file=sys.stderr)
+        sys.exit(exc.exit_code)
+    try:
+        rec = measure(ctx, task, args)
+        rec.write(args.out)
+    finally:
+        ctx.close()
+
+
+def measure(ctx: dtrain.Context, task, args) -> Recorder:
+    batch = args.batch_size or task.batch_size
+    model = task.build_model()
+    optimizer = make_optimizer(task.optimizer, model.parameters(), args.lr or task.lr)
+    model, optimizer = ctx.setup(model, optimizer)
+    loader = ctx.setup_dataloader(DataLoader(task.train_set, batch_size=batch, shuffle=True, drop_last=True))
+    batches = forever(loader)
+    inner = optimizer.optimizer
+    synchronize = getattr(inner, "synchronize", None)  # hvd: gradients are waited for here
+    rec = Recorder(rank=ctx.rank, world_size=ctx.world_size, method=args.method, batch_size=batch, device=str(ctx.device))
+    model.train()
+
+    def step(measured: bool) -> None:
+        t0 = rec.clock()
+        x, y = next(batches)
+        t_data = rec.clock()
+        loss = task.loss_fn(model(x), y)
+        ctx.backward(loss)
+        t_fb = rec.clock()
+        if synchronize is not None:
+            synchronize()
+        t_comm = rec.clock()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        rec.add_step(t0, t_data, t_fb, t_comm, rec.clock(), loss.item(), measured)
+
+    for _ in range(args.warmup):
+        step(False)
+    rec.steps_per_repeat = args.steps
+    for _ in range(args.repeats):
+        ctx.barrier()  # every rank starts the repeat together
+        start = rec.clock()
+        for _ in range(args.steps):
+            step(True)
+        rec.repeats.append(rec.clock() - start)
+    # forward+backward alone: the same steps without gradient communication, no update.
+    for _ in range(args.compute_steps):
+        x, y = next(batches)
+        with ctx.strategy.no_sync(model.module):
+            t0 = rec.clock()
+            ctx.backward(task.loss_fn(model(x), y))
+            rec.compute_only_ms.append((rec.clock() - t0) * 1e3)
+        inner.zero_grad(set_to_none=True)
+    rec.comm_bytes_per_step = _comm_bytes(ctx, model, inner, args.warmup + args.steps * args.repeats)
+    tail = [loss for _, loss in rec.loss_curve[-max(1, args.steps):]]
+    rec.final_loss = ctx.all_reduce(torch.tensor(sum(tail) / len(tail), dtype=torch.float64), op="mean").item()
+    if task.test_set is not None:
+        rec.test_acc = ctx.evaluate(model, task.test_set, task.metric, batch_size=max(256, batch))["metric"]
+    rec.finish()
+    return rec
+
+
+def _comm_bytes(ctx: dtrain.Context, model, inner, steps: int) -> float:
+    if not ctx.world.distributed:
+        return 0.0
+    counted = getattr(inner, "bytes_communicated", None)  # hvd counts what it hands to all-reduce
+    if counted is not None:
+        return counted / steps
+    return float(grad_payload_bytes(ctx.unwrap(model)))
+
+
+if __name__ == "__main__":
+    main()
