@@ -219,3 +219,52 @@ def dp_on_two_ranks() -> None:
 def test_dp_strategy_rejects_several_processes():
     with pytest.raises(AssertionError, match="runs in one process"):
         run_distributed(dp_on_two_ranks, world_size=2, timeout=60)
+
+
+# -- every method trains, and old scripts run unchanged ------------------------------------------
+import json  # noqa: E402
+import re  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from dtrain.testing import run_cli  # noqa: E402
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["-n", "2", "--strategy", "ddp"],
+        ["-n", "2", "--strategy", "ddp", "--launcher", "spawn"],
+        ["-n", "2", "--strategy", "ddp", "--precision", "bf16-mixed"],
+        ["-n", "2", "--strategy", "hvd"],
+        ["-n", "1", "--strategy", "dp"],
+    ],
+    ids=["ddp", "ddp-spawn", "ddp-bf16", "hvd", "dp"],
+)
+def test_each_method_trains_digits_to_90_percent(flags):
+    r = run_cli(["train", "--task", "digits", *flags], timeout=240)
+    assert r.returncode == 0, r.stderr
+    result = json.loads(r.stdout.strip().splitlines()[-1])
+    assert result["test_acc"] >= 0.90, result
+
+
+@pytest.mark.slow
+def test_horovod_script_runs_with_only_its_import_changed():
+    r = run_cli(["run", "-n", "2", str(EXAMPLES / "horovod_style.py")], timeout=240)
+    assert r.returncode == 0, r.stderr
+    acc = float(re.search(r"Accuracy: ([0-9.]+)%", r.stdout).group(1))
+    assert acc >= 90.0, r.stdout[-500:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("level", ["O0", "O1", "O2"])
+def test_apex_script_runs_with_only_its_imports_changed(level, tmp_path):
+    ckpt = tmp_path / "ck.pt"
+    r = run_cli(["run", "-n", "2", str(EXAMPLES / "apex_style.py"), "--opt-level", level, "--checkpoint", str(ckpt)], timeout=240)
+    assert r.returncode == 0, r.stderr
+    acc = float(re.search(r"test accuracy ([0-9.]+)", r.stdout).group(1))
+    assert acc >= 0.90, r.stdout[-500:]
+    saved = torch.load(ckpt, weights_only=True)
+    assert set(saved) == {"model", "optimizer", "amp"} and "loss_scaler0" in saved["amp"]

@@ -1,0 +1,99 @@
+"""dtrain bench: method selection, the figures, and the CLI end to end on a tiny task."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dtrain import ConfigError
+from dtrain.bench import DEFAULT_METHODS, parse_methods
+from dtrain.bench.report import build_report, markdown, percentile, summarise
+from dtrain.bench.runner import BenchConfig, MethodRun
+from dtrain.bench.methods import METHODS
+from dtrain.testing import run_cli
+
+
+def test_parse_methods_adds_baseline_and_rejects_unknown():
+    names = [m.name for m in parse_methods("ddp,hvd")]
+    assert names == ["single", "ddp", "hvd"]
+    with pytest.raises(ConfigError, match="unknown bench method.*fsdpp.*choose from"):
+        parse_methods("ddp,fsdpp")
+    with pytest.raises(ConfigError, match="twice"):
+        parse_methods("ddp,ddp")
+
+
+def test_default_methods_drop_gpu_only_without_cuda():
+    import torch
+
+    names = [m.name for m in parse_methods(None)]
+    assert ("ddp-fp16" in names) == torch.cuda.is_available()
+    assert set(DEFAULT_METHODS) - {"ddp-fp16"} <= set(names)
+
+
+def test_percentile_interpolates():
+    assert percentile([1.0, 2.0, 3.0, 4.0], 0.5) == 2.5
+    assert percentile([5.0], 0.9) == 5.0
+    assert percentile([], 0.5) is None
+
+
+def _record(rank: int, repeat_s: list[float], fb: float, compute: float, comm_wait: float = 0.0) -> dict:
+    return {"rank": rank, "batch_size": 10, "steps_per_repeat": 4, "repeats": repeat_s,
+            "steps": [[1.0, fb, comm_wait, 2.0]] * 4, "compute_only_ms": [compute] * 3, "peak_mem_mib": 100.0 + rank,
+            "mem_kind": "rss", "comm_bytes_per_step": 4096.0, "final_loss": 0.5, "test_acc": 0.9, "threads": 1,
+            "loss_curve": [[0.1, 1.0], [0.2, 0.5]]}
+
+
+def test_summarise_uses_slowest_rank_and_exposed_comm():
+    run = MethodRun(method=METHODS["hvd"], nproc=2, records=[[_record(0, [1.0, 2.0], 5.0, 4.0, 1.5), _record(1, [1.0, 4.0], 5.0, 4.0, 1.5)]])
+    row = summarise(run, baseline_sps=40.0)
+    # 2 ranks x 10 x 4 = 80 samples per repeat; slowest rank took 1.0 and 4.0 s.
+    assert row["samples_per_s_runs"] == [80.0, 20.0]
+    assert row["samples_per_s"] == 50.0
+    assert row["scaling_efficiency"] == round(50.0 / (2 * 40.0), 3)
+    assert row["breakdown_ms"] == {"data_wait": 1.0, "forward_backward": 4.0, "optimizer": 2.0, "exposed_comm": 2.5}
+    assert row["step_time_ms_p50"] == 9.5
+    assert row["peak_mem_mib_per_rank"] == [100.0, 101.0]
+
+
+def test_failed_method_is_reported_not_hidden():
+    cfg = BenchConfig()
+    runs = [MethodRun(method=METHODS["single"], nproc=1, records=[[_record(0, [1.0], 5.0, 5.0)]]),
+            MethodRun(method=METHODS["ddp"], nproc=2, error="dtrain: error: boom")]
+    report = build_report(cfg, runs)
+    assert report["methods"][1]["error"] == "dtrain: error: boom"
+    assert "failed: dtrain: error: boom" in markdown(report)
+
+
+@pytest.mark.slow
+def test_bench_cli_writes_all_reports_with_every_method(tmp_path):
+    out = tmp_path / "bench"
+    r = run_cli(["bench", "--task", "digits", "--steps", "3", "--repeats", "1", "--warmup", "1", "--out", str(out)], timeout=400)
+    assert r.returncode == 0, r.stdout + r.stderr
+    report = json.loads((out / "report.json").read_text())
+    names = [m["method"] for m in report["methods"]]
+    assert set(names) == {m.name for m in parse_methods(None)}
+    for m in report["methods"]:
+        assert "error" not in m, m
+        assert m["samples_per_s"] > 0 and m["test_acc"] is not None
+        assert len(m["peak_mem_mib_per_rank"]) == m["processes"]
+        assert (m["comm_bytes_per_step"] > 0) == (m["processes"] > 1)
+    assert report["environment"]["torch"] and report["environment"]["world_size"] == 2
+    md = (out / "report.md").read_text()
+    assert all(f"| {n} |" in md for n in names)
+    assert (out / "chart.png").read_bytes()[:4] == b"\x89PNG"
+    assert "| hvd |" in r.stdout  # the table is printed too
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["--methods", "ddp,zzz"], "unknown bench method(s) zzz"),
+        (["--steps", "0"], "--steps must be >= 1, got 0"),
+        (["--task", "nope"], "unknown task 'nope'"),
+    ],
+)
+def test_bench_bad_input_is_one_line(argv, expected, tmp_path):
+    r = run_cli(["bench", "--out", str(tmp_path), *argv], timeout=60)
+    assert r.returncode == 2
+    assert expected in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
