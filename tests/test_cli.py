@@ -35,7 +35,7 @@ def test_train_digits_two_processes_prints_summary_and_json_last(tmp_path):
     assert (result["task"], result["world_size"], result["strategy"], result["steps"]) == ("digits", 2, "ddp", 44)
     records = [json.loads(x) for x in metrics.read_text().splitlines()]
     assert [x["step"] for x in records] == [5, 10, 15, 20, 25, 30, 35, 40, 44]
-    assert (ckpt / "latest").read_text().strip() == "step-00000044.pt"
+    assert (ckpt / "latest").read_text().strip() == "step-00000044"
 
 
 def test_user_task_runs(tmp_path):

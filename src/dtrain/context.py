@@ -26,7 +26,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from . import strategies
-from .checkpoint import atomic_save, safe_load
+from .checkpoint import CheckpointManager, atomic_save, safe_load
 from .data.loader import DeviceLoader, reshard, to_device
 from .data.sampler import EvalShardSampler
 from .errors import ConfigError
@@ -221,7 +221,7 @@ class Context:
         """
         sharded = reshard(loader, rank=self.rank, world_size=self.world_size, seed=self.seed, shuffle=shuffle)
         device = self.device if move_to_device else torch.device("cpu")
-        return DeviceLoader(sharded, device, on_last=self._set_end_of_data)
+        return DeviceLoader(sharded, device, on_last=self._set_end_of_data, world_size=self.world_size)
 
     def unwrap(self, model: nn.Module) -> nn.Module:
         """The user's own module inside the wrappers ``setup`` added."""
@@ -296,6 +296,14 @@ class Context:
             return [tensor]
         out = [torch.empty_like(tensor) for _ in range(self.world_size)]
         dist.all_gather(out, tensor)
+        return out
+
+    def gather_object(self, obj: Any) -> list[Any]:
+        """Collective: call on every rank. Every rank's picklable ``obj``, by rank, on every rank."""
+        if not self.world.distributed:
+            return [obj]
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, obj)
         return out
 
     def broadcast(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
@@ -374,6 +382,11 @@ class Context:
         }
 
     # -- checkpoints ------------------------------------------------------------------------
+    def checkpoints(self, folder: str, *, keep: int = 3, async_save: bool = False) -> CheckpointManager:
+        """A manager of full-state checkpoints in ``folder`` (model, optimizer, scheduler, data
+        position, grad scaler, communication state, every rank's RNG); see ``CheckpointManager``."""
+        return CheckpointManager(self, folder, keep=keep, async_save=async_save)
+
     def save(self, path: str, state: dict[str, Any]) -> None:
         """Save ``state`` to ``path`` from rank 0, atomically.
 

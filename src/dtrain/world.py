@@ -42,6 +42,10 @@ class World:
     """Who started the process: 'torchrun' (includes ``dtrain run``), 'slurm' or 'single'."""
     device: torch.device = torch.device("cpu")
     backend: str = "gloo"
+    restart_count: int = 0
+    """How many times the elastic agent has restarted the workers (0 on the first attempt)."""
+    agent_store: bool = False
+    """The launcher's agent hosts the rendezvous store; workers connect to it as clients."""
 
     def __post_init__(self) -> None:
         if self.size < 1:
@@ -117,6 +121,8 @@ def _from_torchrun(env: Mapping[str, str]) -> dict:
         "master_addr": env.get("MASTER_ADDR", "127.0.0.1"),
         "master_port": _int(env, "MASTER_PORT", 0),
         "source": "torchrun",
+        "restart_count": _int(env, "TORCHELASTIC_RESTART_COUNT", 0),
+        "agent_store": env.get("TORCHELASTIC_USE_AGENT_STORE") == "True",
     }
 
 
@@ -202,7 +208,16 @@ def init_process_group(world: World, timeout_s: float = 1800.0) -> bool:
         torch.cuda.set_device(world.device)
     timeout = datetime.timedelta(seconds=timeout_s)
     kwargs: dict = {"backend": world.backend, "timeout": timeout, "rank": world.rank, "world_size": world.size}
-    if world.source == "torchrun":
+    if world.source == "torchrun" and world.agent_store:
+        # The agent's store outlives restarts; a prefix per attempt keeps the workers of a
+        # restart from reading the addresses their dead predecessors published there (torch's
+        # env:// handler assumes a fresh store per attempt, which the static rendezvous reuses).
+        try:
+            client = dist.TCPStore(world.master_addr, world.master_port, world.size, False, timeout)
+        except (RuntimeError, ValueError) as exc:
+            raise LaunchError(f"rank {world.rank} cannot reach the rendezvous store at {world.master_addr}:{world.master_port} ({exc}).") from exc
+        kwargs["store"] = dist.PrefixStore(f"/dtrain/attempt_{world.restart_count}", client)
+    elif world.source == "torchrun":
         # env:// lets torchrun's agent share its TCPStore with the workers.
         kwargs["init_method"] = "env://"
     else:

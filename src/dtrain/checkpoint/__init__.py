@@ -1,5 +1,10 @@
-"""Checkpoint storage: atomic writes, safe loads."""
+"""Checkpoint storage: atomic writes, checksums, retention, safe loads, and the full training state."""
 
 from .io import atomic_save, safe_load
+from .manager import CheckpointManager, load_into, rng_state, set_rng_state
+from .store import list_checkpoints, read_checkpoint, read_latest, resolve, verify
 
-__all__ = ["atomic_save", "safe_load"]
+__all__ = [
+    "CheckpointManager", "atomic_save", "list_checkpoints", "load_into", "read_checkpoint", "read_latest",
+    "resolve", "rng_state", "safe_load", "set_rng_state", "verify",
+]

@@ -32,8 +32,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--num-workers", type=int, default=0, help="DataLoader worker processes per rank")
     g.add_argument("--log-every", type=int, default=20, help="steps between progress lines / metrics records")
     g.add_argument("--metrics-file", default=None, help="append one JSON line per log interval to this file")
-    g.add_argument("--checkpoint-dir", default=None, help="save model, optimizer and step here at the end")
+    g.add_argument("--checkpoint-dir", default=None, help="save the full training state here (at the end, and every --save-every steps)")
     g.add_argument("--save-every", type=int, default=None, help="also save every N steps")
+    g.add_argument("--keep", type=int, default=3, help="checkpoints to keep, newest first (default 3)")
+    g.add_argument("--resume", action="store_true", help="continue from the newest valid checkpoint in --checkpoint-dir")
+    g.add_argument("--async-save", action="store_true", help="write checkpoints in the background (the copy to host memory blocks)")
     add_launch_args(p)
     p.set_defaults(func=main)
 
@@ -55,7 +58,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         batch_size=args.batch_size, lr=args.lr, optimizer=args.optimizer, grad_accum=args.grad_accum,
         seed=args.seed, log_every=args.log_every, metrics_file=args.metrics_file,
         checkpoint_dir=args.checkpoint_dir, save_every=args.save_every, device=args.device,
-        num_workers=args.num_workers,
+        num_workers=args.num_workers, keep=args.keep, resume=args.resume, async_save=args.async_save,
     )
 
 

@@ -61,10 +61,14 @@ class DeviceLoader:
     """Iterates a DataLoader and moves batches to the device; ``on_last(flag)`` is told when the
     epoch's last batch is handed out (and when a new epoch starts)."""
 
-    def __init__(self, loader: DataLoader, device: torch.device, on_last: Callable[[bool], None]) -> None:
+    def __init__(self, loader: DataLoader, device: torch.device, on_last: Callable[[bool], None], world_size: int = 1) -> None:
         self.loader = loader
         self.device = device
         self._on_last = on_last
+        self.world_size = world_size
+        self._epoch_start = 0  # global offset where the epoch in progress began
+        self._yielded = 0  # batches handed out in the epoch in progress
+        self._done = False  # the last iteration ran to its end
 
     @property
     def dataset(self):
@@ -85,7 +89,35 @@ class DeviceLoader:
         n = len(self.loader)
         self._on_last(False)
         move = self.device.type != "cpu"
+        self._epoch_start, self._yielded, self._done = self.sampler.start, 0, False
         for i, batch in enumerate(self.loader, start=1):
             if i == n:
                 self._on_last(True)
+            self._yielded = i
             yield to_device(batch, self.device) if move else batch
+        self._done = True
+
+    def state_dict(self) -> dict[str, int]:
+        """Where the data stands: the epoch and how many samples of its global order all ranks
+        together have consumed (a position that any world size can resume from)."""
+        consumed = self._epoch_start + self._yielded * self.loader.batch_size * self.world_size
+        epoch = self.sampler.epoch
+        if self._done or consumed >= len(self.dataset) or epoch < 0:
+            return {"epoch": epoch + 1, "samples_consumed": 0, "seed": self.sampler.seed}
+        return {"epoch": epoch, "samples_consumed": consumed, "seed": self.sampler.seed}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """The next iteration continues ``state``'s epoch where it stood."""
+        self.sampler.seed = int(state["seed"])
+        self.sampler.start_at(int(state["epoch"]), int(state["samples_consumed"]))
+
+    @property
+    def next_epoch(self) -> int:
+        """The epoch the next iteration will run."""
+        return self.sampler._next_epoch
+
+    def full_epoch_len(self) -> int:
+        """Batches in a whole epoch (not a resumed part of one)."""
+        per_rank = self.sampler._per_rank(len(self.dataset))
+        b = self.loader.batch_size
+        return per_rank // b if self.loader.drop_last else -(-per_rank // b)

@@ -53,6 +53,7 @@ class ShardSampler(Sampler[int]):
         """The epoch of the iteration in progress (-1 before the first)."""
         self._next_epoch = 0
         self._skip = 0
+        self._start = 0
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next iteration use ``epoch``'s permutation."""
@@ -62,20 +63,37 @@ class ShardSampler(Sampler[int]):
         """Leave out the first ``n`` of this rank's indices in the next iteration (resume mid-epoch)."""
         self._skip = n
 
-    def __len__(self) -> int:
-        if self.drop_last:
-            return self.length // self.world_size
-        return -(-self.length // self.world_size)
+    def start_at(self, epoch: int, offset: int) -> None:
+        """Make the next iteration ``epoch``'s, starting ``offset`` samples into its global order
+        (the samples every rank together consumed before), split over this world size."""
+        self._next_epoch = epoch
+        self._start = max(0, min(offset, self.length))
 
-    def global_order(self, epoch: int) -> list[int]:
-        """The permutation for ``epoch``, padded or trimmed to a multiple of the world size."""
+    @property
+    def start(self) -> int:
+        """Global offset at which the next iteration begins."""
+        return self._start
+
+    def _per_rank(self, remaining: int) -> int:
+        if self.drop_last:
+            return remaining // self.world_size
+        return -(-remaining // self.world_size)
+
+    def __len__(self) -> int:
+        return self._per_rank(self.length - self._start)
+
+    def permutation(self, epoch: int) -> list[int]:
+        """Every index once, in ``epoch``'s order (the same on every rank)."""
         if self.shuffle:
             g = torch.Generator()
             g.manual_seed(self.seed + epoch)
-            order = torch.randperm(self.length, generator=g).tolist()
-        else:
-            order = list(range(self.length))
-        total = len(self) * self.world_size
+            return torch.randperm(self.length, generator=g).tolist()
+        return list(range(self.length))
+
+    def global_order(self, epoch: int, start: int = 0) -> list[int]:
+        """``epoch``'s permutation from ``start`` on, padded or trimmed to a multiple of the world size."""
+        order = self.permutation(epoch)[start:]
+        total = self._per_rank(len(order)) * self.world_size
         if total <= len(order):
             return order[:total]
         pad = total - len(order)
@@ -85,7 +103,8 @@ class ShardSampler(Sampler[int]):
         self.epoch = self._next_epoch
         self._next_epoch += 1
         skip, self._skip = self._skip, 0
-        order = self.global_order(self.epoch)
+        start, self._start = self._start, 0
+        order = self.global_order(self.epoch, start)
         return iter(order[self.rank :: self.world_size][skip:])
 
     def state_dict(self) -> dict:

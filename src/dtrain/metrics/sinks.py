@@ -27,7 +27,7 @@ class JsonlSink:
 class ProgressSink:
     """A rich progress bar on a terminal; plain periodic lines (to stderr) otherwise."""
 
-    def __init__(self, total: int, *, description: str = "train", stream: IO[str] | None = None) -> None:
+    def __init__(self, total: int, *, start: int = 0, description: str = "train", stream: IO[str] | None = None) -> None:
         self.total = total
         self.stream = stream or sys.stderr
         self._bar = None
@@ -47,7 +47,7 @@ class ProgressSink:
                     TimeRemainingColumn(),
                     console=Console(file=self.stream),
                 )
-                self._task = self._bar.add_task(description, total=total, status="")
+                self._task = self._bar.add_task(description, total=total, completed=start, status="")
                 self._bar.start()
 
     def update(self, step: int, fields: dict[str, Any]) -> None:

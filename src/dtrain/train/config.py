@@ -33,6 +33,13 @@ class TrainConfig:
     save_every: int | None = None
     device: str | None = None
     num_workers: int = 0
+    keep: int = 3
+    """Checkpoints kept in ``checkpoint_dir`` (the newest)."""
+    resume: bool = False
+    """Continue from the newest valid checkpoint in ``checkpoint_dir`` (also done by itself after
+    an elastic restart)."""
+    async_save: bool = False
+    """Write checkpoints in a background thread after copying the state to host memory."""
 
     def __post_init__(self) -> None:
         positive = {"--epochs": self.epochs, "--max-steps": self.max_steps, "--batch-size": self.batch_size,
@@ -48,6 +55,10 @@ class TrainConfig:
             check_accum(self.batch_size, self.grad_accum)
         if self.save_every is not None and not self.checkpoint_dir:
             raise ConfigError("--save-every needs --checkpoint-dir, the folder to write checkpoints to.")
+        if self.resume and not self.checkpoint_dir:
+            raise ConfigError("--resume needs --checkpoint-dir, the folder holding the checkpoints to resume from.")
+        if self.keep < 1:
+            raise ConfigError(f"--keep must be >= 1, got {self.keep}.")
 
 
 def check_accum(batch_size: int, grad_accum: int) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 from typing import Any
@@ -13,7 +14,6 @@ from torch.utils.data import DataLoader
 
 from .. import init
 from .._log import configure_cli_logging, logger
-from ..checkpoint import atomic_save
 from ..context import Context
 from ..errors import ConfigError, DtrainError
 from ..metrics import JsonlSink, ProgressSink, Throughput, render_summary
@@ -58,23 +58,37 @@ def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) ->
     loader = ctx.setup_dataloader(
         DataLoader(task.train_set, batch_size=batch, shuffle=True, drop_last=True, num_workers=cfg.num_workers)
     )
-    if len(loader) == 0:
+    per_epoch = loader.full_epoch_len()
+    if per_epoch == 0:
         raise_small(task, batch, ctx.world_size)
     epochs = cfg.epochs or task.epochs
-    total = len(loader) * epochs if cfg.max_steps is None else min(cfg.max_steps, len(loader) * epochs)
+    total = per_epoch * epochs if cfg.max_steps is None else min(cfg.max_steps, per_epoch * epochs)
+    ckpt = ctx.checkpoints(cfg.checkpoint_dir, keep=cfg.keep, async_save=cfg.async_save) if cfg.checkpoint_dir else None
+    step = 0
+    restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+    if ckpt is not None and (cfg.resume or restarts > 0):
+        meta = ckpt.resume(model=model, optimizer=optimizer, loader=loader)
+        if meta is not None:
+            step = meta["step"]
+            logger.info(f"resumed from {meta['path']} at step {step} (saved by {meta['world_size']} process(es))")
+        elif cfg.resume:
+            logger.info(f"--resume: no checkpoint in {cfg.checkpoint_dir} yet; starting from step 0")
     logger.info(
         f"{task.name}: {ctx.world_size} process(es), strategy {ctx.strategy.name}, precision {ctx.precision.effective}, "
         f"batch {batch}/process, {total} steps on {ctx.device}"
     )
-    progress = ProgressSink(total) if ctx.is_main else None
+    fault = _fault_injection(ctx.rank, restarts)
+    progress = ProgressSink(total, start=step) if ctx.is_main else None
     sink = JsonlSink(cfg.metrics_file) if cfg.metrics_file and ctx.is_main else None
     meter = Throughput()
     window_loss = torch.zeros((), device=ctx.device)
-    window_steps, step, last_loss = 0, 0, float("nan")
+    window_steps, last_loss, start_step = 0, float("nan"), step
     k = cfg.grad_accum
     model.train()
     meter.start()
-    for epoch in range(epochs):
+    epoch = loader.next_epoch
+    while step < total:
+        epoch = loader.next_epoch
         for x, y in loader:
             for xm, ym in zip(x.chunk(k), y.chunk(k)):
                 with ctx.accumulate(model, steps=k):
@@ -85,28 +99,29 @@ def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) ->
             optimizer.zero_grad(set_to_none=True)
             step += 1
             window_steps += 1
+            if fault is not None and step == fault:
+                os.kill(os.getpid(), signal.SIGKILL)  # DTRAIN_FAULT_INJECT: a crash, for fault-tolerance tests
             if step % cfg.log_every == 0 or step == total:
                 last_loss = ctx.all_reduce(window_loss / window_steps, op="mean").item()
                 window_loss.zero_()
                 window_steps = 0
-                record = {"step": step, "epoch": epoch, "train_loss": last_loss, "samples_per_s": _rate(meter, step, batch, ctx), "wall_s": round(time.perf_counter() - t0, 3)}
+                record = {"step": step, "epoch": epoch, "train_loss": last_loss, "samples_per_s": _rate(meter, step - start_step, batch, ctx), "wall_s": round(time.perf_counter() - t0, 3)}
                 if progress:
                     progress.update(step, {"loss": last_loss, "samples_per_s": record["samples_per_s"]})
                 if sink:
                     sink.write(record)
-            if cfg.save_every and step % cfg.save_every == 0:
-                save_checkpoint(ctx, cfg.checkpoint_dir, model, optimizer, step, epoch)
+            if ckpt is not None and cfg.save_every and step % cfg.save_every == 0 and step < total:
+                ckpt.save(step, model=model, optimizer=optimizer, loader=loader)
             if step >= total:
                 break
-        if step >= total:
-            break
     if ctx.device.type == "cuda":
         torch.cuda.synchronize(ctx.device)
-    meter.stop(step * batch * ctx.world_size)
+    meter.stop((step - start_step) * batch * ctx.world_size)
     if progress:
         progress.close()
-    if cfg.checkpoint_dir:
-        save_checkpoint(ctx, cfg.checkpoint_dir, model, optimizer, step, epoch)
+    if ckpt is not None:
+        ckpt.save(step, model=model, optimizer=optimizer, loader=loader)
+        ckpt.wait()
     test_acc = None
     if task.test_set is not None:
         test_acc = ctx.evaluate(model, task.test_set, task.metric, batch_size=max(256, batch))["metric"]
@@ -125,8 +140,21 @@ def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) ->
     }
 
 
-def _rate(meter: Throughput, step: int, batch: int, ctx: Context) -> float | None:
-    rate = meter.rate_now(step * batch * ctx.world_size)
+def _fault_injection(rank: int, restarts: int) -> int | None:
+    """``DTRAIN_FAULT_INJECT=RANK:STEP``: that rank kills itself (SIGKILL) right after that step,
+    on the first attempt only (restarts then resume normally). For fault-tolerance tests."""
+    spec = os.environ.get("DTRAIN_FAULT_INJECT")
+    if not spec or restarts > 0:
+        return None
+    try:
+        r, s = (int(v) for v in spec.split(":"))
+    except ValueError:
+        raise ConfigError(f"DTRAIN_FAULT_INJECT={spec!r} is not RANK:STEP (e.g. 1:25).") from None
+    return s if r == rank else None
+
+
+def _rate(meter: Throughput, steps: int, batch: int, ctx: Context) -> float | None:
+    rate = meter.rate_now(steps * batch * ctx.world_size)
     return round(rate, 2) if rate else None
 
 
@@ -135,18 +163,3 @@ def raise_small(task: Task, batch: int, world_size: int) -> None:
         f"task {task.name!r} has {len(task.train_set)} training samples, fewer than one batch of {batch} "
         f"for each of {world_size} processes; lower --batch-size."
     )
-
-
-def save_checkpoint(ctx: Context, folder: str, model, optimizer, step: int, epoch: int) -> str:
-    """Write model, optimizer and counters to ``folder/step-NNNNNNNN.pt`` from rank 0, then
-    point ``folder/latest`` at it. Collective: call on every rank."""
-    path = os.path.join(folder, f"step-{step:08d}.pt")
-    ctx.save(path, {"model": model, "optimizer": optimizer, "step": step, "epoch": epoch})
-    if ctx.is_main:
-        tmp = os.path.join(folder, ".latest.tmp")
-        with open(tmp, "w") as fh:
-            fh.write(os.path.basename(path) + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, os.path.join(folder, "latest"))
-    return path

@@ -1,0 +1,217 @@
+"""The full training state, saved and restored: what a resume needs to continue bit for bit.
+
+    ckpt = ctx.checkpoints("ckpt", keep=3)                    # a CheckpointManager
+    ckpt.save(step, model=model, optimizer=opt, scheduler=sched, loader=loader, extra={"epoch": e})
+    meta = ckpt.resume(model=model, optimizer=opt, scheduler=sched, loader=loader)   # None: fresh start
+
+Besides the objects given, a checkpoint holds the grad scaler, the strategy's communication
+state, and every rank's RNG states (Python, NumPy, torch CPU and CUDA). The loader's position
+is stored as samples consumed in the global order of the epoch, so a resume on another number
+of processes re-splits exactly the samples not yet seen.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from .._log import logger
+from ..errors import CheckpointError
+from .store import STATE_FILE, list_checkpoints, prune, read_checkpoint, read_latest, set_latest, verify, write_checkpoint
+
+
+def rng_state() -> dict[str, Any]:
+    """This process's RNG states, in types ``torch.load(weights_only=True)`` accepts."""
+    np_state = np.random.get_state(legacy=False)
+    state = {
+        "python": random.getstate(),
+        "numpy": {"state": torch.from_numpy(np_state["state"]["key"].astype(np.int64)), "pos": int(np_state["state"]["pos"]),
+                  "has_gauss": int(np_state["has_gauss"]), "gauss": float(np_state["gauss"])},
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    py = state["python"]
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    n = state["numpy"]
+    np.random.set_state({"bit_generator": "MT19937", "state": {"key": n["state"].numpy().astype(np.uint32), "pos": n["pos"]},
+                         "has_gauss": n["has_gauss"], "gauss": n["gauss"]})
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _to_cpu(obj: Any) -> Any:
+    """A copy whose tensors live in CPU memory (the part of an asynchronous save that blocks)."""
+    if torch.is_tensor(obj):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: _to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to_cpu(v) for v in obj)
+    return obj
+
+
+def _state_of(obj: Any) -> Any:
+    original = getattr(obj, "original", None)  # DtrainModule: the user's module, no wrapper prefixes
+    if isinstance(original, nn.Module):
+        return original.state_dict()
+    return obj.state_dict()
+
+
+class CheckpointManager:
+    """Checkpoints of one run in ``folder``. Collective: every rank calls ``save`` and ``resume``.
+
+    ``keep``: how many to keep. ``async_save``: rank 0 copies the state to host memory (the
+    blocking part) and writes it in a background thread; ``last_blocking_s`` tells how long
+    the training loop was held."""
+
+    def __init__(self, ctx: Any, folder: str, *, keep: int = 3, async_save: bool = False) -> None:
+        if keep < 1:
+            raise CheckpointError(f"keep must be >= 1, got {keep}; at least the latest checkpoint is kept.")
+        self.ctx = ctx
+        self.folder = folder
+        self.keep = keep
+        self.async_save = async_save
+        self.last_blocking_s: float | None = None
+        self.last_total_s: float | None = None
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    # -- saving ---------------------------------------------------------------------------------
+    def save(self, step: int, *, extra: dict[str, Any] | None = None, **objects: Any) -> str:
+        """Save the full training state as checkpoint ``step``; returns its path. Collective."""
+        t0 = time.perf_counter()
+        self.wait()
+        rngs = self.ctx.gather_object(rng_state())  # every rank's RNG, on every rank
+        path = os.path.join(self.folder, f"step-{step:08d}")
+        if self.ctx.is_main:
+            state = {"objects": {k: _state_of(v) for k, v in objects.items() if v is not None},
+                     "extra": dict(extra or {}), "step": step, "world_size": self.ctx.world_size, "rng": rngs}
+            if self.ctx.scaler is not None:
+                state["grad_scaler"] = self.ctx.scaler.state_dict()
+            comm = getattr(self.ctx.strategy, "state_dict", None)
+            if comm is not None:
+                state["comm"] = comm()
+            meta = {"world_size": self.ctx.world_size, "time": time.time(), "objects": sorted(state["objects"])}
+            if self.async_save:
+                snapshot = _to_cpu(state)
+                self.last_blocking_s = time.perf_counter() - t0
+                self._thread = threading.Thread(target=self._write, args=(step, snapshot, meta, t0), daemon=False)
+                self._thread.start()
+            else:
+                self._write(step, state, meta, t0)
+                self.last_blocking_s = time.perf_counter() - t0
+        if not self.async_save:
+            self.ctx.barrier()  # nobody moves on before the checkpoint is complete
+        return path
+
+    def _write(self, step: int, state: dict[str, Any], meta: dict[str, Any], t0: float) -> None:
+        try:
+            path = write_checkpoint(self.folder, step, {STATE_FILE: state}, meta)
+            set_latest(self.folder, path)
+            prune(self.folder, self.keep)
+            self.last_total_s = time.perf_counter() - t0
+        except BaseException as exc:  # surfaced by wait()
+            self._error = exc
+
+    def wait(self) -> None:
+        """Wait for a background save to finish; re-raise its error."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            err, self._error = self._error, None
+            raise err
+
+    # -- loading --------------------------------------------------------------------------------
+    def latest_valid(self) -> str | None:
+        """The newest checkpoint that passes its checksums (``latest`` first); corrupt ones are
+        skipped with a warning naming the file and the problem."""
+        latest = read_latest(self.folder)
+        candidates = [p for _, p in reversed(list_checkpoints(self.folder))]
+        if latest and latest in candidates:
+            candidates.remove(latest)
+            candidates.insert(0, latest)
+        for path in candidates:
+            verdict = verify(path)
+            if verdict.ok:
+                return path
+            logger.warning(f"skipping checkpoint {path}: {verdict.problem}; trying the previous one.")
+        return None
+
+    def resume(self, *, path: str | None = None, **objects: Any) -> dict[str, Any] | None:
+        """Restore the newest valid checkpoint (or ``path``) into ``objects``; returns
+        ``{"step", "extra", "path", "world_size"}``, or None when there is none. Collective."""
+        path = path or self.latest_valid()
+        if path is None:
+            return None
+        return load_into(self.ctx, path, objects)
+
+
+def load_into(ctx: Any, path: str, objects: dict[str, Any]) -> dict[str, Any]:
+    """Load checkpoint ``path`` into ``objects`` (and the context's scaler, strategy, RNG)."""
+    state = read_checkpoint(path, map_location="cpu")
+    if not isinstance(state, dict) or "objects" not in state:
+        raise CheckpointError(f"checkpoint {path} is not a dtrain training-state checkpoint (no 'objects').")
+    stored = state["objects"]
+    for name, obj in objects.items():
+        if obj is None:
+            continue
+        if name not in stored:
+            raise CheckpointError(f"checkpoint {path} has no {name!r} (it holds: {', '.join(sorted(stored))}).")
+        _load_one(path, name, obj, stored[name])
+    if ctx.scaler is not None and "grad_scaler" in state:
+        ctx.scaler.load_state_dict(state["grad_scaler"])
+    load_comm = getattr(ctx.strategy, "load_state_dict", None)
+    if load_comm is not None and "comm" in state:
+        load_comm(state["comm"])
+    rngs = state.get("rng") or []
+    if state.get("world_size") == ctx.world_size and ctx.rank < len(rngs):
+        set_rng_state(rngs[ctx.rank])
+    else:
+        # Another world size: no rank's stream can continue; start fresh, distinct streams.
+        seed = (ctx.seed + 1000003 * int(state["step"]) + ctx.rank) % 2**31
+        random.seed(seed)
+        np.random.seed(seed)
+        torch.manual_seed(seed)
+    return {"step": int(state["step"]), "extra": state.get("extra", {}), "path": path, "world_size": state.get("world_size")}
+
+
+def _load_one(path: str, name: str, obj: Any, sd: Any) -> None:
+    target = getattr(obj, "original", obj)
+    if isinstance(target, nn.Module):
+        ours = target.state_dict()
+        missing = sorted(set(ours) - set(sd))
+        unexpected = sorted(set(sd) - set(ours))
+        shapes = [f"{k} {tuple(sd[k].shape)} vs {tuple(ours[k].shape)}" for k in ours
+                  if k in sd and torch.is_tensor(sd[k]) and sd[k].shape != ours[k].shape]
+        if missing or unexpected or shapes:
+            parts = []
+            if missing:
+                parts.append(f"missing {_few(missing)}")
+            if unexpected:
+                parts.append(f"unexpected {_few(unexpected)}")
+            if shapes:
+                parts.append(f"shape mismatch {_few(shapes)} (checkpoint vs model)")
+            raise CheckpointError(f"checkpoint {path} does not fit this {name}: {'; '.join(parts)}.")
+    try:
+        target.load_state_dict(sd)
+    except (RuntimeError, ValueError, KeyError) as exc:
+        first = str(exc).strip().splitlines()[0]
+        raise CheckpointError(f"checkpoint {path} does not fit this {name}: {first}.") from None
+
+
+def _few(items: list[str], n: int = 4) -> str:
+    return ", ".join(items[:n]) + (f" and {len(items) - n} more" if len(items) > n else "")

@@ -1,0 +1,119 @@
+"""`dtrain ckpt ls|verify|diff`: look into checkpoints, check them, compare two of them."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+import torch
+
+from ..checkpoint import list_checkpoints, read_checkpoint, read_latest, resolve, verify
+from ..errors import CheckpointError, ConfigError
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("ckpt", help="list, verify and compare checkpoints", description=__doc__)
+    cmds = p.add_subparsers(dest="ckpt_command", metavar="ls|verify|diff", parser_class=type(p))
+    cmds.required = True
+    ls = cmds.add_parser("ls", help="steps, sizes and validity of the checkpoints in DIR")
+    ls.add_argument("dir")
+    ls.set_defaults(func=cmd_ls)
+    ver = cmds.add_parser("verify", help="check every checkpoint in DIR (or one) against its checksums; exit 1 if any fails")
+    ver.add_argument("path")
+    ver.set_defaults(func=cmd_verify)
+    diff = cmds.add_parser("diff", help="compare two checkpoints tensor by tensor; exit 0 only when identical")
+    diff.add_argument("a")
+    diff.add_argument("b")
+    diff.add_argument("--only", default=None, help="compare only this entry (e.g. model)")
+    diff.set_defaults(func=cmd_diff)
+
+
+def _human(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    if not os.path.isdir(args.dir):
+        raise ConfigError(f"{args.dir} is not a folder; give the --checkpoint-dir of a run.")
+    latest = read_latest(args.dir)
+    ckpts = list_checkpoints(args.dir)
+    if not ckpts:
+        print(f"{args.dir}: no checkpoints")
+        return 0
+    print(f"{'step':>10}  {'size':>10}  {'status':<8}  name")
+    for step, path in ckpts:
+        v = verify(path)
+        mark = " <- latest" if latest and os.path.abspath(latest) == os.path.abspath(path) else ""
+        status = "valid" if v.ok else "INVALID"
+        print(f"{step:>10}  {_human(v.bytes):>10}  {status:<8}  {os.path.basename(path)}{mark}" + ("" if v.ok else f"  ({v.problem})"))
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    path = args.path
+    if os.path.isdir(path) and not os.path.isfile(os.path.join(path, "manifest.json")):
+        targets = [p for _, p in list_checkpoints(path)]
+        if not targets:
+            raise CheckpointError(f"{path} holds no checkpoints.")
+    else:
+        targets = [path]
+    bad = 0
+    for p in targets:
+        v = verify(p)
+        print(f"{'ok  ' if v.ok else 'FAIL'} {p}" + ("" if v.ok else f": {v.problem}"))
+        bad += not v.ok
+    return 1 if bad else 0
+
+
+def _flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            out.update(_flatten(v, f"{prefix}{k}."))
+    elif isinstance(obj, (list, tuple)) and any(torch.is_tensor(v) or isinstance(v, (dict, list, tuple)) for v in obj):
+        for i, v in enumerate(obj):
+            out.update(_flatten(v, f"{prefix}{i}."))
+    else:
+        out[prefix[:-1]] = obj
+    return out
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    a, b = (read_checkpoint(resolve(p)) for p in (args.a, args.b))
+    if args.only:
+        a, b = (_pick(x, args.only, p) for x, p in ((a, args.a), (b, args.b)))
+    else:  # the training state's objects (model, optimizer, ...), not times or RNG
+        a, b = (x.get("objects", x) if isinstance(x, dict) else x for x in (a, b))
+    fa, fb = _flatten(a), _flatten(b)
+    differ = 0
+    for key in sorted(set(fa) | set(fb)):
+        if key not in fa or key not in fb:
+            print(f"{key}: only in {'A' if key in fa else 'B'}")
+            differ += 1
+            continue
+        x, y = fa[key], fb[key]
+        if torch.is_tensor(x) and torch.is_tensor(y):
+            if x.shape != y.shape or x.dtype != y.dtype:
+                print(f"{key}: shape/dtype {tuple(x.shape)} {x.dtype} vs {tuple(y.shape)} {y.dtype}")
+                differ += 1
+            elif not torch.equal(x, y):
+                d = (x.double() - y.double()).abs().max().item() if x.is_floating_point() else float("nan")
+                print(f"{key}: max |diff| {d:.3g}")
+                differ += 1
+        elif x != y:
+            print(f"{key}: {x!r} vs {y!r}")
+            differ += 1
+    print(f"{len(set(fa) | set(fb))} entries compared: " + ("identical" if not differ else f"{differ} differ"))
+    return 0 if not differ else 1
+
+
+def _pick(state: Any, name: str, path: str) -> Any:
+    objects = state.get("objects", state) if isinstance(state, dict) else {}
+    if name not in objects:
+        raise CheckpointError(f"checkpoint {path} has no {name!r} (it holds: {', '.join(sorted(objects))}).")
+    return objects[name]
