@@ -29,8 +29,12 @@ def reshard(loader: DataLoader, *, rank: int, world_size: int, seed: int, shuffl
             isinstance(loader.sampler, ShardSampler) and loader.sampler.shuffle
         )
     sampler = ShardSampler(len(loader.dataset), rank=rank, world_size=world_size, shuffle=shuffle, seed=seed)
+    # Its own generator: creating an iterator then draws no number from the global torch RNG,
+    # which would shift the stream (dropout, ...) of a run resumed mid-epoch.
+    generator = torch.Generator()
     return DataLoader(
         loader.dataset,
+        generator=generator,
         batch_size=loader.batch_size,
         sampler=sampler,
         num_workers=loader.num_workers,
@@ -90,6 +94,9 @@ class DeviceLoader:
         self._on_last(False)
         move = self.device.type != "cpu"
         self._epoch_start, self._yielded, self._done = self.sampler.start, 0, False
+        if self.loader.generator is not None:  # workers' seeds follow (seed, epoch, rank), not history
+            s = self.sampler
+            self.loader.generator.manual_seed((s.seed * 1_000_003 + s._next_epoch) * 4099 + s.rank)
         for i, batch in enumerate(self.loader, start=1):
             if i == n:
                 self._on_last(True)
