@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import os
 import random
+import sys
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -29,7 +31,9 @@ from . import strategies
 from .checkpoint import CheckpointManager, atomic_save, safe_load
 from .data.loader import DeviceLoader, reshard, to_device
 from .data.sampler import EvalShardSampler
-from .errors import ConfigError
+from .diag import Tracker, Watchdog
+from .diag.checker import check_call, check_same
+from .errors import ConfigError, DtrainError
 from .precision import Precision
 from .strategies.base import Strategy
 from .world import World, destroy_process_group, init_process_group
@@ -45,22 +49,67 @@ def init(
     device: str | torch.device | None = None,
     world: World | None = None,
     timeout_s: float = 1800.0,
+    stall_timeout: float | None = None,
+    debug: bool | None = None,
+    run_dir: str | None = None,
     **strategy_options: Any,
 ) -> Context:
     """Detect the world, join the process group and build the strategy.
 
     Collective: call on every rank. ``strategy="auto"`` is ``ddp`` with several processes and
     ``single`` with one. ``seed`` seeds Python, NumPy and torch on every rank alike.
+    ``stall_timeout`` (seconds; 0 turns it off; default ``$DTRAIN_STALL_TIMEOUT`` or 900): the
+    watchdog reports and stops a job in which some rank made no progress that long.
+    ``debug`` (default ``$DTRAIN_DEBUG``): check every dtrain collective across ranks.
+    ``run_dir`` (default ``$DTRAIN_RUN_DIR`` or ``./dtrain-run``): where stall dumps go.
     """
     world = world or World.detect(device=device)
     if strategy == "auto":
         strategy = "ddp" if world.distributed else "single"
     strat = strategies.build(strategy, **strategy_options)
     prec = Precision.resolve(precision, world.device)
+    stall = _env_float("DTRAIN_STALL_TIMEOUT", 900.0) if stall_timeout is None else float(stall_timeout)
+    if stall < 0:
+        raise ConfigError(f"stall timeout must be >= 0 seconds (0 turns the watchdog off), got {stall:g}.")
+    debug = os.environ.get("DTRAIN_DEBUG", "") not in ("", "0") if debug is None else debug
     owns_group = init_process_group(world, timeout_s=timeout_s)
     if seed is not None:
         seed_everything(seed)
-    return Context(world=world, strategy=strat, precision=prec, seed=seed or 0, owns_group=owns_group)
+    _install_excepthook()
+    ctx = Context(world=world, strategy=strat, precision=prec, seed=seed or 0, owns_group=owns_group, debug=debug)
+    if world.distributed and stall > 0:
+        ctx._watchdog = Watchdog(
+            ctx.tracker, rank=world.rank, size=world.size, timeout_s=stall,
+            run_dir=run_dir or os.environ.get("DTRAIN_RUN_DIR") or "dtrain-run",
+            master_addr=world.master_addr, master_port=world.master_port, attempt=world.restart_count,
+        ).start()
+    return ctx
+
+
+def _install_excepthook() -> None:
+    """An uncaught DtrainError in a user's script ends with its one-line message, not a traceback."""
+    if getattr(sys.excepthook, "_dtrain", False):
+        return
+    previous = sys.excepthook
+
+    def hook(kind, value, tb):  # type: ignore[no-untyped-def]
+        if isinstance(value, DtrainError):
+            print(f"dtrain: error: {value}", file=sys.stderr, flush=True)
+        else:
+            previous(kind, value, tb)
+
+    hook._dtrain = True  # type: ignore[attr-defined]
+    sys.excepthook = hook
+
+
+def _env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a number of seconds.") from None
 
 
 def seed_everything(seed: int) -> None:
@@ -117,6 +166,8 @@ class DtrainOptimizer(torch.optim.Optimizer):
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         if not self._ctx.sync_gradients:
             return None
+        tracker = self._ctx.tracker
+        tracker.beat(tracker.step + 1)
         scaler = self._ctx.scaler
         if scaler is not None:
             # An optimizer that communicates (hvd) must finish before the scaler unscales.
@@ -148,8 +199,13 @@ class DtrainOptimizer(torch.optim.Optimizer):
 class Context:
     """What a training script holds: the world, the strategy, the precision and their helpers."""
 
-    def __init__(self, *, world: World, strategy: Strategy, precision: Precision, seed: int = 0, owns_group: bool = False) -> None:
+    def __init__(self, *, world: World, strategy: Strategy, precision: Precision, seed: int = 0, owns_group: bool = False,
+                 debug: bool = False) -> None:
         self.world = world
+        self.debug = debug
+        self.tracker = Tracker()
+        """Heartbeat and recent collectives of this rank (read by the stall watchdog)."""
+        self._watchdog: Watchdog | None = None
         self.strategy = strategy
         self.precision = precision
         self.seed = seed
@@ -203,6 +259,11 @@ class Context:
         """Collective: call on every rank."""
         if isinstance(model, DtrainModule):
             raise ConfigError("this model was already set up; call ctx.setup once per model.")
+        if self.debug and self.world.distributed:
+            with torch.no_grad():
+                checksum = float(sum(p.detach().double().sum().item() for p in model.parameters()))
+            check_same(self, "parameter checksum at setup", round(checksum, 6),
+                       fix="build the model after dtrain.init(seed=...) so every rank starts alike")
         inner = self.strategy.setup_model(model, self.world)
         wrapped = DtrainModule(inner, self.strategy.unwrap(inner), self.precision)
         self._modules.append(weakref.ref(wrapped))
@@ -219,6 +280,8 @@ class Context:
 
         ``shuffle`` defaults to whether the loader shuffled (``shuffle=True``).
         """
+        if self.debug and self.world.distributed:
+            check_same(self, "dataset length", len(loader.dataset), fix="give every rank the same data set")
         sharded = reshard(loader, rank=self.rank, world_size=self.world_size, seed=self.seed, shuffle=shuffle)
         device = self.device if move_to_device else torch.device("cpu")
         return DeviceLoader(sharded, device, on_last=self._set_end_of_data, world_size=self.world_size)
@@ -267,7 +330,15 @@ class Context:
             loss = loss / self._accum_steps
         if self.scaler is not None:
             loss = self.scaler.scale(loss)
-        loss.backward(**kwargs)
+        if self.world.distributed and self._sync:
+            # Gradients are communicated inside backward (DDP buckets, hvd hooks): record it as
+            # a collective for the watchdog, and check it against the other ranks in debug mode.
+            with self._collective("backward (gradient all-reduce)", loss):
+                loss.backward(**kwargs)
+        else:
+            self.tracker.beat()
+            loss.backward(**kwargs)
+            self.tracker.beat()
 
     def clip_grad_norm_(self, model: nn.Module, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
         """Clip gradients by their global norm (after unscaling fp16 gradients)."""
@@ -285,17 +356,30 @@ class Context:
         if op not in _OPS:
             raise ConfigError(f"unknown reduce op {op!r}; choose one of: {', '.join(_OPS)}.")
         if self.world.distributed:
-            dist.all_reduce(tensor, op=_OPS[op])
+            with self._collective(f"all_reduce({op})", tensor):
+                dist.all_reduce(tensor, op=_OPS[op])
             if op == "mean":
                 tensor.div_(self.world_size)
         return tensor
+
+    @contextlib.contextmanager
+    def _collective(self, op: str, *tensors: Any) -> Iterator[None]:
+        """Record (for the watchdog) and, in debug mode, check a collective before issuing it."""
+        call = self.tracker.enter(op, *tensors)
+        try:
+            if self.debug:
+                check_call(self, call)
+            yield
+        finally:
+            self.tracker.leave(call)
 
     def all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
         """Collective: call on every rank. Every rank's ``tensor`` (same shape on all ranks)."""
         if not self.world.distributed:
             return [tensor]
         out = [torch.empty_like(tensor) for _ in range(self.world_size)]
-        dist.all_gather(out, tensor)
+        with self._collective("all_gather", tensor):
+            dist.all_gather(out, tensor)
         return out
 
     def gather_object(self, obj: Any) -> list[Any]:
@@ -303,13 +387,15 @@ class Context:
         if not self.world.distributed:
             return [obj]
         out: list[Any] = [None] * self.world_size
-        dist.all_gather_object(out, obj)
+        with self._collective("all_gather_object"):
+            dist.all_gather_object(out, obj)
         return out
 
     def broadcast(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
         """Collective: call on every rank. Copy rank ``src``'s tensor to all ranks, in place."""
         if self.world.distributed:
-            dist.broadcast(tensor, src=src)
+            with self._collective(f"broadcast(src={src})", tensor):
+                dist.broadcast(tensor, src=src)
         return tensor
 
     def broadcast_object(self, obj: Any, src: int = 0) -> Any:
@@ -317,13 +403,15 @@ class Context:
         if not self.world.distributed:
             return obj
         box = [obj]
-        dist.broadcast_object_list(box, src=src)
+        with self._collective(f"broadcast_object(src={src})"):
+            dist.broadcast_object_list(box, src=src)
         return box[0]
 
     def barrier(self) -> None:
         """Collective: call on every rank. Wait until every rank gets here."""
         if self.world.distributed:
-            dist.barrier()
+            with self._collective("barrier"):
+                dist.barrier()
 
     @contextlib.contextmanager
     def main_process_first(self) -> Iterator[None]:
@@ -364,6 +452,7 @@ class Context:
         loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler)
         totals = torch.zeros(3, dtype=torch.float64, device=self.device)  # metric, loss, count
         for x, y in loader:
+            self.tracker.beat()
             x, y = to_device(x, self.device), to_device(y, self.device)
             with self.precision.autocast():
                 out = net(x)
@@ -416,6 +505,9 @@ class Context:
 
         Collective: call on every rank.
         """
+        if self._watchdog is not None:
+            self._watchdog.stop()
+            self._watchdog = None
         if not self._owns_group:
             return
         # Free the strategy's wrappers (DDP) before the group: a DDP object that outlives its

@@ -93,6 +93,7 @@ class CheckpointManager:
     def save(self, step: int, *, extra: dict[str, Any] | None = None, **objects: Any) -> str:
         """Save the full training state as checkpoint ``step``; returns its path. Collective."""
         t0 = time.perf_counter()
+        self.ctx.tracker.beat()
         self.wait()
         rngs = self.ctx.gather_object(rng_state())  # every rank's RNG, on every rank
         path = os.path.join(self.folder, f"step-{step:08d}")

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import os
+
+from ..errors import ConfigError
 
 from ..launch import LaunchSpec
 
@@ -17,9 +20,27 @@ def add_launch_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--launcher", default="torchrun", help="torchrun (torch's elastic agent, default) or spawn (torch.multiprocessing.spawn)")
     g.add_argument("--max-restarts", type=int, default=0, help="restart failed workers up to K times (torchrun launcher)")
     g.add_argument("-v", "--verbose", action="store_true", help="show the launcher's own log")
+    d = parser.add_argument_group("diagnostics")
+    d.add_argument("--stall-timeout", type=float, default=None, metavar="SECONDS",
+                   help="report and stop the job when a rank makes no progress this long (default 900; 0: off)")
+    d.add_argument("--debug", action="store_true", help="check every dtrain collective across ranks (slower)")
+    d.add_argument("--run-dir", default=None, help="where stall reports and stack dumps go (default ./dtrain-run)")
+
+
+def export_diagnostics(args: argparse.Namespace) -> None:
+    """Hand the diagnostics flags to the workers (they inherit this environment)."""
+    if args.stall_timeout is not None:
+        if args.stall_timeout < 0:
+            raise ConfigError(f"--stall-timeout must be >= 0 seconds (0 turns the watchdog off), got {args.stall_timeout:g}.")
+        os.environ["DTRAIN_STALL_TIMEOUT"] = repr(args.stall_timeout)
+    if args.debug:
+        os.environ["DTRAIN_DEBUG"] = "1"
+    if args.run_dir:
+        os.environ["DTRAIN_RUN_DIR"] = os.path.abspath(args.run_dir)
 
 
 def launch_spec(args: argparse.Namespace) -> LaunchSpec:
+    export_diagnostics(args)
     return LaunchSpec(
         nproc=1 if args.nproc is None else args.nproc,
         nnodes=args.nnodes,

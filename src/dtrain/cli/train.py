@@ -10,7 +10,7 @@ from ..launch import launch_function
 from ..tasks import load_task
 from ..train import TrainConfig, worker_main
 from ..world import World
-from .common import add_launch_args, launch_spec
+from .common import add_launch_args, export_diagnostics, launch_spec
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -75,6 +75,7 @@ def validate(cfg: TrainConfig) -> None:
 def main(args: argparse.Namespace) -> int:
     configure_cli_logging(0, verbose=args.verbose)
     cfg = config_from_args(args)
+    export_diagnostics(args)
     already_launched = World.detect().distributed  # under torchrun/srun: this process is a worker
     if already_launched and args.nproc is None:
         worker_main(cfg)

@@ -17,7 +17,9 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from .._log import logger
+from ..diag.watchdog import STALL_EXIT
 from ..errors import DtrainError, LaunchError
+from .preflight import check_nodes, wait_for_master
 from .spec import LaunchSpec
 from .store import host_store
 
@@ -50,10 +52,14 @@ def run_script(script: str, argv: list[str]) -> None:
 def _rendezvous(spec: LaunchSpec) -> Iterator[int]:
     """Host the rendezvous store on node 0 (bound to the master address); yields its port."""
     if spec.node_rank != 0:
+        wait_for_master(spec.addr, spec.port)
+        check_nodes(spec, spec.port)
         yield spec.port
         return
     store, port = host_store(spec.addr, spec.port)
     try:
+        if spec.nnodes > 1:
+            check_nodes(spec, port)
         yield port
     finally:
         del store
@@ -154,5 +160,8 @@ def _report_failure(exit_codes: dict[int, int]) -> int:
         sig = -code if code else "?"
         print(f"dtrain: error: worker rank {rank} was killed by signal {sig}; see its output above.", file=sys.stderr)
         return 1
+    if code == STALL_EXIT:
+        print(f"dtrain: error: worker rank {rank} was stopped by the stall watchdog (status {code}); see the stall report above.", file=sys.stderr)
+        return code
     print(f"dtrain: error: worker rank {rank} exited with status {code}; see its output above.", file=sys.stderr)
     return code or 1

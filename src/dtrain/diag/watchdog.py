@@ -1,0 +1,177 @@
+"""The stall watchdog: when some rank makes no progress for ``timeout`` seconds, every rank dumps
+its stacks and recent collectives, one merged report names the lagging rank(s) and their line,
+and the job exits with status ``STALL_EXIT`` (so ``--max-restarts`` turns a hang into a restart).
+
+One daemon thread per rank. The ranks meet in the job's rendezvous store (a TCPStore client of
+their own, under a prefix per attempt): a stalled rank raises a flag there, every rank's thread
+sees it within a poll interval, posts a snapshot, and rank 0 (or, if rank 0 is gone, the lowest
+rank that can) merges and prints them. A rank blocked in a C++ collective or in ``time.sleep``
+releases the GIL, so its watchdog thread keeps running.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import sys
+import threading
+import time
+from typing import Any
+
+import torch.distributed as dist
+
+from .tracker import Tracker
+
+STALL_EXIT = 124
+"""Exit status of a rank stopped by the watchdog (like timeout(1))."""
+
+
+class Watchdog:
+    def __init__(self, tracker: Tracker, *, rank: int, size: int, timeout_s: float, run_dir: str,
+                 master_addr: str, master_port: int, attempt: int = 0, poll_s: float | None = None) -> None:
+        self.tracker = tracker
+        self.rank, self.size = rank, size
+        self.timeout_s = timeout_s
+        self.run_dir = run_dir
+        self.poll_s = poll_s if poll_s is not None else max(0.2, min(2.0, timeout_s / 10))
+        self._addr, self._port, self._prefix = master_addr, master_port, f"/dtrain/watchdog/attempt_{attempt}"
+        self._stop = threading.Event()
+        self._store: dist.Store | None = None
+        self._thread = threading.Thread(target=self._run, name="dtrain-watchdog", daemon=True)
+        self.report: str | None = None
+
+    def start(self) -> Watchdog:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    # -- the thread -------------------------------------------------------------------------
+    def _connect(self) -> dist.Store | None:
+        try:
+            client = dist.TCPStore(self._addr, self._port, self.size, False, datetime.timedelta(seconds=30))
+            return dist.PrefixStore(self._prefix, client)
+        except Exception:  # no store: the watchdog still reports this rank alone
+            return None
+
+    def _run(self) -> None:
+        self._store = self._connect() if self.size > 1 else None
+        while not self._stop.wait(self.poll_s):
+            idle = time.monotonic() - self.tracker.last_beat
+            flagged = self._flagged()
+            if idle > self.timeout_s and not flagged:
+                self._raise_flag(idle)
+                flagged = True
+            if flagged:
+                self._handle_stall()
+                return
+
+    def _flagged(self) -> bool:
+        if self._store is None:
+            return False
+        try:
+            return self._store.check(["stall"])
+        except Exception:
+            return False
+
+    def _raise_flag(self, idle: float) -> None:
+        if self._store is not None:
+            try:
+                self._store.set("stall", json.dumps({"rank": self.rank, "idle_s": round(idle, 1)}))
+            except Exception:
+                pass
+
+    def _handle_stall(self) -> None:
+        snap = self.tracker.snapshot(self.rank)
+        os.makedirs(self.run_dir, exist_ok=True)
+        dump_path = os.path.join(self.run_dir, f"stall-rank{self.rank}.txt")
+        with open(dump_path, "w") as fh:
+            fh.write(self.tracker.dump(self.rank))
+        snap["dump"] = dump_path
+        snaps = {self.rank: snap}
+        if self._store is not None:
+            try:
+                self._store.set(f"snap/{self.rank}", json.dumps(snap))
+            except Exception:
+                pass
+            snaps = self._collect(snap)
+        if self._is_reporter(snaps):
+            self.report = merge_report(snaps, self.size, self.timeout_s)
+            with open(os.path.join(self.run_dir, "stall-report.txt"), "w") as fh:
+                fh.write(self.report + "\n")
+            print(self.report, file=sys.stderr, flush=True)
+            self._set("reported", "1")
+        else:
+            self._wait_for("reported", 10.0)
+        sys.stderr.flush()
+        sys.stdout.flush()
+        os._exit(STALL_EXIT)
+
+    def _collect(self, mine: dict[str, Any], wait_s: float = 5.0) -> dict[int, dict[str, Any]]:
+        snaps = {self.rank: mine}
+        deadline = time.monotonic() + wait_s
+        while len(snaps) < self.size and time.monotonic() < deadline:
+            for r in range(self.size):
+                if r in snaps:
+                    continue
+                try:
+                    if self._store.check([f"snap/{r}"]):
+                        snaps[r] = json.loads(self._store.get(f"snap/{r}"))
+                except Exception:
+                    pass
+            time.sleep(0.1)
+        return snaps
+
+    def _is_reporter(self, snaps: dict[int, dict[str, Any]]) -> bool:
+        return self.rank == min(snaps)
+
+    def _set(self, key: str, value: str) -> None:
+        if self._store is not None:
+            try:
+                self._store.set(key, value)
+            except Exception:
+                pass
+
+    def _wait_for(self, key: str, wait_s: float) -> None:
+        deadline = time.monotonic() + wait_s
+        while self._store is not None and time.monotonic() < deadline:
+            try:
+                if self._store.check([key]):
+                    return
+            except Exception:
+                return
+            time.sleep(0.1)
+
+
+def merge_report(snaps: dict[int, dict[str, Any]], size: int, timeout_s: float) -> str:
+    """One report from every rank's snapshot: the lagging ranks first, then who waits for them.
+
+    A rank lags when it is not inside a collective while others are, or has reached fewer steps
+    or collectives than the rest."""
+    missing = [r for r in range(size) if r not in snaps]
+    present = list(snaps.values())
+    waiting = [s for s in present if s["current"]]
+    ahead = max((s["step"], s["last_done_seq"]) for s in present)
+    lagging = [s for s in present if not s["current"]]
+    if not lagging:  # everyone waits: the ones behind are the culprits
+        lagging = [s for s in present if (s["step"], s["last_done_seq"]) < ahead] or present
+    lag_ranks = {s["rank"] for s in lagging}
+    lines = [f"dtrain: stall: no progress for more than {timeout_s:g} s"]
+    for s in sorted(lagging, key=lambda s: s["rank"]):
+        doing = f"in {s['current']}" if s["current"] else f"no collective since #{s['last_done_seq']}"
+        lines.append(f"  rank {s['rank']} at {s['at']} (step {s['step']}, {doing}; innermost {s['innermost']})")
+    others = [s for s in waiting if s["rank"] not in lag_ranks]
+    by_what: dict[str, list[int]] = {}
+    for s in others:
+        what = s["current"]
+        by_what.setdefault(what, []).append(s["rank"])
+    for what, ranks in by_what.items():
+        lines.append(f"  {'ranks' if len(ranks) > 1 else 'rank'} {','.join(map(str, sorted(ranks)))} waiting in {what}")
+    if missing:
+        lines.append(f"  ranks {','.join(map(str, missing))} did not answer (dead or unreachable)")
+    dumps = sorted({os.path.dirname(s["dump"]) for s in present})
+    lines.append(f"  stacks and recent collectives of every rank: {', '.join(dumps)}/stall-rank*.txt")
+    lines.append(f"  every rank exits with status {STALL_EXIT}; with --max-restarts the job restarts from its last checkpoint.")
+    return "\n".join(lines)

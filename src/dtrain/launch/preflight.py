@@ -1,0 +1,116 @@
+"""Checks the launcher makes before any worker starts, so that a misconfigured multi-node job
+fails in seconds with one clear line instead of waiting for a rendezvous timeout:
+
+- the master address answers (connection refused is fine: node 0 may start later; no answer or
+  no route for ``unreachable_s`` is an error),
+- every node was started with the same ``--nnodes`` and ``-n``, and runs the same dtrain, torch
+  and Python versions (each node posts its view to node 0's rendezvous store and compares).
+"""
+
+from __future__ import annotations
+
+import datetime
+import errno
+import json
+import platform
+import socket
+import time
+
+import torch
+import torch.distributed as dist
+
+from .. import __version__
+from .._log import logger
+from ..errors import ConfigError, LaunchError
+from .spec import LaunchSpec
+
+
+def wait_for_master(addr: str, port: int, *, total_s: float = 900.0, unreachable_s: float = 30.0) -> None:
+    """Return once ``addr:port`` accepts a TCP connection; raise after ``unreachable_s`` of no
+    answer (or at once for no route), or after ``total_s`` of refused connections."""
+    start = time.monotonic()
+    silent = 0.0
+    last_note = start
+    while True:
+        t0 = time.monotonic()
+        try:
+            with socket.create_connection((addr, port), timeout=5):
+                return
+        except socket.gaierror as exc:
+            raise ConfigError(f"--master-addr {addr} does not resolve ({exc.strerror}); give node 0's IP address.") from None
+        except socket.timeout:
+            silent += time.monotonic() - t0
+        except OSError as exc:
+            if exc.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH):
+                raise LaunchError(f"--master-addr {addr} is unreachable from this node (no route to host); check the address and the network.") from None
+            if exc.errno != errno.ECONNREFUSED:
+                silent += time.monotonic() - t0
+            time.sleep(0.5)
+        now = time.monotonic()
+        if silent >= unreachable_s:
+            raise LaunchError(
+                f"--master-addr {addr}:{port} does not answer (no reply for {unreachable_s:.0f} s); check that it is node 0's "
+                "address as this node sees it, and that no firewall drops the port."
+            )
+        if now - start > total_s:
+            raise LaunchError(f"node 0 is not listening on {addr}:{port} after {total_s:.0f} s; start node 0 (--node-rank 0) there.")
+        if now - last_note > 30:
+            logger.info(f"waiting for node 0 at {addr}:{port} (connection refused: not started yet?)")
+            last_note = now
+
+
+def connect_store(addr: str, port: int, handshake_s: float = 20.0) -> dist.TCPStore:
+    """A client of node 0's rendezvous store. Something that accepts TCP connections but does
+    not answer as a store (a proxy, another service) is an error after ``handshake_s``."""
+    t0 = time.monotonic()
+    try:
+        return dist.TCPStore(addr, port, None, False, datetime.timedelta(seconds=handshake_s))
+    except (RuntimeError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise LaunchError(
+            f"--master-addr {addr}:{port} accepted a connection but did not answer as node 0's rendezvous store within "
+            f"{time.monotonic() - t0:.0f} s ({first}); check that it is node 0's address and port."
+        ) from None
+
+
+def node_view(spec: LaunchSpec) -> dict:
+    return {"nnodes": spec.nnodes, "nproc": spec.nproc, "dtrain": __version__, "torch": torch.__version__,
+            "python": platform.python_version(), "host": socket.gethostname()}
+
+
+def check_nodes(spec: LaunchSpec, port: int, *, timeout_s: float = 900.0) -> None:
+    """Post this node's view to the rendezvous store and compare it with the others' (node 0
+    waits for every node; the others compare with node 0). Raises LaunchError on a mismatch."""
+    store = dist.PrefixStore("/dtrain/preflight", connect_store(spec.addr, port))
+    store.set_timeout(datetime.timedelta(seconds=timeout_s))
+    mine = node_view(spec)
+    others = range(1, spec.nnodes) if spec.node_rank == 0 else [0]
+    try:
+        store.set(f"node/{spec.node_rank}", json.dumps(mine))
+        for r in others:
+            theirs = json.loads(store.get(f"node/{r}"))  # waits until node r posts (or timeout)
+            try:
+                _compare(mine, spec.node_rank, theirs, r)
+            except LaunchError:
+                if spec.node_rank == 0:
+                    time.sleep(2)  # keep the store up a moment so node r can read our view and say why too
+                raise
+    except (RuntimeError, ValueError) as exc:  # the store went away or timed out
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise LaunchError(f"the pre-launch check with the other nodes failed ({first}); see node 0's output.") from None
+
+
+def _compare(mine: dict, me: int, theirs: dict, other: int) -> None:
+    if (mine["nnodes"], mine["nproc"]) != (theirs["nnodes"], theirs["nproc"]):
+        raise LaunchError(
+            f"nodes disagree on the job's size: node {me} ({mine['host']}) was started with --nnodes {mine['nnodes']} "
+            f"-n {mine['nproc']} (world size {mine['nnodes'] * mine['nproc']}), node {other} ({theirs['host']}) with "
+            f"--nnodes {theirs['nnodes']} -n {theirs['nproc']} (world size {theirs['nnodes'] * theirs['nproc']}); "
+            "start every node with the same --nnodes and -n."
+        )
+    for key in ("dtrain", "torch", "python"):
+        if mine[key] != theirs[key]:
+            raise LaunchError(
+                f"nodes run different {key} versions: node {me} ({mine['host']}) has {mine[key]}, node {other} "
+                f"({theirs['host']}) has {theirs[key]}; install the same version on every node."
+            )
