@@ -24,6 +24,7 @@ for step, (x, y) in enumerate(loader):
     opt.zero_grad()
     if step == 3 and ctx.rank == bad_rank:
         if mode == "sleep":
+            print(f"sleeping since {time.time():.3f}", flush=True)
             time.sleep(3600)  # THE STALL LINE
         elif mode == "skip":
             continue  # skips the all-reduce below, once

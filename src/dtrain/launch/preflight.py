@@ -14,6 +14,7 @@ import errno
 import json
 import platform
 import socket
+import threading
 import time
 
 import torch
@@ -63,14 +64,24 @@ def connect_store(addr: str, port: int, handshake_s: float = 20.0) -> dist.TCPSt
     """A client of node 0's rendezvous store. Something that accepts TCP connections but does
     not answer as a store (a proxy, another service) is an error after ``handshake_s``."""
     t0 = time.monotonic()
-    try:
-        return dist.TCPStore(addr, port, None, False, datetime.timedelta(seconds=handshake_s))
-    except (RuntimeError, ValueError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise LaunchError(
-            f"--master-addr {addr}:{port} accepted a connection but did not answer as node 0's rendezvous store within "
-            f"{time.monotonic() - t0:.0f} s ({first}); check that it is node 0's address and port."
-        ) from None
+    box: dict = {}
+
+    def connect() -> None:  # TCPStore's handshake can block without limit on a silent peer
+        try:
+            box["store"] = dist.TCPStore(addr, port, None, False, datetime.timedelta(seconds=handshake_s))
+        except (RuntimeError, ValueError) as exc:
+            box["error"] = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+    thread = threading.Thread(target=connect, daemon=True)
+    thread.start()
+    thread.join(handshake_s + 1)
+    if "store" in box:
+        return box["store"]
+    why = box.get("error", "no answer")
+    raise LaunchError(
+        f"--master-addr {addr}:{port} accepted a connection but did not answer as node 0's rendezvous store within "
+        f"{time.monotonic() - t0:.0f} s ({why}); check that it is node 0's address and port."
+    )
 
 
 def node_view(spec: LaunchSpec) -> dict:

@@ -1,0 +1,298 @@
+"""Preflight checks of ``dtrain doctor``: one line each, PASS/WARN/FAIL/INFO, and the fix on a FAIL."""
+
+from __future__ import annotations
+
+import datetime
+import errno
+import os
+import platform
+import resource
+import socket
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from .. import __version__
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: str  # PASS, WARN, FAIL, INFO
+    detail: str
+    fix: str = ""
+
+    def line(self) -> str:
+        fix = f"  -> fix: {self.fix}" if self.status == "FAIL" and self.fix else (f"  -> {self.fix}" if self.fix else "")
+        return f"{self.status:<4}  {self.name:<18} {self.detail}{fix}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class DoctorConfig:
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str | None = None
+    master_port: int | None = None
+    probe: bool = True
+    """Run the all-reduce probe (starts 2 local processes, or one per node)."""
+    timeout_s: float = 30.0
+
+
+def check_torch() -> Check:
+    backends = {"gloo": dist.is_gloo_available(), "nccl": dist.is_nccl_available(), "mpi": dist.is_mpi_available()}
+    have = ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in backends.items())
+    ok = backends["gloo"] or backends["nccl"]
+    return Check("torch", "PASS" if ok else "FAIL", f"torch {torch.__version__}, dtrain {__version__}; backends: {have}",
+                 "" if ok else "install a torch build with distributed support (gloo)")
+
+
+def check_devices() -> Check:
+    if torch.cuda.is_available():
+        names = ", ".join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))
+        return Check("devices", "PASS", f"{torch.cuda.device_count()} CUDA device(s): {names}; backend nccl")
+    return Check("devices", "INFO", f"no CUDA device; {os.cpu_count()} CPU cores; backend gloo")
+
+
+def check_env(env: dict[str, str]) -> Check:
+    keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    present = {k: env[k] for k in keys if k in env}
+    if not present:
+        return Check("environment", "INFO", "no RANK/WORLD_SIZE/MASTER_* set (fine: `dtrain run` sets them for its workers)")
+    problems = []
+    if ("RANK" in present) != ("WORLD_SIZE" in present):
+        problems.append("RANK and WORLD_SIZE must be set together")
+    try:
+        ints = {k: int(v) for k, v in present.items() if k != "MASTER_ADDR"}
+    except ValueError as exc:
+        return Check("environment", "FAIL", f"{present}", f"a variable is not an integer ({exc})")
+    if "RANK" in ints and "WORLD_SIZE" in ints and not 0 <= ints["RANK"] < ints["WORLD_SIZE"]:
+        problems.append(f"RANK={ints['RANK']} is outside WORLD_SIZE={ints['WORLD_SIZE']}")
+    if "LOCAL_RANK" in ints and "LOCAL_WORLD_SIZE" in ints and not 0 <= ints["LOCAL_RANK"] < ints["LOCAL_WORLD_SIZE"]:
+        problems.append(f"LOCAL_RANK={ints['LOCAL_RANK']} is outside LOCAL_WORLD_SIZE={ints['LOCAL_WORLD_SIZE']}")
+    if "WORLD_SIZE" in ints and "LOCAL_WORLD_SIZE" in ints and ints["WORLD_SIZE"] % max(1, ints["LOCAL_WORLD_SIZE"]):
+        problems.append(f"WORLD_SIZE={ints['WORLD_SIZE']} is not a multiple of LOCAL_WORLD_SIZE={ints['LOCAL_WORLD_SIZE']}")
+    if ints.get("WORLD_SIZE", 1) > 1 and "MASTER_ADDR" not in present:
+        problems.append("WORLD_SIZE > 1 but MASTER_ADDR is not set")
+    shown = " ".join(f"{k}={v}" for k, v in present.items())
+    if problems:
+        return Check("environment", "FAIL", shown, "; ".join(problems))
+    return Check("environment", "PASS", shown)
+
+
+def local_address_towards(addr: str) -> str:
+    """The source address this host uses to reach ``addr`` (what peers will see)."""
+    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as s:
+        s.connect((addr, 9))  # UDP: no packet is sent; the kernel only picks a route
+        return s.getsockname()[0]
+
+
+def interface_of(ip: str) -> str | None:
+    try:
+        import psutil
+    except ImportError:
+        return None
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.address.split("%")[0] == ip for a in addrs):
+            return name
+    return None
+
+
+def check_network(cfg: DoctorConfig) -> Check:
+    addr = cfg.master_addr or "127.0.0.1"
+    try:
+        ip = socket.gethostbyname(addr)
+    except socket.gaierror as exc:
+        return Check("network", "FAIL", f"master address {addr} does not resolve ({exc.strerror})", "give node 0's IP address with --master-addr")
+    try:
+        local = local_address_towards(ip)
+    except OSError as exc:
+        return Check("network", "FAIL", f"no route from this host to {ip} ({exc.strerror})", "check the address and this host's routes")
+    iface = interface_of(local)
+    host = socket.gethostname()
+    try:
+        host_ip = socket.gethostbyname(host)
+    except socket.gaierror:
+        host_ip = "unresolvable"
+    detail = f"peers see this node as {local}" + (f" (interface {iface})" if iface else "") + f"; host name {host} -> {host_ip}"
+    if cfg.nnodes > 1:
+        if ip.startswith("127.") or local.startswith("127."):
+            return Check("network", "FAIL", detail + f"; master {addr} is a loopback address",
+                         "use node 0's address on the network the nodes share (not 127.0.0.1) for --master-addr")
+        if host_ip.startswith("127."):
+            return Check("network", "WARN", detail, f"the host name resolves to loopback: set GLOO_SOCKET_IFNAME={iface or '<interface>'} "
+                         "(and NCCL_SOCKET_IFNAME) so peers are not told 127.0.0.1")
+    return Check("network", "PASS", detail)
+
+
+def check_port(cfg: DoctorConfig) -> Check:
+    addr = cfg.master_addr or "127.0.0.1"
+    port = cfg.master_port
+    if port is None:
+        return Check("port", "INFO", "no --master-port given (one node picks a free port)")
+    if cfg.node_rank == 0:
+        with socket.socket(socket.AF_INET6 if ":" in addr else socket.AF_INET) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind((addr, port))
+            except OSError as exc:
+                fix = "choose another --master-port" if exc.errno == errno.EADDRINUSE else f"run node 0 on the host that owns {addr}"
+                return Check("port", "FAIL", f"cannot listen on {addr}:{port} ({exc.strerror})", fix)
+        return Check("port", "PASS", f"{addr}:{port} is free on node 0")
+    try:
+        with socket.create_connection((addr, port), timeout=5):
+            return Check("port", "PASS", f"{addr}:{port} accepts connections")
+    except socket.timeout:
+        return Check("port", "FAIL", f"{addr}:{port} does not answer (timed out)", "check --master-addr and firewalls between the nodes")
+    except OSError as exc:
+        if exc.errno == errno.ECONNREFUSED:
+            return Check("port", "FAIL", f"nothing listens on {addr}:{port} (connection refused)",
+                         "start node 0 first (`dtrain doctor --node-rank 0 ...`), and check --master-addr/--master-port")
+        return Check("port", "FAIL", f"{addr}:{port} is unreachable ({exc.strerror})", "check --master-addr and the route to node 0")
+
+
+def check_rendezvous(cfg: DoctorConfig) -> tuple[Check, dist.Store | None]:
+    addr = cfg.master_addr or "127.0.0.1"
+    timeout = datetime.timedelta(seconds=cfg.timeout_s)
+    t0 = time.perf_counter()
+    try:
+        if cfg.node_rank == 0:
+            store = dist.TCPStore(addr, cfg.master_port or 0, None, True, timeout, wait_for_workers=False)
+        else:
+            store = dist.TCPStore(addr, cfg.master_port, None, False, timeout)
+        store.set(f"doctor/{cfg.node_rank}", "here")
+        for r in range(cfg.nnodes):
+            store.get(f"doctor/{r}")
+        rtts = []
+        for _ in range(20):
+            t = time.perf_counter()
+            store.get(f"doctor/{cfg.node_rank}")
+            rtts.append((time.perf_counter() - t) * 1e3)
+    except (RuntimeError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return Check("rendezvous", "FAIL", f"no rendezvous with {cfg.nnodes} node(s) at {addr} within {cfg.timeout_s:g} s ({first})",
+                     "start `dtrain doctor` on every node with the same --nnodes, --master-addr and --master-port"), None
+    return Check("rendezvous", "PASS", f"{cfg.nnodes} node(s) met at {addr}:{store.port} in {time.perf_counter() - t0:.2f} s; "
+                 f"store round trip {statistics.median(rtts):.2f} ms"), store
+
+
+def _probe_body(sizes: list[int], reps: int) -> dict[int, float]:
+    """Collective: every rank. Median seconds of an all-reduce of each size (bytes)."""
+    import dtrain
+
+    ctx = dtrain.init("single", stall_timeout=0)
+    out = {}
+    for size in sizes:
+        t = torch.ones(max(1, size // 4), dtype=torch.float32, device=ctx.device)
+        dist.all_reduce(t)
+        times = []
+        for _ in range(reps):
+            dist.barrier()
+            t0 = time.perf_counter()
+            dist.all_reduce(t)
+            if t.is_cuda:
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+        out[size] = statistics.median(times)
+    ctx.close()
+    return out
+
+
+def bus_bandwidth(size_bytes: int, seconds: float, n: int) -> float:
+    """nccl-tests' bus bandwidth of an all-reduce: size / time x 2(n-1)/n, in bytes/s."""
+    return size_bytes / seconds * 2 * (n - 1) / n
+
+
+def check_allreduce(cfg: DoctorConfig) -> Check:
+    if not cfg.probe:
+        return Check("all-reduce", "INFO", "probe skipped (--no-probe)")
+    if cfg.nnodes > 1:
+        return Check("all-reduce", "INFO", "probe between nodes: run `dtrain run --nnodes ...` with a short job; "
+                     "the doctor probes the local transport only")
+    from ..testing import run_distributed
+
+    sizes = [8, 1 << 20, 16 << 20]
+    try:
+        res = run_distributed(_probe_body, sizes, 10, world_size=2, timeout=120)[0]
+    except Exception as exc:  # noqa: BLE001 - any failure is the check's result
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return Check("all-reduce", "FAIL", f"2 local processes could not all-reduce ({first})", "run `dtrain env` and report it")
+    lat = res[8] * 1e6
+    bw = bus_bandwidth(16 << 20, res[16 << 20], 2) / 1e9
+    return Check("all-reduce", "PASS", f"2 local processes ({'nccl' if torch.cuda.is_available() else 'gloo'}): latency {lat:.0f} us (8 B), "
+                 f"bus bandwidth {bw:.2f} GB/s (16 MiB, nccl-tests' definition)")
+
+
+def check_shm() -> Check:
+    try:
+        st = os.statvfs("/dev/shm")
+    except OSError:
+        return Check("/dev/shm", "WARN", "no /dev/shm", "DataLoader workers and NCCL use shared memory; mount a tmpfs at /dev/shm")
+    size = st.f_blocks * st.f_frsize
+    free = st.f_bavail * st.f_frsize
+    detail = f"{size / 2**30:.1f} GiB ({free / 2**30:.1f} GiB free)"
+    if size < 256 * 2**20:
+        return Check("/dev/shm", "FAIL", detail, "DataLoader workers and NCCL need more; in docker use --shm-size=8g (or --ipc=host)")
+    return Check("/dev/shm", "PASS", detail)
+
+
+def check_nofile() -> Check:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    detail = f"soft {soft}, hard {hard}"
+    if soft < 1024:
+        return Check("open files", "FAIL", detail, "raise it: `ulimit -n 65536` (each peer connection and worker uses descriptors)")
+    if soft < 4096:
+        return Check("open files", "WARN", detail, "large jobs may need more: `ulimit -n 65536`")
+    return Check("open files", "PASS", detail)
+
+
+def run_doctor(cfg: DoctorConfig, env: dict[str, str] | None = None, echo: Callable[[str], None] = print) -> list[Check]:
+    env = dict(os.environ) if env is None else env
+    checks: list[Check] = []
+
+    def add(c: Check) -> None:
+        checks.append(c)
+        echo(c.line())
+
+    add(check_torch())
+    add(check_devices())
+    add(check_env(env))
+    add(check_network(cfg))
+    port = check_port(cfg)
+    add(port)
+    if port.status != "FAIL":
+        rdzv, store = check_rendezvous(cfg)
+        add(rdzv)
+        del store
+    add(check_allreduce(cfg))
+    add(check_shm())
+    add(check_nofile())
+    return checks
+
+
+def environment_report() -> str:
+    """Versions and settings to paste into a bug report (`dtrain env`)."""
+    lines = [f"dtrain {__version__}", f"torch {torch.__version__} (git {getattr(torch.version, 'git_version', '?')[:12]})",
+             f"python {platform.python_version()} on {platform.platform()}", f"cpu: {os.cpu_count()} cores, {platform.machine()}"]
+    import numpy
+
+    lines.append(f"numpy {numpy.__version__}")
+    lines.append(f"distributed backends: gloo {dist.is_gloo_available()}, nccl {dist.is_nccl_available()}, mpi {dist.is_mpi_available()}")
+    if torch.cuda.is_available():
+        lines.append(f"cuda {torch.version.cuda}, cudnn {torch.backends.cudnn.version()}, nccl {'.'.join(map(str, torch.cuda.nccl.version()))}")
+        for i in range(torch.cuda.device_count()):
+            p = torch.cuda.get_device_properties(i)
+            lines.append(f"  cuda:{i} {p.name}, {p.total_memory / 2**30:.1f} GiB")
+    else:
+        lines.append("cuda: not available")
+    lines.append(f"host {socket.gethostname()}")
+    prefixes = ("MASTER_", "RANK", "WORLD_SIZE", "LOCAL_", "GROUP_RANK", "NCCL_", "GLOO_", "TORCH", "OMP_NUM_THREADS",
+                "CUDA_VISIBLE_DEVICES", "SLURM_", "DTRAIN_", "PYTORCH_")
+    shown = sorted((k, v) for k, v in os.environ.items() if k.startswith(prefixes))
+    lines.append("environment:" if shown else "environment: (no distributed settings)")
+    lines.extend(f"  {k}={v}" for k, v in shown)
+    return "\n".join(lines)

@@ -1,0 +1,157 @@
+"""Diagnostics: the stall watchdog, the collective checker, pre-launch checks and dtrain doctor."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import dtrain
+from dtrain import CollectiveMismatch, LaunchError
+from dtrain.diag.watchdog import STALL_EXIT, merge_report
+from dtrain.launch.preflight import _compare
+from dtrain.testing import DistributedTestError, run_cli, run_distributed
+
+STALL = Path(__file__).parent / "scripts" / "stall.py"
+ALLREDUCE = Path(__file__).parent / "scripts" / "allreduce.py"
+
+
+def _line_of(marker: str) -> int:
+    return next(i for i, line in enumerate(STALL.read_text().splitlines(), 1) if marker in line)
+
+
+def test_sleeping_rank_is_named_with_its_line(tmp_path):
+    timeout = 5
+    r = run_cli(["run", "-n", "2", "--stall-timeout", str(timeout), "--run-dir", str(tmp_path), str(STALL), "sleep", "1"], timeout=120)
+    ended = time.time()
+    assert r.returncode == STALL_EXIT, r.stderr[-2000:]
+    slept = float(re.search(r"sleeping since ([0-9.]+)", r.stdout).group(1))
+    assert ended - slept <= timeout + 15, f"report took {ended - slept:.1f} s"
+    assert f"rank 1 at stall.py:{_line_of('THE STALL LINE')}" in r.stderr
+    assert f"rank 0 waiting in all_reduce(mean)" in r.stderr and f"stall.py:{_line_of('THE ALL-REDUCE LINE')}" in r.stderr
+    assert "stopped by the stall watchdog" in r.stderr
+    report = (tmp_path / "stall-report.txt").read_text()
+    assert "rank 1 at stall.py" in report
+    dump = (tmp_path / "stall-rank1.txt").read_text()
+    assert "time.sleep(3600)" in dump and "recent collectives" in dump  # stacks of every thread + history
+
+
+def test_skipped_all_reduce_is_reported_as_mismatch():
+    t0 = time.monotonic()
+    r = run_cli(["run", "-n", "2", "--debug", "--stall-timeout", "60", str(STALL), "skip", "1"], timeout=120)
+    assert r.returncode != 0
+    assert time.monotonic() - t0 < 45
+    assert "ranks disagree on collective" in r.stderr
+    assert re.search(rf"rank 0: all_reduce\(mean\) float32\[1\] at stall.py:{_line_of('THE ALL-REDUCE LINE')}", r.stderr)
+    assert "rank 1: backward (gradient all-reduce)" in r.stderr
+    assert "Traceback" not in r.stderr  # one clear message per rank, not a traceback
+
+
+def _setup_with_seed_per_rank() -> None:
+    ctx = dtrain.init("ddp", debug=True, stall_timeout=0)
+    torch.manual_seed(ctx.rank)  # a bug: every rank builds a different model
+    ctx.setup(torch.nn.Linear(4, 2))
+
+
+def _loader_with_rank_sized_data() -> None:
+    from torch.utils.data import DataLoader, TensorDataset
+
+    ctx = dtrain.init("ddp", debug=True, stall_timeout=0)
+    ctx.setup_dataloader(DataLoader(TensorDataset(torch.zeros(10 + ctx.rank, 2)), batch_size=2))
+
+
+def test_setup_checks_parameters_and_dataset_length():
+    with pytest.raises(DistributedTestError, match=r"CollectiveMismatch: ranks disagree on the parameter checksum at setup \(rank 0: .*rank 1: "):
+        run_distributed(_setup_with_seed_per_rank, world_size=2, timeout=60)
+    with pytest.raises(DistributedTestError, match=r"dataset length \(rank 0: 10, rank 1: 11\)"):
+        run_distributed(_loader_with_rank_sized_data, world_size=2, timeout=60)
+
+
+def test_merge_report_names_the_lagging_rank():
+    snaps = {
+        0: {"rank": 0, "step": 7, "at": "t.py:30", "innermost": "x", "in_backward": False, "current": "all_reduce #9 float32[1] at t.py:30",
+            "current_seq": 9, "last_done_seq": 8, "dump": "/r/stall-rank0.txt"},
+        1: {"rank": 1, "step": 6, "at": "t.py:88", "innermost": "y", "in_backward": False, "current": None,
+            "current_seq": None, "last_done_seq": 8, "dump": "/r/stall-rank1.txt"},
+        2: {"rank": 2, "step": 7, "at": "t.py:30", "innermost": "x", "in_backward": False, "current": "all_reduce #9 float32[1] at t.py:30",
+            "current_seq": 9, "last_done_seq": 8, "dump": "/r/stall-rank2.txt"},
+    }
+    report = merge_report(snaps, 4, 10)
+    assert "rank 1 at t.py:88 (step 6, no collective since #8" in report
+    assert "ranks 0,2 waiting in all_reduce #9" in report
+    assert "ranks 3 did not answer" in report
+
+
+def test_nodes_with_different_versions_or_sizes_are_named():
+    a = {"nnodes": 2, "nproc": 2, "dtrain": "0.1.0", "torch": "2.13.0", "python": "3.11.7", "host": "a"}
+    with pytest.raises(LaunchError, match=r"different torch versions: node 0 \(a\) has 2.13.0, node 1 \(b\) has 2.12.1"):
+        _compare(a, 0, {**a, "torch": "2.12.1", "host": "b"}, 1)
+    with pytest.raises(LaunchError, match=r"--nnodes 2 -n 2 \(world size 4\).*--nnodes 3 -n 2 \(world size 6\)"):
+        _compare(a, 0, {**a, "nnodes": 3, "host": "b"}, 1)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_nodes_started_with_different_world_sizes_fail_fast():
+    port = _free_port()
+    cmd = [sys.executable, "-m", "dtrain", "run", "-n", "1", "--master-addr", "127.0.0.1", "--master-port", str(port)]
+    t0 = time.monotonic()
+    node0 = subprocess.Popen([*cmd, "--nnodes", "2", "--node-rank", "0", str(ALLREDUCE)], stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(1)
+        r = run_cli(["run", "-n", "1", "--master-addr", "127.0.0.1", "--master-port", str(port), "--nnodes", "3",
+                     "--node-rank", "1", str(ALLREDUCE)], timeout=60)
+        err0 = node0.communicate(timeout=60)[1]
+    finally:
+        node0.kill()
+    assert time.monotonic() - t0 < 30
+    assert r.returncode == 1 and "nodes disagree on the job's size" in r.stderr
+    assert node0.returncode == 1 and "--nnodes 3 -n 1 (world size 3)" in err0
+
+
+def test_master_that_does_not_answer_fails_within_30_s():
+    # Something accepts TCP connections on the port but never answers (a proxy, a wrong service).
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        port = silent.getsockname()[1]
+        t0 = time.monotonic()
+        r = run_cli(["run", "-n", "1", "--nnodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1",
+                     "--master-port", str(port), str(ALLREDUCE)], timeout=60)
+    assert time.monotonic() - t0 < 30
+    assert r.returncode == 1 and "did not answer as node 0's rendezvous store" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_doctor_passes_on_a_healthy_node():
+    r = run_cli(["doctor"], timeout=180)
+    assert r.returncode == 0, r.stdout + r.stderr
+    for name in ("torch", "rendezvous", "all-reduce"):
+        assert re.search(rf"^PASS\s+{re.escape(name)}\b", r.stdout, re.M), r.stdout
+    assert "bus bandwidth" in r.stdout and "FAIL" not in r.stdout
+
+
+def test_doctor_fails_with_the_fix_for_an_unreachable_master():
+    port = _free_port()  # nothing listens there
+    t0 = time.monotonic()
+    r = run_cli(["doctor", "--nnodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1", "--master-port", str(port), "--no-probe"], timeout=60)
+    assert time.monotonic() - t0 < 30
+    assert r.returncode == 1
+    assert re.search(r"^FAIL\s+port\s+nothing listens on 127.0.0.1:\d+ .*-> fix: start node 0 first", r.stdout, re.M), r.stdout
+    assert re.search(r"^FAIL\s+network\s+.*loopback.*-> fix:", r.stdout, re.M), r.stdout  # 127.0.0.1 across nodes
+
+
+def test_env_prints_versions():
+    r = run_cli(["env"], timeout=60)
+    assert r.returncode == 0 and f"torch {torch.__version__}" in r.stdout and "distributed backends" in r.stdout
