@@ -8,19 +8,9 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import dtrain
 from dtrain.testing import run_distributed
+from tests.test_ddp import _data, _model  # the same small regression problem
 
 STEPS = 6
-
-
-def _data() -> TensorDataset:
-    g = torch.Generator().manual_seed(7)
-    x = torch.randn(256, 6, generator=g)
-    return TensorDataset(x, (x @ torch.randn(6, 3, generator=g)).tanh())
-
-
-def _model() -> torch.nn.Module:
-    torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
 
 
 def _state(model: torch.nn.Module) -> dict[str, torch.Tensor]:

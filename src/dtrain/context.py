@@ -35,7 +35,7 @@ from .diag import Tracker, Watchdog
 from .diag.checker import check_call, check_same
 from .errors import ConfigError, DtrainError
 from .precision import Precision
-from .strategies.base import Strategy
+from .strategies.base import ForwardingOptimizer, Strategy
 from .world import World, destroy_process_group, init_process_group
 
 _OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN, "mean": dist.ReduceOp.SUM}
@@ -141,27 +141,14 @@ class DtrainModule(nn.Module):
         return self.original.load_state_dict(state_dict, strict=strict, assign=assign)
 
 
-class DtrainOptimizer(torch.optim.Optimizer):
+class DtrainOptimizer(ForwardingOptimizer):
     """The optimizer as ``ctx.setup`` returns it. ``step`` and ``zero_grad`` do nothing on
     micro-steps inside ``ctx.accumulate`` that are not the last of their window, and go through
     the GradScaler when the precision uses one."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, ctx: Context) -> None:
-        # Deliberately no super().__init__: this object only forwards to ``optimizer``.
-        self.optimizer = optimizer
+        super().__init__(optimizer)
         self._ctx = ctx
-
-    @property
-    def state(self):  # type: ignore[override]
-        return self.optimizer.state
-
-    @property
-    def param_groups(self):  # type: ignore[override]
-        return self.optimizer.param_groups
-
-    @property
-    def defaults(self):  # type: ignore[override]
-        return self.optimizer.defaults
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         if not self._ctx.sync_gradients:
@@ -182,15 +169,6 @@ class DtrainOptimizer(torch.optim.Optimizer):
     def zero_grad(self, set_to_none: bool = True) -> None:
         if self._ctx.sync_gradients:
             self.optimizer.zero_grad(set_to_none=set_to_none)
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.optimizer.state_dict()
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(state_dict)
-
-    def add_param_group(self, param_group: dict[str, Any]) -> None:
-        self.optimizer.add_param_group(param_group)
 
     def __repr__(self) -> str:
         return f"DtrainOptimizer({self.optimizer!r})"

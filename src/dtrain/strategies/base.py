@@ -34,6 +34,36 @@ class Strategy(Protocol):
         ...
 
 
+class ForwardingOptimizer(torch.optim.Optimizer):
+    """An optimizer that wraps another and forwards its state (``isinstance`` checks and LR
+    schedulers keep working). Subclasses override ``step`` and ``zero_grad``."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+        # Deliberately no super().__init__: the wrapped optimizer owns the state.
+        self.optimizer = optimizer
+
+    @property
+    def state(self):  # type: ignore[override]
+        return self.optimizer.state
+
+    @property
+    def param_groups(self):  # type: ignore[override]
+        return self.optimizer.param_groups
+
+    @property
+    def defaults(self):  # type: ignore[override]
+        return self.optimizer.defaults
+
+    def state_dict(self) -> dict:
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.optimizer.load_state_dict(state_dict)
+
+    def add_param_group(self, param_group: dict) -> None:
+        self.optimizer.add_param_group(param_group)
+
+
 def move_to_device(model: nn.Module, world: World) -> nn.Module:
     return model.to(world.device)
 

@@ -24,7 +24,7 @@ from torch import nn
 from ..errors import ConfigError
 from ..world import World
 from . import register
-from .base import move_to_device, unwrap_module
+from .base import ForwardingOptimizer, move_to_device, unwrap_module
 
 OPS = ("average", "sum")
 COMPRESSIONS = {"none": None, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -67,7 +67,7 @@ class _Bucket:
         self.params, self.buffer, self.work = params, buffer, work
 
 
-class GradientAllReduceOptimizer(torch.optim.Optimizer):
+class GradientAllReduceOptimizer(ForwardingOptimizer):
     """Wraps ``optimizer``: gradients are all-reduced as backward produces them; ``step`` waits
     for them first. ``synchronize()`` waits without stepping (e.g. to clip gradients), after
     which ``with opt.skip_synchronize(): opt.step()`` steps without waiting again."""
@@ -79,8 +79,7 @@ class GradientAllReduceOptimizer(torch.optim.Optimizer):
         config: HvdConfig | None = None,
         group: dist.ProcessGroup | None = None,
     ) -> None:
-        # Deliberately no super().__init__: this object forwards to ``optimizer``.
-        self.optimizer = optimizer
+        super().__init__(optimizer)
         self.config = config or HvdConfig()
         self._group = group
         self._size = dist.get_world_size(group) if dist.is_initialized() else 1
@@ -98,25 +97,6 @@ class GradientAllReduceOptimizer(torch.optim.Optimizer):
         self.bytes_communicated = 0
         """Bytes handed to all-reduce so far (after compression), for benchmarks."""
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad_ready) for p in params] if self._size > 1 else []
-
-    # -- torch.optim.Optimizer surface ---------------------------------------------------------
-    @property
-    def state(self):  # type: ignore[override]
-        return self.optimizer.state
-
-    @property
-    def param_groups(self):  # type: ignore[override]
-        return self.optimizer.param_groups
-
-    @property
-    def defaults(self):  # type: ignore[override]
-        return self.optimizer.defaults
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.optimizer.state_dict()
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(state_dict)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         if self._buckets:

@@ -82,7 +82,7 @@ def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) ->
     sink = JsonlSink(cfg.metrics_file) if cfg.metrics_file and ctx.is_main else None
     meter = Throughput()
     window_loss = torch.zeros((), device=ctx.device)
-    window_steps, last_loss, start_step = 0, float("nan"), step
+    window_steps, last_loss, start_step, save_block_s = 0, float("nan"), step, 0.0
     k = cfg.grad_accum
     model.train()
     meter.start()
@@ -112,6 +112,7 @@ def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) ->
                     sink.write(record)
             if ckpt is not None and cfg.save_every and step % cfg.save_every == 0 and step < total:
                 ckpt.save(step, model=model, optimizer=optimizer, loader=loader)
+                save_block_s += ckpt.last_blocking_s or 0.0
             if step >= total:
                 break
     if ctx.device.type == "cuda":
@@ -121,7 +122,10 @@ def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) ->
         progress.close()
     if ckpt is not None:
         ckpt.save(step, model=model, optimizer=optimizer, loader=loader)
+        save_block_s += ckpt.last_blocking_s or 0.0
         ckpt.wait()
+        if ctx.is_main:
+            logger.info(f"checkpoints: training was held {save_block_s:.3f} s by saves ({'asynchronous' if cfg.async_save else 'synchronous'})")
     test_acc = None
     if task.test_set is not None:
         test_acc = ctx.evaluate(model, task.test_set, task.metric, batch_size=max(256, batch))["metric"]
