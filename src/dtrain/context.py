@@ -34,6 +34,7 @@ from .data.sampler import EvalShardSampler
 from .diag import Tracker, Watchdog
 from .diag.checker import check_call, check_same
 from .errors import ConfigError, DtrainError
+from .metrics.memory import MemoryReport, memory_report
 from .precision import Precision
 from .strategies.base import ForwardingOptimizer, Strategy
 from .world import World, destroy_process_group, init_process_group
@@ -260,9 +261,19 @@ class Context:
         """
         if self.debug and self.world.distributed:
             check_same(self, "dataset length", len(loader.dataset), fix="give every rank the same data set")
-        sharded = reshard(loader, rank=self.rank, world_size=self.world_size, seed=self.seed, shuffle=shuffle)
+        rank, size = self._data_parallel()
+        sharded = reshard(loader, rank=rank, world_size=size, seed=self.seed, shuffle=shuffle)
         device = self.device if move_to_device else torch.device("cpu")
-        return DeviceLoader(sharded, device, on_last=self._set_end_of_data, world_size=self.world_size)
+        return DeviceLoader(sharded, device, on_last=self._set_end_of_data, world_size=size)
+
+    def _data_parallel(self) -> tuple[int, int]:
+        own = getattr(self.strategy, "data_parallel", None)  # pipeline: one replica over all ranks
+        return own(self.world) if own is not None else (self.rank, self.world_size)
+
+    @property
+    def data_parallel_size(self) -> int:
+        """Model replicas that each read their own share of the data (1 under ``pipeline``)."""
+        return self._data_parallel()[1]
 
     def unwrap(self, model: nn.Module) -> nn.Module:
         """The user's own module inside the wrappers ``setup`` added."""
@@ -298,6 +309,31 @@ class Context:
             if self._sync:
                 self._micro_step = 0
 
+    @property
+    def accumulation_steps(self) -> int:
+        """The window of the current ``accumulate`` block (1 outside one)."""
+        return self._accum_steps
+
+    def forward_backward(self, model: nn.Module, inputs: Any, target: Any,
+                         loss_fn: Callable[[Any, Any], torch.Tensor]) -> torch.Tensor:
+        """``ctx.backward(loss_fn(model(inputs), target))``; returns the loss, detached.
+
+        Collective: call on every rank. The step every strategy supports, and the only one
+        ``pipeline`` does: there the batch is split into micro-batches that flow through the
+        stages, and the returned loss (the mean over micro-batches, from the last stage) is
+        the same on every rank."""
+        own = getattr(self.strategy, "forward_backward", None)
+        if own is not None and self.world.distributed:
+            return own(self, model.module if isinstance(model, DtrainModule) else model, inputs, target, loss_fn)
+        loss = loss_fn(model(inputs), target)
+        self.backward(loss)
+        return loss.detach()
+
+    def memory_report(self, model: nn.Module, *optimizers: torch.optim.Optimizer) -> MemoryReport:
+        """Bytes this rank holds in parameters, gradients and optimizer state (local shards
+        only), and its peak memory so far."""
+        return memory_report(model, optimizers or tuple(self._optimizers), self.device, rank=self.rank)
+
     def autocast(self) -> contextlib.AbstractContextManager:
         """The precision's autocast, for computations outside the model's forward (e.g. the loss)."""
         return self.precision.autocast()
@@ -319,11 +355,19 @@ class Context:
             self.tracker.beat()
 
     def clip_grad_norm_(self, model: nn.Module, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
-        """Clip gradients by their global norm (after unscaling fp16 gradients)."""
+        """Clip gradients by their global norm (after unscaling fp16 gradients); returns the norm
+        before clipping. Under sharded strategies the norm is over every rank's shard.
+
+        Collective under fsdp, hsdp and pipeline: call on every rank."""
         if self.scaler is not None:
             for opt in self._optimizers:
                 self.scaler.unscale_(opt.optimizer)
-        return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm, norm_type=norm_type)
+        own = getattr(self.strategy, "clip_grad_norm_", None)  # e.g. pipeline: a norm over every stage
+        if own is not None:
+            return own(model.parameters(), max_norm, norm_type)
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm, norm_type=norm_type)
+        # Sharded gradients (fsdp: DTensors) give a DTensor norm, already over all shards.
+        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 
     # -- collectives ------------------------------------------------------------------------
     def all_reduce(self, tensor: torch.Tensor, op: str = "mean") -> torch.Tensor:

@@ -39,6 +39,6 @@ def build(name: str | Strategy, **options) -> Strategy:
 
 
 # Importing the modules registers them.
-from . import ddp, dp, hvd, single  # noqa: E402,F401
+from . import ddp, dp, fsdp, hvd, pipeline, single, zero1  # noqa: E402,F401
 
 __all__ = ["Strategy", "available", "build", "register"]

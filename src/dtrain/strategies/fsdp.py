@@ -1,0 +1,215 @@
+"""Fully sharded data parallel with torch's ``fully_shard`` (FSDP2): parameters, gradients and
+optimizer state sharded over ranks (ZeRO stage 3; Zhao et al., "PyTorch FSDP", VLDB 2023).
+
+Each wrapped unit's parameters become DTensors holding 1/N of every tensor (dim 0). Before a
+unit's forward its parameters are all-gathered, and freed again after it; its gradients are
+reduce-scattered in backward. The optimizer, built on the model's parameters before
+``ctx.setup``, keeps working: ``fully_shard`` replaces each parameter's data in place, so the
+optimizer sees the shards and allocates state for the shards only.
+
+``hsdp`` is the same on a 2-D mesh (Hybrid Sharded DP): sharded over the ranks of a node,
+replicated across nodes (gradients reduce-scattered within a node, then all-reduced across).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from .._log import note_once
+from ..errors import ConfigError
+from ..world import World
+from . import register
+
+
+@dataclass(frozen=True, kw_only=True)
+class FSDPConfig:
+    wrap: str = "size:1000000"
+    """Which submodules become their own FSDP unit (all-gathered one at a time):
+    ``size:N`` -- every submodule holding at least N parameters not already in a unit;
+    ``CLASS[,CLASS...]`` -- every submodule of these class names (e.g. ``Block`` or ``Linear``);
+    ``none`` -- only the whole model (one all-gather of everything: the least memory saved)."""
+    offload: bool = False
+    """Keep sharded parameters, gradients and optimizer state in CPU memory (``CPUOffloadPolicy``);
+    the optimizer steps on CPU. Only meaningful on a GPU."""
+    reshard_after_forward: bool = True
+    """Free all-gathered parameters after forward (gathered again in backward): less memory,
+    one more all-gather per unit. False keeps them from forward to backward (ZeRO-2-like)."""
+    shard_size: int | None = None
+    """hsdp only: ranks a parameter is sharded over (default: the processes of one node)."""
+
+    def __post_init__(self) -> None:
+        parse_wrap(self.wrap)
+        if self.shard_size is not None and self.shard_size < 1:
+            raise ConfigError(f"shard_size must be >= 1, got {self.shard_size}.")
+
+
+def parse_wrap(text: str) -> int | tuple[str, ...] | None:
+    """``size:N`` -> N; ``none`` -> None; ``A,B`` -> class names. ConfigError on anything else."""
+    text = text.strip()
+    if text == "none":
+        return None
+    if text.startswith("size:"):
+        try:
+            n = int(float(text[5:]))
+        except ValueError:
+            n = 0
+        if n < 1:
+            raise ConfigError(f"--fsdp-wrap {text!r}: size must be a positive parameter count, e.g. size:1000000.")
+        return n
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    if not names or not all(n.isidentifier() for n in names):
+        raise ConfigError(f"--fsdp-wrap {text!r} is not size:N, none, or module class names (e.g. Linear,Block).")
+    return names
+
+
+def units(model: nn.Module, wrap: str) -> list[nn.Module]:
+    """The submodules (children before parents) that become FSDP units, the root excluded."""
+    policy = parse_wrap(wrap)
+    if policy is None:
+        return []
+    if isinstance(policy, tuple):
+        present = {type(m).__name__ for m in model.modules()}
+        missing = [n for n in policy if n not in present]
+        if missing:
+            raise ConfigError(
+                f"--fsdp-wrap names {', '.join(missing)}, but the model has no such module; "
+                f"its module classes are: {', '.join(sorted(present))}."
+            )
+        return [m for m in _post_order(model) if m is not model and type(m).__name__ in policy]
+    chosen: list[nn.Module] = []
+    taken: set[int] = set()
+    for m in _post_order(model):  # like FSDP1's size_based_auto_wrap_policy
+        if m is model:
+            continue
+        free = [p for p in m.parameters() if id(p) not in taken]
+        if sum(p.numel() for p in free) >= policy:
+            chosen.append(m)
+            taken.update(id(p) for p in free)
+    return chosen
+
+
+def _post_order(module: nn.Module) -> Iterator[nn.Module]:
+    for child in module.children():
+        yield from _post_order(child)
+    yield module
+
+
+def apply_fully_shard(model: nn.Module, mesh: DeviceMesh, config: FSDPConfig, device: torch.device) -> nn.Module:
+    """``fully_shard`` every unit of the wrap policy, then the root; returns the same module."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
+
+    if config.offload and device.type == "cpu":
+        note_once("fsdp: --fsdp-offload on a CPU device: parameters already live in CPU memory; offload ignored.")
+    offload = CPUOffloadPolicy(pin_memory=True) if config.offload and device.type != "cpu" else OffloadPolicy()
+    if not config.offload or device.type == "cpu":
+        model = model.to(device)
+    for unit in units(model, config.wrap):
+        fully_shard(unit, mesh=mesh, reshard_after_forward=config.reshard_after_forward, offload_policy=offload)
+    fully_shard(model, mesh=mesh, reshard_after_forward=config.reshard_after_forward, offload_policy=offload)
+    return model
+
+
+def _check_no_buffers_sync(model: nn.Module, name: str) -> None:
+    if any(True for _ in model.buffers()):
+        note_once(f"{name}: buffers (e.g. BatchNorm statistics) are not synchronised across ranks by fully_shard.")
+
+
+class _ShardedStrategy:
+    """Shared steps of fsdp and hsdp, as a component (each strategy holds one)."""
+
+    def __init__(self, name: str, config: FSDPConfig) -> None:
+        self.name, self.config = name, config
+
+    def setup(self, model: nn.Module, world: World, mesh: DeviceMesh) -> nn.Module:
+        if not any(p.requires_grad for p in model.parameters()):
+            raise ConfigError(f"{self.name}: the model has no trainable parameters; nothing to shard.")
+        _check_no_buffers_sync(model, self.name)
+        return apply_fully_shard(model, mesh, self.config, world.device)
+
+    @contextlib.contextmanager
+    def no_sync(self, model: nn.Module) -> Iterator[None]:
+        setter = getattr(model, "set_requires_gradient_sync", None)
+        if setter is None:
+            yield
+            return
+        setter(False)  # gradients accumulate unsharded, locally; reduced on the window's last step
+        try:
+            yield
+        finally:
+            setter(True)
+
+
+@register("fsdp")
+class FSDPStrategy:
+    name = "fsdp"
+    sharded_checkpoint = True
+    """Checkpoints are saved by every rank through torch.distributed.checkpoint."""
+
+    def __init__(self, config: FSDPConfig | None = None, **options) -> None:
+        self.config = config or FSDPConfig(**options)
+        if self.config.shard_size is not None:
+            raise ConfigError("shard_size is an hsdp option; use --strategy hsdp, or drop it for fsdp.")
+        self._impl = _ShardedStrategy(self.name, self.config)
+
+    def setup_model(self, model: nn.Module, world: World) -> nn.Module:
+        if not world.distributed:
+            note_once("fsdp with one process: nothing to shard; running the model as it is.")
+            return model.to(world.device)
+        mesh = init_device_mesh(world.device.type, (world.size,), mesh_dim_names=("shard",))
+        return self._impl.setup(model, world, mesh)
+
+    def setup_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module) -> torch.optim.Optimizer:
+        return optimizer
+
+    def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager:
+        return self._impl.no_sync(model)
+
+    def unwrap(self, model: nn.Module) -> nn.Module:
+        return model  # fully_shard changes the module in place; there is no wrapper
+
+
+@register("hsdp")
+class HSDPStrategy:
+    name = "hsdp"
+    sharded_checkpoint = True
+
+    def __init__(self, config: FSDPConfig | None = None, **options) -> None:
+        self.config = config or FSDPConfig(**options)
+        self._impl = _ShardedStrategy(self.name, self.config)
+
+    def mesh_shape(self, world: World) -> tuple[int, int]:
+        """(replicas, shards): replicated across nodes, sharded within one."""
+        shard = self.config.shard_size or world.local_size
+        if shard > world.size or world.size % shard:
+            raise ConfigError(
+                f"hsdp: {world.size} processes cannot be split into groups of {shard} (shard_size); "
+                f"use a shard size that divides {world.size}."
+            )
+        return world.size // shard, shard
+
+    def setup_model(self, model: nn.Module, world: World) -> nn.Module:
+        if not world.distributed:
+            note_once("hsdp with one process: nothing to shard; running the model as it is.")
+            return model.to(world.device)
+        shape = self.mesh_shape(world)
+        try:
+            mesh = init_device_mesh(world.device.type, shape, mesh_dim_names=("replicate", "shard"))
+        except (RuntimeError, NotImplementedError, ValueError) as exc:  # a backend without 2-D meshes
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ConfigError(f"hsdp: torch cannot build a {shape[0]}x{shape[1]} device mesh on backend {world.backend} ({first}); use --strategy fsdp.") from None
+        return self._impl.setup(model, world, mesh)
+
+    def setup_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module) -> torch.optim.Optimizer:
+        return optimizer
+
+    def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager:
+        return self._impl.no_sync(model)
+
+    def unwrap(self, model: nn.Module) -> nn.Module:
+        return model

@@ -1,0 +1,197 @@
+"""Pipeline model parallelism with ``torch.distributed.pipelining``: an ``nn.Sequential`` cut
+into one stage per rank; each batch is split into micro-batches that flow through the stages
+(GPipe, Huang et al. 2019; or 1F1B, Narayanan et al., "PipeDream", 2019).
+
+Every rank holds only its stage's layers, their gradients and their optimizer state. There is
+no data parallelism: all ranks see the same batch (the first stage reads its inputs, the last
+its targets), so ``ctx.setup_dataloader`` does not shard the data under this strategy.
+
+The training step goes through ``ctx.forward_backward(model, inputs, target, loss_fn)``: a
+plain ``model(x)`` would run this rank's stage alone. The loss lives on the last stage and is
+broadcast, so every rank returns the same value.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .._log import note_once
+from ..errors import ConfigError
+from ..world import World
+from . import register
+
+SCHEDULES = ("gpipe", "1f1b")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PipelineConfig:
+    schedule: str = "1f1b"
+    """``gpipe`` (all forwards, then all backwards: activations of every micro-batch held) or
+    ``1f1b`` (one forward, one backward in turn: at most #stages micro-batches in flight)."""
+    microbatches: int = 4
+    """Micro-batches per batch; the batch size must be a multiple. More: a smaller bubble."""
+    split_points: tuple[str, ...] | None = None
+    """Names of the ``nn.Sequential`` children that begin stages 1, 2, ... (e.g. ``("3",)``);
+    default: stages balanced by parameter count."""
+
+    def __post_init__(self) -> None:
+        if self.schedule not in SCHEDULES:
+            raise ConfigError(f"unknown pipeline schedule {self.schedule!r}; choose one of: {', '.join(SCHEDULES)}.")
+        if self.microbatches < 1:
+            raise ConfigError(f"microbatches must be >= 1, got {self.microbatches}.")
+        if isinstance(self.split_points, str):
+            object.__setattr__(self, "split_points", tuple(s.strip() for s in self.split_points.split(",") if s.strip()))
+
+
+def stage_bounds(model: nn.Sequential, stages: int, split_points: tuple[str, ...] | None) -> list[tuple[int, int]]:
+    """[start, end) child indices of each stage."""
+    names = [name for name, _ in model.named_children()]
+    if len(names) < stages:
+        raise ConfigError(f"pipeline: the model has {len(names)} layer(s), fewer than the {stages} stages (one per process); use fewer processes.")
+    if split_points is not None:
+        if len(split_points) != stages - 1:
+            raise ConfigError(f"pipeline: {len(split_points)} split point(s) give {len(split_points) + 1} stages, but there are {stages} processes; give {stages - 1}.")
+        unknown = [s for s in split_points if s not in names]
+        if unknown:
+            raise ConfigError(f"pipeline: split point(s) {', '.join(unknown)} are not layers of the model; its layers are: {', '.join(names)}.")
+        starts = [names.index(s) for s in split_points]
+        if starts != sorted(set(starts)) or starts[0] == 0:
+            raise ConfigError(f"pipeline: split points {', '.join(split_points)} must be increasing and after the first layer.")
+        edges = [0, *starts, len(names)]
+        return list(zip(edges[:-1], edges[1:]))
+    sizes = [sum(p.numel() for p in child.parameters()) for child in model.children()]
+    total, bounds, start, acc = max(1, sum(sizes)), [], 0, 0
+    for i, size in enumerate(sizes):
+        acc += size
+        left_layers, left_stages = len(sizes) - i - 1, stages - len(bounds) - 1
+        if left_stages and (acc >= total * (len(bounds) + 1) / stages or left_layers == left_stages):
+            bounds.append((start, i + 1))
+            start = i + 1
+    bounds.append((start, len(sizes)))
+    return bounds
+
+
+def build_stage(model: nn.Module, world: World, config: PipelineConfig) -> nn.Sequential:
+    """This rank's stage: the children of its range, under their original names (so state dict
+    keys match the whole model's and checkpoints load on any layout)."""
+    if not isinstance(model, nn.Sequential):
+        raise ConfigError(
+            f"pipeline: the model is a {type(model).__name__}, not an nn.Sequential; "
+            "write it as nn.Sequential(layer, ...) so it can be cut into stages."
+        )
+    start, end = stage_bounds(model, world.size, config.split_points)[world.rank]
+    children = list(model.named_children())[start:end]
+    return nn.Sequential(OrderedDict(children)).to(world.device)
+
+
+@register("pipeline")
+class PipelineStrategy:
+    name = "pipeline"
+    sharded_checkpoint = True
+    """Each rank saves its own stage through torch.distributed.checkpoint."""
+
+    def __init__(self, config: PipelineConfig | None = None, **options: Any) -> None:
+        self.config = config or PipelineConfig(**options)
+        self._world: World | None = None
+        self._stage_module: nn.Module | None = None
+        self._schedules: dict[int, Any] = {}
+        self._loss_fn: Callable | None = None
+
+    # -- the strategy protocol ---------------------------------------------------------------
+    def setup_model(self, model: nn.Module, world: World) -> nn.Module:
+        self._world = world
+        if not world.distributed:
+            note_once("pipeline with one process: one stage, the whole model; no micro-batch schedule.")
+        self._stage_module = build_stage(model, world, self.config)
+        return self._stage_module
+
+    def setup_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module) -> torch.optim.Optimizer:
+        # The optimizer was built on the whole model; keep only this stage's parameters, so the
+        # other stages' layers (and their optimizer state) are not held on this rank.
+        mine = {id(p) for p in self._stage_module.parameters()} if self._stage_module is not None else set()
+        if any(optimizer.state.values()):
+            raise ConfigError(f"pipeline: the {type(optimizer).__name__} already holds state; build it fresh, call ctx.setup, then load a checkpoint.")
+        for group in optimizer.param_groups:
+            group["params"] = [p for p in group["params"] if id(p) in mine]
+        return optimizer
+
+    def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()  # no data parallelism: gradients are never all-reduced
+
+    def unwrap(self, model: nn.Module) -> nn.Module:
+        return model
+
+    def data_parallel(self, world: World) -> tuple[int, int]:
+        """(rank, size) for sharding data: one replica, so every rank reads the same batches."""
+        return 0, 1
+
+    # -- the step ------------------------------------------------------------------------------
+    def forward_backward(self, ctx: Any, model: nn.Module, inputs: torch.Tensor, target: torch.Tensor,
+                         loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """Forward and backward of one (micro-)batch through every stage; the mean loss, on every rank.
+
+        Collective: call on every rank with the same batch."""
+        world = self._world
+        if ctx.scaler is not None:
+            raise ConfigError("pipeline does not support fp16-mixed (loss scaling); use --precision bf16-mixed or fp32.")
+        accum = ctx.accumulation_steps
+        n = self.config.microbatches
+        if len(inputs) % n:
+            raise ConfigError(f"pipeline: a batch of {len(inputs)} samples cannot be split into {n} micro-batches; use a batch size that is a multiple of {n}.")
+        self._loss_fn = loss_fn  # read by the schedule's loss function (built once per window size)
+        schedule = self._schedule(model, accum, inputs.device)
+        losses: list[torch.Tensor] = []
+        rank, last = world.rank, world.size - 1
+        with ctx.autocast(), ctx._collective(f"pipeline step ({self.config.schedule})", inputs):
+            if rank == 0:
+                schedule.step(inputs)
+            elif rank == last:
+                schedule.step(target=target, losses=losses)
+            else:
+                schedule.step()
+        # Each micro-batch loss was divided by (micro-batches x accumulation window): undo it.
+        mean = torch.stack([l.detach().float() for l in losses]).sum() * accum if losses else torch.zeros((), device=inputs.device)
+        return ctx.broadcast(mean, src=last)
+
+    def _schedule(self, stage_module: nn.Module, accum: int, device: torch.device) -> Any:
+        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+        key = accum
+        if key not in self._schedules:
+            n = self.config.microbatches
+            stage = PipelineStage(stage_module, self._world.rank, self._world.size, device)
+            cls = ScheduleGPipe if self.config.schedule == "gpipe" else Schedule1F1B
+
+            def scaled(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+                # torch's scale_grads divides *all* .grad by the micro-batch count after each
+                # step, which would shrink gradients accumulated over earlier steps; scale the
+                # loss instead so accumulation windows stay exact.
+                return self._loss_fn(out, y) / (n * accum)
+
+            self._schedules[key] = cls(stage, n_microbatches=n, loss_fn=scaled, scale_grads=False)
+        return self._schedules[key]
+
+    def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        """Clip by the norm over every stage's gradients. Collective: call on every rank."""
+        params = [p for p in parameters if p.grad is not None]
+        local = torch.nn.utils.get_total_norm([p.grad for p in params], norm_type)
+        if self._world is not None and self._world.distributed:
+            if norm_type == float("inf"):
+                dist.all_reduce(local, op=dist.ReduceOp.MAX)
+                total = local
+            else:
+                powered = local.double() ** norm_type
+                dist.all_reduce(powered, op=dist.ReduceOp.SUM)
+                total = (powered ** (1.0 / norm_type)).to(local.dtype)
+        else:
+            total = local
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+        return total

@@ -1,0 +1,80 @@
+"""ZeRO stage 1: DDP for gradients, optimizer state sharded over ranks.
+
+The user's optimizer is rebuilt as torch's ``ZeroRedundancyOptimizer`` of the same class and
+settings: each rank keeps the state (e.g. Adam's two moments) of only its share of the
+parameters, steps those, and broadcasts the updated values to the others (Rajbhandari et al.,
+"ZeRO", 2020, stage P_os). Parameters and gradients stay whole on every rank.
+
+Checkpoints: ``consolidate_state_dict`` gathers the whole optimizer state on rank 0 first
+(see ``checkpoint.sharded.prepare_full_state``), so a zero1 checkpoint is an ordinary full-state
+checkpoint, loadable by any strategy on any number of processes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.distributed.optim import ZeroRedundancyOptimizer
+
+from ..errors import ConfigError
+from ..world import World
+from . import register
+from .base import unwrap_module
+from .ddp import DDPConfig, DDPStrategy
+
+
+@dataclass(frozen=True, kw_only=True)
+class Zero1Config:
+    bucket_cap_mb: float = 25.0
+    """Gradient bucket size handed to DistributedDataParallel."""
+
+    def __post_init__(self) -> None:
+        if self.bucket_cap_mb <= 0:
+            raise ConfigError(f"bucket_cap_mb must be > 0, got {self.bucket_cap_mb}.")
+
+
+def shard_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """The same optimizer (class, param groups, settings) as a ZeroRedundancyOptimizer."""
+    if isinstance(optimizer, ZeroRedundancyOptimizer):
+        return optimizer
+    if any(optimizer.state.values()):
+        raise ConfigError(
+            f"zero1: the {type(optimizer).__name__} already holds state; build the optimizer fresh, "
+            "call ctx.setup, then load a checkpoint."
+        )
+    groups = [dict(g) for g in optimizer.param_groups]
+    first = groups[0]
+    defaults = {k: v for k, v in optimizer.defaults.items() if k != "params"}
+    settings = {k: first.get(k, v) for k, v in defaults.items()}  # not e.g. a scheduler's initial_lr
+    zero = ZeroRedundancyOptimizer(first["params"], optimizer_class=type(optimizer), **settings)
+    for group in groups[1:]:
+        zero.add_param_group(group)
+    return zero
+
+
+@register("zero1")
+class Zero1Strategy:
+    name = "zero1"
+
+    def __init__(self, config: Zero1Config | None = None, **options) -> None:
+        self.config = config or Zero1Config(**options)
+        # Not a subclass of DDPStrategy: the DDP wrapping is reused as a plain component.
+        self._ddp = DDPStrategy(DDPConfig(bucket_cap_mb=self.config.bucket_cap_mb))
+
+    def setup_model(self, model: nn.Module, world: World) -> nn.Module:
+        self._distributed = world.distributed
+        return self._ddp.setup_model(model, world)
+
+    def setup_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module) -> torch.optim.Optimizer:
+        if not getattr(self, "_distributed", True):
+            return optimizer  # one process: nothing to shard
+        return shard_optimizer(optimizer)
+
+    def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager:
+        return self._ddp.no_sync(model)
+
+    def unwrap(self, model: nn.Module) -> nn.Module:
+        return unwrap_module(model)
