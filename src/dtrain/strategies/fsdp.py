@@ -3,9 +3,9 @@ optimizer state sharded over ranks (ZeRO stage 3; Zhao et al., "PyTorch FSDP", V
 
 Each wrapped unit's parameters become DTensors holding 1/N of every tensor (dim 0). Before a
 unit's forward its parameters are all-gathered, and freed again after it; its gradients are
-reduce-scattered in backward. The optimizer, built on the model's parameters before
-``ctx.setup``, keeps working: ``fully_shard`` replaces each parameter's data in place, so the
-optimizer sees the shards and allocates state for the shards only.
+reduce-scattered in backward. ``fully_shard`` registers new (DTensor) parameters, so the
+optimizer, built on the model's parameters before ``ctx.setup``, has its parameter groups
+pointed at the new ones by name (``setup_optimizer``); its state then covers the shards only.
 
 ``hsdp`` is the same on a 2-D mesh (Hybrid Sharded DP): sharded over the ranks of a node,
 replicated across nodes (gradients reduce-scattered within a node, then all-reduced across).
@@ -125,12 +125,30 @@ class _ShardedStrategy:
 
     def __init__(self, name: str, config: FSDPConfig) -> None:
         self.name, self.config = name, config
+        self._replaced: dict[int, nn.Parameter] = {}
+        """id of a parameter before fully_shard -> the sharded parameter that replaced it."""
 
     def setup(self, model: nn.Module, world: World, mesh: DeviceMesh) -> nn.Module:
         if not any(p.requires_grad for p in model.parameters()):
             raise ConfigError(f"{self.name}: the model has no trainable parameters; nothing to shard.")
         _check_no_buffers_sync(model, self.name)
-        return apply_fully_shard(model, mesh, self.config, world.device)
+        before = dict(model.named_parameters())
+        model = apply_fully_shard(model, mesh, self.config, world.device)
+        after = dict(model.named_parameters())
+        self._replaced.update({id(p): after[name] for name, p in before.items()})
+        return model
+
+    def setup_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        """Point the optimizer's parameter groups at the sharded parameters that replaced the
+        ones it was built on (torch's FSDP2 expects the optimizer built after ``fully_shard``)."""
+        if not self._replaced:
+            return optimizer
+        if any(optimizer.state.values()):
+            raise ConfigError(f"{self.name}: the {type(optimizer).__name__} already holds state; build it fresh, "
+                              "call ctx.setup, then load a checkpoint.")
+        for group in optimizer.param_groups:
+            group["params"] = [self._replaced.get(id(p), p) for p in group["params"]]
+        return optimizer
 
     @contextlib.contextmanager
     def no_sync(self, model: nn.Module) -> Iterator[None]:
@@ -165,7 +183,7 @@ class FSDPStrategy:
         return self._impl.setup(model, world, mesh)
 
     def setup_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module) -> torch.optim.Optimizer:
-        return optimizer
+        return self._impl.setup_optimizer(optimizer)
 
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager:
         return self._impl.no_sync(model)
@@ -206,7 +224,7 @@ class HSDPStrategy:
         return self._impl.setup(model, world, mesh)
 
     def setup_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module) -> torch.optim.Optimizer:
-        return optimizer
+        return self._impl.setup_optimizer(optimizer)
 
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager:
         return self._impl.no_sync(model)
