@@ -470,14 +470,19 @@ class Context:
         net = self.unwrap(model)  # no DDP forward: ranks may run different numbers of batches
         was_training = net.training
         net.eval()
-        sampler = EvalShardSampler(len(dataset), rank=self.rank, world_size=self.world_size)
+        # pipeline: every stage sees every batch; only the last stage has outputs to score.
+        staged = getattr(self.strategy, "forward_only", None) if self.world.distributed else None
+        rank, size = self._data_parallel()
+        sampler = EvalShardSampler(len(dataset), rank=rank, world_size=size)
         loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler)
         totals = torch.zeros(3, dtype=torch.float64, device=self.device)  # metric, loss, count
         for x, y in loader:
             self.tracker.beat()
             x, y = to_device(x, self.device), to_device(y, self.device)
             with self.precision.autocast():
-                out = net(x)
+                out = net(x) if staged is None else staged(net, x)
+            if out is None:
+                continue
             out = out.float()
             totals[0] += metric(out, y).double().sum()
             if loss_fn is not None:

@@ -11,6 +11,7 @@ from ..tasks import load_task
 from ..train import TrainConfig, worker_main
 from ..world import World
 from .common import add_launch_args, export_diagnostics, launch_spec
+from .sharding import add_sharding_args, strategy_options
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -19,7 +20,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--task", default="digits", help="digits (default), mnist, synthetic, or MODULE:FUNCTION")
     g.add_argument("--task-arg", action="append", default=[], metavar="KEY=VALUE", help="option for the task function (repeatable)")
     g.add_argument("--data-dir", default=None, help="folder with the task's data files (mnist: the IDX files)")
-    g.add_argument("--strategy", default="auto", help="single, ddp, ... (default: ddp on several processes)")
+    g.add_argument("--strategy", default="auto", help="single, ddp, dp, hvd, zero1, fsdp, hsdp or pipeline (default: ddp on several processes)")
     g.add_argument("--precision", default="fp32", help="fp32 (default), bf16-mixed, fp16-mixed")
     g.add_argument("--epochs", type=int, default=None, help="passes over the data (default: the task's)")
     g.add_argument("--max-steps", type=int, default=None, help="stop after this many optimizer steps")
@@ -37,6 +38,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--keep", type=int, default=3, help="checkpoints to keep, newest first (default 3)")
     g.add_argument("--resume", action="store_true", help="continue from the newest valid checkpoint in --checkpoint-dir")
     g.add_argument("--async-save", action="store_true", help="write checkpoints in the background (the copy to host memory blocks)")
+    add_sharding_args(p)
     add_launch_args(p)
     p.set_defaults(func=main)
 
@@ -54,7 +56,7 @@ def parse_task_args(pairs: list[str]) -> dict[str, str]:
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
     return TrainConfig(
         task=args.task, task_args=parse_task_args(args.task_arg), data_dir=args.data_dir,
-        strategy=args.strategy, precision=args.precision, epochs=args.epochs, max_steps=args.max_steps,
+        strategy=args.strategy, strategy_options=strategy_options(args), precision=args.precision, epochs=args.epochs, max_steps=args.max_steps,
         batch_size=args.batch_size, lr=args.lr, optimizer=args.optimizer, grad_accum=args.grad_accum,
         seed=args.seed, log_every=args.log_every, metrics_file=args.metrics_file,
         checkpoint_dir=args.checkpoint_dir, save_every=args.save_every, device=args.device,
@@ -67,7 +69,7 @@ def validate(cfg: TrainConfig) -> None:
     from .. import strategies
     from ..precision import Precision
 
-    strategies.build(cfg.strategy) if cfg.strategy != "auto" else None
+    strategies.build(cfg.strategy, **cfg.strategy_options) if cfg.strategy != "auto" else None
     Precision.resolve(cfg.precision, World.detect(device=cfg.device).device)
     load_task(cfg.task, data_dir=cfg.data_dir, options=cfg.task_args)
 

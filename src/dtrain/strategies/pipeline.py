@@ -179,6 +179,20 @@ class PipelineStrategy:
             self._schedules[key] = cls(stage, n_microbatches=n, loss_fn=scaled, scale_grads=False)
         return self._schedules[key]
 
+    @torch.no_grad()
+    def forward_only(self, model: nn.Module, inputs: torch.Tensor) -> torch.Tensor | None:
+        """The whole model's output for ``inputs``, on the last stage (None on the others):
+        each stage receives its input from the previous one and sends its output on. For
+        evaluation, whatever the batch size. Collective: call on every rank with the same batch."""
+        world = self._world
+        rank, last = world.rank, world.size - 1
+        x = inputs if rank == 0 else _recv_tensor(rank - 1, inputs.device)
+        out = model(x)
+        if rank != last:
+            _send_tensor(out, rank + 1)
+            return None
+        return out
+
     def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
         """Clip by the norm over every stage's gradients. Collective: call on every rank."""
         params = [p for p in parameters if p.grad is not None]
@@ -195,3 +209,26 @@ class PipelineStrategy:
             total = local
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
         return total
+
+
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.int32)
+_HEADER = 8  # dtype code, number of dims, up to 6 sizes
+
+
+def _send_tensor(t: torch.Tensor, dst: int) -> None:
+    if t.dtype not in _DTYPES or t.dim() > _HEADER - 2:
+        raise ConfigError(f"pipeline: a stage output of dtype {t.dtype} and {t.dim()} dims cannot be passed on; use a float tensor of at most {_HEADER - 2} dims.")
+    header = torch.zeros(_HEADER, dtype=torch.int64)
+    header[0], header[1] = _DTYPES.index(t.dtype), t.dim()
+    header[2:2 + t.dim()] = torch.tensor(t.shape, dtype=torch.int64)
+    dist.send(header.to(t.device), dst)
+    dist.send(t.contiguous(), dst)
+
+
+def _recv_tensor(src: int, device: torch.device) -> torch.Tensor:
+    header = torch.zeros(_HEADER, dtype=torch.int64, device=device)
+    dist.recv(header, src)
+    header = header.tolist()
+    t = torch.empty(header[2:2 + header[1]], dtype=_DTYPES[header[0]], device=device)
+    dist.recv(t, src)
+    return t

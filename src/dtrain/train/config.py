@@ -15,6 +15,8 @@ class TrainConfig:
     """Keyword options for the task function (``--task-arg KEY=VALUE``)."""
     data_dir: str | None = None
     strategy: str = "auto"
+    strategy_options: dict[str, object] = field(default_factory=dict)
+    """Options for the strategy's config (e.g. fsdp ``wrap``, pipeline ``schedule``)."""
     precision: str = "fp32"
     epochs: int | None = None
     """Passes over the training set; the task's default when None."""

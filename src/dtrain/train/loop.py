@@ -42,7 +42,7 @@ def run(cfg: TrainConfig, world: World | None = None) -> dict[str, Any]:
     task = load_task(cfg.task, data_dir=cfg.data_dir, options=cfg.task_args)  # bad input fails before any rendezvous
     batch = cfg.batch_size or task.batch_size
     check_accum(batch, cfg.grad_accum)
-    ctx = init(cfg.strategy, cfg.precision, seed=cfg.seed, world=world)
+    ctx = init(cfg.strategy, cfg.precision, seed=cfg.seed, world=world, **cfg.strategy_options)
     try:
         return _train(ctx, cfg, task, batch, t0)
     finally:
@@ -92,10 +92,11 @@ def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) ->
         for x, y in loader:
             for xm, ym in zip(x.chunk(k), y.chunk(k)):
                 with ctx.accumulate(model, steps=k):
-                    loss = task.loss_fn(model(xm), ym)
-                    ctx.backward(loss)
-                    window_loss += loss.detach().float() / k
+                    loss = ctx.forward_backward(model, xm, ym, task.loss_fn)  # pipeline: micro-batches through the stages
+                    window_loss += loss.float() / k
             optimizer.step()
+            if step == start_step:  # before zero_grad: gradients and optimizer state both exist
+                _log_memory(ctx, model, optimizer)
             optimizer.zero_grad(set_to_none=True)
             step += 1
             window_steps += 1
@@ -117,7 +118,7 @@ def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) ->
                 break
     if ctx.device.type == "cuda":
         torch.cuda.synchronize(ctx.device)
-    meter.stop((step - start_step) * batch * ctx.world_size)
+    meter.stop((step - start_step) * batch * ctx.data_parallel_size)
     if progress:
         progress.close()
     if ckpt is not None:
@@ -144,6 +145,15 @@ def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) ->
     }
 
 
+def _log_memory(ctx: Context, model: Any, optimizer: Any) -> None:
+    """Every rank's parameter, gradient and optimizer-state bytes, after the first step (when
+    gradients and optimizer state exist), logged by rank 0. Collective: call on every rank."""
+    reports = ctx.gather_object(ctx.memory_report(model, optimizer))
+    if ctx.is_main:
+        for report in reports:
+            logger.info(f"memory after the first step: {report.line()}")
+
+
 def _fault_injection(rank: int, restarts: int) -> int | None:
     """``DTRAIN_FAULT_INJECT=RANK:STEP``: that rank kills itself (SIGKILL) right after that step,
     on the first attempt only (restarts then resume normally). For fault-tolerance tests."""
@@ -158,7 +168,7 @@ def _fault_injection(rank: int, restarts: int) -> int | None:
 
 
 def _rate(meter: Throughput, steps: int, batch: int, ctx: Context) -> float | None:
-    rate = meter.rate_now(steps * batch * ctx.world_size)
+    rate = meter.rate_now(steps * batch * ctx.data_parallel_size)
     return round(rate, 2) if rate else None
 
 

@@ -1,0 +1,47 @@
+"""Flags of the sharded (zero1, fsdp, hsdp) and pipeline strategies, turned into strategy options."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from ..errors import ConfigError
+
+# flag -> (option name, strategies it applies to)
+_FLAGS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "fsdp_wrap": ("wrap", ("fsdp", "hsdp")),
+    "fsdp_offload": ("offload", ("fsdp", "hsdp")),
+    "hsdp_shard_size": ("shard_size", ("hsdp",)),
+    "pipeline_schedule": ("schedule", ("pipeline",)),
+    "microbatches": ("microbatches", ("pipeline",)),
+    "split_points": ("split_points", ("pipeline",)),
+}
+
+
+def add_sharding_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("sharded and pipeline strategies")
+    g.add_argument("--fsdp-wrap", default=None, metavar="POLICY",
+                   help="fsdp/hsdp units: size:N (submodules of >= N parameters, default size:1000000), "
+                        "CLASS[,CLASS] (e.g. Linear), or none")
+    g.add_argument("--fsdp-offload", action="store_true", default=None,
+                   help="fsdp/hsdp: keep sharded parameters, gradients and optimizer state in CPU memory (GPU runs)")
+    g.add_argument("--hsdp-shard-size", type=int, default=None, metavar="N",
+                   help="hsdp: ranks each parameter is sharded over (default: the processes of one node)")
+    g.add_argument("--pipeline-schedule", default=None, choices=("gpipe", "1f1b"), help="pipeline schedule (default 1f1b)")
+    g.add_argument("--microbatches", type=int, default=None, metavar="M", help="pipeline: micro-batches per batch (default 4)")
+    g.add_argument("--split-points", default=None, metavar="NAME[,NAME]",
+                   help="pipeline: names of the nn.Sequential layers that begin stages 1, 2, ... (default: balanced)")
+
+
+def strategy_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The options given for ``args.strategy``; ConfigError for a flag of another strategy."""
+    options: dict[str, Any] = {}
+    for attr, (name, owners) in _FLAGS.items():
+        value = getattr(args, attr, None)
+        if value is None:
+            continue
+        if args.strategy not in owners:
+            flag = "--" + attr.replace("_", "-")
+            raise ConfigError(f"{flag} applies to --strategy {' or '.join(owners)}, not {args.strategy!r}; drop it or change the strategy.")
+        options[name] = value
+    return options
