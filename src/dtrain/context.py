@@ -360,14 +360,19 @@ class Context:
             dist.all_gather(out, tensor)
         return out
 
-    def gather_object(self, obj: Any) -> list[Any]:
-        """Collective: call on every rank. Every rank's picklable ``obj``, by rank, on every rank."""
+    def gather_object(self, obj: Any, dst: int | None = None) -> list[Any] | None:
+        """Collective: call on every rank. Every rank's picklable ``obj``, by rank, on every rank
+        (``dst=None``) or only on rank ``dst`` (the others get None)."""
         if not self.world.distributed:
             return [obj]
         out: list[Any] = [None] * self.world_size
-        with self._collective("all_gather_object"):
-            dist.all_gather_object(out, obj)
-        return out
+        if dst is None:
+            with self._collective("all_gather_object"):
+                dist.all_gather_object(out, obj)
+            return out
+        with self._collective(f"gather_object(dst={dst})"):
+            dist.gather_object(obj, out if self.rank == dst else None, dst=dst)
+        return out if self.rank == dst else None
 
     def broadcast(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
         """Collective: call on every rank. Copy rank ``src``'s tensor to all ranks, in place."""

@@ -62,10 +62,9 @@ def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) ->
     if per_epoch == 0:
         raise_small(task, batch, ctx.world_size)
     epochs = cfg.epochs or task.epochs
-    total = per_epoch * epochs if cfg.max_steps is None else min(cfg.max_steps, per_epoch * epochs)
     ckpt = ctx.checkpoints(cfg.checkpoint_dir, keep=cfg.keep, async_save=cfg.async_save) if cfg.checkpoint_dir else None
     step = 0
-    restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+    restarts = ctx.world.restart_count
     if ckpt is not None and (cfg.resume or restarts > 0):
         meta = ckpt.resume(model=model, optimizer=optimizer, loader=loader)
         if meta is not None:
@@ -73,6 +72,11 @@ def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) ->
             logger.info(f"resumed from {meta['path']} at step {step} (saved by {meta['world_size']} process(es))")
         elif cfg.resume:
             logger.info(f"--resume: no checkpoint in {cfg.checkpoint_dir} yet; starting from step 0")
+    # The steps still to run follow from the data position, not from the step count: after a
+    # resume on another world size the steps already done were of another global batch.
+    total = step + _steps_left(loader, per_epoch, epochs)
+    if cfg.max_steps is not None:
+        total = min(total, max(cfg.max_steps, step))
     logger.info(
         f"{task.name}: {ctx.world_size} process(es), strategy {ctx.strategy.name}, precision {ctx.precision.effective}, "
         f"batch {batch}/process, {total} steps on {ctx.device}"
@@ -142,6 +146,13 @@ def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) ->
         "test_acc": round(test_acc, 6) if test_acc is not None else None,
         "wall_s": round(time.perf_counter() - t0, 3),
     }
+
+
+def _steps_left(loader: Any, per_epoch: int, epochs: int) -> int:
+    """Batches this rank's loader still yields until ``epochs`` epochs are complete."""
+    if loader.next_epoch >= epochs:
+        return 0
+    return len(loader) + per_epoch * (epochs - loader.next_epoch - 1)
 
 
 def _fault_injection(rank: int, restarts: int) -> int | None:
