@@ -69,7 +69,8 @@ def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) ->
         meta = ckpt.resume(model=model, optimizer=optimizer, loader=loader)
         if meta is not None:
             step = meta["step"]
-            logger.info(f"resumed from {meta['path']} at step {step} (saved by {meta['world_size']} process(es))")
+            why = f"; elastic restart {restarts} after a worker failed" if restarts else ""
+            logger.info(f"resumed from {meta['path']} at step {step} (saved by {meta['world_size']} process(es){why})")
         elif cfg.resume:
             logger.info(f"--resume: no checkpoint in {cfg.checkpoint_dir} yet; starting from step 0")
     # The steps still to run follow from the data position, not from the step count: after a
