@@ -74,6 +74,40 @@ def test_setup_checks_parameters_and_dataset_length():
         run_distributed(_loader_with_rank_sized_data, world_size=2, timeout=60)
 
 
+def _slow_start_and_uneven_lines(run_dir: str) -> list[float]:
+    ctx = dtrain.init("ddp", debug=True, stall_timeout=2, run_dir=run_dir)
+    time.sleep(5)  # loading data for longer than the timeout before training starts: no stall
+    t = torch.tensor([float(ctx.rank)])
+    if ctx.rank == 0:  # one collective, reached from two different lines: not a mismatch
+        ctx.broadcast(t, src=0)
+    else:
+        ctx.broadcast(t, src=0)
+    ctx.close()
+    return t.tolist()
+
+
+def test_no_false_alarms_before_training_or_for_different_lines(tmp_path):
+    assert run_distributed(_slow_start_and_uneven_lines, str(tmp_path), world_size=2, timeout=90) == [[0.0], [0.0]]
+    assert not list(tmp_path.iterdir())  # no stall dump
+
+
+def test_tracker_records_collectives_and_arms_on_first_progress():
+    from dtrain.diag import Tracker
+
+    tr = Tracker(history=2)
+    assert not tr.armed  # setting up: no stall can be declared yet
+    call = tr.enter("all_reduce(sum)", torch.zeros(3, 2), [torch.ones(1, dtype=torch.int64)])
+    line = sys._getframe().f_lineno - 1
+    assert tr.armed and tr.current is call
+    assert call.describe() == f"all_reduce(sum) #1 float32[3, 2], [int64[1]] at test_diag.py:{line}"
+    tr.leave(call)
+    for _ in range(3):
+        tr.leave(tr.enter("barrier"))
+    assert tr.current is None and [c.seq for c in tr.recent] == [3, 4]  # a ring buffer
+    snap = tr.snapshot(0)
+    assert snap["last_done_seq"] == 4 and snap["current"] is None and snap["at"].startswith("test_diag.py:")
+
+
 def test_merge_report_names_the_lagging_rank():
     snaps = {
         0: {"rank": 0, "step": 7, "at": "t.py:30", "innermost": "x", "in_backward": False, "current": "all_reduce #9 float32[1] at t.py:30",

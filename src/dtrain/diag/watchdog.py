@@ -61,7 +61,7 @@ class Watchdog:
         while not self._stop.wait(self.poll_s):
             idle = time.monotonic() - self.tracker.last_beat
             flagged = self._flagged()
-            if idle > self.timeout_s and not flagged:
+            if idle > self.timeout_s and self.tracker.armed and not flagged:
                 self._raise_flag(idle)
                 flagged = True
             if flagged:
