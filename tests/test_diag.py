@@ -131,6 +131,39 @@ def test_nodes_with_different_versions_or_sizes_are_named():
         _compare(a, 0, {**a, "nnodes": 3, "host": "b"}, 1)
 
 
+def _init_with_another_torch_on_rank_1() -> None:
+    import os
+
+    import dtrain.world
+
+    if os.environ["RANK"] == "1":  # as if this rank's node had another torch installed
+        real = dtrain.world._versions
+        dtrain.world._versions = lambda: {**real(), "torch": "2.12.1", "host": "nodeb"}
+    dtrain.init("ddp", stall_timeout=0).close()
+
+
+def test_ranks_with_different_torch_versions_fail_at_init():
+    # `dtrain run` compares nodes before starting workers (above); torchrun or srun jobs are
+    # checked by dtrain.init.
+    t0 = time.monotonic()
+    with pytest.raises(DistributedTestError, match=rf"LaunchError: ranks run different torch versions: rank 1 \(nodeb\) has 2.12.1, "
+                       rf"rank 0 \(.*\) has {re.escape(torch.__version__)}; install the same version"):
+        run_distributed(_init_with_another_torch_on_rank_1, world_size=2, timeout=60)
+    assert time.monotonic() - t0 < 30
+
+
+def test_port_in_use_fails_fast():
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        t0 = time.monotonic()
+        r = run_cli(["run", "-n", "2", "--master-port", str(port), str(ALLREDUCE)], timeout=60)
+    assert time.monotonic() - t0 < 30
+    assert r.returncode == 2, r.stderr
+    assert f"--master-port {port} is already in use on 127.0.0.1; choose another port" in r.stderr
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

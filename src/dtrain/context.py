@@ -63,6 +63,7 @@ def init(
     ``debug`` (default ``$DTRAIN_DEBUG``): check every dtrain collective across ranks.
     ``run_dir`` (default ``$DTRAIN_RUN_DIR`` or ``./dtrain-run``): where stall dumps go.
     """
+    _install_excepthook()
     world = world or World.detect(device=device)
     if strategy == "auto":
         strategy = "ddp" if world.distributed else "single"
@@ -75,7 +76,6 @@ def init(
     owns_group = init_process_group(world, timeout_s=timeout_s)
     if seed is not None:
         seed_everything(seed)
-    _install_excepthook()
     ctx = Context(world=world, strategy=strat, precision=prec, seed=seed or 0, owns_group=owns_group, debug=debug)
     if world.distributed and stall > 0:
         ctx._watchdog = Watchdog(
