@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import json
+import os
 import re
 import socket
 import subprocess
@@ -132,8 +132,6 @@ def test_nodes_with_different_versions_or_sizes_are_named():
 
 
 def _init_with_another_torch_on_rank_1() -> None:
-    import os
-
     import dtrain.world
 
     if os.environ["RANK"] == "1":  # as if this rank's node had another torch installed
@@ -217,6 +215,25 @@ def test_doctor_fails_with_the_fix_for_an_unreachable_master():
     assert r.returncode == 1
     assert re.search(r"^FAIL\s+port\s+nothing listens on 127.0.0.1:\d+ .*-> fix: start node 0 first", r.stdout, re.M), r.stdout
     assert re.search(r"^FAIL\s+network\s+.*loopback.*-> fix:", r.stdout, re.M), r.stdout  # 127.0.0.1 across nodes
+
+
+def test_doctor_probes_between_nodes():
+    # Two "nodes" on this host: they meet in node 0's store, then all-reduce over gloo.
+    port = _free_port()
+    cmd = ["doctor", "--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port", str(port), "--timeout", "20"]
+    src = str(Path(dtrain.__file__).resolve().parents[1])
+    node0 = subprocess.Popen([sys.executable, "-m", "dtrain", *cmd, "--node-rank", "0"], stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "PYTHONPATH": src})
+    try:
+        time.sleep(1)
+        r1 = run_cli([*cmd, "--node-rank", "1"], timeout=60)
+        out0 = node0.communicate(timeout=60)[0]
+    finally:
+        node0.kill()
+    for out in (out0, r1.stdout):
+        assert re.search(r"^PASS\s+rendezvous\s+2 node\(s\) met", out, re.M), out
+        assert re.search(r"^PASS\s+all-reduce\s+2 nodes \(gloo\): latency \d+ us .*bus bandwidth", out, re.M), out
+        assert re.search(r"^FAIL\s+network\s+.*loopback", out, re.M), out  # 127.0.0.1 across nodes
 
 
 def test_env_prints_versions():
