@@ -27,6 +27,7 @@ def _line_of(marker: str) -> int:
     return next(i for i, line in enumerate(STALL.read_text().splitlines(), 1) if marker in line)
 
 
+@pytest.mark.slow
 def test_sleeping_rank_is_named_with_its_line(tmp_path):
     timeout = 5
     r = run_cli(["run", "-n", "2", "--stall-timeout", str(timeout), "--run-dir", str(tmp_path), str(STALL), "sleep", "1"], timeout=120)
@@ -41,6 +42,14 @@ def test_sleeping_rank_is_named_with_its_line(tmp_path):
     assert "rank 1 at stall.py" in report
     dump = (tmp_path / "stall-rank1.txt").read_text()
     assert "time.sleep(3600)" in dump and "recent collectives" in dump  # stacks of every thread + history
+
+
+@pytest.mark.slow
+def test_max_restarts_turns_a_stall_into_a_restart(tmp_path):
+    r = run_cli(["run", "-n", "2", "--max-restarts", "1", "--stall-timeout", "4", "--run-dir", str(tmp_path), str(STALL),
+                 "sleep-once", "1"], timeout=150)
+    assert "dtrain: stall:" in r.stderr and "rank 1 at stall.py" in r.stderr  # the first attempt stalled...
+    assert r.returncode == 0 and "finished" in r.stdout, r.stderr[-2000:]  # ...and the restarted job completed
 
 
 def test_skipped_all_reduce_is_reported_as_mismatch():
@@ -120,7 +129,7 @@ def test_merge_report_names_the_lagging_rank():
     report = merge_report(snaps, 4, 10)
     assert "rank 1 at t.py:88 (step 6, no collective since #8" in report
     assert "ranks 0,2 waiting in all_reduce #9" in report
-    assert "ranks 3 did not answer" in report
+    assert "rank 3 did not answer" in report
 
 
 def test_nodes_with_different_versions_or_sizes_are_named():
@@ -185,6 +194,7 @@ def test_nodes_started_with_different_world_sizes_fail_fast():
     assert node0.returncode == 1 and "--nnodes 3 -n 1 (world size 3)" in err0
 
 
+@pytest.mark.slow
 def test_master_that_does_not_answer_fails_within_30_s():
     # Something accepts TCP connections on the port but never answers (a proxy, a wrong service).
     with socket.socket() as silent:

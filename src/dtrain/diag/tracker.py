@@ -38,11 +38,16 @@ class CollectiveCall:
         return f"{self.op} #{self.seq} " + (f"{self.shapes} " if self.shapes else "") + f"at {self.site}"
 
 
+_DTYPE_NAMES: dict[torch.dtype, str] = {}
+
+
 def describe_tensors(*tensors: Any) -> str:
+    """``float32[3, 2], [int64[1]]``: dtypes and shapes, as the checker compares and reports them."""
     parts = []
     for t in tensors:
-        if torch.is_tensor(t):
-            parts.append(f"{str(t.dtype).removeprefix('torch.')}{list(t.shape)}")
+        if isinstance(t, torch.Tensor):
+            name = _DTYPE_NAMES.get(t.dtype) or _DTYPE_NAMES.setdefault(t.dtype, str(t.dtype).removeprefix("torch."))
+            parts.append(f"{name}{list(t.shape)}")
         elif isinstance(t, (list, tuple)):
             parts.append("[" + describe_tensors(*t) + "]")
         elif t is not None:

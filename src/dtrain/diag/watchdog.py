@@ -170,7 +170,8 @@ def merge_report(snaps: dict[int, dict[str, Any]], size: int, timeout_s: float) 
     for what, ranks in by_what.items():
         lines.append(f"  {'ranks' if len(ranks) > 1 else 'rank'} {','.join(map(str, sorted(ranks)))} waiting in {what}")
     if missing:
-        lines.append(f"  ranks {','.join(map(str, missing))} did not answer (dead or unreachable)")
+        lines.append(f"  {'ranks' if len(missing) > 1 else 'rank'} {','.join(map(str, missing))} did not answer "
+                     "(dead, unreachable, or blocked in native code that holds Python's GIL)")
     dumps = sorted({os.path.dirname(s["dump"]) for s in present})
     lines.append(f"  stacks and recent collectives of every rank: {', '.join(dumps)}/stall-rank*.txt")
     lines.append(f"  every rank exits with status {STALL_EXIT}; with --max-restarts the job restarts from its last checkpoint.")
