@@ -130,6 +130,9 @@ def test_merge_report_names_the_lagging_rank():
     assert "rank 1 at t.py:88 (step 6, no collective since #8" in report
     assert "ranks 0,2 waiting in all_reduce #9" in report
     assert "rank 3 did not answer" in report
+    snaps[2].update(current=None, current_seq=None, in_backward=True, at="t.py:25")  # in a plain loss.backward()
+    report = merge_report(snaps, 4, 10)
+    assert "rank 1 at t.py:88" in report and "rank 2 waiting in backward (gradient all-reduce) at t.py:25" in report
 
 
 def test_nodes_with_different_versions_or_sizes_are_named():

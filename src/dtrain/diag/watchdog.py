@@ -151,7 +151,11 @@ def merge_report(snaps: dict[int, dict[str, Any]], size: int, timeout_s: float) 
     A rank lags when it is not inside a collective while others are, or has reached fewer steps
     or collectives than the rest."""
     missing = [r for r in range(size) if r not in snaps]
-    present = list(snaps.values())
+    present = [dict(s) for s in snaps.values()]
+    for s in present:
+        if not s["current"] and s.get("in_backward"):
+            # A plain loss.backward() (not ctx.backward) all-reduces gradients untracked.
+            s["current"] = f"backward (gradient all-reduce) at {s['at']}"
     waiting = [s for s in present if s["current"]]
     ahead = max((s["step"], s["last_done_seq"]) for s in present)
     lagging = [s for s in present if not s["current"]]
