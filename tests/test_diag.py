@@ -197,6 +197,35 @@ def test_nodes_started_with_different_world_sizes_fail_fast():
     assert node0.returncode == 1 and "--nnodes 3 -n 1 (world size 3)" in err0
 
 
+_NODE_WITH_OTHER_TORCH = """
+import sys
+import dtrain.launch.preflight as pre
+real = pre.node_view
+pre.node_view = lambda spec: {**real(spec), "torch": "2.12.1", "host": "nodeb"}
+from dtrain.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_nodes_with_different_torch_versions_fail_before_any_worker_starts():
+    port = _free_port()
+    flags = ["run", "-n", "1", "--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port", str(port)]
+    env = {**os.environ, "PYTHONPATH": str(Path(dtrain.__file__).resolve().parents[1])}
+    t0 = time.monotonic()
+    node0 = subprocess.Popen([sys.executable, "-m", "dtrain", *flags, "--node-rank", "0", str(ALLREDUCE)], stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        time.sleep(1)
+        node1 = subprocess.run([sys.executable, "-c", _NODE_WITH_OTHER_TORCH, *flags, "--node-rank", "1", str(ALLREDUCE)],
+                               capture_output=True, text=True, timeout=60, env=env)
+        err0 = node0.communicate(timeout=60)[1]
+    finally:
+        node0.kill()
+    assert time.monotonic() - t0 < 30
+    for code, err in ((node0.returncode, err0), (node1.returncode, node1.stderr)):
+        assert code == 1 and "nodes run different torch versions" in err and "has 2.12.1" in err, err
+        assert "world=" not in err  # no worker ran
+
+
 @pytest.mark.slow
 def test_master_that_does_not_answer_fails_within_30_s():
     # Something accepts TCP connections on the port but never answers (a proxy, a wrong service).
