@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import re
 from collections.abc import Mapping
@@ -233,7 +234,41 @@ def init_process_group(world: World, timeout_s: float = 1800.0) -> bool:
             f"{world.master_addr}:{world.master_port} ({exc}); check --master-addr/--master-port "
             "and that every node was started with the same --nnodes and -n."
         ) from exc
+    _check_same_versions(world)
     return True
+
+
+def _versions() -> dict[str, str]:
+    import platform
+    import socket
+
+    from . import __version__
+
+    return {"dtrain": __version__, "torch": torch.__version__, "python": platform.python_version(), "host": socket.gethostname()}
+
+
+def _check_same_versions(world: World) -> None:
+    """Raise LaunchError on a rank whose dtrain, torch or Python version differs from rank 0's.
+
+    ``dtrain run`` compares the nodes before starting workers; this covers jobs started by
+    torchrun or srun. Two store operations per rank, no collective: a rank with another torch
+    fails here, at once, instead of in the first mismatched collective.
+    """
+    try:
+        store = dist.PrefixStore("/dtrain/versions", dist.distributed_c10d._get_default_store())
+    except Exception:  # a private torch API; without it the check is skipped
+        return
+    mine = _versions()
+    if world.rank == 0:
+        store.set("0", json.dumps(mine))
+        return
+    theirs = json.loads(store.get("0"))
+    for key in ("dtrain", "torch", "python"):
+        if mine[key] != theirs[key]:
+            raise LaunchError(
+                f"ranks run different {key} versions: rank {world.rank} ({mine['host']}) has {mine[key]}, rank 0 "
+                f"({theirs['host']}) has {theirs[key]}; install the same version on every node."
+            )
 
 
 _exit_cleanup_registered = False
