@@ -101,9 +101,17 @@ def test_async_save_reports_blocking_time_and_writes(tmp_path):
     model = ctx.setup(torch.nn.Linear(64, 64))
     ckpt = ctx.checkpoints(str(tmp_path), async_save=True)
     ckpt.save(3, model=model)
+    first = model.original.weight.detach().clone()
     assert ckpt.last_blocking_s is not None and ckpt.last_blocking_s >= 0
+    with torch.no_grad():
+        model.original.weight.add_(1.0)  # training goes on while step 3 is written
+    ckpt.save(4, model=model)  # reuses step 3's host copy once step 3 is written
+    with torch.no_grad():
+        model.original.weight.add_(1.0)
     ckpt.wait()
-    assert verify(str(tmp_path / "step-00000003")).ok and ckpt.last_total_s >= ckpt.last_blocking_s
+    assert verify(str(tmp_path / "step-00000004")).ok and ckpt.last_total_s >= ckpt.last_blocking_s
+    assert torch.equal(read_checkpoint(str(tmp_path / "step-00000003"))["objects"]["model"]["weight"], first)
+    assert torch.equal(read_checkpoint(str(tmp_path / "step-00000004"))["objects"]["model"]["weight"], first + 1)
     ctx.close()
 
 

@@ -4,8 +4,9 @@
     ckpt.save(step, model=model, optimizer=opt, scheduler=sched, loader=loader, extra={"epoch": e})
     meta = ckpt.resume(model=model, optimizer=opt, scheduler=sched, loader=loader)   # None: fresh start
 
-Besides the objects given, a checkpoint holds the grad scaler, the strategy's communication
-state, and every rank's RNG states (Python, NumPy, torch CPU and CUDA). The loader's position
+Besides the objects given, a checkpoint holds the grad scaler, and per rank the strategy's
+communication state (its ``state_dict()``, if it has one) and the RNG states (Python, NumPy,
+torch CPU and CUDA); both go back to the same rank on the same world size. The loader's position
 is stored as samples consumed in the global order of the epoch, so a resume on another number
 of processes re-splits exactly the samples not yet seen.
 """
@@ -53,14 +54,22 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _to_cpu(obj: Any) -> Any:
-    """A copy whose tensors live in CPU memory (the part of an asynchronous save that blocks)."""
+def _to_cpu(obj: Any, pool: Any = None) -> Any:
+    """A copy whose tensors live in CPU memory (the part of an asynchronous save that blocks).
+
+    Tensors of ``pool`` (the previous snapshot, written out already) are reused where shape and
+    dtype match: copying into memory already mapped is several times faster than into fresh
+    pages (0.5 s against 1.1-4.9 s for 1.1 GiB on the 2-core test machine)."""
     if torch.is_tensor(obj):
+        if torch.is_tensor(pool) and pool.shape == obj.shape and pool.dtype == obj.dtype and pool.device.type == "cpu":
+            return pool.copy_(obj.detach())
         return obj.detach().to("cpu", copy=True)
     if isinstance(obj, dict):
-        return {k: _to_cpu(v) for k, v in obj.items()}
+        old = pool if isinstance(pool, dict) else {}
+        return {k: _to_cpu(v, old.get(k)) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return type(obj)(_to_cpu(v) for v in obj)
+        old = pool if isinstance(pool, (list, tuple)) and len(pool) == len(obj) else [None] * len(obj)
+        return type(obj)(_to_cpu(v, q) for v, q in zip(obj, old))
     return obj
 
 
@@ -76,7 +85,8 @@ class CheckpointManager:
 
     ``keep``: how many to keep. ``async_save``: rank 0 copies the state to host memory (the
     blocking part) and writes it in a background thread; ``last_blocking_s`` tells how long
-    the training loop was held."""
+    the training loop was held. The host copy is kept and reused by the next save (one more
+    copy of the state in memory, in exchange for a faster copy)."""
 
     def __init__(self, ctx: Any, folder: str, *, keep: int = 3, async_save: bool = False) -> None:
         if keep < 1:
@@ -90,6 +100,7 @@ class CheckpointManager:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._cleaned = False
+        self._pool: Any = None  # the last asynchronous snapshot, whose host memory the next one reuses
 
     # -- saving ---------------------------------------------------------------------------------
     def save(self, step: int, *, extra: dict[str, Any] | None = None, **objects: Any) -> str:
@@ -115,7 +126,7 @@ class CheckpointManager:
                 state["comm"] = [r["comm"] for r in per_rank]
             meta = {"world_size": self.ctx.world_size, "time": time.time(), "objects": sorted(state["objects"])}
             if self.async_save:
-                snapshot = _to_cpu(state)
+                snapshot = self._pool = _to_cpu(state, self._pool)
                 self.last_blocking_s = time.perf_counter() - t0
                 self._thread = threading.Thread(target=self._write, args=(step, snapshot, meta, t0), daemon=False)
                 self._thread.start()
