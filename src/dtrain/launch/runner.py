@@ -76,7 +76,10 @@ def _quiet_elastic_logs() -> None:
 
 def _elastic(spec: LaunchSpec, entrypoint: Callable[..., Any] | str, args: tuple) -> int:
     # torchrun's own rule: one OpenMP thread per worker unless the user says otherwise.
-    with _rendezvous(spec) as port, _env_default("OMP_NUM_THREADS", "1" if spec.nproc > 1 else None):
+    # SIGUSR1 (SLURM's warning before the time limit) would kill an agent that does not catch
+    # it; caught, the agent hands it to the workers and gives them 30 s to checkpoint and exit.
+    with _rendezvous(spec) as port, _env_default("OMP_NUM_THREADS", "1" if spec.nproc > 1 else None), \
+            _env_default("TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"):
         config = LaunchConfig(
             min_nodes=spec.nnodes,
             max_nodes=spec.nnodes,
