@@ -76,10 +76,7 @@ def _quiet_elastic_logs() -> None:
 
 def _elastic(spec: LaunchSpec, entrypoint: Callable[..., Any] | str, args: tuple) -> int:
     # torchrun's own rule: one OpenMP thread per worker unless the user says otherwise.
-    # SIGUSR1 (SLURM's warning before the time limit) would kill an agent that does not catch
-    # it; caught, the agent hands it to the workers and gives them 30 s to checkpoint and exit.
-    with _rendezvous(spec) as port, _env_default("OMP_NUM_THREADS", "1" if spec.nproc > 1 else None), \
-            _env_default("TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"):
+    with _rendezvous(spec) as port, _env_default("OMP_NUM_THREADS", "1" if spec.nproc > 1 else None):
         config = LaunchConfig(
             min_nodes=spec.nnodes,
             max_nodes=spec.nnodes,
@@ -92,6 +89,7 @@ def _elastic(spec: LaunchSpec, entrypoint: Callable[..., Any] | str, args: tuple
             monitor_interval=0.1,
             start_method="spawn",
             local_addr=spec.addr if spec.nnodes == 1 else None,
+            **_signal_options(),
         )
         _quiet_elastic_logs()
         try:
@@ -108,6 +106,17 @@ def _elastic(spec: LaunchSpec, entrypoint: Callable[..., Any] | str, args: tuple
                 return 128 + int(getattr(exc, "sigval", 15))
             raise LaunchError(f"the elastic agent failed: {name}: {exc}") from None
     return 0
+
+
+def _signal_options() -> dict[str, str]:
+    """SIGUSR1 (SLURM's warning before the time limit) kills an agent that does not catch it;
+    caught, the agent hands it to the workers and gives them 30 s to checkpoint and exit
+    (``dtrain.preempt``). ``signals_to_handle`` exists in LaunchConfig since torch 2.6."""
+    import dataclasses
+
+    if any(f.name == "signals_to_handle" for f in dataclasses.fields(LaunchConfig)):
+        return {"signals_to_handle": "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"}
+    return {}
 
 
 def _spawn_worker(local_rank: int, spec: LaunchSpec, port: int, fn: Callable[..., Any], args: tuple) -> None:

@@ -26,6 +26,9 @@ from pathlib import Path
 NODES = ("n1", "n2")
 #: CPUs each emulated node advertises (config_overrides lets it exceed the real count).
 CPUS_PER_NODE = 4
+#: GPUs each node advertises: counted by SLURM only (no device files), so that jobs asking for
+#: GPUs get SLURM_GPUS_ON_NODE as on a real GPU node; nothing uses a GPU.
+GPUS_PER_NODE = 2
 REQUIRED = ("munged", "slurmctld", "slurmd", "srun", "sbatch", "scontrol", "sinfo")
 
 
@@ -107,7 +110,7 @@ class PrivateSlurm:
         host = socket.gethostname().split(".")[0]
         nodes = "\n".join(
             f"NodeName={n} NodeHostname={host} NodeAddr=127.0.0.1 Port={_free_port()} CPUs={CPUS_PER_NODE} "
-            f"RealMemory=2048 State=UNKNOWN" for n in NODES
+            f"RealMemory=2048 Gres=gpu:{GPUS_PER_NODE} State=UNKNOWN" for n in NODES
         )
         self.conf.write_text(f"""\
 ClusterName=dtraintest
@@ -117,7 +120,7 @@ SlurmUser={user}
 SlurmdUser={user}
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket={r / 'munge' / 'munge.sock'}
+AuthInfo=socket={r / 'munge' / 'munge.sock'},cred_expire=10
 StateSaveLocation={r / 'state'}
 SlurmdSpoolDir={r / 'spool'}/%n
 SlurmctldPidFile={r / 'slurmctld.pid'}
@@ -133,9 +136,11 @@ MpiDefault=none
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 SchedulerType=sched/backfill
+SchedulerParameters=bf_interval=1,sched_interval=2
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 SlurmdParameters=config_overrides
+GresTypes=gpu
 ReturnToService=2
 JobRequeue=1
 KillWait=10
@@ -146,6 +151,14 @@ SlurmctldTimeout=60
 {nodes}
 PartitionName=debug Nodes={','.join(NODES)} Default=YES MaxTime=INFINITE State=UP
 """)
+        # Stand-in device files: SLURM hands them out by index (CUDA_VISIBLE_DEVICES) and, with
+        # task/none, never opens them.
+        (r / "dev").mkdir(exist_ok=True)
+        for i in range(GPUS_PER_NODE):
+            (r / "dev" / f"fakegpu{i}").touch()
+        (r / "gres.conf").write_text(
+            f"AutoDetect=off\nName=gpu File={r / 'dev'}/fakegpu[0-{GPUS_PER_NODE - 1}]\n"
+        )
         for n in NODES:
             (r / "spool" / n).mkdir(exist_ok=True)
 

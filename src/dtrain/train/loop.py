@@ -42,7 +42,15 @@ def worker_main(cfg: TrainConfig) -> None:
 
 def run(cfg: TrainConfig, world: World | None = None) -> dict[str, Any]:
     """Train ``cfg`` on this rank. Collective: call on every rank. Returns the result record."""
+    try:
+        return _run(cfg, world)
+    finally:
+        preempt.uninstall()
+
+
+def _run(cfg: TrainConfig, world: World | None) -> dict[str, Any]:
     t0 = time.perf_counter()
+    preempt.install()
     task = load_task(cfg.task, data_dir=cfg.data_dir, options=cfg.task_args)  # bad input fails before any rendezvous
     batch = cfg.batch_size or task.batch_size
     check_accum(batch, cfg.grad_accum)
@@ -50,7 +58,6 @@ def run(cfg: TrainConfig, world: World | None = None) -> dict[str, Any]:
     try:
         return _train(ctx, cfg, task, batch, t0)
     finally:
-        preempt.uninstall()
         ctx.close()
 
 
@@ -89,9 +96,8 @@ def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) ->
     window_loss = torch.zeros((), device=ctx.device)
     window_steps, last_loss, start_step, save_block_s = 0, float("nan"), step, 0.0
     k = cfg.grad_accum
-    # SIGUSR1/SIGTERM: every rank saves at the next log interval, then the job is requeued
-    # (dtrain.preempt); the hook reads `step` when it runs.
-    preempt.install()
+    # SIGUSR1/SIGTERM (caught from run()'s start): every rank saves at the next log interval,
+    # then the job is requeued (dtrain.preempt); the hook reads `step` when it runs.
     if ckpt is not None:
         preempt.register(lambda: ckpt.save(step, model=model, optimizer=optimizer, loader=loader))
     preempted = False
