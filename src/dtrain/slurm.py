@@ -222,8 +222,12 @@ def requeue(job_id: int, env: Mapping[str, str] | None = None) -> tuple[bool, st
     if exe is None:
         return False, "scontrol not found"
     try:
-        r = subprocess.run([exe, "requeue", str(job_id)], capture_output=True, text=True,
+        # Its own session: the requeue ends this job step, and with it (proctrack/pgid) our
+        # process group, possibly before scontrol has reported back.
+        r = subprocess.run([exe, "requeue", str(job_id)], capture_output=True, text=True, start_new_session=True,
                            timeout=SCONTROL_TIMEOUT_S, env=dict(env) if env is not None else None)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return False, str(exc)
+    if r.returncode < 0:  # killed by the job's own end: the requeue went through
+        return True, f"scontrol ended by signal {-r.returncode}"
     return r.returncode == 0, (r.stderr or r.stdout).strip()
