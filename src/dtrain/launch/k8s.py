@@ -19,6 +19,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from .jobspec import JobSpec, mem_mib, time_seconds
+from .sbatch import job_env
 
 API_VERSION = "kubeflow.org/v1"
 INDEX_LABEL = "training.kubeflow.org/replica-index"
@@ -60,7 +61,7 @@ def _replica(job: JobSpec, replicas: int, *, rank0: bool, master: str) -> dict[s
     launch = ["-n", str(job.procs_per_node), "--nnodes", str(job.nodes), "--node-rank", "@RANK@", "--master-addr", "@ADDR@",
               "--master-port", str(port)]
     line = shlex.join(job.task_argv(launch)).replace("@RANK@", node_rank).replace("@ADDR@", addr)
-    env = [{"name": k, "value": v} for k, v in job.env.items()]
+    env = [{"name": k, "value": v} for k, v in job_env(job).items()]
     env += [
         {"name": "DTRAIN_POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         {"name": "DTRAIN_REPLICA_INDEX", "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{INDEX_LABEL}']"}}},

@@ -24,6 +24,14 @@ from ..errors import ConfigError, LaunchError
 from .jobspec import JobSpec, mem_mib
 
 
+def job_env(job: JobSpec) -> dict[str, str]:
+    """The job's environment, with one OpenMP/torch thread per CPU of a process unless it says
+    otherwise: without it every process takes every core it sees (SLURM without CPU binding
+    shows them all), oversubscribing the node. The 2-node MNIST test here ran at 136 samples/s
+    without it and 476 with it (one run each, on a busy 2-core host)."""
+    return {"OMP_NUM_THREADS": str(job.cpus_per_proc), **job.env}
+
+
 def tasks_per_node(job: JobSpec) -> int:
     return 1 if job.layout == "node" else job.procs_per_node
 
@@ -65,7 +73,7 @@ def render(job: JobSpec, *, source: str = "") -> str:
              f"{job.nodes} node(s) x {job.procs_per_node} process(es), layout '{job.layout}'."]
     lines += [f"#SBATCH {o}" for o in opts]
     lines += ["", "set -euo pipefail"]
-    lines += [f"export {k}={shlex.quote(v)}" for k, v in job.env.items()]
+    lines += [f"export {k}={shlex.quote(v)}" for k, v in job_env(job).items()]
     lines += list(s.setup)
     lines += [
         'echo "dtrain: job ${SLURM_JOB_ID} attempt $(( ${SLURM_RESTART_COUNT:-0} + 1 )) on ${SLURM_JOB_NODELIST}" >&2',
