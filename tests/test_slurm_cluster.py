@@ -20,12 +20,29 @@ pytestmark = pytest.mark.timeout(400)
 
 
 def _submit(cluster, tmp_path: Path, name: str, args: list[str], *, wait: bool = True, timeout: float = 300):
-    """`dtrain submit --slurm` in ``tmp_path``; returns (CompletedProcess, job id, log path)."""
-    r = run_cli(["submit", "--slurm", *(["--wait"] if wait else []), "--name", name, "--dtrain-cmd", DTRAIN,
-                 "--out", str(tmp_path / f"{name}.sbatch"), *args], env=cluster.env, cwd=str(tmp_path), timeout=timeout)
-    assert r.stdout.strip(), r.stderr
+    """`dtrain submit --slurm` in ``tmp_path``; returns (submit's CompletedProcess with the job's
+    exit status when ``wait``, job id, log path). Polls scontrol rather than `sbatch --wait`,
+    which sleeps up to 30 s between its own polls."""
+    r = run_cli(["submit", "--slurm", "--name", name, "--dtrain-cmd", DTRAIN,
+                 "--out", str(tmp_path / f"{name}.sbatch"), *args], env=cluster.env, cwd=str(tmp_path), timeout=60)
+    assert r.returncode == 0 and r.stdout.strip(), r.stderr
     job_id = int(r.stdout.split()[0])
+    if wait:
+        r.returncode = _wait_job(cluster, job_id, timeout)
     return r, job_id, tmp_path / f"{name}-{job_id}.out"
+
+
+def _wait_job(cluster, job_id: int, timeout: float) -> int:
+    """Wait for the job to end; its exit status (SLURM's ExitCode)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        out = subprocess.run(["scontrol", "show", "job", str(job_id), "--oneliner"], env=cluster.env,
+                             capture_output=True, text=True).stdout
+        state = out.split("JobState=")[1].split()[0] if "JobState=" in out else ""
+        if state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"):
+            return int(out.split(" ExitCode=")[1].split(":")[0]) or (0 if state == "COMPLETED" else 1)
+        time.sleep(0.3)
+    raise AssertionError(f"job {job_id} did not end within {timeout:.0f} s")
 
 
 def _probes(text: str) -> list[dict]:
@@ -63,15 +80,25 @@ def test_one_task_per_node_layout(slurm_cluster):
 
 
 def test_one_task_per_process_layout_via_submit(slurm_cluster, tmp_path):
-    """Layout 'process': srun --ntasks-per-node=2 dtrain run SCRIPT; rank from SLURM itself."""
+    """Layout 'process': srun --ntasks-per-node=1 dtrain run SCRIPT; rank from SLURM itself
+    (two tasks per node: the next test)."""
     r, job_id, log = _submit(slurm_cluster, tmp_path, "probe", [
-        "--nodes", "2", "--procs-per-node", "2", "--layout", "process", "--", PROBE])
+        "--nodes", "2", "--procs-per-node", "1", "--layout", "process", "--", PROBE])
     text = log.read_text()
     assert r.returncode == 0, text[-3000:]
+    assert "--ntasks-per-node=1" in (tmp_path / "probe.sbatch").read_text()
     probes = _probes(text)
     assert [(p["rank"], p["size"], p["node_rank"], p["local_rank"], p["local_size"]) for p in probes] == [
-        (0, 4, 0, 0, 2), (1, 4, 0, 1, 2), (2, 4, 1, 0, 2), (3, 4, 1, 1, 2)]
-    assert {(p["source"], p["master_addr"], p["slurm_job_id"], p["sum"]) for p in probes} == {("slurm", "127.0.0.1", job_id, 4.0)}
+        (0, 2, 0, 0, 1), (1, 2, 1, 0, 1)]
+    assert {(p["source"], p["master_addr"], p["slurm_job_id"], p["sum"]) for p in probes} == {("slurm", "127.0.0.1", job_id, 2.0)}
+
+
+def test_two_tasks_per_node_one_process_each(slurm_cluster):
+    r = _srun(slurm_cluster, ["-N2", "--ntasks-per-node=2", sys.executable, "-m", "dtrain", "run", PROBE])
+    assert r.returncode == 0, r.stderr[-3000:]
+    probes = _probes(r.stdout)
+    assert [(p["rank"], p["size"], p["node_rank"], p["local_rank"], p["local_size"], p["source"]) for p in probes] == [
+        (0, 4, 0, 0, 2, "slurm"), (1, 4, 0, 1, 2, "slurm"), (2, 4, 1, 0, 2, "slurm"), (3, 4, 1, 1, 2, "slurm")]
 
 
 def test_one_task_per_process_trains(slurm_cluster):

@@ -27,7 +27,7 @@ def _add_options(p: argparse.ArgumentParser) -> None:
     where.add_argument("--k8s", action="store_true", help="write a Kubeflow PyTorchJob manifest (YAML; .json: JSON)")
     p.add_argument("--dry-run", action="store_true", help="only write the script/manifest (to stdout without --out)")
     p.add_argument("--out", default=None, help="file to write (default: NAME.sbatch / NAME.pytorchjob.yaml)")
-    p.add_argument("--wait", action="store_true", help="SLURM: wait for the job to end; exit with its status")
+    p.add_argument("--wait", action="store_true", help="SLURM: wait for the job to end (sbatch --wait, which may notice the end ~30 s late); exit with its status")
     g = p.add_argument_group("the job (override the JOB file)")
     g.add_argument("--name", default=None)
     g.add_argument("--nodes", type=int, default=None)
