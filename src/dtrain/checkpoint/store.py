@@ -9,6 +9,7 @@ pointer intact. Reading verifies the checksums before anything is unpickled, and
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -23,6 +24,7 @@ from ..errors import CheckpointError
 from .io import _fsync_dir, safe_load
 
 STEP_DIR = re.compile(r"^step-(\d{8,})$")
+STEP_OLD = re.compile(r"^step-\d{8,}\.old-\d+$")
 STATE_FILE = "state.pt"
 MANIFEST = "manifest.json"
 FORMAT = 1
@@ -48,9 +50,12 @@ def _write_file(path: str, payload: Any) -> dict[str, Any]:
     return {"sha256": sha256_of(path), "bytes": os.path.getsize(path)}
 
 
-def write_checkpoint(folder: str, step: int, files: dict[str, Any], meta: dict[str, Any]) -> str:
+def write_checkpoint(folder: str, step: int, files: dict[str, Any], meta: dict[str, Any],
+                     staged: dict[str, str] | None = None) -> str:
     """Write ``files`` (name -> object for torch.save) as checkpoint ``step`` in ``folder``;
-    returns the checkpoint's path. Point ``latest`` at it with ``set_latest`` afterwards."""
+    returns the checkpoint's path. Point ``latest`` at it with ``set_latest`` afterwards.
+    ``staged`` (subfolder name -> a folder already written, e.g. by every rank of a sharded
+    save) is moved in as that subfolder, its files checksummed in the manifest like the others."""
     final = os.path.join(folder, step_name(step))
     tmp = os.path.join(folder, f".tmp-{step_name(step)}-{os.getpid()}")
     try:
@@ -60,6 +65,12 @@ def write_checkpoint(folder: str, step: int, files: dict[str, Any], meta: dict[s
         manifest = {"format": FORMAT, "step": step, **meta, "files": {}}
         for name, payload in files.items():
             manifest["files"][name] = _write_file(os.path.join(tmp, name), payload)
+        for sub, source in (staged or {}).items():
+            os.replace(source, os.path.join(tmp, sub))
+            for root, _, names in os.walk(os.path.join(tmp, sub)):
+                for n in sorted(names):
+                    file = os.path.join(root, n)
+                    manifest["files"][os.path.relpath(file, tmp)] = {"sha256": sha256_of(file), "bytes": os.path.getsize(file)}
         with open(os.path.join(tmp, MANIFEST), "w") as fh:
             json.dump(manifest, fh, indent=1)
             fh.flush()
@@ -87,6 +98,24 @@ def set_latest(folder: str, path: str) -> None:
         os.fsync(fh.fileno())
     os.replace(tmp, os.path.join(folder, "latest"))
     _fsync_dir(folder)
+
+
+def clean_leftovers(folder: str) -> list[str]:
+    """Remove what saves killed midway left behind (``.tmp-*`` folders, ``.old-*`` folders,
+    ``.latest.tmp-*`` files). Call only from the one process that writes to ``folder``."""
+    if not os.path.isdir(folder):
+        return []
+    removed = []
+    for name in os.listdir(folder):
+        path = os.path.join(folder, name)
+        if name.startswith(".tmp-step-") or name.startswith(".latest.tmp-") or (STEP_OLD.match(name) is not None):
+            if os.path.isdir(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+            removed.append(path)
+    return removed
 
 
 def list_checkpoints(folder: str) -> list[tuple[int, str]]:

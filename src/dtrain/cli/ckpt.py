@@ -14,7 +14,7 @@ from ..errors import CheckpointError, ConfigError
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("ckpt", help="list, verify and compare checkpoints", description=__doc__)
-    cmds = p.add_subparsers(dest="ckpt_command", metavar="ls|verify|diff", parser_class=type(p))
+    cmds = p.add_subparsers(dest="ckpt_command", metavar="ls|verify|diff|consolidate", parser_class=type(p))
     cmds.required = True
     ls = cmds.add_parser("ls", help="steps, sizes and validity of the checkpoints in DIR")
     ls.add_argument("dir")
@@ -27,6 +27,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     diff.add_argument("b")
     diff.add_argument("--only", default=None, help="compare only this entry (e.g. model)")
     diff.set_defaults(func=cmd_diff)
+    con = cmds.add_parser("consolidate", help="write one entry of a checkpoint (sharded or not) as a single-file plain state dict")
+    con.add_argument("path", help="a checkpoint, or a checkpoint directory (its latest)")
+    con.add_argument("out", help="the .pt file to write (torch.load(out) gives the state dict)")
+    con.add_argument("--entry", default="model", help="what to write: model (default), optimizer, ..., or all (every entry, by name)")
+    con.set_defaults(func=cmd_consolidate)
 
 
 def _human(n: int) -> str:
@@ -117,3 +122,25 @@ def _pick(state: Any, name: str, path: str) -> Any:
     if name not in objects:
         raise CheckpointError(f"checkpoint {path} has no {name!r} (it holds: {', '.join(sorted(objects))}).")
     return objects[name]
+
+
+def cmd_consolidate(args: argparse.Namespace) -> int:
+    """Sharded checkpoints (fsdp, hsdp, pipeline) are read whole, in this one process."""
+    from ..checkpoint import atomic_save
+    from ..checkpoint.sharded import consolidated
+
+    path = resolve(args.path)
+    state = read_checkpoint(path)  # verifies every file's checksum first
+    objects = dict(state.get("objects", {})) if isinstance(state, dict) else {}
+    if isinstance(state, dict) and state.get("sharded"):
+        objects.update(consolidated(path))
+    if not objects:
+        raise CheckpointError(f"checkpoint {path} holds no entries to consolidate.")
+    if args.entry != "all" and args.entry not in objects:
+        raise CheckpointError(f"checkpoint {path} has no {args.entry!r} (it holds: {', '.join(sorted(objects))}); pick one with --entry.")
+    out = objects if args.entry == "all" else objects[args.entry]
+    atomic_save(out, args.out)
+    tensors = [v for v in _flatten(out).values() if torch.is_tensor(v)]
+    size = sum(t.numel() * t.element_size() for t in tensors)
+    print(f"wrote {args.out}: {args.entry} of {path}, {len(tensors)} tensors, {_human(size)}")
+    return 0

@@ -5,9 +5,10 @@ settings: each rank keeps the state (e.g. Adam's two moments) of only its share 
 parameters, steps those, and broadcasts the updated values to the others (Rajbhandari et al.,
 "ZeRO", 2020, stage P_os). Parameters and gradients stay whole on every rank.
 
-Checkpoints: ``consolidate_state_dict`` gathers the whole optimizer state on rank 0 first
-(see ``checkpoint.sharded.prepare_full_state``), so a zero1 checkpoint is an ordinary full-state
-checkpoint, loadable by any strategy on any number of processes.
+Checkpoints: ``prepare_checkpoint`` (called by the checkpoint manager on every rank) gathers the
+whole optimizer state on rank 0 with ``consolidate_state_dict``, so a zero1 checkpoint is an
+ordinary full-state checkpoint, loadable by ddp or single on any number of processes; loading
+one, each rank keeps the state of its own partition.
 """
 
 from __future__ import annotations
@@ -78,3 +79,13 @@ class Zero1Strategy:
 
     def unwrap(self, model: nn.Module) -> nn.Module:
         return unwrap_module(model)
+
+    def prepare_checkpoint(self, objects: dict) -> None:
+        """Gather every ZeroRedundancyOptimizer's state on rank 0 (its ``state_dict`` needs it).
+
+        Collective: call on every rank."""
+        for obj in objects.values():
+            while isinstance(getattr(obj, "optimizer", None), torch.optim.Optimizer):
+                obj = obj.optimizer
+            if isinstance(obj, ZeroRedundancyOptimizer):
+                obj.consolidate_state_dict(to=0)

@@ -1,0 +1,131 @@
+"""Sharded checkpoints through ``torch.distributed.checkpoint`` (DCP), for fsdp, hsdp and pipeline.
+
+Each rank writes only what it holds (its parameter shards or its pipeline stage, and the
+matching optimizer state) into the checkpoint's ``sharded/`` folder; DCP's metadata records
+where every slice of every tensor is. Loading asks for the tensors the loading model holds, in
+its own layout, so a checkpoint saved by 2 ranks loads on 1 (or 4), under any strategy.
+
+State dicts are keyed by parameter names (fully qualified), the optimizer's flattened
+(``flatten_optimizer_state_dict``), so pipeline stages, which hold different parameters, never
+collide, and ``dtrain ckpt consolidate`` can turn the folder back into one plain state dict.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import warnings
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..errors import CheckpointError
+
+SHARDED_DIR = "sharded"
+
+
+def _options() -> Any:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(flatten_optimizer_state_dict=True)
+
+
+def _split(objects: dict[str, Any]) -> tuple[tuple[str, nn.Module] | None, dict[str, torch.optim.Optimizer]]:
+    """The one model and the optimizers among ``objects`` (both as the user's torch objects)."""
+    models = {k: getattr(v, "original", v) for k, v in objects.items() if isinstance(v, nn.Module)}
+    optims = {k: _inner(v) for k, v in objects.items() if isinstance(v, torch.optim.Optimizer)}
+    if len(models) > 1:
+        raise CheckpointError(f"a sharded checkpoint holds one model; got {len(models)} ({', '.join(models)}); save them in separate checkpoints.")
+    if optims and not models:
+        raise CheckpointError("a sharded checkpoint needs the model next to its optimizer (save(model=..., optimizer=...)).")
+    return (next(iter(models.items())) if models else None), optims
+
+
+def _inner(opt: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    while isinstance(getattr(opt, "optimizer", None), torch.optim.Optimizer):
+        opt = opt.optimizer  # dtrain's forwarding wrappers
+    return opt
+
+
+def sharded_names(objects: dict[str, Any]) -> list[str]:
+    """Names of the objects a sharded checkpoint stores through DCP (the model, its optimizers)."""
+    model, optims = _split(objects)
+    return ([model[0]] if model else []) + sorted(optims)
+
+
+def state_dicts(objects: dict[str, Any]) -> dict[str, Any]:
+    """This rank's part of the model's and optimizers' state dicts, keyed by object name."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+    model, optims = _split(objects)
+    if model is None:
+        return {}
+    name, module = model
+    out: dict[str, Any] = {name: get_model_state_dict(module, options=_options())}
+    for key, opt in optims.items():
+        out[key] = get_optimizer_state_dict(module, opt, options=_options())
+    return out
+
+
+def save_sharded(ctx: Any, staging: str, objects: dict[str, Any]) -> list[str]:
+    """Write every rank's part of ``objects`` into the folder ``staging``; returns the names
+    stored. Collective: call on every rank."""
+    import torch.distributed.checkpoint as dcp
+
+    if ctx.is_main:
+        shutil.rmtree(staging, ignore_errors=True)  # a killed save's leftovers (another world size)
+        os.makedirs(staging, exist_ok=True)
+    ctx.barrier()
+    state = state_dicts(objects)
+    with ctx._collective("sharded checkpoint save (torch.distributed.checkpoint)"), _quiet(ctx):
+        dcp.save(state, checkpoint_id=staging)
+    return sorted(state)
+
+
+def load_sharded(ctx: Any, path: str, objects: dict[str, Any], names: list[str]) -> None:
+    """Load the objects named in ``names`` from checkpoint ``path``'s ``sharded/`` folder, each
+    rank reading the slices its own layout holds. Collective: call on every rank."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+
+    wanted = {k: v for k, v in objects.items() if k in names and v is not None}
+    model, optims = _split(wanted)
+    if model is None:
+        return
+    state = state_dicts(wanted)
+    try:
+        with ctx._collective("sharded checkpoint load (torch.distributed.checkpoint)"), _quiet(ctx):
+            dcp.load(state, checkpoint_id=os.path.join(path, SHARDED_DIR))
+    except Exception as exc:  # DCP raises CheckpointException / RuntimeError with per-rank details
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(f"checkpoint {path} does not fit this model/optimizer ({first[:300]}).") from None
+    name, module = model
+    set_model_state_dict(module, state[name], options=_options())
+    for key, opt in optims.items():
+        set_optimizer_state_dict(module, opt, state[key], options=_options())
+
+
+@contextlib.contextmanager
+def _quiet(ctx: Any):
+    """One process without a process group is what we mean; DCP warns that it assumes so."""
+    with warnings.catch_warnings():
+        if not ctx.world.distributed:
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
+def consolidated(path: str) -> dict[str, Any]:
+    """The whole of a sharded checkpoint's ``sharded/`` folder as plain tensors, in this process
+    (no process group): ``{"model": {name: tensor}, "optimizer": {...}}``."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    folder = os.path.join(path, SHARDED_DIR)
+    if not os.path.isdir(folder):
+        raise CheckpointError(f"checkpoint {path} has no {SHARDED_DIR}/ folder; it is not a sharded checkpoint.")
+    state: dict[str, Any] = {}
+    _load_state_dict(state, storage_reader=FileSystemReader(folder), planner=_EmptyStateDictLoadPlanner(), no_dist=True)
+    return state
