@@ -65,7 +65,7 @@ def train(strategy: str, batch: int, accum: int = 1, clip: float | None = None, 
     model, opt = ctx.setup(model, opt)
     loader = ctx.setup_dataloader(DataLoader(_data(), batch_size=batch, shuffle=True))
     it = iter(loader)
-    losses, norms = [], []
+    losses, norms, memory = [], [], None
     loss_fn = torch.nn.functional.mse_loss
     for _ in range(steps):
         x, y = next(it)
@@ -76,9 +76,11 @@ def train(strategy: str, batch: int, accum: int = 1, clip: float | None = None, 
                 if ctx.sync_gradients and clip is not None:
                     norms.append(ctx.clip_grad_norm_(model, clip).item())
                 opt.step()
+                if ctx.sync_gradients and memory is None:  # gradients and optimizer state both exist
+                    memory = ctx.memory_report(model).as_dict()
                 opt.zero_grad()
         losses.append(ctx.all_reduce(step_loss, op="mean").item())
-    out = {"losses": losses, "norms": norms, "state": _full_state(ctx, model)}
+    out = {"losses": losses, "norms": norms, "state": _full_state(ctx, model), "memory": memory}
     ctx.close()
     return out
 
@@ -130,12 +132,27 @@ def test_zero1_matches_one_process(reference):
     _assert_close(ranks[1], reference)
 
 
-@pytest.mark.timeout(120)
-def test_fsdp_matches_one_process_with_accumulation(reference):
+@pytest.fixture(scope="module")
+def fsdp_ranks() -> list[dict]:
     # 2 micro-batches per step: gradients accumulate unsharded without a reduce-scatter first.
-    ranks = run_distributed(train, "fsdp", 8, 2, 0.5, world_size=2, timeout=100)
-    _assert_close(ranks[0], reference)
-    _assert_close(ranks[1], reference)
+    return run_distributed(train, "fsdp", 8, 2, 0.5, world_size=2, timeout=100)
+
+
+@pytest.mark.timeout(120)
+def test_fsdp_matches_one_process_with_accumulation(reference, fsdp_ranks):
+    _assert_close(fsdp_ranks[0], reference)
+    _assert_close(fsdp_ranks[1], reference)
+
+
+@pytest.mark.timeout(120)
+def test_fsdp_holds_about_half_of_ddp_state_per_rank(fsdp_ranks):
+    ddp = run_distributed(train, "ddp", 8, 1, None, None, 1, world_size=2, timeout=100)
+    for d, f in zip(ddp, fsdp_ranks):
+        dm, fm = d["memory"], f["memory"]
+        assert dm["grads_bytes"] > 0 and dm["optimizer_bytes"] > 0 and fm["grads_bytes"] > 0 and fm["optimizer_bytes"] > 0
+        # Every tensor of this model splits evenly over 2 ranks; the rest is Adam's per-tensor
+        # step counters (not sharded), a few bytes.
+        assert fm["state_bytes"] <= 0.55 * dm["state_bytes"], (fm, dm)
 
 
 @pytest.mark.timeout(120)
