@@ -37,6 +37,10 @@ class Recorder:
     final_loss: float | None = None
     test_acc: float | None = None
     peak_mem_mib: float | None = None
+    replicas: int | None = None
+    """Ranks that read their own samples (the world size, but 1 under pipeline)."""
+    state_bytes: dict[str, int] | None = None
+    """This rank's parameter, gradient and optimizer-state bytes after the first step."""
     mem_kind: str = "rss"
     threads: int = field(default_factory=torch.get_num_threads)
     start: float = field(default_factory=time.perf_counter)

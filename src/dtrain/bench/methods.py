@@ -34,6 +34,9 @@ METHODS: dict[str, Method] = {
         Method(name="ddp-bf16", precision="bf16-mixed", description="dtrain ddp with bf16 autocast"),
         Method(name="ddp-fp16", precision="fp16-mixed", gpu_only=True, description="dtrain ddp with fp16 autocast and loss scaling (apex O1)"),
         Method(name="hvd", strategy="hvd", description="Horovod's method: the optimizer all-reduces fused gradients"),
+        Method(name="zero1", strategy="zero1", description="ZeRO-1: DDP gradients, optimizer state sharded (ZeroRedundancyOptimizer)"),
+        Method(name="fsdp", strategy="fsdp", description="fully sharded: parameters, gradients, optimizer state (fully_shard)"),
+        Method(name="pipeline", strategy="pipeline", description="pipeline stages, one per process, 4 micro-batches (1F1B)"),
     )
 }
 

@@ -38,7 +38,7 @@ def summarise(run: MethodRun, baseline_sps: float | None) -> dict[str, Any]:
     rates, step_ms, phases, compute, peak = [], [], {p: [] for p in PHASES}, [], []
     for records in run.records:
         first = records[0]
-        samples = first["batch_size"] * first["steps_per_repeat"] * len(records)
+        samples = first["batch_size"] * first["steps_per_repeat"] * (first.get("replicas") or len(records))
         for i in range(len(first["repeats"])):
             rates.append(samples / max(r["repeats"][i] for r in records))
         for r in records:
@@ -67,6 +67,7 @@ def summarise(run: MethodRun, baseline_sps: float | None) -> dict[str, Any]:
             "exposed_comm": round(max(0.0, fb - compute_ms) + comm_wait, 3),
         },
         peak_mem_mib_per_rank=[round(x, 1) for x in peak[-run.nproc:]],
+        state_mib_per_rank=[round(sum(r["state_bytes"].values()) / 2**20, 2) if r.get("state_bytes") else None for r in last],
         mem_kind=last[0]["mem_kind"],
         comm_bytes_per_step=last[0]["comm_bytes_per_step"],
         final_loss=round(last[0]["final_loss"], 5) if last[0]["final_loss"] is not None else None,
@@ -119,7 +120,7 @@ def markdown(report: dict[str, Any]) -> str:
             f"{' · ' + env['gpu'] if env['gpu'] else ''} · {cfg['threads']} thread(s)/process · "
             f"{cfg['warmup']} warm-up + {cfg['repeats']}x{cfg['steps']} measured steps x {cfg['rounds']} round(s)\n\n")
     cols = ["method", "procs", "samples/s", "scaling eff.", "step p50 ms", "step p90 ms", "data ms", "fwd+bwd ms",
-            "optim ms", "exposed comm ms", "peak mem MiB/rank", "grad MiB/step", "final loss", "test acc"]
+            "optim ms", "exposed comm ms", "peak mem MiB/rank", "state MiB/rank", "comm MiB/step", "final loss", "test acc"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for m in report["methods"]:
         if "error" in m:
@@ -131,12 +132,15 @@ def markdown(report: dict[str, Any]) -> str:
             m["method"], m["processes"], f"{m['samples_per_s']:.1f}", eff, f"{m['step_time_ms_p50']:.2f}",
             f"{m['step_time_ms_p90']:.2f}", f"{b['data_wait']:.2f}", f"{b['forward_backward']:.2f}", f"{b['optimizer']:.2f}",
             f"{b['exposed_comm']:.2f}", "/".join(f"{x:.0f}" for x in m["peak_mem_mib_per_rank"]),
+            "/".join("-" if x is None else f"{x:.2f}" for x in m.get("state_mib_per_rank", [])),
             _mib(m["comm_bytes_per_step"]), m["final_loss"], m["test_acc"])) + " |")
     notes = ("\nsamples/s: median over repeats of (samples of all ranks / slowest rank's time). Scaling efficiency: "
              "samples/s / (processes x samples/s of `single`). Exposed comm: backward's extra time over the same step "
              "without gradient sync, plus time waiting for gradients in the optimizer. Peak memory: "
-             f"{'max CUDA memory allocated' if env['gpu'] else 'peak RSS'} per rank. Grad MiB/step: gradient bytes each "
-             "rank hands to all-reduce per step.\n")
+             f"{'max CUDA memory allocated' if env['gpu'] else 'peak RSS'} per rank. State MiB/rank: parameters + gradients + optimizer state held by each rank after "
+             "a step (shards only under zero1/fsdp, one stage under pipeline). Comm MiB/step: bytes each rank hands "
+             "to collectives per step (gradients to all-reduce; zero1 adds the parameter broadcast, fsdp is two "
+             "parameter all-gathers and one gradient reduce-scatter; '-' when unknown).\n")
     return head + "\n".join(lines) + "\n" + notes
 
 

@@ -38,19 +38,22 @@ def measure(ctx: dtrain.Context, task, args) -> Recorder:
     inner = optimizer.optimizer
     synchronize = getattr(inner, "synchronize", None)  # hvd: gradients are waited for here
     rec = Recorder(rank=ctx.rank, world_size=ctx.world_size, method=args.method, batch_size=batch, device=str(ctx.device))
+    rec.replicas = ctx.data_parallel_size
     model.train()
 
     def step(measured: bool) -> None:
         t0 = rec.clock()
         x, y = next(batches)
         t_data = rec.clock()
-        loss = task.loss_fn(model(x), y)
-        ctx.backward(loss)
+        loss = ctx.forward_backward(model, x, y, task.loss_fn)  # pipeline: micro-batches through the stages
         t_fb = rec.clock()
         if synchronize is not None:
             synchronize()
         t_comm = rec.clock()
         optimizer.step()
+        if rec.state_bytes is None:  # gradients and optimizer state both exist now
+            r = ctx.memory_report(model, optimizer)
+            rec.state_bytes = {"params": r.params_bytes, "grads": r.grads_bytes, "optimizer": r.optimizer_bytes}
         optimizer.zero_grad(set_to_none=True)
         rec.add_step(t0, t_data, t_fb, t_comm, rec.clock(), loss.item(), measured)
 
@@ -64,7 +67,9 @@ def measure(ctx: dtrain.Context, task, args) -> Recorder:
             step(True)
         rec.repeats.append(rec.clock() - start)
     # forward+backward alone: the same steps without gradient communication, no update.
-    for _ in range(args.compute_steps):
+    # (Not for pipeline: a stage cannot run forward and backward alone.)
+    staged = getattr(ctx.strategy, "forward_backward", None) is not None and ctx.world.distributed
+    for _ in range(0 if staged else args.compute_steps):
         x, y = next(batches)
         with ctx.strategy.no_sync(model.module):
             t0 = rec.clock()
@@ -80,12 +85,16 @@ def measure(ctx: dtrain.Context, task, args) -> Recorder:
     return rec
 
 
-def _comm_bytes(ctx: dtrain.Context, model, inner, steps: int) -> float:
+def _comm_bytes(ctx: dtrain.Context, model, inner, steps: int) -> float | None:
     if not ctx.world.distributed:
         return 0.0
     counted = getattr(inner, "bytes_communicated", None)  # hvd counts what it hands to all-reduce
     if counted is not None:
         return counted / steps
+    own = getattr(ctx.strategy, "comm_payload_bytes", None)  # zero1, fsdp: not one all-reduce of the gradients
+    if own is not None:
+        value = own(ctx.unwrap(model))
+        return None if value is None else float(value)
     return float(grad_payload_bytes(ctx.unwrap(model)))
 
 

@@ -150,6 +150,12 @@ class _ShardedStrategy:
             group["params"] = [self._replaced.get(id(p), p) for p in group["params"]]
         return optimizer
 
+    def comm_payload_bytes(self, model: nn.Module) -> int:
+        """Unsharded bytes through collectives per step: the parameters all-gathered for forward
+        (and again for backward when resharded after forward), the gradients reduce-scattered."""
+        full = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)  # DTensor: global size
+        return full * (3 if self.config.reshard_after_forward else 2)
+
     @contextlib.contextmanager
     def no_sync(self, model: nn.Module) -> Iterator[None]:
         setter = getattr(model, "set_requires_gradient_sync", None)
@@ -190,6 +196,9 @@ class FSDPStrategy:
 
     def unwrap(self, model: nn.Module) -> nn.Module:
         return model  # fully_shard changes the module in place; there is no wrapper
+
+    def comm_payload_bytes(self, model: nn.Module) -> int:
+        return self._impl.comm_payload_bytes(model)
 
 
 @register("hsdp")

@@ -129,6 +129,10 @@ class PipelineStrategy:
     def unwrap(self, model: nn.Module) -> nn.Module:
         return model
 
+    def comm_payload_bytes(self, model: nn.Module) -> None:
+        """Activations and their gradients between stages: not counted (unknown)."""
+        return None
+
     def data_parallel(self, world: World) -> tuple[int, int]:
         """(rank, size) for sharding data: one replica, so every rank reads the same batches."""
         return 0, 1

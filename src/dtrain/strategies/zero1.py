@@ -80,6 +80,11 @@ class Zero1Strategy:
     def unwrap(self, model: nn.Module) -> nn.Module:
         return unwrap_module(model)
 
+    def comm_payload_bytes(self, model: nn.Module) -> int:
+        """Bytes handed to collectives per step: the gradients (all-reduce) and the updated
+        parameters (each partition broadcast by its owner)."""
+        return 2 * sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+
     def prepare_checkpoint(self, objects: dict) -> None:
         """Gather every ZeroRedundancyOptimizer's state on rank 0 (its ``state_dict`` needs it).
 
