@@ -5,6 +5,7 @@ Tier 1: plain logic (wrap policies, stage bounds). Tier 2: 2 ranks on gloo, each
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -229,3 +230,32 @@ def test_checkpoint_saved_on_two_ranks_resumes_on_one(tmp_path, strategy):
     plain = torch.load(out, weights_only=True)
     _model().load_state_dict(plain)
     _assert_states(plain, saved["state"], 0.0)
+
+
+@pytest.mark.timeout(120)
+def test_hsdp_two_replicas_match_one_process(reference):
+    # shard_size 1: a 2 x 1 device mesh (replicated over 2 groups of 1), torch's HSDP path on gloo.
+    ranks = run_distributed(train, "hsdp", 8, 1, 0.5, {"shard_size": 1}, world_size=2, timeout=100)
+    _assert_close(ranks[0], reference)
+
+
+def test_pipeline_needs_a_sequential_model():
+    from dtrain.world import World
+
+    with pytest.raises(ConfigError, match="not an nn.Sequential"):
+        build("pipeline").setup_model(torch.nn.Linear(2, 2), World.detect(device="cpu"))
+
+
+@pytest.mark.timeout(150)
+def test_train_cli_pipeline_reports_memory_and_evaluates(tmp_path):
+    from dtrain.testing import run_cli
+
+    out = run_cli(["train", "--task", "digits", "--strategy", "pipeline", "--pipeline-schedule", "gpipe", "-n", "2",
+                   "--max-steps", "4", "--log-every", "2"], cwd=str(tmp_path), timeout=140)
+    assert out.returncode == 0, out.stderr
+    for rank in (0, 1):
+        assert f"memory after the first step: rank {rank}: params" in out.stderr
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["strategy"] == "pipeline" and result["steps"] == 4 and result["test_acc"] > 0.2  # 10 classes
+    bad = run_cli(["train", "--strategy", "ddp", "--fsdp-wrap", "Linear"], cwd=str(tmp_path), timeout=60)
+    assert bad.returncode == 2 and "--fsdp-wrap applies to --strategy fsdp or hsdp" in bad.stderr
