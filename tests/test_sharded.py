@@ -119,6 +119,22 @@ def test_pipeline_stage_bounds():
         PipelineConfig(schedule="zigzag")
 
 
+def test_memory_report_counts_params_grads_and_adam_state():
+    from dtrain.metrics.memory import memory_report
+
+    model = _model()
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    report = memory_report(model, [opt], torch.device("cpu"))
+    n = sum(p.numel() for p in model.parameters()) * 4
+    assert (report.params_bytes, report.grads_bytes, report.optimizer_bytes) == (n, 0, 0)
+    model(torch.ones(2, 8)).sum().backward()
+    opt.step()
+    report = memory_report(model, [opt], torch.device("cpu"))
+    steps = 4 * len(list(model.parameters()))  # Adam's per-tensor step counters (fp32 scalars)
+    assert (report.params_bytes, report.grads_bytes, report.optimizer_bytes) == (n, n, 2 * n + steps)
+    assert report.peak_bytes > 0 and "optimizer" in report.line()
+
+
 # -- tier 2 ---------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def reference() -> dict:

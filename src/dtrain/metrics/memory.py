@@ -35,10 +35,17 @@ class MemoryReport:
         return {**asdict(self), "state_bytes": self.state_bytes}
 
     def line(self) -> str:
-        mib = 2**20
-        peak = "unknown" if self.peak_bytes is None else f"{self.peak_bytes / mib:.1f} MiB ({self.peak_kind})"
-        return (f"rank {self.rank}: params {self.params_bytes / mib:.1f} MiB, grads {self.grads_bytes / mib:.1f} MiB, "
-                f"optimizer {self.optimizer_bytes / mib:.1f} MiB, total {self.state_bytes / mib:.1f} MiB; peak {peak}")
+        peak = "unknown" if self.peak_bytes is None else f"{_human(self.peak_bytes)} ({self.peak_kind})"
+        return (f"rank {self.rank}: params {_human(self.params_bytes)}, grads {_human(self.grads_bytes)}, "
+                f"optimizer {_human(self.optimizer_bytes)}, total {_human(self.state_bytes)}; peak {peak}")
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB"):
+        if n < 1024:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.2f} GiB"
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
