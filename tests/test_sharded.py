@@ -275,3 +275,20 @@ def test_train_cli_pipeline_reports_memory_and_evaluates(tmp_path):
     assert result["strategy"] == "pipeline" and result["steps"] == 4 and result["test_acc"] > 0.2  # 10 classes
     bad = run_cli(["train", "--strategy", "ddp", "--fsdp-wrap", "Linear"], cwd=str(tmp_path), timeout=60)
     assert bad.returncode == 2 and "--fsdp-wrap applies to --strategy fsdp or hsdp" in bad.stderr
+
+
+def evaluate_uneven(strategy: str) -> dict:
+    ctx = dtrain.init(strategy, seed=0)
+    model = ctx.setup(_model())
+    x, y = _data().tensors
+    # 5 samples over 2 ranks in batches of 2: rank 0 runs 2 forwards, rank 1 runs 1.
+    out = ctx.evaluate(model, TensorDataset(x[:5], y[:5]), lambda o, t: (o - t).pow(2).mean(1), batch_size=2)
+    ctx.close()
+    return out
+
+
+@pytest.mark.timeout(120)
+def test_fsdp_evaluation_with_uneven_batches_does_not_hang():
+    one = evaluate_uneven("single")
+    for got in run_distributed(evaluate_uneven, "fsdp", world_size=2, timeout=100):
+        assert got["count"] == 5 and abs(got["metric"] - one["metric"]) < 1e-6

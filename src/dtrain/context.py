@@ -492,7 +492,12 @@ class Context:
         sampler = EvalShardSampler(len(dataset), rank=rank, world_size=size)
         loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler)
         totals = torch.zeros(3, dtype=torch.float64, device=self.device)  # metric, loss, count
+        # fsdp/hsdp: every forward all-gathers parameters, so every rank must run as many; a
+        # rank with fewer batches runs a one-sample batch whose output is not scored.
+        collective = bool(getattr(self.strategy, "collective_forward", False)) and self.world.distributed
+        rounds = int(self.all_reduce(torch.tensor(len(loader), device=self.device), op="max").item()) if collective else 0
         for x, y in loader:
+            rounds -= 1
             self.tracker.beat()
             x, y = to_device(x, self.device), to_device(y, self.device)
             with self.precision.autocast():
@@ -504,6 +509,11 @@ class Context:
             if loss_fn is not None:
                 totals[1] += loss_fn(out, y).double() * len(y)
             totals[2] += len(y)
+        if rounds > 0:
+            pad = to_device(next(iter(DataLoader(dataset, batch_size=1)))[0], self.device)
+            for _ in range(rounds):
+                with self.precision.autocast():
+                    net(pad)
         net.train(was_training)
         self.all_reduce(totals, op="sum")
         count = totals[2].item()

@@ -172,6 +172,8 @@ class _ShardedStrategy:
 @register("fsdp")
 class FSDPStrategy:
     name = "fsdp"
+    collective_forward = True
+    """Every forward all-gathers parameters: ranks must run the same number (ctx.evaluate pads)."""
     sharded_checkpoint = True
     """Checkpoints are saved by every rank through torch.distributed.checkpoint."""
 
@@ -204,6 +206,7 @@ class FSDPStrategy:
 @register("hsdp")
 class HSDPStrategy:
     name = "hsdp"
+    collective_forward = True
     sharded_checkpoint = True
 
     def __init__(self, config: FSDPConfig | None = None, **options) -> None:
