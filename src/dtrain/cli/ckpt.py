@@ -89,7 +89,7 @@ def _flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
-    a, b = (read_checkpoint(resolve(p)) for p in (args.a, args.b))
+    a, b = (_with_sharded(resolve(p)) for p in (args.a, args.b))
     if args.only:
         a, b = (_pick(x, args.only, p) for x, p in ((a, args.a), (b, args.b)))
     else:  # the training state's objects (model, optimizer, ...), not times or RNG
@@ -124,16 +124,23 @@ def _pick(state: Any, name: str, path: str) -> Any:
     return objects[name]
 
 
+def _with_sharded(path: str) -> Any:
+    """The checkpoint's state, its sharded entries (fsdp, hsdp, pipeline) read whole into ``objects``."""
+    from ..checkpoint.sharded import consolidated
+
+    state = read_checkpoint(path)  # verifies every file's checksum first
+    if isinstance(state, dict) and state.get("sharded"):
+        state = {**state, "objects": {**state.get("objects", {}), **consolidated(path)}}
+    return state
+
+
 def cmd_consolidate(args: argparse.Namespace) -> int:
     """Sharded checkpoints (fsdp, hsdp, pipeline) are read whole, in this one process."""
     from ..checkpoint import atomic_save
-    from ..checkpoint.sharded import consolidated
 
     path = resolve(args.path)
-    state = read_checkpoint(path)  # verifies every file's checksum first
+    state = _with_sharded(path)
     objects = dict(state.get("objects", {})) if isinstance(state, dict) else {}
-    if isinstance(state, dict) and state.get("sharded"):
-        objects.update(consolidated(path))
     if not objects:
         raise CheckpointError(f"checkpoint {path} holds no entries to consolidate.")
     if args.entry != "all" and args.entry not in objects:
