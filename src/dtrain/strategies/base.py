@@ -13,7 +13,17 @@ from ..world import World
 
 @runtime_checkable
 class Strategy(Protocol):
-    """How a model and its optimizer are spread over ranks."""
+    """How a model and its optimizer are spread over ranks.
+
+    Optional hooks, looked up with ``getattr`` by the context and the checkpoint manager:
+    ``state_dict``/``load_state_dict`` (per-rank communication state), ``forward_backward``
+    (pipeline: the step runs through the stages), ``forward_only`` (pipeline evaluation),
+    ``data_parallel(world) -> (rank, size)`` (how the data is sharded; pipeline: one replica),
+    ``clip_grad_norm_`` (a norm over every rank's gradients), ``collective_forward`` (fsdp:
+    every forward communicates, so evaluation keeps ranks in step), ``sharded_checkpoint``
+    (every rank saves its part through torch.distributed.checkpoint), ``prepare_checkpoint``
+    (zero1: gather state on rank 0 first), ``comm_payload_bytes`` (for ``dtrain bench``).
+    """
 
     name: str
 
