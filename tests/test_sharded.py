@@ -173,10 +173,11 @@ def test_fsdp_holds_about_half_of_ddp_state_per_rank(fsdp_ranks):
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
-def test_pipeline_matches_one_process(reference, schedule):
-    # No data parallelism: both stages see the whole batch of 16, in 4 micro-batches.
-    ranks = run_distributed(train, "pipeline", 16, 1, 0.5, {"schedule": schedule}, world_size=2, timeout=100)
+@pytest.mark.parametrize("schedule,accum", [("gpipe", 1), ("1f1b", 2)])
+def test_pipeline_matches_one_process(reference, schedule, accum):
+    # No data parallelism: both stages see the whole batch of 16, in 4 micro-batches (of 2 or 4
+    # samples: with accum 2, each of the 2 micro-steps of 8 samples is cut into 4).
+    ranks = run_distributed(train, "pipeline", 16, accum, 0.5, {"schedule": schedule}, world_size=2, timeout=100)
     _assert_close(ranks[0], reference)
     _assert_close(ranks[1], reference)
 
