@@ -107,6 +107,9 @@ def apply_fully_shard(model: nn.Module, mesh: DeviceMesh, config: FSDPConfig, de
     if config.offload and device.type == "cpu":
         note_once("fsdp: --fsdp-offload on a CPU device: parameters already live in CPU memory; offload ignored.")
     offload = CPUOffloadPolicy(pin_memory=True) if config.offload and device.type != "cpu" else OffloadPolicy()
+    # With offload the model stays in host memory: fully_shard moves one unit's parameters at a
+    # time to the device, shards them and offloads the shards, so the whole model never has to
+    # fit on the device (torch/distributed/fsdp/_fully_shard/_fsdp_init.py, _move_states_to_device).
     if not config.offload or device.type == "cpu":
         model = model.to(device)
     for unit in units(model, config.wrap):
