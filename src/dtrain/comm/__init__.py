@@ -20,7 +20,9 @@ from .spec import CHOICES, KINDS, CommSpec
 Method = Plain | Compressed | PowerSGD | LocalSGD | Auto
 
 
-def _hook(method: Method, bucket: torch.distributed.GradBucket) -> torch.futures.Future:
+def _hook(method, bucket):  # type: ignore[no-untyped-def]
+    # No annotations: DDP's register_comm_hook checks them against the real classes, and this
+    # module's ``from __future__ import annotations`` would turn them into strings.
     return method.communicate(bucket)
 
 

@@ -124,7 +124,7 @@ class Auto:
         self._adopt(*box[0])
         if dist.get_rank() == 0:
             shown = ", ".join(f"{c} {f:.1%}" for c, f in fractions.items())
-            logger.info(
+            logger.warning(  # a warning, so it also shows in scripts that configure no logging
                 f"--comm auto: compute {m.compute_ms:.1f} ms/step; all-reduce of {m.grad_bytes / 1e6:.2f} MB gradients "
                 f"{m.allreduce_ms:.1f} ms (latency {m.latency_ms:.2f} ms, {m.bytes_per_s / 1e6:.1f} MB/s); predicted exposed "
                 f"communication per step: {shown}; chose {choice} (target <= {TARGET:.0%})."

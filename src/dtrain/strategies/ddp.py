@@ -83,6 +83,12 @@ class DDPStrategy:
         if self.comm is not None:
             self.comm.after_step(optimizer)
 
+    def comm_record(self) -> dict:
+        """For result records: ``comm`` as asked, and ``comm_choice``, what ran (auto's pick)."""
+        spec = str(self.config.comm)
+        choice = getattr(self.comm, "choice", None) or (spec if self.comm is not None or spec == "none" else None)
+        return {"comm": spec, "comm_choice": choice}
+
     def state_dict(self) -> dict:
         """This rank's communication state (PowerSGD error feedback, step counters, auto's choice)."""
         return {"comm": str(self.config.comm), "world_size": self._world_size,
