@@ -44,3 +44,17 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if "gpu" in item.keywords:
                 item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory):
+    """A private SLURM cluster (slurmctld + two slurmd emulating nodes n1, n2) for this test
+    session; skipped with the reason where slurm-wlm/munge are missing or will not start."""
+    from dtrain.testing.slurm import PrivateSlurm, SlurmUnavailable
+
+    try:
+        cluster = PrivateSlurm.start(tmp_path_factory.mktemp("slurm"))
+    except SlurmUnavailable as exc:
+        pytest.skip(f"private SLURM cluster not available: {exc}")
+    yield cluster
+    cluster.stop()

@@ -122,10 +122,11 @@ def train_small(comm: str, warmup: int, steps: int, ckpt: str | None = None, sav
     model, opt = ctx.setup(model, opt)
     loader = ctx.setup_dataloader(DataLoader(_data(), batch_size=16, shuffle=True))
     manager = ctx.checkpoints(ckpt) if ckpt else None
-    step = 0
+    step, comm_state = 0, {}
     if manager is not None:
         meta = manager.resume(model=model, optimizer=opt, loader=loader)
         step = meta["step"] if meta else 0
+        comm_state["loaded"] = ctx.strategy.state_dict()
     history = {}
     while step < steps:
         for x, y in loader:
@@ -136,11 +137,12 @@ def train_small(comm: str, warmup: int, steps: int, ckpt: str | None = None, sav
             history[step] = torch.cat([p.detach().flatten() for p in model.parameters()]).clone()
             if manager is not None and step == save_at:
                 manager.save(step, model=model, optimizer=opt, loader=loader)
+                comm_state["saved"] = ctx.strategy.state_dict()
             if step == steps:
                 break
     record = ctx.strategy.comm_record()
     ctx.close()
-    return {"history": history, "record": record}
+    return {"history": history, "record": record, "comm_state": comm_state}
 
 
 def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -160,15 +162,46 @@ def test_localsgd_1_equals_plain_ddp_and_averaging_makes_ranks_identical():
         assert _max_diff(local[0]["history"][step], local[1]["history"][step]) > 1e-6, f"step {step} was not local"
 
 
+def _assert_same_state(a, b, where: str) -> None:
+    if torch.is_tensor(a):
+        assert torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for k in a:
+            _assert_same_state(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            _assert_same_state(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, f"{where}: {a!r} != {b!r}"
+
+
+def _local_tensor(result: dict) -> torch.Tensor:
+    """One tensor of this rank's own communication state: local SGD's first momentum buffer, or
+    PowerSGD's error feedback."""
+    local = result["comm_state"]["saved"]["state"]["local"]
+    if "optimizers" in local:
+        return local["optimizers"][0][0]["momentum_buffer"]
+    return next(iter(local["error"].values()))
+
+
 @pytest.mark.timeout(150)
-def test_powersgd_state_round_trips_through_a_checkpoint(tmp_path):
-    # Save at step 8 while running on to 14, then resume from step 8 and run to 14 again: error
-    # feedback, P/Q memory, RNG and step counter restored means the same weights.
-    straight = run_distributed(train_small, "powersgd:1", 3, 14, str(tmp_path / "a"), 8, world_size=2, timeout=70)
-    resumed = run_distributed(train_small, "powersgd:1", 3, 14, str(tmp_path / "a"), None, world_size=2, timeout=70)
-    assert sorted(resumed[0]["history"]) == list(range(9, 15))
-    for rank in (0, 1):
-        assert _max_diff(resumed[rank]["history"][14], straight[rank]["history"][14]) <= 1e-6
+def test_comm_state_round_trips_through_a_checkpoint(tmp_path):
+    # Save at step 8 while running on to 14, then resume from step 8 in fresh processes.
+    for comm in ("localsgd:4", "powersgd:1"):
+        folder = str(tmp_path / comm.replace(":", "-"))
+        straight = run_distributed(train_small, comm, 3, 14, folder, 8, world_size=2, timeout=60)
+        resumed = run_distributed(train_small, comm, 3, 14, folder, None, world_size=2, timeout=60)
+        assert sorted(resumed[0]["history"]) == list(range(9, 15))
+        for rank in (0, 1):  # each rank gets its own state back (error feedback, momentum: per rank)
+            saved, loaded = straight[rank]["comm_state"]["saved"], resumed[rank]["comm_state"]["loaded"]
+            _assert_same_state(saved, loaded, f"{comm} rank {rank}")
+        # ... and that matters: the per-rank parts differ between the ranks.
+        assert not torch.equal(_local_tensor(straight[0]), _local_tensor(straight[1])), comm
+        if comm.startswith("local"):  # local SGD resumes exactly: the same weights at the end
+            for rank in (0, 1):
+                assert _max_diff(resumed[rank]["history"][14], straight[rank]["history"][14]) == 0.0, f"rank {rank}"
 
 
 @pytest.mark.timeout(120)

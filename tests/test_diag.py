@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import json
+import os
 import re
 import socket
 import subprocess
@@ -27,6 +27,7 @@ def _line_of(marker: str) -> int:
     return next(i for i, line in enumerate(STALL.read_text().splitlines(), 1) if marker in line)
 
 
+@pytest.mark.slow
 def test_sleeping_rank_is_named_with_its_line(tmp_path):
     timeout = 5
     r = run_cli(["run", "-n", "2", "--stall-timeout", str(timeout), "--run-dir", str(tmp_path), str(STALL), "sleep", "1"], timeout=120)
@@ -41,6 +42,14 @@ def test_sleeping_rank_is_named_with_its_line(tmp_path):
     assert "rank 1 at stall.py" in report
     dump = (tmp_path / "stall-rank1.txt").read_text()
     assert "time.sleep(3600)" in dump and "recent collectives" in dump  # stacks of every thread + history
+
+
+@pytest.mark.slow
+def test_max_restarts_turns_a_stall_into_a_restart(tmp_path):
+    r = run_cli(["run", "-n", "2", "--max-restarts", "1", "--stall-timeout", "4", "--run-dir", str(tmp_path), str(STALL),
+                 "sleep-once", "1"], timeout=150)
+    assert "dtrain: stall:" in r.stderr and "rank 1 at stall.py" in r.stderr  # the first attempt stalled...
+    assert r.returncode == 0 and "finished" in r.stdout, r.stderr[-2000:]  # ...and the restarted job completed
 
 
 def test_skipped_all_reduce_is_reported_as_mismatch():
@@ -74,6 +83,40 @@ def test_setup_checks_parameters_and_dataset_length():
         run_distributed(_loader_with_rank_sized_data, world_size=2, timeout=60)
 
 
+def _slow_start_and_uneven_lines(run_dir: str) -> list[float]:
+    ctx = dtrain.init("ddp", debug=True, stall_timeout=2, run_dir=run_dir)
+    time.sleep(5)  # loading data for longer than the timeout before training starts: no stall
+    t = torch.tensor([float(ctx.rank)])
+    if ctx.rank == 0:  # one collective, reached from two different lines: not a mismatch
+        ctx.broadcast(t, src=0)
+    else:
+        ctx.broadcast(t, src=0)
+    ctx.close()
+    return t.tolist()
+
+
+def test_no_false_alarms_before_training_or_for_different_lines(tmp_path):
+    assert run_distributed(_slow_start_and_uneven_lines, str(tmp_path), world_size=2, timeout=90) == [[0.0], [0.0]]
+    assert not list(tmp_path.iterdir())  # no stall dump
+
+
+def test_tracker_records_collectives_and_arms_on_first_progress():
+    from dtrain.diag import Tracker
+
+    tr = Tracker(history=2)
+    assert not tr.armed  # setting up: no stall can be declared yet
+    call = tr.enter("all_reduce(sum)", torch.zeros(3, 2), [torch.ones(1, dtype=torch.int64)])
+    line = sys._getframe().f_lineno - 1
+    assert tr.armed and tr.current is call
+    assert call.describe() == f"all_reduce(sum) #1 float32[3, 2], [int64[1]] at test_diag.py:{line}"
+    tr.leave(call)
+    for _ in range(3):
+        tr.leave(tr.enter("barrier"))
+    assert tr.current is None and [c.seq for c in tr.recent] == [3, 4]  # a ring buffer
+    snap = tr.snapshot(0)
+    assert snap["last_done_seq"] == 4 and snap["current"] is None and snap["at"].startswith("test_diag.py:")
+
+
 def test_merge_report_names_the_lagging_rank():
     snaps = {
         0: {"rank": 0, "step": 7, "at": "t.py:30", "innermost": "x", "in_backward": False, "current": "all_reduce #9 float32[1] at t.py:30",
@@ -86,7 +129,10 @@ def test_merge_report_names_the_lagging_rank():
     report = merge_report(snaps, 4, 10)
     assert "rank 1 at t.py:88 (step 6, no collective since #8" in report
     assert "ranks 0,2 waiting in all_reduce #9" in report
-    assert "ranks 3 did not answer" in report
+    assert "rank 3 did not answer" in report
+    snaps[2].update(current=None, current_seq=None, in_backward=True, at="t.py:25")  # in a plain loss.backward()
+    report = merge_report(snaps, 4, 10)
+    assert "rank 1 at t.py:88" in report and "rank 2 waiting in backward (gradient all-reduce) at t.py:25" in report
 
 
 def test_nodes_with_different_versions_or_sizes_are_named():
@@ -95,6 +141,37 @@ def test_nodes_with_different_versions_or_sizes_are_named():
         _compare(a, 0, {**a, "torch": "2.12.1", "host": "b"}, 1)
     with pytest.raises(LaunchError, match=r"--nnodes 2 -n 2 \(world size 4\).*--nnodes 3 -n 2 \(world size 6\)"):
         _compare(a, 0, {**a, "nnodes": 3, "host": "b"}, 1)
+
+
+def _init_with_another_torch_on_rank_1() -> None:
+    import dtrain.world
+
+    if os.environ["RANK"] == "1":  # as if this rank's node had another torch installed
+        real = dtrain.world._versions
+        dtrain.world._versions = lambda: {**real(), "torch": "2.12.1", "host": "nodeb"}
+    dtrain.init("ddp", stall_timeout=0).close()
+
+
+def test_ranks_with_different_torch_versions_fail_at_init():
+    # `dtrain run` compares nodes before starting workers (above); torchrun or srun jobs are
+    # checked by dtrain.init.
+    t0 = time.monotonic()
+    with pytest.raises(DistributedTestError, match=rf"LaunchError: ranks run different torch versions: rank 1 \(nodeb\) has 2.12.1, "
+                       rf"rank 0 \(.*\) has {re.escape(torch.__version__)}; install the same version"):
+        run_distributed(_init_with_another_torch_on_rank_1, world_size=2, timeout=60)
+    assert time.monotonic() - t0 < 30
+
+
+def test_port_in_use_fails_fast():
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        t0 = time.monotonic()
+        r = run_cli(["run", "-n", "2", "--master-port", str(port), str(ALLREDUCE)], timeout=60)
+    assert time.monotonic() - t0 < 30
+    assert r.returncode == 2, r.stderr
+    assert f"--master-port {port} is already in use on 127.0.0.1; choose another port" in r.stderr
 
 
 def _free_port() -> int:
@@ -120,6 +197,36 @@ def test_nodes_started_with_different_world_sizes_fail_fast():
     assert node0.returncode == 1 and "--nnodes 3 -n 1 (world size 3)" in err0
 
 
+_NODE_WITH_OTHER_TORCH = """
+import sys
+import dtrain.launch.preflight as pre
+real = pre.node_view
+pre.node_view = lambda spec: {**real(spec), "torch": "2.12.1", "host": "nodeb"}
+from dtrain.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_nodes_with_different_torch_versions_fail_before_any_worker_starts():
+    port = _free_port()
+    flags = ["run", "-n", "1", "--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port", str(port)]
+    env = {**os.environ, "PYTHONPATH": str(Path(dtrain.__file__).resolve().parents[1])}
+    t0 = time.monotonic()
+    node0 = subprocess.Popen([sys.executable, "-m", "dtrain", *flags, "--node-rank", "0", str(ALLREDUCE)], stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        time.sleep(1)
+        node1 = subprocess.run([sys.executable, "-c", _NODE_WITH_OTHER_TORCH, *flags, "--node-rank", "1", str(ALLREDUCE)],
+                               capture_output=True, text=True, timeout=60, env=env)
+        err0 = node0.communicate(timeout=60)[1]
+    finally:
+        node0.kill()
+    assert time.monotonic() - t0 < 30
+    for code, err in ((node0.returncode, err0), (node1.returncode, node1.stderr)):
+        assert code == 1 and "nodes run different torch versions" in err and "has 2.12.1" in err, err
+        assert "world=" not in err  # no worker ran
+
+
+@pytest.mark.slow
 def test_master_that_does_not_answer_fails_within_30_s():
     # Something accepts TCP connections on the port but never answers (a proxy, a wrong service).
     with socket.socket() as silent:
@@ -150,6 +257,25 @@ def test_doctor_fails_with_the_fix_for_an_unreachable_master():
     assert r.returncode == 1
     assert re.search(r"^FAIL\s+port\s+nothing listens on 127.0.0.1:\d+ .*-> fix: start node 0 first", r.stdout, re.M), r.stdout
     assert re.search(r"^FAIL\s+network\s+.*loopback.*-> fix:", r.stdout, re.M), r.stdout  # 127.0.0.1 across nodes
+
+
+def test_doctor_probes_between_nodes():
+    # Two "nodes" on this host: they meet in node 0's store, then all-reduce over gloo.
+    port = _free_port()
+    cmd = ["doctor", "--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port", str(port), "--timeout", "20"]
+    src = str(Path(dtrain.__file__).resolve().parents[1])
+    node0 = subprocess.Popen([sys.executable, "-m", "dtrain", *cmd, "--node-rank", "0"], stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "PYTHONPATH": src})
+    try:
+        time.sleep(1)
+        r1 = run_cli([*cmd, "--node-rank", "1"], timeout=60)
+        out0 = node0.communicate(timeout=60)[0]
+    finally:
+        node0.kill()
+    for out in (out0, r1.stdout):
+        assert re.search(r"^PASS\s+rendezvous\s+2 node\(s\) met", out, re.M), out
+        assert re.search(r"^PASS\s+all-reduce\s+2 nodes \(gloo\): latency \d+ us .*bus bandwidth", out, re.M), out
+        assert re.search(r"^FAIL\s+network\s+.*loopback", out, re.M), out  # 127.0.0.1 across nodes
 
 
 def test_env_prints_versions():

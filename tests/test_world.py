@@ -22,7 +22,8 @@ def test_torchrun_environment():
 
 def test_slurm_environment_master_is_first_host():
     env = {"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1", "SLURM_NNODES": "4",
-           "SLURM_NODEID": "2", "SLURM_JOB_NODELIST": "gpu[07-09,12]", "SLURM_JOB_ID": "4242"}
+           "SLURM_NODEID": "2", "SLURM_JOB_NODELIST": "gpu[07-09,12]", "SLURM_JOB_ID": "4242",
+           "SLURM_STEP_ID": "0"}
     w = World.detect(env, device="cpu")
     assert (w.rank, w.size, w.local_rank, w.local_size, w.node_rank, w.source) == (5, 8, 1, 2, 2, "slurm")
     assert w.master_addr == "gpu07"
@@ -30,7 +31,7 @@ def test_slurm_environment_master_is_first_host():
 
 
 def test_torchrun_wins_over_slurm():
-    env = {"RANK": "0", "WORLD_SIZE": "2", "SLURM_PROCID": "0", "SLURM_NTASKS": "4"}
+    env = {"RANK": "0", "WORLD_SIZE": "2", "SLURM_PROCID": "0", "SLURM_NTASKS": "4", "SLURM_STEP_ID": "0"}
     assert World.detect(env, device="cpu").source == "torchrun"
 
 

@@ -1,5 +1,7 @@
 """A user's own task, as `--task tests.user_task:make` would load it."""
 
+import os
+
 import torch
 from torch.utils.data import TensorDataset
 
@@ -35,3 +37,22 @@ def make_dropout(data_dir=None):
         "batch_size": 16,
         "epochs": 2,
     }
+
+
+class LoggedDataset(TensorDataset):
+    """Appends every index it serves to ``log_dir/<pid>.txt``: which samples training used."""
+
+    def __init__(self, log_dir, *tensors):
+        super().__init__(*tensors)
+        self.log_dir = log_dir
+
+    def __getitem__(self, index):
+        with open(os.path.join(self.log_dir, f"{os.getpid()}.txt"), "a") as fh:
+            fh.write(f"{int(index)}\n")
+        return super().__getitem__(index)
+
+
+def make_logged(log_dir, data_dir=None):
+    """``make_dropout``, with a training set that logs the samples it serves (to check exactly-once)."""
+    task = make_dropout()
+    return {**task, "train_set": LoggedDataset(log_dir, *task["train_set"].tensors)}

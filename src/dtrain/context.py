@@ -70,6 +70,7 @@ def init(
     ``none, fp16, bf16, powersgd[:RANK], localsgd[:H], auto`` (see ``dtrain.comm``), after
     ``comm_warmup`` plain steps (default ``$DTRAIN_COMM_WARMUP`` or 10).
     """
+    _install_excepthook()
     world = world or World.detect(device=device)
     if strategy == "auto":
         strategy = "ddp" if world.distributed else "single"
@@ -83,7 +84,6 @@ def init(
     owns_group = init_process_group(world, timeout_s=timeout_s)
     if seed is not None:
         seed_everything(seed)
-    _install_excepthook()
     ctx = Context(world=world, strategy=strat, precision=prec, seed=seed or 0, owns_group=owns_group, debug=debug)
     if world.distributed and stall > 0:
         ctx._watchdog = Watchdog(
@@ -276,7 +276,11 @@ class Context:
                 checksum = float(sum(p.detach().double().sum().item() for p in model.parameters()))
             check_same(self, "parameter checksum at setup", round(checksum, 6),
                        fix="build the model after dtrain.init(seed=...) so every rank starts alike")
-        inner = self.strategy.setup_model(model, self.world)
+        if self.world.distributed:  # DDP broadcasts rank 0's parameters: a rank can wait here
+            with self._collective("setup (parameter broadcast)"):
+                inner = self.strategy.setup_model(model, self.world)
+        else:
+            inner = self.strategy.setup_model(model, self.world)
         wrapped = DtrainModule(inner, self.strategy.unwrap(inner), self.precision)
         self._modules.append(weakref.ref(wrapped))
         return wrapped
@@ -296,7 +300,8 @@ class Context:
             check_same(self, "dataset length", len(loader.dataset), fix="give every rank the same data set")
         sharded = reshard(loader, rank=self.rank, world_size=self.world_size, seed=self.seed, shuffle=shuffle)
         device = self.device if move_to_device else torch.device("cpu")
-        return DeviceLoader(sharded, device, on_last=self._set_end_of_data, world_size=self.world_size)
+        return DeviceLoader(sharded, device, on_last=self._set_end_of_data, world_size=self.world_size,
+                            on_batch=self.tracker.beat)
 
     def unwrap(self, model: nn.Module) -> nn.Module:
         """The user's own module inside the wrappers ``setup`` added."""
@@ -352,6 +357,12 @@ class Context:
             loss.backward(**kwargs)
             self.tracker.beat()
 
+    def heartbeat(self) -> None:
+        """Tell the stall watchdog that this rank is making progress. dtrain's own calls (batches
+        of a set-up loader, backward, optimizer step, collectives) already do; call it in long
+        loops of your own that make none of them (e.g. a custom evaluation)."""
+        self.tracker.beat()
+
     def clip_grad_norm_(self, model: nn.Module, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
         """Clip gradients by their global norm (after unscaling fp16 gradients)."""
         if self.scaler is not None:
@@ -394,14 +405,19 @@ class Context:
             dist.all_gather(out, tensor)
         return out
 
-    def gather_object(self, obj: Any) -> list[Any]:
-        """Collective: call on every rank. Every rank's picklable ``obj``, by rank, on every rank."""
+    def gather_object(self, obj: Any, dst: int | None = None) -> list[Any] | None:
+        """Collective: call on every rank. Every rank's picklable ``obj``, by rank, on every rank
+        (``dst=None``) or only on rank ``dst`` (the others get None)."""
         if not self.world.distributed:
             return [obj]
         out: list[Any] = [None] * self.world_size
-        with self._collective("all_gather_object"):
-            dist.all_gather_object(out, obj)
-        return out
+        if dst is None:
+            with self._collective("all_gather_object"):
+                dist.all_gather_object(out, obj)
+            return out
+        with self._collective(f"gather_object(dst={dst})"):
+            dist.gather_object(obj, out if self.rank == dst else None, dst=dst)
+        return out if self.rank == dst else None
 
     def broadcast(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
         """Collective: call on every rank. Copy rank ``src``'s tensor to all ranks, in place."""

@@ -7,8 +7,8 @@
 from __future__ import annotations
 
 import datetime
+import json
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
@@ -16,11 +16,9 @@ import torch
 import torch.distributed as dist
 
 from .errors import ConfigError, LaunchError
+from .slurm import SlurmStep, expand_hostlist, master_address
 
-#: Port used under SLURM when the job does not set MASTER_PORT: derived from the job id
-#: so that two jobs sharing a node do not collide (the same rule as Lightning's).
-_SLURM_PORT_BASE = 15000
-
+__all__ = ["World", "default_backend", "destroy_process_group", "expand_hostlist", "init_process_group"]
 
 @dataclass(frozen=True, kw_only=True)
 class World:
@@ -46,6 +44,10 @@ class World:
     """How many times the elastic agent has restarted the workers (0 on the first attempt)."""
     agent_store: bool = False
     """The launcher's agent hosts the rendezvous store; workers connect to it as clients."""
+    slurm_job_id: int | None = None
+    """The SLURM job this process belongs to (also under ``srun dtrain run``); None outside SLURM."""
+    requeue_count: int = 0
+    """How often SLURM has requeued the job (``SLURM_RESTART_COUNT``); > 0 means: resume."""
 
     def __post_init__(self) -> None:
         if self.size < 1:
@@ -79,12 +81,16 @@ class World:
     ) -> World:
         """Read the launcher's environment once: torchrun first, then SLURM, else one process."""
         env = os.environ if env is None else env
+        step = SlurmStep.from_env(env)
         if "RANK" in env and "WORLD_SIZE" in env:
             fields = _from_torchrun(env)
-        elif "SLURM_PROCID" in env and int(env.get("SLURM_NTASKS", "1")) > 1:
-            fields = _from_slurm(env)
+        elif step is not None and step.ntasks > 1:
+            fields = _from_slurm(step, env)
         else:
             fields = {"source": "single"}
+        if env.get("SLURM_JOB_ID"):
+            fields["slurm_job_id"] = _int(env, "SLURM_JOB_ID")
+            fields["requeue_count"] = _int(env, "SLURM_RESTART_COUNT", 0)
         dev = _pick_device(device, fields.get("local_rank", 0))
         return cls(**fields, device=dev, backend=backend or default_backend(dev))
 
@@ -126,20 +132,17 @@ def _from_torchrun(env: Mapping[str, str]) -> dict:
     }
 
 
-def _from_slurm(env: Mapping[str, str]) -> dict:
-    nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or "127.0.0.1"
-    hosts = expand_hostlist(nodelist)
-    size = _int(env, "SLURM_NTASKS")
-    nnodes = max(1, _int(env, "SLURM_NNODES", len(hosts)))
-    job_id = _int(env, "SLURM_JOB_ID", 0)
+def _from_slurm(step: SlurmStep, env: Mapping[str, str]) -> dict:
+    """One SLURM task per process (``srun -n N python train.py``): the step gives every rank."""
+    step.check_gpus(1, how="one task per process")
     return {
-        "rank": _int(env, "SLURM_PROCID"),
-        "local_rank": _int(env, "SLURM_LOCALID", 0),
-        "size": size,
-        "local_size": max(1, size // nnodes),
-        "node_rank": _int(env, "SLURM_NODEID", 0),
-        "master_addr": env.get("MASTER_ADDR") or hosts[0],
-        "master_port": _int(env, "MASTER_PORT", _SLURM_PORT_BASE + job_id % 20000),
+        "rank": step.procid,
+        "local_rank": step.localid,
+        "size": step.ntasks,
+        "local_size": step.tasks_on_node,
+        "node_rank": step.node_id,
+        "master_addr": master_address(step, env),
+        "master_port": _int(env, "MASTER_PORT", step.default_port),
         "source": "slurm",
     }
 
@@ -153,48 +156,6 @@ def _pick_device(device: str | torch.device | None, local_rank: int) -> torch.de
     if torch.cuda.is_available():
         return torch.device("cuda", local_rank % torch.cuda.device_count())
     return torch.device("cpu")
-
-
-_RANGE = re.compile(r"^(\d+)-(\d+)$")
-
-
-def expand_hostlist(spec: str) -> list[str]:
-    """Expand a SLURM host list such as ``node[01-03,7],gpu5`` into host names."""
-    hosts: list[str] = []
-    for part in _split_top_level(spec):
-        m = re.match(r"^([^\[]*)\[([^\]]+)\](.*)$", part)
-        if not m:
-            hosts.append(part)
-            continue
-        prefix, ranges, suffix = m.groups()
-        for item in ranges.split(","):
-            r = _RANGE.match(item)
-            if r:
-                lo, hi = r.groups()
-                width = len(lo)
-                hosts.extend(f"{prefix}{i:0{width}d}{suffix}" for i in range(int(lo), int(hi) + 1))
-            else:
-                hosts.append(f"{prefix}{item}{suffix}")
-    if not hosts:
-        raise ConfigError(f"SLURM node list {spec!r} names no host.")
-    return hosts
-
-
-def _split_top_level(spec: str) -> list[str]:
-    parts, depth, cur = [], 0, ""
-    for ch in spec:
-        if ch == "[":
-            depth += 1
-        elif ch == "]":
-            depth -= 1
-        if ch == "," and depth == 0:
-            parts.append(cur)
-            cur = ""
-        else:
-            cur += ch
-    if cur:
-        parts.append(cur)
-    return [p.strip() for p in parts if p.strip()]
 
 
 def init_process_group(world: World, timeout_s: float = 1800.0) -> bool:
@@ -233,7 +194,41 @@ def init_process_group(world: World, timeout_s: float = 1800.0) -> bool:
             f"{world.master_addr}:{world.master_port} ({exc}); check --master-addr/--master-port "
             "and that every node was started with the same --nnodes and -n."
         ) from exc
+    _check_same_versions(world)
     return True
+
+
+def _versions() -> dict[str, str]:
+    import platform
+    import socket
+
+    from . import __version__
+
+    return {"dtrain": __version__, "torch": torch.__version__, "python": platform.python_version(), "host": socket.gethostname()}
+
+
+def _check_same_versions(world: World) -> None:
+    """Raise LaunchError on a rank whose dtrain, torch or Python version differs from rank 0's.
+
+    ``dtrain run`` compares the nodes before starting workers; this covers jobs started by
+    torchrun or srun. Two store operations per rank, no collective: a rank with another torch
+    fails here, at once, instead of in the first mismatched collective.
+    """
+    try:
+        store = dist.PrefixStore("/dtrain/versions", dist.distributed_c10d._get_default_store())
+    except Exception:  # a private torch API; without it the check is skipped
+        return
+    mine = _versions()
+    if world.rank == 0:
+        store.set("0", json.dumps(mine))
+        return
+    theirs = json.loads(store.get("0"))
+    for key in ("dtrain", "torch", "python"):
+        if mine[key] != theirs[key]:
+            raise LaunchError(
+                f"ranks run different {key} versions: rank {world.rank} ({mine['host']}) has {mine[key]}, rank 0 "
+                f"({theirs['host']}) has {theirs[key]}; install the same version on every node."
+            )
 
 
 _exit_cleanup_registered = False

@@ -2,6 +2,7 @@
 
     dtrain run -n 2 tests/scripts/stall.py sleep 1      # rank 1 sleeps inside a step
     dtrain run -n 2 --debug tests/scripts/stall.py skip 1   # rank 1 skips one all-reduce
+    dtrain run -n 2 --max-restarts 1 tests/scripts/stall.py sleep-once 1   # sleeps in the first attempt only
 """
 
 import sys
@@ -23,7 +24,7 @@ for step, (x, y) in enumerate(loader):
     opt.step()
     opt.zero_grad()
     if step == 3 and ctx.rank == bad_rank:
-        if mode == "sleep":
+        if mode == "sleep" or (mode == "sleep-once" and ctx.world.restart_count == 0):
             print(f"sleeping since {time.time():.3f}", flush=True)
             time.sleep(3600)  # THE STALL LINE
         elif mode == "skip":

@@ -4,8 +4,9 @@
     ckpt.save(step, model=model, optimizer=opt, scheduler=sched, loader=loader, extra={"epoch": e})
     meta = ckpt.resume(model=model, optimizer=opt, scheduler=sched, loader=loader)   # None: fresh start
 
-Besides the objects given, a checkpoint holds the grad scaler, the strategy's communication
-state, and every rank's RNG states (Python, NumPy, torch CPU and CUDA). The loader's position
+Besides the objects given, a checkpoint holds the grad scaler, and per rank the strategy's
+communication state (its ``state_dict()``, if it has one) and the RNG states (Python, NumPy,
+torch CPU and CUDA); both go back to the same rank on the same world size. The loader's position
 is stored as samples consumed in the global order of the epoch, so a resume on another number
 of processes re-splits exactly the samples not yet seen.
 """
@@ -24,7 +25,8 @@ from torch import nn
 
 from .._log import logger
 from ..errors import CheckpointError
-from .store import STATE_FILE, list_checkpoints, prune, read_checkpoint, read_latest, set_latest, verify, write_checkpoint
+from .store import (STATE_FILE, clean_leftovers, list_checkpoints, prune, read_checkpoint, read_latest, set_latest, step_name,
+                    verify, write_checkpoint)
 
 
 def rng_state() -> dict[str, Any]:
@@ -52,14 +54,22 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _to_cpu(obj: Any) -> Any:
-    """A copy whose tensors live in CPU memory (the part of an asynchronous save that blocks)."""
+def _to_cpu(obj: Any, pool: Any = None) -> Any:
+    """A copy whose tensors live in CPU memory (the part of an asynchronous save that blocks).
+
+    Tensors of ``pool`` (the previous snapshot, written out already) are reused where shape and
+    dtype match: copying into memory already mapped is several times faster than into fresh
+    pages (0.5 s against 1.1-4.9 s for 1.1 GiB on the 2-core test machine)."""
     if torch.is_tensor(obj):
+        if torch.is_tensor(pool) and pool.shape == obj.shape and pool.dtype == obj.dtype and pool.device.type == "cpu":
+            return pool.copy_(obj.detach())
         return obj.detach().to("cpu", copy=True)
     if isinstance(obj, dict):
-        return {k: _to_cpu(v) for k, v in obj.items()}
+        old = pool if isinstance(pool, dict) else {}
+        return {k: _to_cpu(v, old.get(k)) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return type(obj)(_to_cpu(v) for v in obj)
+        old = pool if isinstance(pool, (list, tuple)) and len(pool) == len(obj) else [None] * len(obj)
+        return type(obj)(_to_cpu(v, q) for v, q in zip(obj, old))
     return obj
 
 
@@ -75,7 +85,8 @@ class CheckpointManager:
 
     ``keep``: how many to keep. ``async_save``: rank 0 copies the state to host memory (the
     blocking part) and writes it in a background thread; ``last_blocking_s`` tells how long
-    the training loop was held."""
+    the training loop was held. The host copy is kept and reused by the next save (one more
+    copy of the state in memory, in exchange for a faster copy)."""
 
     def __init__(self, ctx: Any, folder: str, *, keep: int = 3, async_save: bool = False) -> None:
         if keep < 1:
@@ -88,6 +99,8 @@ class CheckpointManager:
         self.last_total_s: float | None = None
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
+        self._cleaned = False
+        self._pool: Any = None  # the last asynchronous snapshot, whose host memory the next one reuses
 
     # -- saving ---------------------------------------------------------------------------------
     def save(self, step: int, *, extra: dict[str, Any] | None = None, **objects: Any) -> str:
@@ -95,25 +108,32 @@ class CheckpointManager:
         t0 = time.perf_counter()
         self.ctx.tracker.beat()
         self.wait()
-        rngs = self.ctx.gather_object(rng_state())  # every rank's RNG, on every rank
-        path = os.path.join(self.folder, f"step-{step:08d}")
+        # Per-rank parts, gathered on rank 0: RNG streams and the strategy's communication state
+        # (e.g. error-feedback residuals differ between ranks).
+        comm = getattr(self.ctx.strategy, "state_dict", None)
+        per_rank = self.ctx.gather_object({"rng": rng_state(), "comm": comm() if comm is not None else None}, dst=0)
+        path = os.path.join(self.folder, step_name(step))
         if self.ctx.is_main:
+            if not self._cleaned:
+                clean_leftovers(self.folder)  # of a save killed midway by an earlier process
+                self._cleaned = True
             state = {"objects": {k: _state_of(v) for k, v in objects.items() if v is not None},
-                     "extra": dict(extra or {}), "step": step, "world_size": self.ctx.world_size, "rng": rngs}
+                     "extra": dict(extra or {}), "step": step, "world_size": self.ctx.world_size,
+                     "rng": [r["rng"] for r in per_rank]}
             if self.ctx.scaler is not None:
                 state["grad_scaler"] = self.ctx.scaler.state_dict()
-            comm = getattr(self.ctx.strategy, "state_dict", None)
             if comm is not None:
-                state["comm"] = comm()
+                state["comm"] = [r["comm"] for r in per_rank]
             meta = {"world_size": self.ctx.world_size, "time": time.time(), "objects": sorted(state["objects"])}
             if self.async_save:
-                snapshot = _to_cpu(state)
+                snapshot = self._pool = _to_cpu(state, self._pool)
                 self.last_blocking_s = time.perf_counter() - t0
                 self._thread = threading.Thread(target=self._write, args=(step, snapshot, meta, t0), daemon=False)
                 self._thread.start()
             else:
                 self._write(step, state, meta, t0)
                 self.last_blocking_s = time.perf_counter() - t0
+                self.wait()  # a failed write raises here, on rank 0
         if not self.async_save:
             self.ctx.barrier()  # nobody moves on before the checkpoint is complete
         return path
@@ -139,23 +159,42 @@ class CheckpointManager:
     # -- loading --------------------------------------------------------------------------------
     def latest_valid(self) -> str | None:
         """The newest checkpoint that passes its checksums (``latest`` first); corrupt ones are
-        skipped with a warning naming the file and the problem."""
+        skipped with a warning naming the file and the problem. None when the folder holds no
+        checkpoint; a CheckpointError when it holds some and none is valid."""
         latest = read_latest(self.folder)
         candidates = [p for _, p in reversed(list_checkpoints(self.folder))]
         if latest and latest in candidates:
             candidates.remove(latest)
             candidates.insert(0, latest)
+        problems = []
         for path in candidates:
             verdict = verify(path)
             if verdict.ok:
                 return path
+            problems.append(verdict.problem)
             logger.warning(f"skipping checkpoint {path}: {verdict.problem}; trying the previous one.")
+        if problems:
+            raise CheckpointError(
+                f"{self.folder} holds {len(problems)} checkpoint(s) and none is valid (newest: {problems[0]}); "
+                f"check them with `dtrain ckpt verify {self.folder}`, or use another folder to start afresh."
+            )
         return None
 
     def resume(self, *, path: str | None = None, **objects: Any) -> dict[str, Any] | None:
         """Restore the newest valid checkpoint (or ``path``) into ``objects``; returns
-        ``{"step", "extra", "path", "world_size"}``, or None when there is none. Collective."""
-        path = path or self.latest_valid()
+        ``{"step", "extra", "path", "world_size"}``, or None when there is none. Collective.
+
+        Rank 0 picks the checkpoint (and warns about corrupt ones) so every rank loads the same."""
+        if path is None:
+            found: tuple[str | None, str | None] = (None, None)
+            if self.ctx.is_main:
+                try:
+                    found = (self.latest_valid(), None)
+                except CheckpointError as exc:
+                    found = (None, str(exc))
+            path, problem = self.ctx.broadcast_object(found)
+            if problem is not None:
+                raise CheckpointError(problem)
         if path is None:
             return None
         return load_into(self.ctx, path, objects)
@@ -175,11 +214,10 @@ def load_into(ctx: Any, path: str, objects: dict[str, Any]) -> dict[str, Any]:
         _load_one(path, name, obj, stored[name])
     if ctx.scaler is not None and "grad_scaler" in state:
         ctx.scaler.load_state_dict(state["grad_scaler"])
-    load_comm = getattr(ctx.strategy, "load_state_dict", None)
-    if load_comm is not None and "comm" in state:
-        load_comm(state["comm"])
+    same_world = state.get("world_size") == ctx.world_size
+    _load_comm(ctx, path, state.get("comm"), same_world)
     rngs = state.get("rng") or []
-    if state.get("world_size") == ctx.world_size and ctx.rank < len(rngs):
+    if same_world and ctx.rank < len(rngs):
         set_rng_state(rngs[ctx.rank])
     else:
         # Another world size: no rank's stream can continue; start fresh, distinct streams.
@@ -188,6 +226,20 @@ def load_into(ctx: Any, path: str, objects: dict[str, Any]) -> dict[str, Any]:
         np.random.seed(seed)
         torch.manual_seed(seed)
     return {"step": int(state["step"]), "extra": state.get("extra", {}), "path": path, "world_size": state.get("world_size")}
+
+
+def _load_comm(ctx: Any, path: str, comm: list[Any] | None, same_world: bool) -> None:
+    """Give each rank its own communication state back; on another world size it cannot be
+    mapped to the new ranks, so the strategy starts its state afresh."""
+    load = getattr(ctx.strategy, "load_state_dict", None)
+    if load is None or comm is None:
+        return
+    if same_world and ctx.rank < len(comm):
+        if comm[ctx.rank] is not None:
+            load(comm[ctx.rank])
+    elif ctx.is_main:
+        logger.warning(f"checkpoint {path}: the communication state of {len(comm)} rank(s) does not map onto "
+                       f"{ctx.world_size}; strategy {ctx.strategy.name!r} starts it afresh.")
 
 
 def _load_one(path: str, name: str, obj: Any, sd: Any) -> None:

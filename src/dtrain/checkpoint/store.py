@@ -9,6 +9,7 @@ pointer intact. Reading verifies the checksums before anything is unpickled, and
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -23,6 +24,7 @@ from ..errors import CheckpointError
 from .io import _fsync_dir, safe_load
 
 STEP_DIR = re.compile(r"^step-(\d{8,})$")
+STEP_OLD = re.compile(r"^step-\d{8,}\.old-\d+$")
 STATE_FILE = "state.pt"
 MANIFEST = "manifest.json"
 FORMAT = 1
@@ -87,6 +89,24 @@ def set_latest(folder: str, path: str) -> None:
         os.fsync(fh.fileno())
     os.replace(tmp, os.path.join(folder, "latest"))
     _fsync_dir(folder)
+
+
+def clean_leftovers(folder: str) -> list[str]:
+    """Remove what saves killed midway left behind (``.tmp-*`` folders, ``.old-*`` folders,
+    ``.latest.tmp-*`` files). Call only from the one process that writes to ``folder``."""
+    if not os.path.isdir(folder):
+        return []
+    removed = []
+    for name in os.listdir(folder):
+        path = os.path.join(folder, name)
+        if name.startswith(".tmp-step-") or name.startswith(".latest.tmp-") or (STEP_OLD.match(name) is not None):
+            if os.path.isdir(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+            removed.append(path)
+    return removed
 
 
 def list_checkpoints(folder: str) -> list[tuple[int, str]]:

@@ -8,13 +8,15 @@ import os
 from ..errors import ConfigError
 
 from ..launch import LaunchSpec
+from ..launch.srun import spec_for_step
+from ..slurm import SlurmStep
 
 
 def add_launch_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("where to run")
     g.add_argument("-n", "--nproc", type=int, default=None, metavar="NPROC", help="worker processes on this node (default 1)")
-    g.add_argument("--nnodes", type=int, default=1, help="number of nodes (default 1)")
-    g.add_argument("--node-rank", type=int, default=0, help="index of this node, 0..nnodes-1 (default 0)")
+    g.add_argument("--nnodes", type=int, default=None, help="number of nodes (default 1; under srun: the step's tasks)")
+    g.add_argument("--node-rank", type=int, default=None, help="index of this node, 0..nnodes-1 (default 0; under srun: the task's index)")
     g.add_argument("--master-addr", default=None, help="address of node 0 (default 127.0.0.1 on one node)")
     g.add_argument("--master-port", type=int, default=None, help="rendezvous port (default: a free port on one node, 29500 on several)")
     g.add_argument("--launcher", default="torchrun", help="torchrun (torch's elastic agent, default) or spawn (torch.multiprocessing.spawn)")
@@ -58,12 +60,24 @@ def export_diagnostics(args: argparse.Namespace) -> None:
         os.environ["DTRAIN_RUN_DIR"] = os.path.abspath(args.run_dir)
 
 
+def slurm_step(args: argparse.Namespace) -> SlurmStep | None:
+    """The srun step this command runs as a task of, unless the node flags say where it runs."""
+    if any(v is not None for v in (args.nnodes, args.node_rank, args.master_addr)):
+        return None
+    return SlurmStep.from_env(os.environ)
+
+
 def launch_spec(args: argparse.Namespace) -> LaunchSpec:
     export_diagnostics(args)
+    nproc = 1 if args.nproc is None else args.nproc
+    step = slurm_step(args)
+    if step is not None:
+        return spec_for_step(step, os.environ, nproc=nproc, master_port=args.master_port,
+                             launcher=args.launcher, max_restarts=args.max_restarts)
     return LaunchSpec(
-        nproc=1 if args.nproc is None else args.nproc,
-        nnodes=args.nnodes,
-        node_rank=args.node_rank,
+        nproc=nproc,
+        nnodes=1 if args.nnodes is None else args.nnodes,
+        node_rank=0 if args.node_rank is None else args.node_rank,
         master_addr=args.master_addr,
         master_port=args.master_port,
         launcher=args.launcher,

@@ -8,7 +8,8 @@ import os
 from .._log import configure_cli_logging
 from ..errors import ConfigError
 from ..launch import launch_script
-from .common import add_comm_args, add_launch_args, export_comm, launch_spec
+from ..launch.runner import run_script
+from .common import add_comm_args, add_launch_args, export_comm, export_diagnostics, launch_spec, slurm_step
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -22,8 +23,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def main(args: argparse.Namespace) -> int:
     configure_cli_logging(0, verbose=args.verbose)
-    spec = launch_spec(args)
     export_comm(args)
     if not os.path.isfile(args.script):
         raise ConfigError(f"script {args.script} does not exist; give the path of the training script to run.")
+    step = slurm_step(args)
+    if step is not None and step.ntasks > 1 and args.nproc is None:
+        # `srun -n 8 dtrain run train.py`: one task per process; this task is the worker and
+        # dtrain.init() reads its rank from SLURM (as under `srun python train.py`).
+        export_diagnostics(args)
+        run_script(args.script, list(args.args))
+        return 0
+    spec = launch_spec(args)
     return launch_script(spec, args.script, list(args.args))

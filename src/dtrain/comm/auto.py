@@ -83,6 +83,12 @@ class Auto:
         self._t_hook = self._t_done = self._t_step = 0.0
         self._stepped_iter = -1
         self._samples: list[tuple[float, float]] = []
+        self._optimizers: list[torch.optim.Optimizer] = []
+
+    def register_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        self._optimizers.append(optimizer)
+        if self.method is not None and hasattr(self.method, "register_optimizer"):
+            self.method.register_optimizer(optimizer)
 
     def communicate(self, bucket: dist.GradBucket) -> torch.futures.Future:
         if self.method is not None:
@@ -157,8 +163,11 @@ class Auto:
         if kind == "powersgd":
             self.method = methods.PowerSGD(int(arg), warmup=2)
             self.method.state.iter = 2  # the buckets settled during our warm-up
+            self.method._fresh_ddp = False
         else:
             self.method = methods.build(kind, period=int(arg or 1), warmup=0)
+        for optimizer in self._optimizers if hasattr(self.method, "register_optimizer") else ():
+            self.method.register_optimizer(optimizer)
 
     def state_dict(self) -> dict[str, Any]:
         inner = self.method.state_dict() if self.method is not None else {"shared": {}, "local": {}}
@@ -170,4 +179,6 @@ class Auto:
         self.iter = int(shared["iter"])
         if shared["choice"] is not None:
             self._adopt(shared["choice"], shared["report"])
+            if isinstance(self.method, methods.PowerSGD):
+                self.method._fresh_ddp = True  # resumed into a new DDP (see PowerSGD.communicate)
             self.method.load_state_dict({"shared": shared["method"], "local": state["local"]["method"]}, same_ranks=same_ranks)

@@ -89,8 +89,16 @@ class PowerSGD:
             use_error_feedback=True, warm_start=True, random_seed=0,
             compression_stats_logging_frequency=2**31 - 1,
         )
+        self._fresh_ddp = True
 
     def communicate(self, bucket: dist.GradBucket) -> Future:
+        if self._fresh_ddp and self.state.iter >= self.state.start_powerSGD_iter:
+            # Resumed into a new DDP: its first step still has the initial bucket layout (DDP
+            # rebuilds buckets after it), which P/Q memory and error feedback do not match.
+            # Plain all-reduce for that step, leaving the compression state as it was.
+            self._fresh_ddp = not bucket.is_last()
+            return allreduce(bucket)
+        self._fresh_ddp = False
         return powerSGD_hook(self.state, bucket)
 
     def after_step(self, optimizer: torch.optim.Optimizer) -> None:
@@ -154,6 +162,8 @@ class LocalSGD:
         self.iter = 0
         self._averagers: dict[int, PeriodicModelAverager] = {}
         self._averager_steps: list[int] = []  # loaded before the optimizers register
+        self._optimizers: list[torch.optim.Optimizer] = []
+        self._pending_optim: list[dict] | None = None
 
     def communicate(self, bucket: dist.GradBucket) -> Future:
         local = self.iter >= self.warmup
@@ -182,8 +192,16 @@ class LocalSGD:
     def steps(self) -> list[int]:
         return [a.step for a in self._averagers.values()] or list(self._averager_steps)
 
+    def register_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        """Between averages each rank's optimizer state (momentum, Adam's moments) is its own, so
+        this rank's is kept here too: a checkpoint stores only rank 0's optimizer."""
+        self._optimizers.append(optimizer)
+        if self._pending_optim is not None and len(self._optimizers) <= len(self._pending_optim):
+            _set_optimizer_state(optimizer, self._pending_optim[len(self._optimizers) - 1])
+
     def state_dict(self) -> dict[str, Any]:
-        return {"shared": {"iter": self.iter, "period": self.period, "averager_steps": self.steps}, "local": {}}
+        optim = [_clone_nested(o.state_dict()["state"]) for o in self._optimizers]
+        return {"shared": {"iter": self.iter, "period": self.period, "averager_steps": self.steps}, "local": {"optimizers": optim}}
 
     def load_state_dict(self, state: dict[str, Any], *, same_ranks: bool = True) -> None:
         shared = state["shared"]
@@ -191,6 +209,24 @@ class LocalSGD:
         self._averager_steps = [int(s) for s in shared["averager_steps"]]
         for averager, step in zip(self._averagers.values(), self._averager_steps):
             averager.step = step
+        if same_ranks:  # this rank's own optimizer state replaces the copy of rank 0's
+            self._pending_optim = list(state["local"].get("optimizers", []))
+            for optimizer, saved in zip(self._optimizers, self._pending_optim):
+                _set_optimizer_state(optimizer, saved)
+
+
+def _set_optimizer_state(optimizer: torch.optim.Optimizer, saved: dict) -> None:
+    full = optimizer.state_dict()
+    full["state"] = _clone_nested(saved)
+    optimizer.load_state_dict(full)
+
+
+def _clone_nested(obj: Any) -> Any:
+    if torch.is_tensor(obj):
+        return obj.detach().clone()
+    if isinstance(obj, dict):
+        return {k: _clone_nested(v) for k, v in obj.items()}
+    return obj
 
 
 def _clone(tensors: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:

@@ -63,12 +63,14 @@ def to_device(batch: Any, device: torch.device) -> Any:
 
 class DeviceLoader:
     """Iterates a DataLoader and moves batches to the device; ``on_last(flag)`` is told when the
-    epoch's last batch is handed out (and when a new epoch starts)."""
+    epoch's last batch is handed out (and when a new epoch starts), ``on_batch()`` when any batch is."""
 
-    def __init__(self, loader: DataLoader, device: torch.device, on_last: Callable[[bool], None], world_size: int = 1) -> None:
+    def __init__(self, loader: DataLoader, device: torch.device, on_last: Callable[[bool], None], world_size: int = 1,
+                 on_batch: Callable[[], None] | None = None) -> None:
         self.loader = loader
         self.device = device
         self._on_last = on_last
+        self._on_batch = on_batch
         self.world_size = world_size
         self._epoch_start = 0  # global offset where the epoch in progress began
         self._yielded = 0  # batches handed out in the epoch in progress
@@ -101,6 +103,8 @@ class DeviceLoader:
             if i == n:
                 self._on_last(True)
             self._yielded = i
+            if self._on_batch is not None:
+                self._on_batch()  # the stall watchdog's heartbeat
             yield to_device(batch, self.device) if move else batch
         self._done = True
 

@@ -2,7 +2,8 @@
 each collective dtrain issues, every rank's call (op, shapes and dtypes, call site) is gathered
 and compared; on a mismatch every rank raises CollectiveMismatch listing each rank's call,
 instead of hanging or silently reducing the wrong tensors. Costs one small all-gather per
-collective, so it is for debugging. DDP's own gradient all-reduces (in C++) are not checked."""
+collective, so it is for debugging. Comparing descriptors through an all-gather keeps every rank in
+step even when their calls differ: all of them are in the same all-gather. DDP's own gradient all-reduces (in C++) are not checked."""
 
 from __future__ import annotations
 
@@ -22,10 +23,11 @@ def _gather(value: Any, size: int) -> list[Any]:
 
 def check_call(ctx: Any, call: CollectiveCall) -> None:
     """Collective: call on every rank. Raise CollectiveMismatch unless every rank is making the
-    same call (same op and shapes, from the same line) as this one."""
+    same call (same op, shapes and dtypes) as this one. The line is gathered for the message only:
+    ranks may legitimately reach one collective from different lines (``if rank == 0: ...``)."""
     mine = (call.op, call.shapes, call.site)
     calls = _gather(mine, ctx.world_size)
-    if all(c == mine for c in calls):
+    if all(c[:2] == mine[:2] for c in calls):
         return
     lines = [f"  rank {r}: {op} {shapes or '(no tensor)'} at {site}" for r, (op, shapes, site) in enumerate(calls)]
     raise CollectiveMismatch(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import errno
+import json
 import os
 import platform
 import resource
@@ -155,40 +156,54 @@ def check_port(cfg: DoctorConfig) -> Check:
         return Check("port", "FAIL", f"{addr}:{port} is unreachable ({exc.strerror})", "check --master-addr and the route to node 0")
 
 
-def check_rendezvous(cfg: DoctorConfig) -> tuple[Check, dist.Store | None]:
+def check_rendezvous(cfg: DoctorConfig) -> tuple[Check, dist.Store | None, bool]:
+    """Meet the other nodes' doctors in node 0's store; returns the check, the store (kept open
+    for the probe) and whether every node runs the all-reduce probe."""
     addr = cfg.master_addr or "127.0.0.1"
     timeout = datetime.timedelta(seconds=cfg.timeout_s)
     t0 = time.perf_counter()
+    mine = {"nnodes": cfg.nnodes, "probe": cfg.probe}
+    probes = True
     try:
         if cfg.node_rank == 0:
             store = dist.TCPStore(addr, cfg.master_port or 0, None, True, timeout, wait_for_workers=False)
         else:
             store = dist.TCPStore(addr, cfg.master_port, None, False, timeout)
-        store.set(f"doctor/{cfg.node_rank}", "here")
+        store.set(f"doctor/{cfg.node_rank}", json.dumps(mine))
         for r in range(cfg.nnodes):
-            store.get(f"doctor/{r}")
+            theirs = json.loads(store.get(f"doctor/{r}"))
+            if theirs["nnodes"] != cfg.nnodes:
+                if cfg.node_rank == 0:
+                    time.sleep(2)  # keep the store up a moment so node r can read our view and say why too
+                return Check("rendezvous", "FAIL", f"node {r} runs the doctor with --nnodes {theirs['nnodes']}, this node with {cfg.nnodes}",
+                             "give every node the same --nnodes"), None, False
+            probes = probes and theirs["probe"]
         rtts = []
         for _ in range(20):
             t = time.perf_counter()
             store.get(f"doctor/{cfg.node_rank}")
             rtts.append((time.perf_counter() - t) * 1e3)
+        store.set(f"doctor/done/{cfg.node_rank}", "1")
+        if cfg.node_rank == 0:  # node 0 hosts the store: keep it up until every node has its answers
+            for r in range(cfg.nnodes):
+                store.get(f"doctor/done/{r}")
     except (RuntimeError, ValueError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         return Check("rendezvous", "FAIL", f"no rendezvous with {cfg.nnodes} node(s) at {addr} within {cfg.timeout_s:g} s ({first})",
-                     "start `dtrain doctor` on every node with the same --nnodes, --master-addr and --master-port"), None
+                     "start `dtrain doctor` on every node with the same --nnodes, --master-addr and --master-port"), None, False
     return Check("rendezvous", "PASS", f"{cfg.nnodes} node(s) met at {addr}:{store.port} in {time.perf_counter() - t0:.2f} s; "
-                 f"store round trip {statistics.median(rtts):.2f} ms"), store
+                 f"store round trip {statistics.median(rtts):.2f} ms"), store, probes
 
 
-def _probe_body(sizes: list[int], reps: int) -> dict[int, float]:
-    """Collective: every rank. Median seconds of an all-reduce of each size (bytes)."""
-    import dtrain
+_SIZES = [8, 1 << 20, 16 << 20]
 
-    ctx = dtrain.init("single", stall_timeout=0)
+
+def _time_all_reduce(device: torch.device, sizes: list[int], reps: int) -> dict[int, float]:
+    """Collective: every rank of the default group. Median seconds of an all-reduce of each size (bytes)."""
     out = {}
     for size in sizes:
-        t = torch.ones(max(1, size // 4), dtype=torch.float32, device=ctx.device)
-        dist.all_reduce(t)
+        t = torch.ones(max(1, size // 4), dtype=torch.float32, device=device)
+        dist.all_reduce(t)  # warm-up: connections, buffers
         times = []
         for _ in range(reps):
             dist.barrier()
@@ -198,8 +213,32 @@ def _probe_body(sizes: list[int], reps: int) -> dict[int, float]:
                 torch.cuda.synchronize()
             times.append(time.perf_counter() - t0)
         out[size] = statistics.median(times)
+    return out
+
+
+def _probe_body(sizes: list[int], reps: int) -> dict[int, float]:
+    """Collective: every rank. The probe between 2 local processes."""
+    import dtrain
+
+    ctx = dtrain.init("single", stall_timeout=0)
+    out = _time_all_reduce(ctx.device, sizes, reps)
     ctx.close()
     return out
+
+
+def _probe_nodes(cfg: DoctorConfig, store: dist.Store) -> dict[int, float]:
+    """Collective: every node's doctor. The probe between the nodes, one process each, over the
+    doctor's rendezvous store (the same transport a job's ranks use between nodes)."""
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", 0) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if cuda else "gloo", store=dist.PrefixStore("doctor/probe", store), rank=cfg.node_rank,
+                            world_size=cfg.nnodes, timeout=datetime.timedelta(seconds=cfg.timeout_s))
+    try:
+        return _time_all_reduce(device, _SIZES, 10)
+    finally:
+        dist.destroy_process_group()
 
 
 def bus_bandwidth(size_bytes: int, seconds: float, n: int) -> float:
@@ -207,23 +246,28 @@ def bus_bandwidth(size_bytes: int, seconds: float, n: int) -> float:
     return size_bytes / seconds * 2 * (n - 1) / n
 
 
-def check_allreduce(cfg: DoctorConfig) -> Check:
+def check_allreduce(cfg: DoctorConfig, store: dist.Store | None = None) -> Check:
     if not cfg.probe:
         return Check("all-reduce", "INFO", "probe skipped (--no-probe)")
-    if cfg.nnodes > 1:
-        return Check("all-reduce", "INFO", "probe between nodes: run `dtrain run --nnodes ...` with a short job; "
-                     "the doctor probes the local transport only")
-    from ..testing import run_distributed
-
-    sizes = [8, 1 << 20, 16 << 20]
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    n, who = (cfg.nnodes, f"{cfg.nnodes} nodes") if cfg.nnodes > 1 else (2, "2 local processes")
     try:
-        res = run_distributed(_probe_body, sizes, 10, world_size=2, timeout=120)[0]
+        if cfg.nnodes > 1:
+            if store is None:
+                return Check("all-reduce", "INFO", "probe between the nodes skipped (no rendezvous, or a node runs with --no-probe)")
+            res = _probe_nodes(cfg, store)
+        else:
+            from ..testing import run_distributed
+
+            res = run_distributed(_probe_body, _SIZES, 10, world_size=2, timeout=120)[0]
     except Exception as exc:  # noqa: BLE001 - any failure is the check's result
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        return Check("all-reduce", "FAIL", f"2 local processes could not all-reduce ({first})", "run `dtrain env` and report it")
+        fix = ("the nodes met in the store but cannot connect to each other: set GLOO_SOCKET_IFNAME (NCCL_SOCKET_IFNAME) to the "
+               "interface of the network the nodes share, and open the ports between them") if cfg.nnodes > 1 else "run `dtrain env` and report it"
+        return Check("all-reduce", "FAIL", f"{who} could not all-reduce ({first})", fix)
     lat = res[8] * 1e6
-    bw = bus_bandwidth(16 << 20, res[16 << 20], 2) / 1e9
-    return Check("all-reduce", "PASS", f"2 local processes ({'nccl' if torch.cuda.is_available() else 'gloo'}): latency {lat:.0f} us (8 B), "
+    bw = bus_bandwidth(16 << 20, res[16 << 20], n) / 1e9
+    return Check("all-reduce", "PASS", f"{who} ({backend}): latency {lat:.0f} us (8 B), "
                  f"bus bandwidth {bw:.2f} GB/s (16 MiB, nccl-tests' definition)")
 
 
@@ -264,11 +308,12 @@ def run_doctor(cfg: DoctorConfig, env: dict[str, str] | None = None, echo: Calla
     add(check_network(cfg))
     port = check_port(cfg)
     add(port)
+    store, probes = None, False
     if port.status != "FAIL":
-        rdzv, store = check_rendezvous(cfg)
+        rdzv, store, probes = check_rendezvous(cfg)
         add(rdzv)
-        del store
-    add(check_allreduce(cfg))
+    add(check_allreduce(cfg, store if probes else None))
+    del store
     add(check_shm())
     add(check_nofile())
     return checks

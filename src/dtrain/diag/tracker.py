@@ -1,11 +1,15 @@
 """What one rank is doing: a heartbeat per step and a ring buffer of its recent collectives.
 
 Cheap enough to run on every step (a few attribute writes); read by the watchdog thread.
+The tracker is *armed* by the first sign of training (a heartbeat or a collective): before it,
+ranks may spend any time loading data or building models without a heartbeat, and only a rank
+that is armed can declare a stall (any rank still answers one declared by another).
 """
 
 from __future__ import annotations
 
 import collections
+import functools
 import os
 import sys
 import threading
@@ -31,14 +35,19 @@ class CollectiveCall:
     ended: float | None = None
 
     def describe(self) -> str:
-        return f"{self.op} #{self.seq} {self.shapes} at {self.site}"
+        return f"{self.op} #{self.seq} " + (f"{self.shapes} " if self.shapes else "") + f"at {self.site}"
+
+
+_DTYPE_NAMES: dict[torch.dtype, str] = {}
 
 
 def describe_tensors(*tensors: Any) -> str:
+    """``float32[3, 2], [int64[1]]``: dtypes and shapes, as the checker compares and reports them."""
     parts = []
     for t in tensors:
-        if torch.is_tensor(t):
-            parts.append(f"{str(t.dtype).removeprefix('torch.')}{list(t.shape)}")
+        if isinstance(t, torch.Tensor):
+            name = _DTYPE_NAMES.get(t.dtype) or _DTYPE_NAMES.setdefault(t.dtype, str(t.dtype).removeprefix("torch."))
+            parts.append(f"{name}{list(t.shape)}")
         elif isinstance(t, (list, tuple)):
             parts.append("[" + describe_tensors(*t) + "]")
         elif t is not None:
@@ -46,23 +55,33 @@ def describe_tensors(*tensors: Any) -> str:
     return ", ".join(parts)
 
 
-def is_user_file(filename: str) -> bool:
+@functools.lru_cache(maxsize=4096)
+def _kind(filename: str) -> int:
+    """0: the user's own code; 1: an installed package's; 2: dtrain's, torch's, the standard library's."""
+    if filename.startswith("<"):
+        return 2
     path = os.path.abspath(filename)
-    return not (path.startswith(_PKG + os.sep) or path.startswith(_TORCH + os.sep) or "/lib/python" in path and "site-packages" not in path
-                or filename.startswith("<"))
+    if path.startswith((_PKG + os.sep, _TORCH + os.sep)):
+        return 2
+    if "site-packages" in path or "dist-packages" in path:
+        return 1
+    return 2 if "/lib/python" in path else 0
 
 
 def user_site(frame: FrameType | None = None) -> str:
-    """``file:line`` of the innermost frame of the user's code (not dtrain's, torch's or the stdlib's)."""
+    """``file:line`` of the innermost frame of the user's code: their scripts first, else an
+    installed package's (a library they train with), else the innermost frame."""
     f = frame if frame is not None else sys._getframe(1)
-    fallback = None
+    best, best_kind = f, 3
     while f is not None:
-        if fallback is None:
-            fallback = f
-        if is_user_file(f.f_code.co_filename):
-            return f"{os.path.basename(f.f_code.co_filename)}:{f.f_lineno}"
+        kind = _kind(f.f_code.co_filename)
+        if kind == 0:
+            best = f
+            break
+        if kind < best_kind:
+            best, best_kind = f, kind
         f = f.f_back
-    return f"{os.path.basename(fallback.f_code.co_filename)}:{fallback.f_lineno}" if fallback else "?"
+    return f"{os.path.basename(best.f_code.co_filename)}:{best.f_lineno}" if best is not None else "?"
 
 
 class Tracker:
@@ -70,6 +89,7 @@ class Tracker:
 
     def __init__(self, history: int = 64) -> None:
         self.step = 0
+        self.armed = False
         self.last_beat = time.monotonic()
         self.seq = 0
         self.current: CollectiveCall | None = None
@@ -78,16 +98,22 @@ class Tracker:
 
     def beat(self, step: int | None = None) -> None:
         self.last_beat = time.monotonic()
+        self.armed = True
         if step is not None:
             self.step = step
 
     def enter(self, op: str, *tensors: Any) -> CollectiveCall:
         self.seq += 1
-        call = CollectiveCall(self.seq, op, describe_tensors(*tensors), user_site(sys._getframe(2)), time.monotonic())
+        call = CollectiveCall(self.seq, op, describe_tensors(*tensors), user_site(sys._getframe(1)), time.monotonic())
         self.current = call
         self.recent.append(call)
         self.last_beat = call.started
+        self.armed = True
         return call
+
+    def disarm(self) -> None:
+        """Stop declaring stalls from this rank (e.g. after training, before slow work of its own)."""
+        self.armed = False
 
     def leave(self, call: CollectiveCall) -> None:
         call.ended = time.monotonic()

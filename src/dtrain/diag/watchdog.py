@@ -61,7 +61,7 @@ class Watchdog:
         while not self._stop.wait(self.poll_s):
             idle = time.monotonic() - self.tracker.last_beat
             flagged = self._flagged()
-            if idle > self.timeout_s and not flagged:
+            if idle > self.timeout_s and self.tracker.armed and not flagged:
                 self._raise_flag(idle)
                 flagged = True
             if flagged:
@@ -151,7 +151,11 @@ def merge_report(snaps: dict[int, dict[str, Any]], size: int, timeout_s: float) 
     A rank lags when it is not inside a collective while others are, or has reached fewer steps
     or collectives than the rest."""
     missing = [r for r in range(size) if r not in snaps]
-    present = list(snaps.values())
+    present = [dict(s) for s in snaps.values()]
+    for s in present:
+        if not s["current"] and s.get("in_backward"):
+            # A plain loss.backward() (not ctx.backward) all-reduces gradients untracked.
+            s["current"] = f"backward (gradient all-reduce) at {s['at']}"
     waiting = [s for s in present if s["current"]]
     ahead = max((s["step"], s["last_done_seq"]) for s in present)
     lagging = [s for s in present if not s["current"]]
@@ -170,7 +174,8 @@ def merge_report(snaps: dict[int, dict[str, Any]], size: int, timeout_s: float) 
     for what, ranks in by_what.items():
         lines.append(f"  {'ranks' if len(ranks) > 1 else 'rank'} {','.join(map(str, sorted(ranks)))} waiting in {what}")
     if missing:
-        lines.append(f"  ranks {','.join(map(str, missing))} did not answer (dead or unreachable)")
+        lines.append(f"  {'ranks' if len(missing) > 1 else 'rank'} {','.join(map(str, missing))} did not answer "
+                     "(dead, unreachable, or blocked in native code that holds Python's GIL)")
     dumps = sorted({os.path.dirname(s["dump"]) for s in present})
     lines.append(f"  stacks and recent collectives of every rank: {', '.join(dumps)}/stall-rank*.txt")
     lines.append(f"  every rank exits with status {STALL_EXIT}; with --max-restarts the job restarts from its last checkpoint.")

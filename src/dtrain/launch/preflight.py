@@ -26,7 +26,7 @@ from ..errors import ConfigError, LaunchError
 from .spec import LaunchSpec
 
 
-def wait_for_master(addr: str, port: int, *, total_s: float = 900.0, unreachable_s: float = 30.0) -> None:
+def wait_for_master(addr: str, port: int, *, total_s: float = 900.0, unreachable_s: float = 20.0) -> None:
     """Return once ``addr:port`` accepts a TCP connection; raise after ``unreachable_s`` of no
     answer (or at once for no route), or after ``total_s`` of refused connections."""
     start = time.monotonic()
@@ -55,8 +55,9 @@ def wait_for_master(addr: str, port: int, *, total_s: float = 900.0, unreachable
             )
         if now - start > total_s:
             raise LaunchError(f"node 0 is not listening on {addr}:{port} after {total_s:.0f} s; start node 0 (--node-rank 0) there.")
-        if now - last_note > 30:
-            logger.info(f"waiting for node 0 at {addr}:{port} (connection refused: not started yet?)")
+        if now - last_note > (10 if last_note == start else 30):  # first note after 10 s, then every 30 s
+            logger.info(f"waiting for node 0 at {addr}:{port}: connection refused (node 0 not started yet, "
+                        "or a wrong --master-addr/--master-port?)")
             last_note = now
 
 

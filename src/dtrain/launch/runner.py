@@ -8,6 +8,7 @@ import logging
 import os
 import runpy
 import sys
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -19,7 +20,7 @@ from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 from .._log import logger
 from ..diag.watchdog import STALL_EXIT
 from ..errors import DtrainError, LaunchError
-from .preflight import check_nodes, wait_for_master
+from .preflight import check_nodes, connect_store, wait_for_master
 from .spec import LaunchSpec
 from .store import host_store
 
@@ -54,7 +55,10 @@ def _rendezvous(spec: LaunchSpec) -> Iterator[int]:
     if spec.node_rank != 0:
         wait_for_master(spec.addr, spec.port)
         check_nodes(spec, spec.port)
-        yield spec.port
+        try:
+            yield spec.port
+        finally:
+            _say_done(spec)
         return
     store, port = host_store(spec.addr, spec.port)
     try:
@@ -62,7 +66,32 @@ def _rendezvous(spec: LaunchSpec) -> Iterator[int]:
             check_nodes(spec, port)
         yield port
     finally:
+        if spec.nnodes > 1:
+            _wait_for_others(store, spec.nnodes - 1)
         del store
+
+
+#: The other nodes' agents may still be in torch's exit barrier (a store.wait) when node 0's
+#: agent leaves it; closing the store then gives them a "recvValueWithTimeout failed" warning
+#: with a C++ stack trace. Node 0 keeps the store until each node says it is done.
+_DONE_KEY = "/dtrain/done"
+_DONE_WAIT_S = 15.0
+
+
+def _say_done(spec: LaunchSpec) -> None:
+    try:
+        connect_store(spec.addr, spec.port, handshake_s=5).add(_DONE_KEY, 1)
+    except (DtrainError, RuntimeError, ValueError):
+        pass  # node 0 is gone already: nothing to tell
+
+
+def _wait_for_others(store: Any, others: int) -> None:
+    deadline = time.monotonic() + _DONE_WAIT_S
+    try:
+        while store.add(_DONE_KEY, 0) < others and time.monotonic() < deadline:
+            time.sleep(0.05)
+    except (RuntimeError, ValueError):
+        pass
 
 
 def _quiet_elastic_logs() -> None:
@@ -89,6 +118,7 @@ def _elastic(spec: LaunchSpec, entrypoint: Callable[..., Any] | str, args: tuple
             monitor_interval=0.1,
             start_method="spawn",
             local_addr=spec.addr if spec.nnodes == 1 else None,
+            **_signal_options(),
         )
         _quiet_elastic_logs()
         try:
@@ -105,6 +135,17 @@ def _elastic(spec: LaunchSpec, entrypoint: Callable[..., Any] | str, args: tuple
                 return 128 + int(getattr(exc, "sigval", 15))
             raise LaunchError(f"the elastic agent failed: {name}: {exc}") from None
     return 0
+
+
+def _signal_options() -> dict[str, str]:
+    """SIGUSR1 (SLURM's warning before the time limit) kills an agent that does not catch it;
+    caught, the agent hands it to the workers and gives them 30 s to checkpoint and exit
+    (``dtrain.preempt``). ``signals_to_handle`` exists in LaunchConfig since torch 2.6."""
+    import dataclasses
+
+    if any(f.name == "signals_to_handle" for f in dataclasses.fields(LaunchConfig)):
+        return {"signals_to_handle": "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"}
+    return {}
 
 
 def _spawn_worker(local_rank: int, spec: LaunchSpec, port: int, fn: Callable[..., Any], args: tuple) -> None:

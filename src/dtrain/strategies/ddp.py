@@ -105,6 +105,9 @@ class DDPStrategy:
         self.comm.load_state_dict(state["state"], same_ranks=state.get("world_size") == self._world_size)
 
     def setup_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module) -> torch.optim.Optimizer:
+        register = getattr(self.comm, "register_optimizer", None)
+        if register is not None:  # local SGD keeps each rank's own optimizer state
+            register(optimizer)
         return optimizer
 
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager:

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from .. import init
+from .. import init, preempt
 from .._log import configure_cli_logging, logger
 from ..context import Context
 from ..errors import ConfigError, DtrainError
@@ -25,7 +25,11 @@ from .config import TrainConfig, check_accum
 def worker_main(cfg: TrainConfig) -> None:
     """Entry point of one worker: run, print the result line on rank 0, exit with a clean
     one-line error (status 2) on bad input."""
-    world = World.detect(device=cfg.device)
+    try:
+        world = World.detect(device=cfg.device)
+    except DtrainError as exc:
+        print(f"dtrain: error: {exc}", file=sys.stderr, flush=True)
+        sys.exit(exc.exit_code)
     configure_cli_logging(world.rank)
     try:
         result = run(cfg, world=world)
@@ -38,7 +42,15 @@ def worker_main(cfg: TrainConfig) -> None:
 
 def run(cfg: TrainConfig, world: World | None = None) -> dict[str, Any]:
     """Train ``cfg`` on this rank. Collective: call on every rank. Returns the result record."""
+    try:
+        return _run(cfg, world)
+    finally:
+        preempt.uninstall()
+
+
+def _run(cfg: TrainConfig, world: World | None) -> dict[str, Any]:
     t0 = time.perf_counter()
+    preempt.install()
     task = load_task(cfg.task, data_dir=cfg.data_dir, options=cfg.task_args)  # bad input fails before any rendezvous
     batch = cfg.batch_size or task.batch_size
     check_accum(batch, cfg.grad_accum)
@@ -62,17 +74,22 @@ def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) ->
     if per_epoch == 0:
         raise_small(task, batch, ctx.world_size)
     epochs = cfg.epochs or task.epochs
-    total = per_epoch * epochs if cfg.max_steps is None else min(cfg.max_steps, per_epoch * epochs)
     ckpt = ctx.checkpoints(cfg.checkpoint_dir, keep=cfg.keep, async_save=cfg.async_save) if cfg.checkpoint_dir else None
     step = 0
-    restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
-    if ckpt is not None and (cfg.resume or restarts > 0):
+    restarts = ctx.world.restart_count
+    if ckpt is not None and (cfg.resume or restarts > 0 or ctx.world.requeue_count > 0):
         meta = ckpt.resume(model=model, optimizer=optimizer, loader=loader)
         if meta is not None:
             step = meta["step"]
-            logger.info(f"resumed from {meta['path']} at step {step} (saved by {meta['world_size']} process(es))")
+            why = f"; elastic restart {restarts} after a worker failed" if restarts else ""
+            logger.info(f"resumed from {meta['path']} at step {step} (saved by {meta['world_size']} process(es){why})")
         elif cfg.resume:
             logger.info(f"--resume: no checkpoint in {cfg.checkpoint_dir} yet; starting from step 0")
+    # The steps still to run follow from the data position, not from the step count: after a
+    # resume on another world size the steps already done were of another global batch.
+    total = step + _steps_left(loader, per_epoch, epochs)
+    if cfg.max_steps is not None:
+        total = min(total, max(cfg.max_steps, step))
     logger.info(
         f"{task.name}: {ctx.world_size} process(es), strategy {ctx.strategy.name}, precision {ctx.precision.effective}, "
         f"batch {batch}/process, {total} steps on {ctx.device}"
@@ -84,10 +101,15 @@ def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) ->
     window_loss = torch.zeros((), device=ctx.device)
     window_steps, last_loss, start_step, save_block_s = 0, float("nan"), step, 0.0
     k = cfg.grad_accum
+    # SIGUSR1/SIGTERM (caught from run()'s start): every rank saves at the next log interval,
+    # then the job is requeued (dtrain.preempt); the hook reads `step` when it runs.
+    if ckpt is not None:
+        preempt.register(lambda: ckpt.save(step, model=model, optimizer=optimizer, loader=loader))
+    preempted = False
     model.train()
     meter.start()
     epoch = loader.next_epoch
-    while step < total:
+    while step < total and not preempted:
         epoch = loader.next_epoch
         for x, y in loader:
             for xm, ym in zip(x.chunk(k), y.chunk(k)):
@@ -110,6 +132,9 @@ def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) ->
                     progress.update(step, {"loss": last_loss, "samples_per_s": record["samples_per_s"]})
                 if sink:
                     sink.write(record)
+            if step % cfg.log_every == 0 and step < total and preempt.check(ctx):
+                preempted = True
+                break
             if ckpt is not None and cfg.save_every and step % cfg.save_every == 0 and step < total:
                 ckpt.save(step, model=model, optimizer=optimizer, loader=loader)
                 save_block_s += ckpt.last_blocking_s or 0.0
@@ -118,8 +143,11 @@ def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) ->
     if ctx.device.type == "cuda":
         torch.cuda.synchronize(ctx.device)
     meter.stop((step - start_step) * batch * ctx.world_size)
+    preempt.uninstall()
     if progress:
         progress.close()
+    if preempted:
+        return _stopped(ctx, task, ckpt, step, meter, last_loss, t0)
     if ckpt is not None:
         ckpt.save(step, model=model, optimizer=optimizer, loader=loader)
         save_block_s += ckpt.last_blocking_s or 0.0
@@ -149,6 +177,26 @@ def _comm_record(ctx: Context) -> dict[str, Any]:
     """``comm`` (what was asked) and ``comm_choice`` (what ran: auto's pick), when the strategy has one."""
     describe = getattr(ctx.strategy, "comm_record", None)
     return describe() if describe is not None else {}
+
+
+def _steps_left(loader: Any, per_epoch: int, epochs: int) -> int:
+    """Batches this rank's loader still yields until ``epochs`` epochs are complete."""
+    if loader.next_epoch >= epochs:
+        return 0
+    return len(loader) + per_epoch * (epochs - loader.next_epoch - 1)
+
+
+def _stopped(ctx: Context, task: Task, ckpt: Any, step: int, meter: Throughput, last_loss: float, t0: float) -> dict[str, Any]:
+    """The result of a run stopped by a preemption signal (no final evaluation)."""
+    if ckpt is None:
+        logger.warning("preemption: no --checkpoint-dir, so a requeued job starts again from step 0")
+    else:
+        ckpt.wait()
+    return {
+        "task": task.name, "world_size": ctx.world_size, "strategy": ctx.strategy.name, "precision": ctx.precision.effective,
+        "steps": step, "samples_per_s": round(meter.samples_per_s, 2) if meter.samples_per_s else None,
+        "train_loss": round(last_loss, 6), "test_acc": None, "wall_s": round(time.perf_counter() - t0, 3), "preempted": True,
+    }
 
 
 def _fault_injection(rank: int, restarts: int) -> int | None:

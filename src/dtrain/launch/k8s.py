@@ -1,0 +1,131 @@
+"""A job description as a Kubeflow ``PyTorchJob`` (training-operator, ``kubeflow.org/v1``).
+
+One pod per node; each runs ``dtrain train``/``dtrain run`` with ``-n procs_per_node`` and the
+same static rendezvous as on SLURM: the Master pod (node rank 0) hosts it on its own pod IP
+(downward API), the Worker pods reach it through the master's headless service
+``<name>-master-0`` (created by the operator) and take their node rank from the operator's
+``training.kubeflow.org/replica-index`` label (+1). Nothing depends on the operator's
+environment variables, which differ between its versions.
+
+    dtrain submit --k8s job.toml --out job.yaml && kubectl apply -f job.yaml
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from typing import Any
+
+from ..errors import ConfigError
+from .jobspec import JobSpec, mem_mib, time_seconds
+from .sbatch import job_env
+
+API_VERSION = "kubeflow.org/v1"
+INDEX_LABEL = "training.kubeflow.org/replica-index"
+_DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+#: How long a worker waits for the master's service name to resolve (it appears once the master runs).
+DNS_WAIT_S = 300
+
+
+def render(job: JobSpec) -> dict[str, Any]:
+    """The PyTorchJob manifest for ``job``, as a dict (``to_yaml``/``json.dumps`` to write it)."""
+    if not job.k8s.image:
+        raise ConfigError('a Kubernetes job needs an image: set [k8s] image = "registry/you/train:tag" or --image.')
+    if not _DNS1123.match(job.name) or len(job.name) > 50:
+        raise ConfigError(f"job name {job.name!r} is not a Kubernetes name; use lower-case letters, digits and '-' (at most 50).")
+    if job.layout != "node":
+        raise ConfigError("layout 'process' is SLURM's; on Kubernetes each pod is a node running procs_per_node processes (layout 'node').")
+    master = f"{job.name}-master-0"
+    specs: dict[str, Any] = {"Master": _replica(job, 1, rank0=True, master=master)}
+    if job.nodes > 1:
+        specs["Worker"] = _replica(job, job.nodes - 1, rank0=False, master=master)
+    run_policy: dict[str, Any] = {"cleanPodPolicy": "None", "backoffLimit": job.k8s.backoff_limit}
+    if job.time:
+        run_policy["activeDeadlineSeconds"] = time_seconds(job.time)
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "PyTorchJob",
+        "metadata": {"name": job.name, "namespace": job.k8s.namespace, "labels": {"app.kubernetes.io/created-by": "dtrain"}},
+        "spec": {"runPolicy": run_policy, "pytorchReplicaSpecs": specs},
+    }
+
+
+def _replica(job: JobSpec, replicas: int, *, rank0: bool, master: str) -> dict[str, Any]:
+    port = job.k8s.port
+    if rank0:
+        node_rank, addr, wait = "0", '"$DTRAIN_POD_IP"', ""
+    else:
+        node_rank, addr = '"$((DTRAIN_REPLICA_INDEX + 1))"', master
+        wait = (f"for i in $(seq {DNS_WAIT_S // 2}); do getent hosts {master} >/dev/null 2>&1 && break; sleep 2; done; ")
+    launch = ["-n", str(job.procs_per_node), "--nnodes", str(job.nodes), "--node-rank", "@RANK@", "--master-addr", "@ADDR@",
+              "--master-port", str(port)]
+    line = shlex.join(job.task_argv(launch)).replace("@RANK@", node_rank).replace("@ADDR@", addr)
+    env = [{"name": k, "value": v} for k, v in job_env(job).items()]
+    env += [
+        {"name": "DTRAIN_POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        {"name": "DTRAIN_REPLICA_INDEX", "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{INDEX_LABEL}']"}}},
+    ]
+    resources: dict[str, dict[str, str]] = {"requests": {}, "limits": {}}
+    cpus = job.cpus_per_proc * job.procs_per_node
+    resources["requests"]["cpu"] = resources["limits"]["cpu"] = str(cpus)
+    if job.mem_per_proc:
+        resources["requests"]["memory"] = resources["limits"]["memory"] = f"{mem_mib(job.mem_per_proc) * job.procs_per_node}Mi"
+    if job.gpus_per_node:
+        resources["limits"]["nvidia.com/gpu"] = str(job.gpus_per_node)
+    container: dict[str, Any] = {
+        "name": "pytorch",  # the operator finds the training container by this name
+        "image": job.k8s.image,
+        "command": ["/bin/sh", "-c", wait + "exec " + line],
+        "env": env,
+        "ports": [{"name": "pytorchjob-port", "containerPort": port}],
+        "resources": resources,
+        # DataLoader workers share tensors through /dev/shm, which is 64 MiB in a pod by default.
+        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+    }
+    if job.k8s.image_pull_policy:
+        container["imagePullPolicy"] = job.k8s.image_pull_policy
+    if job.workdir:
+        container["workingDir"] = job.workdir
+    return {
+        "replicas": replicas,
+        "restartPolicy": "OnFailure",
+        "template": {"spec": {"containers": [container], "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}]}},
+    }
+
+
+def to_yaml(value: Any, indent: int = 0) -> str:
+    """Block-style YAML; every string double-quoted as JSON writes it (a valid YAML scalar)."""
+    pad = "  " * indent
+    if isinstance(value, dict):
+        if not value:
+            return pad + "{}\n"
+        out = ""
+        for k, v in value.items():
+            key = json.dumps(str(k)) if not re.match(r"^[A-Za-z_][A-Za-z0-9_.\-/]*$", str(k)) else str(k)
+            if isinstance(v, (dict, list)) and v:
+                out += f"{pad}{key}:\n{to_yaml(v, indent + 1)}"
+            else:
+                out += f"{pad}{key}: {_scalar(v)}\n"
+        return out
+    if isinstance(value, list):
+        if not value:
+            return pad + "[]\n"
+        out = ""
+        for item in value:
+            body = to_yaml(item, indent + 1) if isinstance(item, (dict, list)) and item else f"{pad}  {_scalar(item)}\n"
+            out += f"{pad}- {body[len(pad) + 2:]}"
+        return out
+    return pad + _scalar(value) + "\n"
+
+
+def _scalar(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return json.dumps(v)
+    if v is None:
+        return "null"
+    if isinstance(v, (dict, list)):
+        return json.dumps(v)
+    return json.dumps(str(v))

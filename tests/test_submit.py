@@ -1,0 +1,178 @@
+"""One job description -> an sbatch script or a Kubeflow PyTorchJob manifest (no cluster needed)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from dtrain import ConfigError
+from dtrain.launch import jobspec, k8s, sbatch
+from dtrain.testing import run_cli
+
+SCHEMA = json.loads((Path(__file__).parent / "schemas" / "pytorchjob.schema.json").read_text())
+
+JOB_TOML = """\
+name = "mnist-2n"
+command = ["dtrain", "train", "--task", "mnist", "--data-dir", "/data/mnist"]
+nodes = 2
+procs_per_node = 2
+gpus_per_node = 2
+cpus_per_proc = 8
+mem_per_proc = "4G"
+time = "01:30:00"
+[env]
+NCCL_DEBUG = "WARN"
+[slurm]
+partition = "gpu"
+setup = ["source .venv/bin/activate"]
+[k8s]
+image = "registry.example.com/me/train:1"
+"""
+
+
+@pytest.fixture
+def job_file(tmp_path) -> Path:
+    path = tmp_path / "job.toml"
+    path.write_text(JOB_TOML)
+    return path
+
+
+def test_toml_job_as_sbatch_script(job_file):
+    text = sbatch.render(jobspec.load(job_file))
+    for line in ["#SBATCH --job-name=mnist-2n", "#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=1",
+                 "#SBATCH --cpus-per-task=16", "#SBATCH --mem=8192M", "#SBATCH --gres=gpu:2", "#SBATCH --time=01:30:00",
+                 "#SBATCH --open-mode=append", "#SBATCH --requeue", "#SBATCH --signal=USR1@90", "#SBATCH --partition=gpu",
+                 "export OMP_NUM_THREADS=8", "export NCCL_DEBUG=WARN", "source .venv/bin/activate"]:
+        assert line in text.splitlines(), line
+    assert text.splitlines()[-1] == ("srun --nodes=2 --ntasks=2 --ntasks-per-node=1 --cpus-per-task=16 --kill-on-bad-exit=1 "
+                                     "dtrain train -n 2 --task mnist --data-dir /data/mnist")
+    assert subprocess.run(["bash", "-n"], input=text, text=True).returncode == 0
+
+
+def test_process_layout_and_script_command():
+    job = jobspec.JobSpec(command=("train.py", "--lr", "0.1"), nodes=2, procs_per_node=4, layout="process",
+                          dtrain=("python3", "-m", "dtrain"))
+    assert sbatch.srun_argv(job) == ["srun", "--nodes=2", "--ntasks=8", "--ntasks-per-node=4", "--cpus-per-task=1",
+                                     "--kill-on-bad-exit=1", "python3", "-m", "dtrain", "run", "train.py", "--lr", "0.1"]
+    node = jobspec.with_overrides(job, layout="node", command=("dtrain", "run", "--launcher", "spawn", "train.py"))
+    assert sbatch.srun_argv(node)[-6:] == ["run", "-n", "4", "--launcher", "spawn", "train.py"]
+
+
+@pytest.mark.parametrize("values, expect", [
+    ({"gpus_per_node": 2, "procs_per_node": 4}, "gpus_per_node 2 does not match procs_per_node 4"),
+    ({"command": ("python", "train.py")}, "command must start with `dtrain train`, `dtrain run` or a script.py"),
+    ({"command": ("dtrain", "train", "-n", "4")}, "command sets -n; the job description owns them"),
+    ({"command": ("dtrain", "bench")}, "a job runs `dtrain train` or `dtrain run SCRIPT`"),
+    ({"command": ("dtrain", "run", "--launcher", "spawn")}, "names no script"),
+    ({"time": "2h"}, "is not a time limit"),
+    ({"mem_per_proc": "lots"}, "is not a size"),
+    ({"layout": "rack"}, "unknown layout 'rack'; choose one of: node, process"),
+    ({"name": "my job"}, "job name 'my job' may hold only"),
+    ({"nodes": 0}, "nodes must be >= 1"),
+])
+def test_bad_job_descriptions(values, expect):
+    with pytest.raises(ConfigError, match=None) as info:
+        jobspec.JobSpec(**{"command": ("train.py",), **values})
+    assert expect in str(info.value)
+
+
+def test_unknown_toml_key_names_the_known_ones(tmp_path):
+    path = tmp_path / "j.toml"
+    path.write_text('command = ["train.py"]\nnode = 2\n')
+    with pytest.raises(ConfigError, match="unknown key\\(s\\) node; known keys: command, cpus_per_proc"):
+        jobspec.load(path)
+
+
+@pytest.mark.parametrize("text, seconds", [("90", 5400), ("10:30", 630), ("01:30:00", 5400), ("2-00", 172800),
+                                           ("1-02:03:04", 93784)])
+def test_time_forms(text, seconds):
+    assert jobspec.time_seconds(text) == seconds
+
+
+def test_memory_forms():
+    assert [jobspec.mem_mib(x) for x in ("4G", "512M", "512", "1.5G", "2GiB")] == [4096, 512, 512, 1536, 2048]
+
+
+@pytest.mark.parametrize("nodes", [1, 3])
+def test_manifest_validates_against_pytorchjob_schema(job_file, nodes):
+    jsonschema = pytest.importorskip("jsonschema")
+    job = jobspec.with_overrides(jobspec.load(job_file), nodes=nodes)
+    manifest = k8s.render(job)
+    jsonschema.validate(manifest, SCHEMA)
+    specs = manifest["spec"]["pytorchReplicaSpecs"]
+    assert specs["Master"]["replicas"] == 1
+    assert specs.get("Worker", {}).get("replicas", 0) == nodes - 1
+    master = specs["Master"]["template"]["spec"]["containers"][0]
+    assert master["name"] == "pytorch" and master["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    assert f'-n 2 --nnodes {nodes} --node-rank 0 --master-addr "$DTRAIN_POD_IP" --master-port 29500' in master["command"][2]
+    assert manifest["spec"]["runPolicy"]["activeDeadlineSeconds"] == 5400
+    if nodes > 1:
+        worker = specs["Worker"]["template"]["spec"]["containers"][0]
+        assert '--node-rank "$((DTRAIN_REPLICA_INDEX + 1))" --master-addr mnist-2n-master-0' in worker["command"][2]
+        fields = {e["name"]: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") for e in worker["env"]}
+        assert fields["DTRAIN_REPLICA_INDEX"] == "metadata.labels['training.kubeflow.org/replica-index']"
+        # the rendered shell line parses
+        assert subprocess.run(["sh", "-n", "-c", worker["command"][2]]).returncode == 0
+
+
+def test_schema_is_not_vacuous(job_file):
+    jsonschema = pytest.importorskip("jsonschema")
+    manifest = k8s.render(jobspec.load(job_file))
+    container = manifest["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
+    container["imagee"] = container.pop("image")
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(manifest, SCHEMA)
+
+
+def test_yaml_reads_back_as_the_same_manifest(job_file):
+    yaml = pytest.importorskip("yaml")
+    manifest = k8s.render(jobspec.load(job_file))
+    assert yaml.safe_load(k8s.to_yaml(manifest)) == manifest
+
+
+@pytest.mark.parametrize("values, expect", [
+    ({"k8s_image": ""}, "a Kubernetes job needs an image"),
+    ({"name": "Mnist_2"}, "is not a Kubernetes name"),
+    ({"layout": "process"}, "layout 'process' is SLURM's"),
+])
+def test_bad_kubernetes_jobs(job_file, values, expect):
+    job = jobspec.with_overrides(jobspec.load(job_file), **values)
+    with pytest.raises(ConfigError) as info:
+        k8s.render(job)
+    assert expect in str(info.value)
+
+
+def test_cli_dry_run_and_json_manifest(job_file, tmp_path):
+    r = run_cli(["submit", "--slurm", str(job_file), "--dry-run", "--nodes", "3"], timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "#SBATCH --nodes=3" in r.stdout and r.stdout.startswith("#!/bin/bash")
+    out = tmp_path / "job.json"
+    r = run_cli(["submit", "--k8s", str(job_file), "--out", str(out), "--env", "A=1"], timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert f"kubectl apply -f {out}" in r.stderr
+    manifest = json.loads(out.read_text())
+    env = manifest["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["env"]
+    assert {"name": "A", "value": "1"} in env and {"name": "NCCL_DEBUG", "value": "WARN"} in env
+
+
+def test_cli_flags_only_job():
+    r = run_cli(["submit", "--slurm", "--dry-run", "--nodes", "2", "--procs-per-node", "2", "--", "train.py", "--lr", "1"], timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().splitlines()[-1].endswith("dtrain run -n 2 train.py --lr 1")
+
+
+@pytest.mark.parametrize("args, expect", [
+    (["--slurm", "--dry-run", "--procs-per-node", "4", "--gpus-per-node", "2", "--", "train.py"],
+     "gpus_per_node 2 does not match procs_per_node 4"),
+    (["--dry-run", "--", "train.py"], "say where the job goes: --slurm"),
+    (["--slurm", "--dry-run"], "the job has no command"),
+    (["--k8s", "--dry-run", "--", "train.py"], "a Kubernetes job needs an image"),
+])
+def test_cli_bad_jobs_are_one_line(args, expect):
+    r = run_cli(["submit", *args], timeout=60)
+    err = r.stderr.strip()
+    assert r.returncode == 2, (r.returncode, err)
+    assert len(err.splitlines()) == 1 and err.startswith("dtrain: error: ") and expect in err, err
