@@ -81,7 +81,7 @@ def test_comm_needs_ddp():
 MODES = ("none", "fp16", "bf16", "powersgd:2", "localsgd:4")
 
 
-def train_digits_each_mode(modes: tuple[str, ...]) -> dict[str, dict]:
+def train_digits_each_mode(modes: tuple[str, ...], epochs: int) -> dict[str, dict]:
     """The built-in loop on `digits` once per mode, in one process group (one spawn for all)."""
     from dtrain.train import TrainConfig, run
     from dtrain.world import World, destroy_process_group, init_process_group
@@ -89,7 +89,7 @@ def train_digits_each_mode(modes: tuple[str, ...]) -> dict[str, dict]:
     world = World.detect()
     init_process_group(world)
     try:
-        return {m: run(TrainConfig(task="digits", comm=m, seed=0), world=world) for m in modes}
+        return {m: run(TrainConfig(task="digits", comm=m, seed=0, epochs=epochs), world=world) for m in modes}
     finally:
         destroy_process_group()
 
@@ -98,8 +98,9 @@ def train_digits_each_mode(modes: tuple[str, ...]) -> dict[str, dict]:
 @pytest.mark.timeout(240)
 def test_every_method_trains_digits_within_one_point_of_plain_ddp():
     pytest.importorskip("sklearn")
-    results = run_distributed(train_digits_each_mode, MODES, world_size=2, timeout=220)[0]
+    results = run_distributed(train_digits_each_mode, MODES, 20, world_size=2, timeout=220)[0]
     plain = results["none"]["test_acc"]
+    print({m: r["test_acc"] for m, r in results.items()})
     for mode in MODES[1:]:
         r = results[mode]
         assert r["comm"] == mode and r["comm_choice"] == mode
