@@ -86,8 +86,9 @@ class DDPStrategy:
     def comm_record(self) -> dict:
         """For result records: ``comm`` as asked, and ``comm_choice``, what ran (auto's pick)."""
         spec = str(self.config.comm)
-        choice = getattr(self.comm, "choice", None) or (spec if self.comm is not None or spec == "none" else None)
-        return {"comm": spec, "comm_choice": choice}
+        if self.config.comm.kind == "auto":  # None until auto has decided (or with one process)
+            return {"comm": spec, "comm_choice": getattr(self.comm, "choice", None)}
+        return {"comm": spec, "comm_choice": spec}
 
     def state_dict(self) -> dict:
         """This rank's communication state (PowerSGD error feedback, step counters, auto's choice)."""
