@@ -13,6 +13,7 @@ from ..errors import ConfigError
 KINDS = ("none", "fp16", "bf16", "powersgd", "localsgd", "auto")
 CHOICES = "none, fp16, bf16, powersgd[:RANK], localsgd[:H], auto"
 DEFAULT_WARMUP = 10
+AUTO_WARMUP = 6
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -25,10 +26,14 @@ class CommSpec:
     """PowerSGD's matrix approximation rank (``powersgd:RANK``)."""
     period: int = 16
     """Local SGD: steps between parameter averages (``localsgd:H``)."""
-    warmup: int = DEFAULT_WARMUP
-    """Plain all-reduce steps before compression or local steps start (auto measures during them)."""
+    warmup: int | None = None
+    """Plain all-reduce steps before compression or local steps start (auto measures during
+    them); None: 10, or 6 for auto (each of its plain steps costs a full all-reduce on the slow
+    link it is about to avoid; 4 measured steps after DDP's 2 settling ones suffice)."""
 
     def __post_init__(self) -> None:
+        if self.warmup is None:
+            object.__setattr__(self, "warmup", AUTO_WARMUP if self.kind == "auto" else DEFAULT_WARMUP)
         if self.kind not in KINDS:
             raise ConfigError(f"unknown --comm {self.kind!r}; choose one of: {CHOICES}.")
         if self.rank < 1:
@@ -41,8 +46,8 @@ class CommSpec:
         # bucket: torch's PowerSGDState insists on at least 2 plain steps.
         if self.kind == "powersgd" and self.warmup < 2:
             raise ConfigError(f"--comm-warmup {self.warmup} is too short for powersgd (DDP settles its buckets in the first steps); use >= 2.")
-        if self.kind == "auto" and self.warmup < 3:
-            raise ConfigError(f"--comm-warmup {self.warmup} is too short for auto (it measures during the warm-up); use >= 3.")
+        if self.kind == "auto" and self.warmup < 4:
+            raise ConfigError(f"--comm-warmup {self.warmup} is too short for auto (it measures during the warm-up); use >= 4.")
 
     @classmethod
     def parse(cls, text: str | CommSpec | None, *, warmup: int | None = None) -> CommSpec:
