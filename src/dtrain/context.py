@@ -28,6 +28,8 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from . import strategies
+from ._log import note_once
+from .comm import CommSpec
 from .checkpoint import CheckpointManager, atomic_save, safe_load
 from .data.loader import DeviceLoader, reshard, to_device
 from .data.sampler import EvalShardSampler
@@ -53,6 +55,8 @@ def init(
     stall_timeout: float | None = None,
     debug: bool | None = None,
     run_dir: str | None = None,
+    comm: str | None = None,
+    comm_warmup: int | None = None,
     **strategy_options: Any,
 ) -> Context:
     """Detect the world, join the process group and build the strategy.
@@ -63,11 +67,15 @@ def init(
     watchdog reports and stops a job in which some rank made no progress that long.
     ``debug`` (default ``$DTRAIN_DEBUG``): check every dtrain collective across ranks.
     ``run_dir`` (default ``$DTRAIN_RUN_DIR`` or ``./dtrain-run``): where stall dumps go.
+    ``comm`` (default ``$DTRAIN_COMM`` or ``none``): how DDP's gradients travel, one of
+    ``none, fp16, bf16, powersgd[:RANK], localsgd[:H], auto`` (see ``dtrain.comm``), after
+    ``comm_warmup`` plain steps (default ``$DTRAIN_COMM_WARMUP``, else 10; 6 for auto).
     """
     _install_excepthook()
     world = world or World.detect(device=device)
     if strategy == "auto":
         strategy = "ddp" if world.distributed else "single"
+    strategy_options.update(comm_options(strategy, world, comm, comm_warmup))
     strat = strategies.build(strategy, **strategy_options)
     prec = Precision.resolve(precision, world.device)
     stall = _env_float("DTRAIN_STALL_TIMEOUT", 900.0) if stall_timeout is None else float(stall_timeout)
@@ -85,6 +93,28 @@ def init(
             master_addr=world.master_addr, master_port=world.master_port, attempt=world.restart_count,
         ).start()
     return ctx
+
+
+def comm_options(strategy: str | Strategy, world: World, comm: str | None, warmup: int | None) -> dict[str, Any]:
+    """The strategy options that carry ``--comm`` (``dtrain run --comm`` hands it over as
+    ``$DTRAIN_COMM``); a method other than ``none`` needs the ddp strategy."""
+    comm = comm if comm is not None else os.environ.get("DTRAIN_COMM") or None
+    if warmup is None and os.environ.get("DTRAIN_COMM_WARMUP"):
+        raw = os.environ["DTRAIN_COMM_WARMUP"]
+        try:
+            warmup = int(raw)
+        except ValueError:
+            raise ConfigError(f"DTRAIN_COMM_WARMUP={raw!r} is not a number of steps.") from None
+    spec = CommSpec.parse(comm, warmup=warmup)  # a bad value fails here, on every strategy
+    if spec.kind == "none":
+        return {}
+    if strategy == "ddp":
+        return {"comm": spec}
+    if not world.distributed:
+        note_once(f"--comm {spec} has no effect with one process (nothing to communicate).")
+        return {}
+    name = strategy if isinstance(strategy, str) else getattr(strategy, "name", type(strategy).__name__)
+    raise ConfigError(f"--comm {spec} works with the ddp strategy, not {name!r}; use --strategy ddp or --comm none.")
 
 
 def _install_excepthook() -> None:
@@ -164,8 +194,12 @@ class DtrainOptimizer(ForwardingOptimizer):
                 synchronize()
             out = scaler.step(self.optimizer, closure) if closure else scaler.step(self.optimizer)
             scaler.update()
-            return out
-        return self.optimizer.step(closure) if closure else self.optimizer.step()
+        else:
+            out = self.optimizer.step(closure) if closure else self.optimizer.step()
+        after = getattr(self._ctx.strategy, "after_optimizer_step", None)
+        if after is not None:  # e.g. local SGD averages the parameters every H steps (a collective)
+            after(self.optimizer)
+        return out
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         if self._ctx.sync_gradients:

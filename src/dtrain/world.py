@@ -185,6 +185,7 @@ def init_process_group(world: World, timeout_s: float = 1800.0) -> bool:
         kwargs["init_method"] = f"tcp://{_bracket(world.master_addr)}:{world.master_port}"
     if world.device.type == "cuda":
         kwargs["device_id"] = world.device
+    use_route_interface(world.master_addr, quiet=not world.is_main)
     _register_exit_cleanup()
     try:
         dist.init_process_group(**kwargs)
@@ -229,6 +230,20 @@ def _check_same_versions(world: World) -> None:
                 f"ranks run different {key} versions: rank {world.rank} ({mine['host']}) has {mine[key]}, rank 0 "
                 f"({theirs['host']}) has {theirs[key]}; install the same version on every node."
             )
+
+
+def use_route_interface(master_addr: str, *, quiet: bool = False) -> dict[str, str]:
+    """Point gloo's and NCCL's sockets at the interface that routes to ``master_addr`` unless
+    the user chose one (see ``dtrain.netif``); returns the variables set in this process."""
+    from ._log import logger
+    from .netif import socket_env
+
+    chosen = socket_env(master_addr, os.environ)
+    os.environ.update(chosen)
+    if chosen and not quiet:
+        names = ", ".join(f"{k}={v}" for k, v in chosen.items())
+        logger.info(f"sockets between nodes use the interface that routes to {master_addr}: {names} (set them yourself to choose another)")
+    return chosen
 
 
 _exit_cleanup_registered = False

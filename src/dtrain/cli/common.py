@@ -29,6 +29,25 @@ def add_launch_args(parser: argparse.ArgumentParser) -> None:
     d.add_argument("--run-dir", default=None, help="where stall reports and stack dumps go (default ./dtrain-run)")
 
 
+def add_comm_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("communication (ddp)")
+    g.add_argument("--comm", default=None, metavar="METHOD",
+                   help="how gradients travel: none (all-reduce, default), fp16, bf16, powersgd[:RANK], localsgd[:H], auto")
+    g.add_argument("--comm-warmup", type=int, default=None, metavar="STEPS",
+                   help="plain all-reduce steps before compression / local steps start (default 10; auto: 6, it measures during them)")
+
+
+def export_comm(args: argparse.Namespace) -> None:
+    """Hand --comm to the workers of `dtrain run` (dtrain.init reads $DTRAIN_COMM); checked here first."""
+    from ..comm import CommSpec
+
+    spec = CommSpec.parse(args.comm, warmup=args.comm_warmup)
+    if args.comm is not None:
+        os.environ["DTRAIN_COMM"] = str(spec)
+    if args.comm_warmup is not None:
+        os.environ["DTRAIN_COMM_WARMUP"] = str(spec.warmup)
+
+
 def export_diagnostics(args: argparse.Namespace) -> None:
     """Hand the diagnostics flags to the workers (they inherit this environment)."""
     if args.stall_timeout is not None:

@@ -9,12 +9,13 @@ from .._log import configure_cli_logging
 from ..errors import ConfigError
 from ..launch import launch_script
 from ..launch.runner import run_script
-from .common import add_launch_args, export_diagnostics, launch_spec, slurm_step
+from .common import add_comm_args, add_launch_args, export_comm, export_diagnostics, launch_spec, slurm_step
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="run a training script on N processes (torchrun or spawn)", description=__doc__)
     add_launch_args(p)
+    add_comm_args(p)
     p.add_argument("script", help="the Python script every worker runs")
     p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
     p.set_defaults(func=main)
@@ -22,6 +23,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def main(args: argparse.Namespace) -> int:
     configure_cli_logging(0, verbose=args.verbose)
+    export_comm(args)
     if not os.path.isfile(args.script):
         raise ConfigError(f"script {args.script} does not exist; give the path of the training script to run.")
     step = slurm_step(args)

@@ -10,7 +10,7 @@ from ..launch import launch_function
 from ..tasks import load_task
 from ..train import TrainConfig, worker_main
 from ..world import World
-from .common import add_launch_args, export_diagnostics, launch_spec
+from .common import add_comm_args, add_launch_args, export_diagnostics, launch_spec
 from .sharding import add_sharding_args, strategy_options
 
 
@@ -39,6 +39,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--resume", action="store_true", help="continue from the newest valid checkpoint in --checkpoint-dir")
     g.add_argument("--async-save", action="store_true", help="write checkpoints in the background (the copy to host memory blocks)")
     add_sharding_args(p)
+    add_comm_args(p)
     add_launch_args(p)
     p.set_defaults(func=main)
 
@@ -61,14 +62,19 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         seed=args.seed, log_every=args.log_every, metrics_file=args.metrics_file,
         checkpoint_dir=args.checkpoint_dir, save_every=args.save_every, device=args.device,
         num_workers=args.num_workers, keep=args.keep, resume=args.resume, async_save=args.async_save,
+        comm=args.comm, comm_warmup=args.comm_warmup,
     )
 
 
 def validate(cfg: TrainConfig) -> None:
     """Fail on bad input here, once, before any worker starts."""
     from .. import strategies
+    from ..comm import CommSpec
     from ..precision import Precision
 
+    comm = CommSpec.parse(cfg.comm, warmup=cfg.comm_warmup)
+    if comm.kind != "none" and cfg.strategy not in ("auto", "ddp"):
+        raise ConfigError(f"--comm {comm} works with the ddp strategy, not {cfg.strategy!r}; use --strategy ddp or --comm none.")
     strategies.build(cfg.strategy, **cfg.strategy_options) if cfg.strategy != "auto" else None
     Precision.resolve(cfg.precision, World.detect(device=cfg.device).device)
     load_task(cfg.task, data_dir=cfg.data_dir, options=cfg.task_args)

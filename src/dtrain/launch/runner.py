@@ -20,6 +20,7 @@ from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 from .._log import logger
 from ..diag.watchdog import STALL_EXIT
 from ..errors import DtrainError, LaunchError
+from ..world import use_route_interface
 from .preflight import check_nodes, connect_store, wait_for_master
 from .spec import LaunchSpec
 from .store import host_store
@@ -103,9 +104,24 @@ def _quiet_elastic_logs() -> None:
             logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
+@contextlib.contextmanager
+def _socket_interface(spec: LaunchSpec) -> Iterator[None]:
+    """Between nodes, the workers' gloo/NCCL sockets use the interface that routes to the master
+    (plain torchrun binds gloo to whatever the host name resolves to, often 127.0.0.1)."""
+    if spec.nnodes == 1:
+        yield
+        return
+    chosen = use_route_interface(spec.addr, quiet=spec.node_rank != 0)
+    try:
+        yield
+    finally:
+        for key in chosen:
+            os.environ.pop(key, None)
+
+
 def _elastic(spec: LaunchSpec, entrypoint: Callable[..., Any] | str, args: tuple) -> int:
     # torchrun's own rule: one OpenMP thread per worker unless the user says otherwise.
-    with _rendezvous(spec) as port, _env_default("OMP_NUM_THREADS", "1" if spec.nproc > 1 else None):
+    with _rendezvous(spec) as port, _env_default("OMP_NUM_THREADS", "1" if spec.nproc > 1 else None), _socket_interface(spec):
         config = LaunchConfig(
             min_nodes=spec.nnodes,
             max_nodes=spec.nnodes,
@@ -166,7 +182,7 @@ def _spawn_worker(local_rank: int, spec: LaunchSpec, port: int, fn: Callable[...
 
 
 def _spawn(spec: LaunchSpec, fn: Callable[..., Any], args: tuple) -> int:
-    with _rendezvous(spec) as port, _env_default("OMP_NUM_THREADS", "1" if spec.nproc > 1 else None):
+    with _rendezvous(spec) as port, _env_default("OMP_NUM_THREADS", "1" if spec.nproc > 1 else None), _socket_interface(spec):
         try:
             mp.spawn(_spawn_worker, args=(spec, port, fn, args), nprocs=spec.nproc, join=True)
         except mp.ProcessExitedException as exc:

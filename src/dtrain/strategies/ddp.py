@@ -1,5 +1,6 @@
 """torch's DistributedDataParallel: one process per device, gradients all-reduced in buckets
-while the backward pass runs."""
+while the backward pass runs; ``comm=`` swaps the all-reduce for a method of ``dtrain.comm``
+(compression, PowerSGD, local SGD, auto)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from .._log import note_once
+from .._log import logger, note_once
+from ..comm import CommSpec, Method, attach, needs_one_bucket, one_bucket_mb
 from ..errors import ConfigError
 from ..world import World
 from . import register
@@ -28,6 +30,8 @@ class DDPConfig:
     broadcast_buffers: bool = True
     """Copy rank 0's buffers (e.g. BatchNorm statistics) to every rank at each forward."""
     static_graph: bool = False
+    comm: CommSpec = CommSpec()
+    """How gradients travel (``--comm``): all-reduce, compressed, PowerSGD, local SGD or auto."""
 
     def __post_init__(self) -> None:
         if self.bucket_cap_mb <= 0:
@@ -38,8 +42,15 @@ class DDPConfig:
 class DDPStrategy:
     name = "ddp"
 
-    def __init__(self, config: DDPConfig | None = None, **options) -> None:
-        self.config = config or DDPConfig(**options)
+    def __init__(self, config: DDPConfig | None = None, *, comm: str | CommSpec | None = None, comm_warmup: int | None = None,
+                 **options) -> None:
+        if config is None:
+            config = DDPConfig(comm=CommSpec.parse(comm, warmup=comm_warmup), **options)
+        self.config = config
+        self.comm: Method | None = None
+        """The communication method attached to the DDP model (None: DDP's own all-reduce)."""
+        self._world_size = 1
+        self._pending: dict | None = None
 
     def setup_model(self, model: nn.Module, world: World) -> nn.Module:
         model = move_to_device(model, world)
@@ -51,17 +62,53 @@ class DDPStrategy:
             return model
         c = self.config
         extra = {} if c.broadcast_buffers else {"broadcast_buffers": False}  # deprecated name in torch>=2.13
-        return DistributedDataParallel(
+        bucket_mb = max(c.bucket_cap_mb, one_bucket_mb(model)) if needs_one_bucket(c.comm) else c.bucket_cap_mb
+        ddp = DistributedDataParallel(
             model,
             device_ids=[world.device.index] if world.device.type == "cuda" else None,
-            bucket_cap_mb=c.bucket_cap_mb,
+            bucket_cap_mb=bucket_mb,
             find_unused_parameters=c.find_unused_parameters,
             gradient_as_bucket_view=c.gradient_as_bucket_view,
             static_graph=c.static_graph,
             **extra,
         )
+        self._world_size = world.size
+        self.comm = attach(ddp, c.comm)
+        if self._pending is not None:
+            self.load_state_dict(self._pending)
+        return ddp
+
+    def after_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """Collective: every rank, after each optimizer step (local SGD averages parameters here)."""
+        if self.comm is not None:
+            self.comm.after_step(optimizer)
+
+    def comm_record(self) -> dict:
+        """For result records: ``comm`` as asked, and ``comm_choice``, what ran (auto's pick)."""
+        spec = str(self.config.comm)
+        if self.config.comm.kind == "auto":  # None until auto has decided (or with one process)
+            return {"comm": spec, "comm_choice": getattr(self.comm, "choice", None)}
+        return {"comm": spec, "comm_choice": spec}
+
+    def state_dict(self) -> dict:
+        """This rank's communication state (PowerSGD error feedback, step counters, auto's choice)."""
+        return {"comm": str(self.config.comm), "world_size": self._world_size,
+                "state": self.comm.state_dict() if self.comm is not None else None}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.comm is None:
+            self._pending = state  # restored when setup_model attaches the method
+            return
+        self._pending = None
+        if state.get("comm") != str(self.config.comm) or state.get("state") is None:
+            logger.warning(f"the checkpoint's communication state is for --comm {state.get('comm')}; --comm {self.config.comm} starts afresh.")
+            return
+        self.comm.load_state_dict(state["state"], same_ranks=state.get("world_size") == self._world_size)
 
     def setup_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module) -> torch.optim.Optimizer:
+        register = getattr(self.comm, "register_optimizer", None)
+        if register is not None:  # local SGD keeps each rank's own optimizer state
+            register(optimizer)
         return optimizer
 
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager:

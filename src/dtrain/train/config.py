@@ -42,6 +42,10 @@ class TrainConfig:
     an elastic restart)."""
     async_save: bool = False
     """Write checkpoints in a background thread after copying the state to host memory."""
+    comm: str | None = None
+    """How DDP's gradients travel (``--comm``): none, fp16, bf16, powersgd[:RANK], localsgd[:H], auto."""
+    comm_warmup: int | None = None
+    """Plain all-reduce steps before the ``comm`` method starts (``--comm-warmup``; default 10)."""
 
     def __post_init__(self) -> None:
         positive = {"--epochs": self.epochs, "--max-steps": self.max_steps, "--batch-size": self.batch_size,

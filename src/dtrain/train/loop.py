@@ -54,7 +54,10 @@ def _run(cfg: TrainConfig, world: World | None) -> dict[str, Any]:
     task = load_task(cfg.task, data_dir=cfg.data_dir, options=cfg.task_args)  # bad input fails before any rendezvous
     batch = cfg.batch_size or task.batch_size
     check_accum(batch, cfg.grad_accum)
-    ctx = init(cfg.strategy, cfg.precision, seed=cfg.seed, world=world, **cfg.strategy_options)
+    ctx = init(
+        cfg.strategy, cfg.precision, seed=cfg.seed, world=world,
+        comm=cfg.comm, comm_warmup=cfg.comm_warmup, **cfg.strategy_options,
+    )
     try:
         return _train(ctx, cfg, task, batch, t0)
     finally:
@@ -165,6 +168,7 @@ def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) ->
         "world_size": ctx.world_size,
         "strategy": ctx.strategy.name,
         "precision": ctx.precision.effective,
+        **_comm_record(ctx),
         "steps": step,
         "samples_per_s": round(meter.samples_per_s, 2) if meter.samples_per_s else None,
         "train_loss": round(last_loss, 6),
@@ -180,6 +184,11 @@ def _log_memory(ctx: Context, model: Any, optimizer: Any) -> None:
     if ctx.is_main:
         for report in reports:
             logger.info(f"memory after the first step: {report.line()}")
+
+def _comm_record(ctx: Context) -> dict[str, Any]:
+    """``comm`` (what was asked) and ``comm_choice`` (what ran: auto's pick), when the strategy has one."""
+    describe = getattr(ctx.strategy, "comm_record", None)
+    return describe() if describe is not None else {}
 
 
 def _steps_left(loader: Any, per_epoch: int, epochs: int) -> int:

@@ -1,0 +1,58 @@
+"""Communication over slow links: compressed all-reduce, PowerSGD, post-local SGD, and ``auto``.
+
+    spec = CommSpec.parse("powersgd:4")          # ConfigError with one line for a bad value
+    method = attach(ddp_model, spec)             # registers the DDP comm hook; None for "none"
+    ...optimizer.step(); method.after_step(optimizer)   # the DDP strategy does this for you
+
+The methods are torch's own (DDP comm hooks, PowerSGD, PeriodicModelAverager) with their state
+kept in ``state_dict()``; see ``methods`` for what had to be worked around on gloo.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .auto import Auto, LinkMeasurement, choose
+from .methods import Compressed, LocalSGD, Plain, PowerSGD
+from .spec import CHOICES, KINDS, CommSpec
+
+Method = Plain | Compressed | PowerSGD | LocalSGD | Auto
+
+
+def _hook(method, bucket):  # type: ignore[no-untyped-def]
+    # No annotations: DDP's register_comm_hook checks them against the real classes, and this
+    # module's ``from __future__ import annotations`` would turn them into strings.
+    return method.communicate(bucket)
+
+
+def needs_one_bucket(spec: CommSpec) -> bool:
+    """PowerSGD (and auto, which may pick it) needs every gradient in one DDP bucket (see methods.PowerSGD)."""
+    return spec.kind in ("powersgd", "auto")
+
+
+def one_bucket_mb(model: nn.Module) -> float:
+    """A DDP ``bucket_cap_mb`` that holds every gradient of ``model``. Given explicitly, it also
+    caps DDP's first bucket (which defaults to 1 MB only when bucket_cap_mb is left unset)."""
+    nbytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    return nbytes * 1.05 / 2**20 + 1.0
+
+
+def attach(ddp: nn.parallel.DistributedDataParallel, spec: CommSpec) -> Method | None:
+    """Register ``spec``'s communication hook on ``ddp``; None for ``none`` (DDP's own all-reduce)."""
+    if spec.kind == "none":
+        return None
+    if spec.kind == "auto":
+        method: Method = Auto(spec.warmup, [p.shape for p in ddp.module.parameters() if p.requires_grad])
+    elif spec.kind in ("fp16", "bf16"):
+        method = Compressed(spec.kind)
+    elif spec.kind == "powersgd":
+        method = PowerSGD(spec.rank, spec.warmup)
+    else:
+        method = LocalSGD(spec.period, spec.warmup)
+    ddp.register_comm_hook(method, _hook)
+    return method
+
+
+__all__ = ["CHOICES", "KINDS", "Auto", "CommSpec", "Compressed", "LinkMeasurement", "LocalSGD", "Method", "Plain",
+           "PowerSGD", "attach", "choose", "needs_one_bucket", "one_bucket_mb"]

@@ -1,0 +1,90 @@
+"""Which network interface the collectives' sockets use between nodes.
+
+gloo picks its address from the host name unless ``GLOO_SOCKET_IFNAME`` says otherwise; on
+hosts whose name resolves to 127.0.0.1 (a common /etc/hosts line, and so it is here) every
+rank then announces a loopback address and the other nodes' ranks wait until the timeout.
+dtrain therefore names the interface that routes to the master address, unless the user set
+``GLOO_SOCKET_IFNAME`` / ``NCCL_SOCKET_IFNAME`` themselves.
+
+    socket_env("10.0.0.1", os.environ)   # {'GLOO_SOCKET_IFNAME': 'eth1', 'NCCL_SOCKET_IFNAME': 'eth1'}
+"""
+
+from __future__ import annotations
+
+import fcntl
+import ipaddress
+import socket
+import struct
+from collections.abc import Mapping
+
+VARIABLES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+_SIOCGIFADDR = 0x8915
+
+
+def source_address(addr: str, port: int = 9) -> str | None:
+    """The local IP address this host would send from to reach ``addr`` (None: no route or no
+    such host). A connected UDP socket asks the kernel's routing table; nothing is sent."""
+    try:
+        infos = socket.getaddrinfo(addr, port, type=socket.SOCK_DGRAM)
+    except OSError:
+        return None
+    for family, kind, proto, _, sockaddr in infos:
+        try:
+            with socket.socket(family, kind, proto) as s:
+                s.connect(sockaddr)
+                return s.getsockname()[0]
+        except OSError:
+            continue
+    return None
+
+
+def interface_addresses() -> dict[str, list[str]]:
+    """Each interface's IP addresses (IPv4 through ioctl, IPv6 from /proc/net/if_inet6)."""
+    out: dict[str, list[str]] = {}
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            try:
+                packed = fcntl.ioctl(s.fileno(), _SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
+            except OSError:
+                continue  # no IPv4 address
+            out.setdefault(name, []).append(socket.inet_ntoa(packed[20:24]))
+    try:
+        with open("/proc/net/if_inet6") as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) >= 6:
+                    out.setdefault(fields[5], []).append(str(ipaddress.IPv6Address(int(fields[0], 16))))
+    except OSError:
+        pass
+    return out
+
+
+def route_interface(addr: str) -> tuple[str, str] | None:
+    """(interface, local address) that routes to ``addr``, or None when unknown."""
+    local = source_address(addr)
+    if local is None:
+        return None
+    want = ipaddress.ip_address(local.split("%")[0])
+    for name, addresses in interface_addresses().items():
+        if any(ipaddress.ip_address(a) == want for a in addresses):
+            return name, local
+    return None
+
+
+def is_loopback(addr: str) -> bool:
+    try:
+        return ipaddress.ip_address(addr).is_loopback
+    except ValueError:
+        return addr == "localhost"
+
+
+def socket_env(master_addr: str, environ: Mapping[str, str]) -> dict[str, str]:
+    """The ``*_SOCKET_IFNAME`` variables to set for a job whose master is ``master_addr``: the
+    interface that routes there, for each variable the user did not set. Empty for a loopback
+    master (one host) or when no interface is found (then gloo's own choice stands)."""
+    if is_loopback(master_addr) or all(environ.get(v) for v in VARIABLES):
+        return {}
+    found = route_interface(master_addr)
+    if found is None:
+        return {}
+    return {v: found[0] for v in VARIABLES if not environ.get(v)}
