@@ -31,8 +31,10 @@ def test_train_digits_two_processes_prints_summary_and_json_last(tmp_path):
     lines = r.stdout.strip().splitlines()
     assert "params" in r.stdout and "total" in r.stdout  # model summary table
     result = json.loads(lines[-1])
-    assert set(result) == {"task", "world_size", "strategy", "precision", "steps", "samples_per_s", "train_loss", "test_acc", "wall_s"}
+    assert set(result) == {"task", "world_size", "strategy", "precision", "steps", "samples_per_s", "train_loss", "test_acc",
+                           "wall_s", "comm", "comm_choice"}
     assert (result["task"], result["world_size"], result["strategy"], result["steps"]) == ("digits", 2, "ddp", 44)
+    assert (result["comm"], result["comm_choice"]) == ("none", "none")  # the ddp strategy says how gradients travelled
     records = [json.loads(x) for x in metrics.read_text().splitlines()]
     assert [x["step"] for x in records] == [5, 10, 15, 20, 25, 30, 35, 40, 44]
     assert (ckpt / "latest").read_text().strip() == "step-00000044"
