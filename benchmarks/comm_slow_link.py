@@ -8,6 +8,11 @@ Runs alternate shaped and unshaped per mode; every result is appended to a JSON-
 it comes, so an interrupted run keeps what it measured. Needs root and iproute2.
 
     flock /tmp/dtrain-bench.lock python benchmarks/comm_slow_link.py --data-dir ../shared/data/mnist
+
+``--goal-pairs N`` measures only the goal: N pairs of (auto over the shaped link, none over the
+unshaped link), alternating which goes first, and prints each pair's ratio and the medians.
+
+    flock /tmp/dtrain-bench.lock python benchmarks/comm_slow_link.py --data-dir ../shared/data/mnist --goal-pairs 3
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import time
 
@@ -68,10 +74,14 @@ def main() -> int:
     p.add_argument("--max-steps", type=int, default=None, help="shorter runs (default: the whole epoch)")
     p.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of each host's process (default 1: 2 hosts on 2 cores)")
     p.add_argument("--timeout", type=float, default=900.0)
+    p.add_argument("--goal-pairs", type=int, default=0, metavar="N",
+                   help="only the goal: N pairs of auto shaped vs none unshaped, alternating; medians")
     p.add_argument("--out", default=os.path.join(HERE, "results", f"comm_slow_link-{time.strftime('%Y%m%d-%H%M%S')}.jsonl"))
     args = p.parse_args()
     args.data_dir = os.path.abspath(args.data_dir)
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    if args.goal_pairs:
+        return goal_pairs(args)
     rows = []
     port = 29600
     for i, mode in enumerate(args.modes.split(",")):
@@ -84,6 +94,29 @@ def main() -> int:
                 f.write(json.dumps(row) + "\n")
             print(json.dumps(row), flush=True)
     print(table(rows, args.rate_mbit))
+    return 0
+
+
+def goal_pairs(args: argparse.Namespace) -> int:
+    """Auto over the shaped link against none over the unshaped one, ``--goal-pairs`` times."""
+    port, ratios, accs = 29700, [], []
+    for i in range(args.goal_pairs):
+        sides = [("auto", args.rate_mbit), ("none", None)]
+        pair = {}
+        for mode, rate in (sides if i % 2 == 0 else sides[::-1]):
+            port += 1
+            row = {**run_once(mode, rate, args, port), "pair": i}
+            pair[mode] = row
+            with open(args.out, "a") as f:
+                f.write(json.dumps(row) + "\n")
+            print(json.dumps(row), flush=True)
+        ratios.append(pair["auto"]["samples_per_s"] / pair["none"]["samples_per_s"])
+        accs.append(pair["auto"]["test_acc"] - pair["none"]["test_acc"])
+        print(f"pair {i}: auto shaped {pair['auto']['samples_per_s']:.0f} samples/s ({pair['auto']['comm_choice']}) / "
+              f"none unshaped {pair['none']['samples_per_s']:.0f} = {ratios[-1]:.3f}; "
+              f"test acc {pair['auto']['test_acc']:.4f} vs {pair['none']['test_acc']:.4f}", flush=True)
+    print(f"median ratio {statistics.median(ratios):.3f} (pairs: {', '.join(f'{r:.3f}' for r in ratios)}); "
+          f"median accuracy difference {100 * statistics.median(accs):+.2f} points")
     return 0
 
 

@@ -3,6 +3,7 @@ averaging, the communication state through a checkpoint, and the CLI (tier 2, gl
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -64,6 +65,19 @@ def test_auto_compresses_on_a_slow_link_and_averages_rarely_on_a_very_slow_one()
     # A long-latency link: PowerSGD's three all-reduces per step cost more than rare averages.
     choice, fractions = choose(_link(compute_ms=100, allreduce_ms=400, latency_ms=5))
     assert choice.startswith("localsgd") and fractions[choice] <= 0.10
+
+
+def test_auto_counts_powersgd_as_measured_not_only_its_bytes():
+    by_bytes = _link(compute_ms=70, allreduce_ms=400)
+    _, predicted = choose(by_bytes)
+    # The warm-up's PowerSGD steps took 4x what their bytes predict (compression is compute too).
+    measured = dataclasses.replace(by_bytes, powersgd_ms=4 * by_bytes.predicted_ms("powersgd:4"))
+    choice, fractions = choose(measured)
+    assert fractions["powersgd:4"] == pytest.approx(4 * predicted["powersgd:4"])
+    for rank in (2, 1):  # the other ranks scale with their bytes from the measured one
+        assert fractions[f"powersgd:{rank}"] == pytest.approx(4 * predicted[f"powersgd:{rank}"])
+    assert choice != "powersgd:4" and fractions[choice] <= 0.10
+    assert fractions["none"] == predicted["none"] and fractions["localsgd:16"] == predicted["localsgd:16"]
 
 
 def test_powersgd_numel_follows_torch_rule():
@@ -203,6 +217,28 @@ def test_comm_state_round_trips_through_a_checkpoint(tmp_path):
         if comm.startswith("local"):  # local SGD resumes exactly: the same weights at the end
             for rank in (0, 1):
                 assert _max_diff(resumed[rank]["history"][14], straight[rank]["history"][14]) == 0.0, f"rank {rank}"
+
+
+@pytest.mark.timeout(200)
+def test_auto_keeps_ranks_in_step_through_its_warmup_and_resumes(tmp_path):
+    after, during = str(tmp_path / "after"), str(tmp_path / "during")
+    straight = run_distributed(train_small, "auto", 6, 14, after, 10, world_size=2, timeout=60)
+    for step in range(1, 7):  # 2 plain steps, then PowerSGD: every rank applies the same update
+        assert _max_diff(straight[0]["history"][step], straight[1]["history"][step]) <= 1e-6, step
+    choice = straight[0]["record"]["comm_choice"]
+    assert choice is not None and straight[1]["record"]["comm_choice"] == choice
+    # Saved after the choice: the resumed run goes on with it, each rank with its own state.
+    resumed = run_distributed(train_small, "auto", 6, 14, after, None, world_size=2, timeout=60)
+    for rank in (0, 1):
+        _assert_same_state(straight[rank]["comm_state"]["saved"], resumed[rank]["comm_state"]["loaded"], f"auto rank {rank}")
+        assert resumed[rank]["record"]["comm_choice"] == choice
+    # Saved during the warm-up: the resumed run measures again, in its own DDP, and chooses.
+    run_distributed(train_small, "auto", 6, 14, during, 4, world_size=2, timeout=60)
+    again = run_distributed(train_small, "auto", 6, 14, during, None, world_size=2, timeout=60)
+    assert sorted(again[0]["history"]) == list(range(5, 15))
+    loaded = again[0]["comm_state"]["loaded"]["state"]["shared"]
+    assert (loaded["iter"], loaded["choice"]) == (0, None)
+    assert again[0]["record"]["comm_choice"] is not None
 
 
 @pytest.mark.timeout(120)

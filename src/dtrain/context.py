@@ -69,7 +69,7 @@ def init(
     ``run_dir`` (default ``$DTRAIN_RUN_DIR`` or ``./dtrain-run``): where stall dumps go.
     ``comm`` (default ``$DTRAIN_COMM`` or ``none``): how DDP's gradients travel, one of
     ``none, fp16, bf16, powersgd[:RANK], localsgd[:H], auto`` (see ``dtrain.comm``), after
-    ``comm_warmup`` plain steps (default ``$DTRAIN_COMM_WARMUP``, else 10; 6 for auto).
+    ``comm_warmup`` plain steps (default ``$DTRAIN_COMM_WARMUP``, else 10; auto: 8 measured steps).
     """
     _install_excepthook()
     world = world or World.detect(device=device)

@@ -1,12 +1,18 @@
 """``--comm auto``: measure this link and this model during the warm-up, then pick the lightest
 method that keeps exposed communication under ~10% of a step.
 
-During the warm-up (plain all-reduce of one bucket) every rank records, per step, its wall time
-between optimizer steps and how long it waited from the end of backward to the all-reduce's
-completion. The rank that arrives last at the all-reduce waits only for the wire, so per step
-``min over ranks of wait`` is the all-reduce time, and ``max over ranks of (wall - wait)`` the
-compute time of the slowest rank. A few one-element all-reduces give the latency; bandwidth
-follows. Each candidate's communication per step is then predicted from its bytes.
+The warm-up is two plain all-reduce steps (DDP settles its buckets after the first; the second
+is the full gradient's all-reduce, measured), then PowerSGD at rank 4 (``PROBE``), which costs
+little on any link, while measuring. Every rank records, per step, its wall time between
+optimizer steps and how long it waited from the end of backward to the gradient's arrival. The
+rank that arrives last waits only for the wire (and, under PowerSGD, its own compression), so
+per step ``min over ranks of wait`` is the communication time, and ``max over ranks of (wall -
+wait)`` the compute time of the slowest rank. A few one-element all-reduces give the latency;
+bandwidth follows. bf16 and local SGD are predicted from their bytes; PowerSGD at other ranks
+from the measured rank-4 steps, scaled by bytes (so its compression's compute counts too).
+
+Only the two plain steps cost a full all-reduce: on a slow link each is what ``auto`` is there to
+avoid (a first version measured during six plain steps, ~5% of an MNIST epoch at 100 Mbit/s).
 """
 
 from __future__ import annotations
@@ -26,7 +32,9 @@ from . import methods
 TARGET = 0.10
 #: From lightest (closest to plain synchronous SGD) to heaviest.
 CANDIDATES = ("none", "bf16", "powersgd:4", "powersgd:2", "powersgd:1", "localsgd:4", "localsgd:8", "localsgd:16", "localsgd:32", "localsgd:64")
-_SKIP = 2  # first steps: DDP rebuilds buckets, caches warm up
+#: PowerSGD's rank during the warm-up (kept if auto chooses it).
+PROBE = 4
+_PLAIN = 2  # plain steps torch's PowerSGD insists on (DDP rebuilds its buckets after the first)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,6 +48,9 @@ class LinkMeasurement:
     grad_bytes: int
     powersgd_numel: dict[int, int]
     """Elements PowerSGD sends per step, by rank (P, Q and the uncompressed tensors)."""
+    powersgd_ms: float | None = None
+    """Communication of a PowerSGD step at rank ``PROBE`` as measured (compression included);
+    None: predicted from bytes alone."""
 
     @property
     def bytes_per_s(self) -> float:
@@ -54,7 +65,10 @@ class LinkMeasurement:
         if kind in ("fp16", "bf16"):
             return lat + self.grad_bytes / 2 / bw * 1e3
         if kind == "powersgd":  # three all-reduces: uncompressed tensors, P, Q
-            return 3 * lat + self.powersgd_numel[int(arg)] * 4 / bw * 1e3
+            by_bytes = 3 * lat + self.powersgd_numel[int(arg)] * 4 / bw * 1e3
+            if self.powersgd_ms is None:
+                return by_bytes
+            return self.powersgd_ms * by_bytes / max(3 * lat + self.powersgd_numel[PROBE] * 4 / bw * 1e3, 1e-9)
         if kind == "localsgd":  # the parameters, once every H steps
             return self.allreduce_ms / int(arg)
         raise AssertionError(candidate)
@@ -71,7 +85,7 @@ def choose(m: LinkMeasurement, target: float = TARGET) -> tuple[str, dict[str, f
 
 
 class Auto:
-    """Plain all-reduce while measuring, then the chosen method (see the module's docstring)."""
+    """Plain all-reduce, then PowerSGD while measuring; then the chosen method (see the module's docstring)."""
 
     def __init__(self, warmup: int, shapes: list[torch.Size]) -> None:
         self.warmup = warmup
@@ -80,9 +94,10 @@ class Auto:
         self.choice: str | None = None
         self.report: dict[str, Any] | None = None
         self.method: Any = None
+        self._probe = methods.PowerSGD(PROBE, warmup=_PLAIN)
         self._t_hook = self._t_done = self._t_step = 0.0
         self._stepped_iter = -1
-        self._samples: list[tuple[float, float]] = []
+        self._samples: list[tuple[float, float]] = []  # (wall, wait) of steps _PLAIN, _PLAIN + 1, ...
         self._optimizers: list[torch.optim.Optimizer] = []
 
     def register_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
@@ -103,7 +118,7 @@ class Auto:
                 self._t_done = time.perf_counter()
             return fut.value()
 
-        return methods.allreduce(bucket).then(done)
+        return self._probe.communicate(bucket).then(done)
 
     def after_step(self, optimizer: torch.optim.Optimizer) -> None:
         """Collective: every rank, after every optimizer step (decides at the warm-up's end)."""
@@ -114,7 +129,7 @@ class Auto:
             return  # a second optimizer in the same step
         self._stepped_iter = self.iter
         now = time.perf_counter()
-        if self.iter > _SKIP and self._t_step > 0:
+        if self.iter >= _PLAIN and self._t_step > 0:
             self._samples.append((now - self._t_step, self._t_done - self._t_hook))
         self._t_step = now
         if self.iter >= self.warmup:
@@ -132,7 +147,8 @@ class Auto:
             shown = ", ".join(f"{c} {f:.1%}" for c, f in fractions.items())
             logger.warning(  # a warning, so it also shows in scripts that configure no logging
                 f"--comm auto: compute {m.compute_ms:.1f} ms/step; all-reduce of {m.grad_bytes / 1e6:.2f} MB gradients "
-                f"{m.allreduce_ms:.1f} ms (latency {m.latency_ms:.2f} ms, {m.bytes_per_s / 1e6:.1f} MB/s); predicted exposed "
+                f"{m.allreduce_ms:.1f} ms (latency {m.latency_ms:.2f} ms, {m.bytes_per_s / 1e6:.1f} MB/s); powersgd:{PROBE} "
+                f"{m.powersgd_ms:.1f} ms/step measured; predicted exposed "
                 f"communication per step: {shown}; chose {choice} (target <= {TARGET:.0%})."
             )
 
@@ -141,9 +157,9 @@ class Auto:
         mine = torch.tensor(self._samples, dtype=torch.float64).reshape(-1, 2)
         every = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
         dist.all_gather(every, mine)
-        stacked = torch.stack(every)  # ranks x steps x (wall, wait)
+        stacked = torch.stack(every)  # ranks x steps x (wall, wait); step 0 is the last plain one
         comm = stacked[..., 1].min(0).values
-        compute = (stacked[..., 0] - stacked[..., 1]).max(0).values
+        compute = (stacked[:, 1:, 0] - stacked[:, 1:, 1]).max(0).values  # the plain step's forward rebuilt DDP's buckets
         one = torch.zeros(1)
         lat = []
         for _ in range(5):
@@ -152,15 +168,18 @@ class Auto:
             lat.append(time.perf_counter() - t0)
         numel = sum(int(torch.Size(s).numel()) for s in self.shapes)
         return LinkMeasurement(
-            compute_ms=float(compute.median()) * 1e3, allreduce_ms=float(comm.median()) * 1e3,
+            compute_ms=float(compute.median()) * 1e3, allreduce_ms=float(comm[0]) * 1e3,
             latency_ms=statistics.median(lat) * 1e3, grad_bytes=numel * 4,
             powersgd_numel={r: sum(methods.powersgd_numel(self.shapes, r)) for r in (1, 2, 4)},
+            powersgd_ms=float(comm[1:].median()) * 1e3,
         )
 
-    def _adopt(self, choice: str, report: dict[str, Any] | None) -> None:
+    def _adopt(self, choice: str, report: dict[str, Any] | None, *, keep_probe: bool = True) -> None:
         kind, _, arg = choice.partition(":")
         self.choice, self.report = choice, report
-        if kind == "powersgd":
+        if keep_probe and choice == f"powersgd:{PROBE}":
+            self.method = self._probe  # already running: its error feedback and warm start go on
+        elif kind == "powersgd":
             self.method = methods.PowerSGD(int(arg), warmup=2)
             self.method.state.iter = 2  # the buckets settled during our warm-up
             self.method._fresh_ddp = False
@@ -176,9 +195,13 @@ class Auto:
 
     def load_state_dict(self, state: dict[str, Any], *, same_ranks: bool = True) -> None:
         shared = state["shared"]
+        if shared["choice"] is None:  # saved during the warm-up: measure again, in this DDP
+            self.iter, self._samples, self._t_step = 0, [], 0.0
+            self._probe = methods.PowerSGD(PROBE, warmup=_PLAIN)
+            return
         self.iter = int(shared["iter"])
         if shared["choice"] is not None:
-            self._adopt(shared["choice"], shared["report"])
+            self._adopt(shared["choice"], shared["report"], keep_probe=False)
             if isinstance(self.method, methods.PowerSGD):
                 self.method._fresh_ddp = True  # resumed into a new DDP (see PowerSGD.communicate)
             self.method.load_state_dict({"shared": shared["method"], "local": state["local"]["method"]}, same_ranks=same_ranks)

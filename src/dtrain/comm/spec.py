@@ -13,7 +13,7 @@ from ..errors import ConfigError
 KINDS = ("none", "fp16", "bf16", "powersgd", "localsgd", "auto")
 CHOICES = "none, fp16, bf16, powersgd[:RANK], localsgd[:H], auto"
 DEFAULT_WARMUP = 10
-AUTO_WARMUP = 6
+AUTO_WARMUP = 8
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -27,9 +27,8 @@ class CommSpec:
     period: int = 16
     """Local SGD: steps between parameter averages (``localsgd:H``)."""
     warmup: int | None = None
-    """Plain all-reduce steps before compression or local steps start (auto measures during
-    them); None: 10, or 6 for auto (each of its plain steps costs a full all-reduce on the slow
-    link it is about to avoid; 4 measured steps after DDP's 2 settling ones suffice)."""
+    """Plain all-reduce steps before compression or local steps start; None: 10. For auto, the
+    steps it measures during (default 8): 2 plain, then PowerSGD at rank 4 (see ``comm.auto``)."""
 
     def __post_init__(self) -> None:
         if self.warmup is None:

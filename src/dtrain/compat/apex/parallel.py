@@ -12,6 +12,7 @@ from torch import nn
 
 from dtrain._log import note_once
 from dtrain.errors import ConfigError
+from dtrain.world import release_at_exit
 
 SyncBatchNorm = nn.SyncBatchNorm
 
@@ -55,6 +56,7 @@ class DistributedDataParallel(nn.parallel.DistributedDataParallel):
             bucket_cap_mb=bucket_mb,
             gradient_as_bucket_view=True,
         )
+        release_at_exit(self)  # the script keeps this model past its destroy_process_group()
 
 
 def convert_syncbn_model(module: nn.Module, process_group: Any = None, channel_last: bool = False) -> nn.Module:
