@@ -29,6 +29,8 @@ def main() -> None:
     p.add_argument("--max-steps", type=int, default=200)
     p.add_argument("-n", "--nproc", type=int, default=2)
     p.add_argument("--plain-bucket-view", action="store_true", help="give the plain script dtrain's gradient_as_bucket_view=True")
+    p.add_argument("--plain-bucket-cap-mb", type=float, default=None,
+                   help="give the plain script an explicit bucket_cap_mb (dtrain passes 25, which also sizes DDP's first bucket)")
     a = p.parse_args()
     steps = ["--max-steps", str(a.max_steps)]
     cmds = {
@@ -36,7 +38,8 @@ def main() -> None:
                    "-n", str(a.nproc), "--log-every", "1000000", *steps],
         "plain": [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(a.nproc),
                   str(HERE / "plain_ddp_mnist.py"), "--data-dir", a.data_dir, *steps,
-                  *(["--gradient-as-bucket-view"] if a.plain_bucket_view else [])],
+                  *(["--gradient-as-bucket-view"] if a.plain_bucket_view else []),
+                  *(["--bucket-cap-mb", str(a.plain_bucket_cap_mb)] if a.plain_bucket_cap_mb is not None else [])],
     }
     rates: dict[str, list[float]] = {k: [] for k in cmds}
     for i in range(a.rounds):
@@ -49,7 +52,8 @@ def main() -> None:
     ratios = [d / p for d, p in zip(rates["dtrain"], rates["plain"])]
     print(json.dumps({"median_samples_per_s": med, "ratio_of_medians": round(med["dtrain"] / med["plain"], 4),
                       "median_of_paired_ratios": round(statistics.median(ratios), 4), "rounds": a.rounds,
-                      "max_steps": a.max_steps, "nproc": a.nproc, "plain_bucket_view": a.plain_bucket_view}))
+                      "max_steps": a.max_steps, "nproc": a.nproc, "plain_bucket_view": a.plain_bucket_view,
+                      "plain_bucket_cap_mb": a.plain_bucket_cap_mb}))
 
 
 if __name__ == "__main__":
