@@ -33,16 +33,23 @@ def train(data_dir: str, seed: int, comm: str, warmup: int, timeout: float) -> d
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
+def seed_list(text: str) -> list[int]:
+    try:
+        return [int(s) for s in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers, e.g. 0,1,2") from None
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data-dir", required=True)
-    p.add_argument("--seeds", default="0,1,2,3,4")
+    p.add_argument("--seeds", type=seed_list, default="0,1,2,3,4")
     p.add_argument("--modes", default="none,powersgd:1,powersgd:2")
     p.add_argument("--warmup", type=int, default=8, help="plain steps first (auto's warm-up length)")
     p.add_argument("--timeout", type=float, default=600.0)
     p.add_argument("--out", default=str(HERE / "results" / f"comm_accuracy_seeds-{time.strftime('%Y%m%d-%H%M%S')}.jsonl"))
     a = p.parse_args()
-    seeds = [int(s) for s in a.seeds.split(",")]
+    seeds = a.seeds
     modes = a.modes.split(",")
     if "none" not in modes:
         raise SystemExit("--modes must include none (the reference).")
