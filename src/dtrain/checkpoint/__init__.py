@@ -2,9 +2,10 @@
 
 from .io import atomic_save, safe_load
 from .manager import CheckpointManager, load_into, rng_state, set_rng_state
-from .store import list_checkpoints, read_checkpoint, read_latest, resolve, verify
+from .store import list_checkpoints, read_latest
+from .validate import Verdict, newest_valid, read_checkpoint, resolve, verify
 
 __all__ = [
     "CheckpointManager", "atomic_save", "list_checkpoints", "load_into", "read_checkpoint", "read_latest",
-    "resolve", "rng_state", "safe_load", "set_rng_state", "verify",
+    "Verdict", "newest_valid", "resolve", "rng_state", "safe_load", "set_rng_state", "verify",
 ]

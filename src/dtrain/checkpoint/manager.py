@@ -26,8 +26,8 @@ from torch import nn
 from .._log import logger
 from ..errors import CheckpointError
 from .sharded import SHARDED_DIR, load_sharded, save_sharded, sharded_names
-from .store import (STATE_FILE, clean_leftovers, list_checkpoints, prune, read_checkpoint, read_latest, set_latest, step_name,
-                    verify, write_checkpoint)
+from .store import STATE_FILE, clean_leftovers, prune, set_latest, step_name, write_checkpoint
+from .validate import newest_valid, read_checkpoint, state_problem
 
 
 def rng_state() -> dict[str, Any]:
@@ -132,7 +132,8 @@ class CheckpointManager:
                 state["grad_scaler"] = self.ctx.scaler.state_dict()
             if comm is not None:
                 state["comm"] = [r["comm"] for r in per_rank]
-            meta = {"world_size": self.ctx.world_size, "time": time.time(), "objects": sorted([*state["objects"], *sharded])}
+            meta = {"world_size": self.ctx.world_size, "time": time.time(), "objects": sorted([*state["objects"], *sharded]),
+                    "sharded": sharded}
             staged = {SHARDED_DIR: staging} if sharded else {}
             if self.async_save:
                 snapshot = self._pool = _to_cpu(state, self._pool)
@@ -170,18 +171,9 @@ class CheckpointManager:
         """The newest checkpoint that passes its checksums (``latest`` first); corrupt ones are
         skipped with a warning naming the file and the problem. None when the folder holds no
         checkpoint; a CheckpointError when it holds some and none is valid."""
-        latest = read_latest(self.folder)
-        candidates = [p for _, p in reversed(list_checkpoints(self.folder))]
-        if latest and latest in candidates:
-            candidates.remove(latest)
-            candidates.insert(0, latest)
-        problems = []
-        for path in candidates:
-            verdict = verify(path)
-            if verdict.ok:
-                return path
-            problems.append(verdict.problem)
-            logger.warning(f"skipping checkpoint {path}: {verdict.problem}; trying the previous one.")
+        path, problems = newest_valid(self.folder)
+        if path is not None:
+            return path
         if problems:
             raise CheckpointError(
                 f"{self.folder} holds {len(problems)} checkpoint(s) and none is valid (newest: {problems[0]}); "
@@ -211,9 +203,10 @@ class CheckpointManager:
 
 def load_into(ctx: Any, path: str, objects: dict[str, Any]) -> dict[str, Any]:
     """Load checkpoint ``path`` into ``objects`` (and the context's scaler, strategy, RNG)."""
-    state = read_checkpoint(path, map_location="cpu")
-    if not isinstance(state, dict) or "objects" not in state:
-        raise CheckpointError(f"checkpoint {path} is not a dtrain training-state checkpoint (no 'objects').")
+    state = read_checkpoint(path, map_location="cpu")  # verified first; weights_only=True
+    problem = state_problem(state)
+    if problem is not None:
+        raise CheckpointError(f"checkpoint {path}: {problem}.")
     stored, sharded = state["objects"], state.get("sharded") or []
     if not sharded and getattr(ctx.strategy, "sharded_checkpoint", False):
         wanted = sharded_names({k: v for k, v in objects.items() if v is not None})

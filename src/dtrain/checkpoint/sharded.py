@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from ..errors import CheckpointError
+from . import dcp_safe
 
 SHARDED_DIR = "sharded"
 
@@ -86,20 +87,27 @@ def save_sharded(ctx: Any, staging: str, objects: dict[str, Any]) -> list[str]:
 
 def load_sharded(ctx: Any, path: str, objects: dict[str, Any], names: list[str]) -> None:
     """Load the objects named in ``names`` from checkpoint ``path``'s ``sharded/`` folder, each
-    rank reading the slices its own layout holds. Collective: call on every rank."""
-    import torch.distributed.checkpoint as dcp
+    rank reading the slices its own layout holds. Collective: call on every rank.
+
+    The metadata and non-tensor entries go through ``dcp_safe`` (no unpickling of code)."""
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
     wanted = {k: v for k, v in objects.items() if k in names and v is not None}
     model, optims = _split(wanted)
     if model is None:
         return
+    folder = os.path.join(path, SHARDED_DIR)
+    dcp_safe.read_metadata(folder)  # a refused or missing .metadata: its own line, before any collective
     state = state_dicts(wanted)
     try:
         with ctx._collective("sharded checkpoint load (torch.distributed.checkpoint)"), _quiet(ctx):
-            dcp.load(state, checkpoint_id=os.path.join(path, SHARDED_DIR))
+            dcp_safe.load(state, folder)
+    except CheckpointError:
+        raise
     except Exception as exc:  # DCP raises CheckpointException / RuntimeError with per-rank details
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if "is refused" in first:
+            raise CheckpointError(f"checkpoint {path}: {first[first.index('a non-tensor'):][:300] if 'a non-tensor' in first else first[:300]}") from None
         raise CheckpointError(f"checkpoint {path} does not fit this model/optimizer ({first[:300]}).") from None
     name, module = model
     set_model_state_dict(module, state[name], options=_options())
@@ -119,13 +127,14 @@ def _quiet(ctx: Any):
 def consolidated(path: str) -> dict[str, Any]:
     """The whole of a sharded checkpoint's ``sharded/`` folder as plain tensors, in this process
     (no process group): ``{"model": {name: tensor}, "optimizer": {...}}``."""
-    from torch.distributed.checkpoint import FileSystemReader
-    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
-    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
-
     folder = os.path.join(path, SHARDED_DIR)
     if not os.path.isdir(folder):
         raise CheckpointError(f"checkpoint {path} has no {SHARDED_DIR}/ folder; it is not a sharded checkpoint.")
-    state: dict[str, Any] = {}
-    _load_state_dict(state, storage_reader=FileSystemReader(folder), planner=_EmptyStateDictLoadPlanner(), no_dist=True)
-    return state
+    dcp_safe.read_metadata(folder)
+    try:
+        return dcp_safe.load_whole(folder)
+    except CheckpointError:
+        raise
+    except Exception as exc:  # DCP wraps what failed in a CheckpointException
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(f"checkpoint {path}: its {SHARDED_DIR}/ folder cannot be read ({first[:300]}).") from None

@@ -3,8 +3,9 @@
 
 A checkpoint folder is written as ``.tmp-step-NNNNNNNN/``, each file fsynced, then renamed into
 place, then ``latest`` is replaced: a crash at any moment leaves the previous checkpoint and
-pointer intact. Reading verifies the checksums before anything is unpickled, and unpickles with
-``weights_only=True`` only.
+pointer intact. Retention renames a checkpoint to ``.deleting-step-NNNNNNNN-PID`` before deleting
+it, so a kill midway leaves nothing that looks like a checkpoint. Reading (``validate``) checks a
+folder before anything in it is loaded.
 """
 
 from __future__ import annotations
@@ -15,16 +16,16 @@ import json
 import os
 import re
 import shutil
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from ..errors import CheckpointError
-from .io import _fsync_dir, safe_load
+from .io import _fsync_dir
 
 STEP_DIR = re.compile(r"^step-(\d{8,})$")
 STEP_OLD = re.compile(r"^step-\d{8,}\.old-\d+$")
+DELETING = ".deleting-"
 STATE_FILE = "state.pt"
 MANIFEST = "manifest.json"
 FORMAT = 1
@@ -102,13 +103,13 @@ def set_latest(folder: str, path: str) -> None:
 
 def clean_leftovers(folder: str) -> list[str]:
     """Remove what saves killed midway left behind (``.tmp-*`` folders, ``.old-*`` folders,
-    ``.latest.tmp-*`` files). Call only from the one process that writes to ``folder``."""
+    ``.latest.tmp-*`` files, ``.deleting-*`` folders of an interrupted retention). Call only from the one process that writes to ``folder``."""
     if not os.path.isdir(folder):
         return []
     removed = []
     for name in os.listdir(folder):
         path = os.path.join(folder, name)
-        if name.startswith(".tmp-step-") or name.startswith(".latest.tmp-") or (STEP_OLD.match(name) is not None):
+        if name.startswith((".tmp-step-", ".latest.tmp-", DELETING)) or STEP_OLD.match(name) is not None:
             if os.path.isdir(path):
                 shutil.rmtree(path, ignore_errors=True)
             else:
@@ -138,7 +139,14 @@ def prune(folder: str, keep: int) -> list[str]:
     for _, path in ckpts[: max(0, len(ckpts) - keep)]:
         if latest and os.path.abspath(path) == os.path.abspath(latest):
             continue
-        shutil.rmtree(path, ignore_errors=True)
+        # Rename first: a kill during rmtree then leaves a dot-folder that nothing lists, not a
+        # half-deleted step-* that looks like a checkpoint. clean_leftovers removes it later.
+        doomed = os.path.join(folder, f"{DELETING}{os.path.basename(path)}-{os.getpid()}")
+        try:
+            os.replace(path, doomed)
+        except OSError:
+            continue
+        shutil.rmtree(doomed, ignore_errors=True)
         removed.append(path)
     return removed
 
@@ -150,64 +158,3 @@ def read_latest(folder: str) -> str | None:
     except OSError:
         return None
     return os.path.join(folder, name) if name else None
-
-
-@dataclass(frozen=True)
-class Verdict:
-    path: str
-    step: int | None
-    ok: bool
-    problem: str = ""
-    bytes: int = 0
-    meta: dict[str, Any] | None = None
-
-
-def verify(path: str) -> Verdict:
-    """Check a checkpoint folder (or a single legacy ``.pt`` file) without unpickling it."""
-    if os.path.isfile(path):
-        return Verdict(path, None, True, "single file, no checksum", os.path.getsize(path))
-    manifest_path = os.path.join(path, MANIFEST)
-    try:
-        with open(manifest_path) as fh:
-            manifest = json.load(fh)
-    except FileNotFoundError:
-        return Verdict(path, None, False, f"{manifest_path} is missing (an incomplete save?)")
-    except (OSError, ValueError) as exc:
-        return Verdict(path, None, False, f"{manifest_path} is unreadable ({exc})")
-    total = 0
-    for name, info in manifest.get("files", {}).items():
-        file = os.path.join(path, name)
-        if not os.path.isfile(file):
-            return Verdict(path, manifest.get("step"), False, f"{file} is missing", meta=manifest)
-        size = os.path.getsize(file)
-        total += size
-        if size != info["bytes"]:
-            return Verdict(path, manifest.get("step"), False, f"{file} has {size} bytes, the manifest says {info['bytes']} (truncated?)", total, manifest)
-        if sha256_of(file) != info["sha256"]:
-            return Verdict(path, manifest.get("step"), False, f"{file} fails its sha256 checksum (corrupted)", total, manifest)
-    return Verdict(path, manifest.get("step"), True, "", total, manifest)
-
-
-def read_checkpoint(path: str, name: str = STATE_FILE, map_location: Any = "cpu") -> Any:
-    """Verify, then load one file of a checkpoint safely. CheckpointError names file and problem."""
-    if os.path.isfile(path):
-        return safe_load(path, map_location=map_location)
-    verdict = verify(path)
-    if not verdict.ok:
-        raise CheckpointError(f"checkpoint {path}: {verdict.problem}.")
-    return safe_load(os.path.join(path, name), map_location=map_location)
-
-
-def resolve(path: str) -> str:
-    """A checkpoint folder, a checkpoint directory (its ``latest``), or a file."""
-    if os.path.isdir(path) and not os.path.isfile(os.path.join(path, MANIFEST)):
-        latest = read_latest(path)
-        if latest is None:
-            ckpts = list_checkpoints(path)
-            if not ckpts:
-                raise CheckpointError(f"{path} holds no checkpoints (no step-* folders, no 'latest').")
-            latest = ckpts[-1][1]
-        return latest
-    if not os.path.exists(path):
-        raise CheckpointError(f"checkpoint {path} does not exist.")
-    return path

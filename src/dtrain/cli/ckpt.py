@@ -8,7 +8,8 @@ from typing import Any
 
 import torch
 
-from ..checkpoint import list_checkpoints, read_checkpoint, read_latest, resolve, verify
+from ..checkpoint import list_checkpoints, read_checkpoint, resolve, verify
+from ..checkpoint.validate import read_latest_name, state_problem
 from ..errors import CheckpointError, ConfigError
 
 
@@ -45,7 +46,9 @@ def _human(n: int) -> str:
 def cmd_ls(args: argparse.Namespace) -> int:
     if not os.path.isdir(args.dir):
         raise ConfigError(f"{args.dir} is not a folder; give the --checkpoint-dir of a run.")
-    latest = read_latest(args.dir)
+    latest, why = read_latest_name(args.dir)
+    if why:
+        print(f"warning: {why}")
     ckpts = list_checkpoints(args.dir)
     if not ckpts:
         print(f"{args.dir}: no checkpoints")
@@ -60,13 +63,21 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
+    """Exit 0: all valid; 1: a checkpoint fails; 2: the path is no checkpoint at all."""
     path = args.path
-    if os.path.isdir(path) and not os.path.isfile(os.path.join(path, "manifest.json")):
+    if not os.path.exists(path):
+        raise CheckpointError(f"{path} does not exist; give a checkpoint folder, a --checkpoint-dir or a .pt file.")
+    if os.path.isdir(path) and not os.path.isfile(os.path.join(path, "manifest.json")) and list_checkpoints(path):
         targets = [p for _, p in list_checkpoints(path)]
-        if not targets:
-            raise CheckpointError(f"{path} holds no checkpoints.")
+        _, why = read_latest_name(path)
+        if why:
+            print(f"warning: {why}; a resume uses the newest valid checkpoint")
     else:
-        targets = [path]
+        targets = [resolve(path)]  # raises for a folder that holds no checkpoint
+        if os.path.isfile(path):
+            v = verify(path)
+            if not v.ok:
+                raise CheckpointError(f"{v.problem}; give a checkpoint folder, a --checkpoint-dir or a .pt file.")
     bad = 0
     for p in targets:
         v = verify(p)
@@ -119,7 +130,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
 def _pick(state: Any, name: str, path: str) -> Any:
     objects = state.get("objects", state) if isinstance(state, dict) else {}
-    if name not in objects:
+    if not isinstance(objects, dict) or name not in objects:
         raise CheckpointError(f"checkpoint {path} has no {name!r} (it holds: {', '.join(sorted(objects))}).")
     return objects[name]
 
@@ -129,8 +140,11 @@ def _with_sharded(path: str) -> Any:
     from ..checkpoint.sharded import consolidated
 
     state = read_checkpoint(path)  # verifies every file's checksum first
-    if isinstance(state, dict) and state.get("sharded"):
-        state = {**state, "objects": {**state.get("objects", {}), **consolidated(path)}}
+    problem = state_problem(state)
+    if problem is not None and not os.path.isfile(path):
+        raise CheckpointError(f"checkpoint {path}: {problem}.")
+    if isinstance(state, dict) and problem is None and state.get("sharded"):
+        state = {**state, "objects": {**state["objects"], **consolidated(path)}}
     return state
 
 
@@ -140,7 +154,8 @@ def cmd_consolidate(args: argparse.Namespace) -> int:
 
     path = resolve(args.path)
     state = _with_sharded(path)
-    objects = dict(state.get("objects", {})) if isinstance(state, dict) else {}
+    objects = state.get("objects") if isinstance(state, dict) else None
+    objects = dict(objects) if isinstance(objects, dict) else {}
     if not objects:
         raise CheckpointError(f"checkpoint {path} holds no entries to consolidate.")
     if args.entry != "all" and args.entry not in objects:
