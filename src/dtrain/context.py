@@ -30,12 +30,12 @@ from torch.utils.data import DataLoader, Dataset
 from . import strategies
 from ._log import note_once
 from .comm import CommSpec
-from .checkpoint import CheckpointManager, atomic_save, safe_load
+from .checkpoint import CheckpointManager, atomic_save, load_into, resolve, safe_load
 from .data.loader import DeviceLoader, reshard, to_device
 from .data.sampler import EvalShardSampler
 from .diag import Tracker, Watchdog
 from .diag.checker import check_call, check_same
-from .errors import ConfigError, DtrainError
+from .errors import CheckpointError, ConfigError, DtrainError
 from .metrics.memory import MemoryReport, memory_report
 from .precision import Precision
 from .strategies.base import ForwardingOptimizer, Strategy
@@ -224,6 +224,7 @@ class Context:
         self.seed = seed
         self.scaler = precision.grad_scaler()
         self._owns_group = owns_group
+        self._checkpoint_managers: list[CheckpointManager] = []
         self._accum_steps = 1
         self._micro_step = 0
         self._sync = True
@@ -561,7 +562,9 @@ class Context:
     def checkpoints(self, folder: str, *, keep: int = 3, async_save: bool = False) -> CheckpointManager:
         """A manager of full-state checkpoints in ``folder`` (model, optimizer, scheduler, data
         position, grad scaler, communication state, every rank's RNG); see ``CheckpointManager``."""
-        return CheckpointManager(self, folder, keep=keep, async_save=async_save)
+        manager = CheckpointManager(self, folder, keep=keep, async_save=async_save)
+        self._checkpoint_managers.append(manager)  # ctx.close gives their folders' locks back
+        return manager
 
     def save(self, path: str, state: dict[str, Any]) -> None:
         """Save ``state`` to ``path`` from rank 0, atomically.
@@ -576,10 +579,17 @@ class Context:
     def load(self, path: str, state: dict[str, Any]) -> dict[str, Any]:
         """Load ``path`` (safely: no arbitrary unpickling) into the objects of ``state``.
 
-        Objects with ``load_state_dict`` are restored in place; the returned dict holds every
-        stored value (plain values such as ``step`` included).
+        A file (``ctx.save``'s): objects with ``load_state_dict`` are restored in place; the
+        returned dict holds every stored value (plain values such as ``step`` included). A
+        checkpoint folder, or a folder of them (``ctx.checkpoints``'s; its newest valid one), is
+        verified first and loaded as ``CheckpointManager.resume`` does, which returns
+        ``{"step", "extra", "path", "world_size"}``; collective then.
         """
+        if os.path.isdir(path):
+            return load_into(self, resolve(path), {k: v for k, v in state.items() if hasattr(v, "load_state_dict")})
         stored = safe_load(path, map_location=self.device)
+        if not isinstance(stored, dict):
+            raise CheckpointError(f"checkpoint {path} holds a {type(stored).__name__}, not the dict ctx.save writes.")
         for key, obj in state.items():
             if hasattr(obj, "load_state_dict") and key in stored:
                 obj.load_state_dict(stored[key])
@@ -595,6 +605,9 @@ class Context:
         if self._watchdog is not None:
             self._watchdog.stop()
             self._watchdog = None
+        for manager in self._checkpoint_managers:
+            manager.close()
+        self._checkpoint_managers = []
         if not self._owns_group:
             return
         # Free the strategy's wrappers (DDP) before the group: a DDP object that outlives its

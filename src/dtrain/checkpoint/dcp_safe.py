@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from ..errors import CheckpointError
+from .io import load_refusal
 
 METADATA_FILE = ".metadata"
 
@@ -134,8 +135,7 @@ def _safe_bytes(value: io.BytesIO) -> io.BytesIO:
     try:
         obj = torch.load(value, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 -- UnpicklingError and whatever a crafted entry raises
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise CheckpointError(f"a non-tensor entry of a shard file is refused ({first[:200]}); nothing in it was run.") from None
+        raise CheckpointError(f"a non-tensor entry of a shard file is refused ({load_refusal(exc)}); nothing in it was run.") from None
     out = io.BytesIO()
     torch.save(obj, out)
     out.seek(0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 import tempfile
 import zipfile
 from typing import Any
@@ -56,6 +57,14 @@ def safe_load(path: str | os.PathLike, map_location: str | torch.device = "cpu")
         raise CheckpointError(f"checkpoint {path} does not exist.")
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
-    except (pickle.UnpicklingError, zipfile.BadZipFile, EOFError, RuntimeError, ValueError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise CheckpointError(f"checkpoint {path} cannot be read ({first}); it is truncated, corrupt or not a dtrain checkpoint.") from None
+    except (pickle.UnpicklingError, zipfile.BadZipFile, EOFError, RuntimeError, ValueError, TypeError, AttributeError) as exc:
+        raise CheckpointError(f"checkpoint {path} cannot be read ({load_refusal(exc)}); it is truncated, corrupt or not a dtrain checkpoint.") from None
+
+
+def load_refusal(exc: BaseException) -> str:
+    """One short reason from torch.load's error (its weights_only refusal is a paragraph)."""
+    text = str(exc).strip()
+    named = re.search(r"(?:unsupported|Unsupported global:) GLOBAL (\S+)", text)
+    if named:
+        return f"it names {named.group(1).rstrip('.:,')}, which weights_only loading refuses"
+    return text.splitlines()[0][:200] if text else type(exc).__name__

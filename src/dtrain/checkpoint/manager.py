@@ -25,6 +25,7 @@ from torch import nn
 
 from .._log import logger
 from ..errors import CheckpointError
+from . import lock
 from .sharded import SHARDED_DIR, load_sharded, save_sharded, sharded_names
 from .store import STATE_FILE, clean_leftovers, prune, set_latest, step_name, write_checkpoint
 from .validate import newest_valid, read_checkpoint, state_problem
@@ -87,7 +88,11 @@ class CheckpointManager:
     ``keep``: how many to keep. ``async_save``: rank 0 copies the state to host memory (the
     blocking part) and writes it in a background thread; ``last_blocking_s`` tells how long
     the training loop was held. The host copy is kept and reused by the next save (one more
-    copy of the state in memory, in exchange for a faster copy)."""
+    copy of the state in memory, in exchange for a faster copy).
+
+    Creating one is collective too: rank 0 takes the folder's lock (``dtrain.lock``, see ``lock``), so a
+    second job on the same folder stops here, on every rank, before training; ``close`` (or
+    ``ctx.close``, or the process's exit) gives it back."""
 
     def __init__(self, ctx: Any, folder: str, *, keep: int = 3, async_save: bool = False) -> None:
         if keep < 1:
@@ -102,6 +107,25 @@ class CheckpointManager:
         self._error: BaseException | None = None
         self._cleaned = False
         self._pool: Any = None  # the last asynchronous snapshot, whose host memory the next one reuses
+        self._lock: str | None = None
+        problem = None
+        if ctx.is_main:
+            try:
+                self._lock = lock.acquire(folder)
+            except CheckpointError as exc:
+                problem = str(exc)
+        problem = ctx.broadcast_object(problem)  # every rank stops with the same line
+        if problem is not None:
+            raise CheckpointError(problem)
+
+    def close(self) -> None:
+        """Finish a background save and give the folder's lock back. Idempotent."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._lock is not None:
+            lock.release(self._lock)
+            self._lock = None
 
     # -- saving ---------------------------------------------------------------------------------
     def save(self, step: int, *, extra: dict[str, Any] | None = None, **objects: Any) -> str:

@@ -8,9 +8,22 @@ from typing import Any
 
 import torch
 
+from .._log import configure_cli_logging, logger
 from ..checkpoint import list_checkpoints, read_checkpoint, resolve, verify
 from ..checkpoint.validate import read_latest_name, state_problem
 from ..errors import CheckpointError, ConfigError
+
+
+def _logged(func):
+    """The warnings of a command (a checkpoint skipped, ``latest`` pointing nowhere) as ``dtrain: ...`` lines."""
+    def run(args: argparse.Namespace) -> int:
+        saved = logger.handlers[:], logger.propagate, logger.level
+        configure_cli_logging(0)
+        try:
+            return func(args)
+        finally:  # called in-process (tests, scripts): leave the logger as it was
+            logger.handlers[:], logger.propagate, logger.level = saved[0], saved[1], saved[2]
+    return run
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -19,20 +32,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     cmds.required = True
     ls = cmds.add_parser("ls", help="steps, sizes and validity of the checkpoints in DIR")
     ls.add_argument("dir")
-    ls.set_defaults(func=cmd_ls)
+    ls.set_defaults(func=_logged(cmd_ls))
     ver = cmds.add_parser("verify", help="check every checkpoint in DIR (or one) against its checksums; exit 1 if any fails")
     ver.add_argument("path")
-    ver.set_defaults(func=cmd_verify)
+    ver.set_defaults(func=_logged(cmd_verify))
     diff = cmds.add_parser("diff", help="compare two checkpoints tensor by tensor; exit 0 only when identical")
     diff.add_argument("a")
     diff.add_argument("b")
     diff.add_argument("--only", default=None, help="compare only this entry (e.g. model)")
-    diff.set_defaults(func=cmd_diff)
+    diff.set_defaults(func=_logged(cmd_diff))
     con = cmds.add_parser("consolidate", help="write one entry of a checkpoint (sharded or not) as a single-file plain state dict")
     con.add_argument("path", help="a checkpoint, or a checkpoint directory (its latest)")
     con.add_argument("out", help="the .pt file to write (torch.load(out) gives the state dict)")
     con.add_argument("--entry", default="model", help="what to write: model (default), optimizer, ..., or all (every entry, by name)")
-    con.set_defaults(func=cmd_consolidate)
+    con.set_defaults(func=_logged(cmd_consolidate))
 
 
 def _human(n: int) -> str:

@@ -78,6 +78,10 @@ def validate(cfg: TrainConfig) -> None:
     strategies.build(cfg.strategy, **cfg.strategy_options) if cfg.strategy != "auto" else None
     Precision.resolve(cfg.precision, World.detect(device=cfg.device).device)
     load_task(cfg.task, data_dir=cfg.data_dir, options=cfg.task_args)
+    if cfg.checkpoint_dir:  # a file, an unwritable place or another job's folder: one line now, not after training
+        from ..checkpoint import lock
+
+        lock.preflight(cfg.checkpoint_dir)
 
 
 def main(args: argparse.Namespace) -> int:

@@ -1,0 +1,190 @@
+"""One writer per checkpoint folder: ``dtrain.lock`` names the job that writes there.
+
+Two jobs given the same folder would replace each other's checkpoints, and a resume would then
+load the wrong run. The lock file holds the holder's host, pid, run id and start time (JSON). It
+is taken by rank 0 when a job opens the folder, before training, and removed at exit.
+
+The run id names the job, not the process: an elastic restart (``--max-restarts``) starts new
+worker processes of the same job, and a SLURM requeue starts the same job id again, perhaps on
+another node; both find the lock held by their own run and take it. A lock whose process is dead
+on this host (the job was killed with SIGKILL) is taken over with a warning. A holder alive on
+another host cannot be checked from here: the error says which file to remove if it is gone.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import socket
+import time
+from dataclasses import asdict, dataclass
+
+from .._log import logger
+from ..errors import CheckpointError
+
+LOCK_FILE = "dtrain.lock"
+_held: dict[str, int] = {}  # real path of a lock file this process holds -> how many managers use it
+
+
+@dataclass(frozen=True)
+class Holder:
+    host: str
+    pid: int
+    run_id: str
+    started: float
+
+    def describe(self) -> str:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.started)) if self.started else "?"
+        return f"run {self.run_id} (pid {self.pid} on {self.host}, since {when})"
+
+
+def this_holder() -> Holder:
+    host, pid = socket.gethostname(), os.getpid()
+    return Holder(host=host, pid=pid, run_id=run_id(host, pid), started=time.time())
+
+
+def run_id(host: str, pid: int) -> str:
+    """The job this process belongs to, as the launchers name it.
+
+    Read from the environment here (not through World) because it is this lock's own notion:
+    SLURM's job id survives requeues; the elastic agent's run id and pid (the workers' parent)
+    survive worker restarts; without a launcher, the process is the job."""
+    env = os.environ
+    if env.get("SLURM_JOB_ID"):
+        return f"slurm-{env['SLURM_JOB_ID']}"
+    if env.get("TORCHELASTIC_RUN_ID"):
+        return f"elastic-{env['TORCHELASTIC_RUN_ID']}@{host}:{os.getppid()}"
+    return f"pid-{pid}@{host}"
+
+
+def _read(path: str) -> Holder | None:
+    """The holder a lock file names; None when it names nobody readable (an empty or torn file)."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            raw = json.load(fh)
+        return Holder(host=str(raw["host"]), pid=int(raw["pid"]), run_id=str(raw["run_id"]), started=float(raw["started"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _mtime(path: str) -> float:
+    try:
+        return os.path.getmtime(path)
+    except OSError:
+        return 0.0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, another user's
+    return True
+
+
+def _stale(holder: Holder | None, me: Holder) -> bool:
+    return holder is None or (holder.host == me.host and not _alive(holder.pid))
+
+
+def _refusal(folder: str, path: str, holder: Holder) -> CheckpointError:
+    return CheckpointError(
+        f"checkpoint folder {folder} is in use by {holder.describe()}; give this job another --checkpoint-dir, "
+        f"or stop that job first (if it is gone, remove {path})."
+    )
+
+
+def _check_folder(folder: str) -> None:
+    """A folder that is a file, or cannot be created or written, fails here, before training."""
+    if os.path.exists(folder) and not os.path.isdir(folder):
+        raise CheckpointError(f"checkpoint folder {folder} is a file, not a folder; give a folder path to --checkpoint-dir.")
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as exc:
+        raise CheckpointError(f"cannot create checkpoint folder {folder}: {exc.strerror or exc}; choose a writable --checkpoint-dir.") from None
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise CheckpointError(f"checkpoint folder {folder} is not writable; choose a writable --checkpoint-dir.")
+
+
+def preflight(folder: str) -> None:
+    """Before any worker starts (in the launching process): the folder is usable and no live
+    job of another run holds it. Creates nothing but the folder."""
+    _check_folder(folder)
+    path = os.path.join(folder, LOCK_FILE)
+    holder, me = _read(path), this_holder()
+    if os.path.exists(path) and holder is not None and not _stale(holder, me) and holder.run_id != me.run_id:
+        raise _refusal(folder, path, holder)
+
+
+def acquire(folder: str) -> str:
+    """Take the lock of ``folder`` for this process's run; returns the lock file's path.
+    CheckpointError (one line naming the holder) when another live run holds it."""
+    _check_folder(folder)
+    path = os.path.join(folder, LOCK_FILE)
+    key = os.path.realpath(path)
+    if key in _held:
+        _held[key] += 1
+        return path
+    me = this_holder()
+    record = json.dumps(asdict(me))
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        _take_over(folder, path, me, record)
+    except OSError as exc:
+        raise CheckpointError(f"cannot create {path}: {exc.strerror or exc}; choose a writable --checkpoint-dir.") from None
+    else:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(record)
+    _held[key] = 1
+    return path
+
+
+def _take_over(folder: str, path: str, me: Holder, record: str) -> None:
+    holder = _read(path)
+    for _ in range(20):  # created this instant by another job that has not written its record yet
+        if holder is not None or time.time() - _mtime(path) > 2:
+            break
+        time.sleep(0.1)
+        holder = _read(path)
+    if holder is not None and holder.run_id == me.run_id:
+        logger.debug(f"{path}: taken over from an earlier process of the same run ({holder.describe()})")
+    elif _stale(holder, me):
+        what = holder.describe() if holder else "an unreadable holder"
+        logger.warning(f"{path} was held by {what}, which is no longer running; taking it over.")
+    else:
+        raise _refusal(folder, path, holder)
+    tmp = f"{path}.{me.pid}.tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(record)
+    os.replace(tmp, path)
+    now = _read(path)  # two jobs taking over at once: the last rename wins, the other one stops
+    if now is None or (now.pid, now.host) != (me.pid, me.host):
+        raise _refusal(folder, path, now or holder)
+
+
+def release(path: str) -> None:
+    """Give the lock back (the last of this process's users); only if this process holds it."""
+    key = os.path.realpath(path)
+    if key not in _held:
+        return
+    _held[key] -= 1
+    if _held[key] > 0:
+        return
+    del _held[key]
+    holder = _read(path)
+    if holder is not None and holder.pid == os.getpid() and holder.host == socket.gethostname():
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+
+
+@atexit.register
+def _release_all() -> None:
+    """A script that never closes its context still frees its folders at exit."""
+    for key in list(_held):
+        _held[key] = 1
+        release(key)
+
