@@ -117,6 +117,10 @@ def test_crafted_sharded_checkpoint_runs_nothing_on_any_path(tmp_path, capsys, c
         code, out, err = _cli(capsys, "ckpt", *args)
         assert code == 2 and "refused" in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err, (args, out, err)
     assert not (tmp_path / "out.pt").exists()
+    from dtrain.checkpoint import dcp_safe
+
+    with pytest.raises(Exception, match="refused"):  # DCP's own load, past verify: refused again
+        dcp_safe.load_whole(str(bad / "sharded"))
 
     ctx = dtrain.init("single")
     model = ctx.setup(torch.nn.Linear(4, 3))

@@ -12,10 +12,12 @@ pickle names passes through ``find_class``.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import pathlib
 import pickle
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -160,13 +162,33 @@ def load(state: dict[str, Any], folder: str) -> None:
     a process group is up (as dcp.load)."""
     import torch.distributed.checkpoint as dcp
 
-    dcp.load(state, storage_reader=_reader(folder), planner=_planner())
+    read_metadata(folder)  # a refusal raised inside dcp.load would come back wrapped in its traceback
+    with _unwrapped():
+        dcp.load(state, storage_reader=_reader(folder), planner=_planner())
 
 
 def load_whole(folder: str) -> dict[str, Any]:
     """Every entry of ``folder`` as plain tensors and values, in this process (no process group)."""
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
+    read_metadata(folder)
     state: dict[str, Any] = {}
-    _load_state_dict(state, storage_reader=_reader(folder), planner=_planner(empty=True), no_dist=True)
+    with _unwrapped():
+        _load_state_dict(state, storage_reader=_reader(folder), planner=_planner(empty=True), no_dist=True)
     return state
+
+
+@contextlib.contextmanager
+def _unwrapped() -> Iterator[None]:
+    """DCP wraps every rank's failure in a CheckpointException, a BaseException (which
+    ``except Exception`` misses) whose text is a traceback; raise the first failure itself."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        yield
+    except CheckpointException as exc:
+        failures = [f[0] if isinstance(f, tuple) else f for f in exc.failures.values()]
+        first = next((f for f in failures if isinstance(f, CheckpointError)), failures[0] if failures else None)
+        if isinstance(first, BaseException):
+            raise first from None
+        raise RuntimeError(str(exc).strip().splitlines()[-1]) from None
