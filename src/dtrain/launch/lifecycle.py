@@ -168,9 +168,13 @@ def _format(exc: BaseException) -> str:
     """The traceback without the frames of the launch machinery above the user's code."""
     tb = exc.__traceback__
     ours = (os.path.dirname(os.path.abspath(__file__)), os.path.dirname(os.path.abspath(__import__("runpy").__file__)))
-    while tb is not None and tb.tb_next is not None and os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(ours):
+    while tb is not None and tb.tb_next is not None and _launch_frame(tb.tb_frame.f_code.co_filename, ours):
         tb = tb.tb_next
     return "".join(traceback.format_exception(type(exc), exc, tb)).rstrip()
+
+
+def _launch_frame(filename: str, ours: tuple[str, ...]) -> bool:
+    return filename.startswith("<frozen runpy") or os.path.abspath(filename).startswith(ours)
 
 
 def read_errors(launch_dir: str) -> list[dict[str, Any]]:

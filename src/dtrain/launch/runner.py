@@ -100,21 +100,20 @@ def _wait_for_others(store: Any, others: int) -> None:
 
 
 def _quiet_elastic_logs() -> None:
-    """The elastic agent logs each failure as a multi-line table; dtrain prints one line instead."""
+    """The elastic agent logs each failure as a multi-line table (and torch.multiprocessing each
+    worker it stops); dtrain prints one line instead."""
     if logger.isEnabledFor(logging.DEBUG):
         return
     for name in list(logging.root.manager.loggerDict):
-        if name.startswith("torch.distributed.elastic"):
+        if name.startswith(("torch.distributed.elastic", "torch.multiprocessing")):
             logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
 @contextlib.contextmanager
 def _socket_interface(spec: LaunchSpec) -> Iterator[None]:
-    """Between nodes, the workers' gloo/NCCL sockets use the interface that routes to the master
-    (plain torchrun binds gloo to whatever the host name resolves to, often 127.0.0.1)."""
-    if spec.nnodes == 1:
-        yield
-        return
+    """The workers' gloo/NCCL sockets use the interface that routes to the master between
+    nodes (plain torchrun binds gloo to whatever the host name resolves to, often 127.0.0.1),
+    and the loopback interface on one node (the host name may resolve to a public address)."""
     chosen = use_route_interface(spec.addr, quiet=spec.node_rank != 0)
     try:
         yield
@@ -194,6 +193,7 @@ def _spawn_worker(local_rank: int, spec: LaunchSpec, port: int, fn: Callable[...
 
 
 def _spawn(spec: LaunchSpec, fn: Callable[..., Any], args: tuple) -> int:
+    _quiet_elastic_logs()  # and torch.multiprocessing's "Terminating process ..." warnings
     with _rendezvous(spec) as port, _env_default("OMP_NUM_THREADS", "1" if spec.nproc > 1 else None), _socket_interface(spec), \
             Supervisor() as sup:
         try:
