@@ -21,9 +21,11 @@ import psutil
 
 
 class LaunchedJob:
-    """``python -m dtrain ARGS`` in its own session, its output in files under ``out_dir``."""
+    """``python -m dtrain ARGS`` in its own session, its output in files under ``out_dir``;
+    ``prefix`` is a command that ends by exec-ing it (e.g. ``unshare ... sh -c 'exec "$@"'``)."""
 
-    def __init__(self, args: Sequence[str], *, out_dir: str, env: dict[str, str] | None = None, cwd: str | None = None) -> None:
+    def __init__(self, args: Sequence[str], *, out_dir: str, env: dict[str, str] | None = None, cwd: str | None = None,
+                 prefix: Sequence[str] = ()) -> None:
         src = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         full_env = {**os.environ, **(env or {})}
         full_env["PYTHONPATH"] = os.pathsep.join(p for p in (src, full_env.get("PYTHONPATH")) if p)
@@ -31,7 +33,7 @@ class LaunchedJob:
         self.stderr_path = os.path.join(out_dir, "stderr.txt")
         with open(self.stdout_path, "w") as out, open(self.stderr_path, "w") as err:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "dtrain", *args], stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+                [*prefix, sys.executable, "-m", "dtrain", *args], stdout=out, stderr=err, stdin=subprocess.DEVNULL,
                 env=full_env, cwd=cwd, start_new_session=True,
             )
         self.seen: dict[int, psutil.Process] = {}
