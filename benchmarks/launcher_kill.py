@@ -39,10 +39,10 @@ def job_args(kind: str, launcher: str, work: str) -> tuple[list[str], callable]:
             "--checkpoint-dir", os.path.join(work, "ckpt")], ready
 
 
-def one(kind: str, launcher: str, sig: int) -> dict:
+def one(kind: str, launcher: str, sig: int, src: str | None) -> dict:
     with tempfile.TemporaryDirectory(prefix="dtrain-kill-bench-") as work:
         args, ready = job_args(kind, launcher, work)
-        with LaunchedJob(args, out_dir=work, env={"READY_DIR": work}) as job:
+        with LaunchedJob(args, out_dir=work, env={"READY_DIR": work}, src=src) as job:
             job.wait_for(ready, timeout=180)
             job.signal(sig)
             try:
@@ -65,20 +65,23 @@ def main() -> None:
     p.add_argument("--launchers", default="torchrun,spawn")
     p.add_argument("--signals", default="KILL,TERM,INT")
     p.add_argument("--out", default=None, help="append one JSON line per run here")
+    p.add_argument("--src", default=None, help="import dtrain from this src folder (e.g. an older checkout's, for a baseline)")
     args = p.parse_args()
+    # `timeout`/a scheduler ends this with SIGTERM: unwind, so every job's processes are killed.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     rows = []
     for r in range(args.rounds):
         for kind in args.kinds.split(","):
             for launcher in args.launchers.split(","):
                 for name in args.signals.split(","):
-                    row = one(kind, launcher, getattr(signal, f"SIG{name}"))
+                    row = one(kind, launcher, getattr(signal, f"SIG{name}"), args.src)
                     row["round"] = r
                     rows.append(row)
                     print(json.dumps(row), flush=True)
                     if args.out:
                         with open(args.out, "a") as f:
                             f.write(json.dumps(row) + "\n")
-    print(f"\n{platform.node()} {os.cpu_count()} CPUs, python {platform.python_version()}")
+    print(f"\n{platform.node()} {os.cpu_count()} CPUs, python {platform.python_version()}, load average {os.getloadavg()[0]:.1f}, src {args.src or 'this checkout'}")
     print("| job | launcher | signal | runs | orphans after 5 s (total) | exit s (median) | exit s (max) | rc | stderr tracebacks |")
     print("|---|---|---|---|---|---|---|---|---|")
     keys = sorted({(x["kind"], x["launcher"], x["signal"]) for x in rows}, key=lambda k: (k[0], k[1], "KILL TERM INT".index(k[2][3:])))
