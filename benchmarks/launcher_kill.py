@@ -65,6 +65,7 @@ def main() -> None:
     p.add_argument("--launchers", default="torchrun,spawn")
     p.add_argument("--signals", default="KILL,TERM,INT")
     p.add_argument("--out", default=None, help="append one JSON line per run here")
+    p.add_argument("--alternate", action="store_true", help="one launcher per round, in turn (instead of each launcher every round)")
     p.add_argument("--src", default=None, help="import dtrain from this src folder (e.g. an older checkout's, for a baseline)")
     args = p.parse_args()
     # `timeout`/a scheduler ends this with SIGTERM: unwind, so every job's processes are killed.
@@ -72,7 +73,8 @@ def main() -> None:
     rows = []
     for r in range(args.rounds):
         for kind in args.kinds.split(","):
-            for launcher in args.launchers.split(","):
+            launchers = args.launchers.split(",")
+            for launcher in [launchers[r % len(launchers)]] if args.alternate else launchers:
                 for name in args.signals.split(","):
                     row = one(kind, launcher, getattr(signal, f"SIG{name}"), args.src)
                     row["round"] = r
