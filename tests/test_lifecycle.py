@@ -182,3 +182,24 @@ def test_signals_reach_only_this_launchs_workers(tmp_path):
             f.write("0")
         assert sup.workers() == []
     assert not os.path.exists(sup.dir)
+
+
+@pytest.mark.timeout(180)
+def test_dtrain_train_worker_exception_is_shown_once(tmp_path):
+    (tmp_path / "boomtask.py").write_text(
+        "import os, torch\n"
+        "from torch.utils.data import TensorDataset\n"
+        "class Boom(torch.nn.Linear):\n"
+        "    def forward(self, x):\n"
+        "        if os.environ['RANK'] == '1':\n"
+        "            raise ValueError('bad batch on rank 1')\n"
+        "        return super().forward(x)\n"
+        "def make(data_dir=None):\n"
+        "    x = torch.randn(64, 4); y = (x.sum(1) > 0).long()\n"
+        "    return {'build_model': lambda: Boom(4, 2), 'train_set': TensorDataset(x, y), 'batch_size': 8, 'epochs': 1}\n"
+    )
+    out = run_cli(["train", "-n", "2", "--task", "boomtask:make"], timeout=150, env={"PYTHONPATH": str(tmp_path)})
+    assert out.returncode == 1, out.stderr
+    assert out.stderr.count("Traceback") == 1 and out.stderr.count("ValueError: bad batch on rank 1") == 1, out.stderr
+    assert "dtrain: worker rank 1 raised:" in out.stderr and 'boomtask.py", line 6, in forward' in out.stderr
+    _no_noise(out.stderr.replace("Traceback", "", 1))
