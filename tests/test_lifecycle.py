@@ -203,3 +203,13 @@ def test_dtrain_train_worker_exception_is_shown_once(tmp_path):
     assert out.stderr.count("Traceback") == 1 and out.stderr.count("ValueError: bad batch on rank 1") == 1, out.stderr
     assert "dtrain: worker rank 1 raised:" in out.stderr and 'boomtask.py", line 6, in forward' in out.stderr
     _no_noise(out.stderr.replace("Traceback", "", 1))
+
+
+def test_a_killed_launchers_folder_is_removed_by_the_next_launch():
+    import tempfile
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = tempfile.mkdtemp(prefix=f"dtrain-launch-{dead.pid}-")
+    with Supervisor():
+        assert not os.path.exists(stale)

@@ -12,6 +12,7 @@ A worker still running after the grace period is killed; a second Ctrl-C kills a
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
 import shutil
 import signal
@@ -51,7 +52,8 @@ class Supervisor:
         self._env: dict[str, str | None] = {}
 
     def __enter__(self) -> Supervisor:
-        self.dir = tempfile.mkdtemp(prefix="dtrain-launch-")
+        _remove_stale_dirs()
+        self.dir = tempfile.mkdtemp(prefix=f"{_DIR_PREFIX}{os.getpid()}-")
         for key, value in ((LAUNCHER_PID_ENV, str(os.getpid())), (LAUNCH_DIR_ENV, self.dir)):
             self._env[key] = os.environ.get(key)
             os.environ[key] = value
@@ -150,6 +152,21 @@ class Supervisor:
         """The earliest error a worker reported (its traceback, or a user error's one line)."""
         errors = read_errors(self.dir) if self.dir else []
         return errors[0] if errors else None
+
+
+_DIR_PREFIX = "dtrain-launch-"
+
+
+def _remove_stale_dirs() -> None:
+    """A launcher killed with -9 cannot remove its folder; the next launch removes it."""
+    for path in glob.glob(os.path.join(tempfile.gettempdir(), f"{_DIR_PREFIX}*-*")):
+        try:
+            pid = int(os.path.basename(path)[len(_DIR_PREFIX):].split("-", 1)[0])
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+        except (ValueError, PermissionError):
+            continue
 
 
 def _kill(pid: int, sig: int) -> bool:
