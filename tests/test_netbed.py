@@ -17,9 +17,11 @@ from dtrain.testing import netbed
 SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
 
 
-def test_loopback_master_needs_no_interface():
-    assert netif.socket_env("127.0.0.1", {}) == {}
-    assert netif.socket_env("localhost", {}) == {}
+def test_loopback_master_gets_the_loopback_interface():
+    lo = netif.loopback_interface()
+    assert lo is not None
+    assert netif.socket_env("127.0.0.1", {}) == {"GLOO_SOCKET_IFNAME": lo, "NCCL_SOCKET_IFNAME": lo}
+    assert netif.socket_env("localhost", {"GLOO_SOCKET_IFNAME": "mine"}) == {"NCCL_SOCKET_IFNAME": lo}
     assert netif.route_interface("127.0.0.1") == ("lo", "127.0.0.1")
 
 

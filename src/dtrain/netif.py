@@ -1,10 +1,11 @@
-"""Which network interface the collectives' sockets use between nodes.
+"""Which network interface the collectives' sockets use: between nodes, and on one node.
 
 gloo picks its address from the host name unless ``GLOO_SOCKET_IFNAME`` says otherwise; on
 hosts whose name resolves to 127.0.0.1 (a common /etc/hosts line, and so it is here) every
 rank then announces a loopback address and the other nodes' ranks wait until the timeout.
 dtrain therefore names the interface that routes to the master address, unless the user set
-``GLOO_SOCKET_IFNAME`` / ``NCCL_SOCKET_IFNAME`` themselves.
+``GLOO_SOCKET_IFNAME`` / ``NCCL_SOCKET_IFNAME`` themselves. On one node (a loopback master)
+it names the loopback interface, so nothing of a one-node run listens beyond 127.0.0.1.
 
     socket_env("10.0.0.1", os.environ)   # {'GLOO_SOCKET_IFNAME': 'eth1', 'NCCL_SOCKET_IFNAME': 'eth1'}
 """
@@ -78,12 +79,25 @@ def is_loopback(addr: str) -> bool:
         return addr == "localhost"
 
 
+def loopback_interface() -> str | None:
+    """The name of the interface that holds 127.0.0.1 (``lo`` on Linux)."""
+    for name, addresses in interface_addresses().items():
+        if "127.0.0.1" in addresses:
+            return name
+    return None
+
+
 def socket_env(master_addr: str, environ: Mapping[str, str]) -> dict[str, str]:
     """The ``*_SOCKET_IFNAME`` variables to set for a job whose master is ``master_addr``: the
-    interface that routes there, for each variable the user did not set. Empty for a loopback
-    master (one host) or when no interface is found (then gloo's own choice stands)."""
-    if is_loopback(master_addr) or all(environ.get(v) for v in VARIABLES):
+    interface that routes there, for each variable the user did not set. A loopback master
+    (one host) gets the loopback interface, so gloo's and NCCL's sockets listen on 127.0.0.1
+    whatever the host name resolves to. Empty when no interface is found (then gloo's own
+    choice stands)."""
+    if all(environ.get(v) for v in VARIABLES):
         return {}
+    if is_loopback(master_addr):
+        name = loopback_interface()
+        return {v: name for v in VARIABLES if not environ.get(v)} if name else {}
     found = route_interface(master_addr)
     if found is None:
         return {}

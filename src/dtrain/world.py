@@ -234,14 +234,15 @@ def _check_same_versions(world: World) -> None:
 
 
 def use_route_interface(master_addr: str, *, quiet: bool = False) -> dict[str, str]:
-    """Point gloo's and NCCL's sockets at the interface that routes to ``master_addr`` unless
-    the user chose one (see ``dtrain.netif``); returns the variables set in this process."""
+    """Point gloo's and NCCL's sockets at the interface that routes to ``master_addr`` (the
+    loopback interface for a loopback master) unless the user chose one (see ``dtrain.netif``);
+    returns the variables set in this process."""
     from ._log import logger
-    from .netif import socket_env
+    from .netif import is_loopback, socket_env
 
     chosen = socket_env(master_addr, os.environ)
     os.environ.update(chosen)
-    if chosen and not quiet:
+    if chosen and not quiet and not is_loopback(master_addr):
         names = ", ".join(f"{k}={v}" for k, v in chosen.items())
         logger.info(f"sockets between nodes use the interface that routes to {master_addr}: {names} (set them yourself to choose another)")
     return chosen

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from .. import __version__
+from ..errors import DtrainError
 
 
 @dataclass(frozen=True)
@@ -166,7 +167,11 @@ def check_rendezvous(cfg: DoctorConfig) -> tuple[Check, dist.Store | None, bool]
     probes = True
     try:
         if cfg.node_rank == 0:
-            store = dist.TCPStore(addr, cfg.master_port or 0, None, True, timeout, wait_for_workers=False)
+            # Bound to the master address only (TCPStore alone listens on every interface,
+            # IPv4 and IPv6): loopback on one node.
+            from ..launch.store import host_store
+
+            store, _ = host_store(addr, cfg.master_port or 0, timeout_s=cfg.timeout_s)
         else:
             store = dist.TCPStore(addr, cfg.master_port, None, False, timeout)
         store.set(f"doctor/{cfg.node_rank}", json.dumps(mine))
@@ -187,7 +192,7 @@ def check_rendezvous(cfg: DoctorConfig) -> tuple[Check, dist.Store | None, bool]
         if cfg.node_rank == 0:  # node 0 hosts the store: keep it up until every node has its answers
             for r in range(cfg.nnodes):
                 store.get(f"doctor/done/{r}")
-    except (RuntimeError, ValueError) as exc:
+    except (RuntimeError, ValueError, DtrainError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         return Check("rendezvous", "FAIL", f"no rendezvous with {cfg.nnodes} node(s) at {addr} within {cfg.timeout_s:g} s ({first})",
                      "start `dtrain doctor` on every node with the same --nnodes, --master-addr and --master-port"), None, False

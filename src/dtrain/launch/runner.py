@@ -22,8 +22,10 @@ from ..diag.watchdog import STALL_EXIT
 from ..errors import DtrainError, LaunchError
 from ..world import use_route_interface
 from .preflight import check_nodes, connect_store, wait_for_master
+from .lifecycle import run_worker
 from .spec import LaunchSpec
 from .store import host_store
+from .supervise import AGENT_SIGNALS, Stopped, Supervisor
 
 #: Worker exit status that means "the worker already printed a clear error line".
 USER_ERROR_EXIT = 2
@@ -40,7 +42,9 @@ def launch_script(spec: LaunchSpec, script: str, argv: list[str]) -> int:
     """Run ``python script argv...`` in ``spec.nproc`` workers on this node; returns the exit status."""
     if spec.launcher == "spawn":
         return _spawn(spec, run_script, (script, argv))
-    return _elastic(spec, sys.executable, ("-u", script, *argv))
+    # Through dtrain's worker entry (not `python script.py`), so the worker dies with this
+    # launcher and hands its traceback back (launch/lifecycle.py).
+    return _elastic(spec, sys.executable, ("-u", "-m", "dtrain.launch.worker", script, *argv))
 
 
 def run_script(script: str, argv: list[str]) -> None:
@@ -96,21 +100,20 @@ def _wait_for_others(store: Any, others: int) -> None:
 
 
 def _quiet_elastic_logs() -> None:
-    """The elastic agent logs each failure as a multi-line table; dtrain prints one line instead."""
+    """The elastic agent logs each failure as a multi-line table (and torch.multiprocessing each
+    worker it stops); dtrain prints one line instead."""
     if logger.isEnabledFor(logging.DEBUG):
         return
     for name in list(logging.root.manager.loggerDict):
-        if name.startswith("torch.distributed.elastic"):
+        if name.startswith(("torch.distributed.elastic", "torch.multiprocessing")):
             logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
 @contextlib.contextmanager
 def _socket_interface(spec: LaunchSpec) -> Iterator[None]:
-    """Between nodes, the workers' gloo/NCCL sockets use the interface that routes to the master
-    (plain torchrun binds gloo to whatever the host name resolves to, often 127.0.0.1)."""
-    if spec.nnodes == 1:
-        yield
-        return
+    """The workers' gloo/NCCL sockets use the interface that routes to the master between
+    nodes (plain torchrun binds gloo to whatever the host name resolves to, often 127.0.0.1),
+    and the loopback interface on one node (the host name may resolve to a public address)."""
     chosen = use_route_interface(spec.addr, quiet=spec.node_rank != 0)
     try:
         yield
@@ -120,8 +123,11 @@ def _socket_interface(spec: LaunchSpec) -> Iterator[None]:
 
 
 def _elastic(spec: LaunchSpec, entrypoint: Callable[..., Any] | str, args: tuple) -> int:
+    if callable(entrypoint):
+        entrypoint, args = run_worker, (entrypoint, *args)
     # torchrun's own rule: one OpenMP thread per worker unless the user says otherwise.
-    with _rendezvous(spec) as port, _env_default("OMP_NUM_THREADS", "1" if spec.nproc > 1 else None), _socket_interface(spec):
+    with _rendezvous(spec) as port, _env_default("OMP_NUM_THREADS", "1" if spec.nproc > 1 else None), _socket_interface(spec), \
+            Supervisor(interrupt_main=spec.max_restarts > 0) as sup:
         config = LaunchConfig(
             min_nodes=spec.nnodes,
             max_nodes=spec.nnodes,
@@ -138,29 +144,34 @@ def _elastic(spec: LaunchSpec, entrypoint: Callable[..., Any] | str, args: tuple
         )
         _quiet_elastic_logs()
         try:
-            elastic_launch(config, entrypoint)(*args)
+            with sup.armed():
+                elastic_launch(config, entrypoint)(*args)
         except ChildFailedError as exc:
-            return _report_failure({rank: f.exitcode for rank, f in exc.failures.items()})
-        except KeyboardInterrupt:
-            return 130
+            if sup.signum:
+                return sup.stopped()
+            return _report_failure({rank: f.exitcode for rank, f in exc.failures.items()}, sup)
+        except (KeyboardInterrupt, Stopped):
+            return sup.stopped() if sup.signum else 130
         except DtrainError:
             raise
-        except Exception as exc:  # the agent's own errors (rendezvous timeout, signals)
+        except Exception as exc:  # the agent's own errors (rendezvous timeout, SIGQUIT)
             name = type(exc).__name__
             if name == "SignalException":
                 return 128 + int(getattr(exc, "sigval", 15))
             raise LaunchError(f"the elastic agent failed: {name}: {exc}") from None
+        if sup.signum:
+            return sup.stopped()
     return 0
 
 
 def _signal_options() -> dict[str, str]:
-    """SIGUSR1 (SLURM's warning before the time limit) kills an agent that does not catch it;
-    caught, the agent hands it to the workers and gives them 30 s to checkpoint and exit
-    (``dtrain.preempt``). ``signals_to_handle`` exists in LaunchConfig since torch 2.6."""
+    """The stop signals (SIGINT, SIGTERM, SIGHUP, SIGUSR1: SLURM's warning before the time
+    limit) are the Supervisor's, not the agent's (see launch/supervise.py).
+    ``signals_to_handle`` exists in LaunchConfig since torch 2.6."""
     import dataclasses
 
     if any(f.name == "signals_to_handle" for f in dataclasses.fields(LaunchConfig)):
-        return {"signals_to_handle": "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"}
+        return {"signals_to_handle": AGENT_SIGNALS}
     return {}
 
 
@@ -178,20 +189,26 @@ def _spawn_worker(local_rank: int, spec: LaunchSpec, port: int, fn: Callable[...
         TORCHELASTIC_USE_AGENT_STORE="True",
         TORCHELASTIC_RESTART_COUNT="0",
     )
-    fn(*args)
+    run_worker(fn, *args)
 
 
 def _spawn(spec: LaunchSpec, fn: Callable[..., Any], args: tuple) -> int:
-    with _rendezvous(spec) as port, _env_default("OMP_NUM_THREADS", "1" if spec.nproc > 1 else None), _socket_interface(spec):
+    _quiet_elastic_logs()  # and torch.multiprocessing's "Terminating process ..." warnings
+    with _rendezvous(spec) as port, _env_default("OMP_NUM_THREADS", "1" if spec.nproc > 1 else None), _socket_interface(spec), \
+            Supervisor() as sup:
         try:
             mp.spawn(_spawn_worker, args=(spec, port, fn, args), nprocs=spec.nproc, join=True)
         except mp.ProcessExitedException as exc:
-            return _report_failure({spec.node_rank * spec.nproc + exc.error_index: exc.exit_code})
+            if sup.signum:
+                return sup.stopped()
+            return _report_failure({spec.node_rank * spec.nproc + exc.error_index: exc.exit_code}, sup)
         except mp.ProcessRaisedException as exc:
             print(str(exc), file=sys.stderr)
-            return _report_failure({spec.node_rank * spec.nproc + exc.error_index: 1})
+            return _report_failure({spec.node_rank * spec.nproc + exc.error_index: 1}, sup)
         except KeyboardInterrupt:
-            return 130
+            return sup.stopped() if sup.signum else 130
+        if sup.signum:
+            return sup.stopped()
     return 0
 
 
@@ -208,7 +225,17 @@ def _env_default(key: str, value: str | None) -> Iterator[None]:
         os.environ.pop(key, None)
 
 
-def _report_failure(exit_codes: dict[int, int]) -> int:
+def _report_failure(exit_codes: dict[int, int], sup: Supervisor) -> int:
+    first = sup.first_error()
+    if first is not None:
+        # The earliest error a worker reported is the cause; the others' (a peer's closed
+        # socket inside a collective) follow from it and are not shown.
+        if first["user_error"]:
+            print(first["text"], file=sys.stderr)
+            return USER_ERROR_EXIT
+        print(f"dtrain: worker rank {first['rank']} raised:\n{first['text']}", file=sys.stderr)
+        print(f"dtrain: error: worker rank {first['rank']} failed with {first['type']}; its traceback is above.", file=sys.stderr)
+        return 1
     rank = min(exit_codes)
     code = exit_codes[rank]
     if code == USER_ERROR_EXIT:

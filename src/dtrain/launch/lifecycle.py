@@ -1,0 +1,190 @@
+"""The worker's side of a launch: die with the launcher, stop quietly when told to, and hand an
+unexpected exception to the launcher instead of losing it.
+
+Every worker that ``dtrain run`` / ``dtrain train`` starts (both launchers, a script or a
+function) runs through :func:`run_worker`, so this covers a user's script whether or not it
+calls ``dtrain.init()``. What it does not cover: a process the script starts itself (its own
+``subprocess`` or ``multiprocessing`` children; DataLoader workers watch their parent already),
+and workers started by another launcher (plain ``torchrun``, ``srun``).
+
+The launcher passes two variables: ``DTRAIN_LAUNCHER_PID`` (whose death must end this worker)
+and ``DTRAIN_LAUNCH_DIR`` (a private folder: a ``pid-*`` file per worker so the launcher can
+forward signals, a ``stop`` marker once it was told to stop, and ``error-*.json`` files).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import DtrainError
+
+LAUNCHER_PID_ENV = "DTRAIN_LAUNCHER_PID"
+LAUNCH_DIR_ENV = "DTRAIN_LAUNCH_DIR"
+STOP_MARKER = "stop"
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+_stop_signal = 0
+
+
+def run_worker(fn: Callable[..., Any], *args: Any) -> Any:
+    """Run ``fn(*args)`` as a launched worker (see the module's docstring)."""
+    bind_to_launcher()
+    _install_sigint()
+    try:
+        result = fn(*args)
+    except SystemExit as exc:
+        if stop_signal() and exc.code not in (0, None):
+            _quiet_exit(128 + stop_signal())
+        raise
+    except BaseException as exc:  # noqa: BLE001 -- every way out is handled below
+        if stop_signal():
+            # Told to stop: whatever this raised (KeyboardInterrupt, a peer's closed socket
+            # inside a collective) is a consequence of stopping, not an error to show.
+            _quiet_exit(128 + stop_signal())
+        if isinstance(exc, DtrainError):
+            _report(exc, user_error=True)
+            _quiet_exit(exc.exit_code)
+        _report(exc, user_error=False)
+        _quiet_exit(1)
+    _skip_final_gc()
+    return result
+
+
+def _skip_final_gc() -> None:
+    """The work is done: spare the interpreter's exit a full collection of the whole heap (it
+    took seconds of CPU in a worker of ``dtrain train``, between the result and the exit)."""
+    gc.disable()
+    gc.freeze()
+
+
+def stop_signal() -> int:
+    """The stop signal this worker received (SIGINT here, SIGTERM/SIGUSR1 via dtrain.preempt); 0: none."""
+    from .. import preempt
+
+    return _stop_signal or preempt.received()
+
+
+def bind_to_launcher() -> None:
+    """Make this process die with the launcher, even under ``kill -9`` of the launcher.
+
+    PR_SET_PDEATHSIG sends SIGKILL when the parent *thread* exits; the worker's parent is the
+    launcher's main thread (torch's elastic agent runs inside the launcher and starts workers
+    from it; so does torch.multiprocessing.spawn). Where the parent is not the launcher (a
+    wrapper in between) or prctl is missing, a thread polls the launcher instead."""
+    launcher = int(os.environ.get(LAUNCHER_PID_ENV) or 0)
+    if not launcher:
+        return
+    launch_dir = os.environ.get(LAUNCH_DIR_ENV)
+    bound = _set_pdeathsig(signal.SIGKILL)
+    if not _alive(launcher) or (launch_dir and os.path.exists(os.path.join(launch_dir, STOP_MARKER))):
+        _quiet_exit(128 + signal.SIGTERM)  # launcher gone (before prctl) or stopping: do no work
+    if not bound or os.getppid() != launcher:
+        threading.Thread(target=_watch_launcher, args=(launcher,), name="dtrain-launcher-watch", daemon=True).start()
+    if launch_dir:
+        with open(os.path.join(launch_dir, f"pid-{os.getpid()}"), "w") as f:
+            f.write(os.environ.get("RANK", "?"))
+
+
+def _set_pdeathsig(sig: int) -> bool:
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _watch_launcher(pid: int) -> None:
+    while _alive(pid):
+        time.sleep(0.5)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _install_sigint() -> None:
+    """First SIGINT: remember it and raise KeyboardInterrupt (as Python does); later ones (the
+    terminal's and the launcher's copy of the same Ctrl-C) are ignored while unwinding."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        global _stop_signal
+        if _stop_signal:
+            return
+        _stop_signal = signum
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, handler)
+
+
+def _quiet_exit(code: int) -> None:
+    """Leave now: flush what was printed and skip atexit hooks and C++ destructors, which after
+    a failed or interrupted collective only add warnings and can hang."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
+def _report(exc: BaseException, *, user_error: bool) -> None:
+    """Hand the error to the launcher (it shows the first rank's, once); print it when there is
+    no launcher to read it."""
+    rank = os.environ.get("RANK", "?")
+    text = f"dtrain: error: {exc}" if user_error else _format(exc)
+    launch_dir = os.environ.get(LAUNCH_DIR_ENV)
+    if launch_dir and os.path.isdir(launch_dir):
+        record = {"rank": rank, "time": time.time(), "user_error": user_error, "type": type(exc).__name__, "text": text}
+        tmp = os.path.join(launch_dir, f".error-{os.getpid()}.tmp")
+        with open(tmp, "w") as f:
+            json.dump(record, f)
+        os.replace(tmp, os.path.join(launch_dir, f"error-{os.getpid()}.json"))
+        return
+    print(text if user_error else f"dtrain: worker rank {rank} raised:\n{text}", file=sys.stderr, flush=True)
+
+
+def _format(exc: BaseException) -> str:
+    """The traceback without the frames of the launch machinery above the user's code."""
+    tb = exc.__traceback__
+    ours = (os.path.dirname(os.path.abspath(__file__)), os.path.dirname(os.path.abspath(__import__("runpy").__file__)))
+    while tb is not None and tb.tb_next is not None and _launch_frame(tb.tb_frame.f_code.co_filename, ours):
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(exc), exc, tb)).rstrip()
+
+
+def _launch_frame(filename: str, ours: tuple[str, ...]) -> bool:
+    return filename.startswith("<frozen runpy") or os.path.abspath(filename).startswith(ours)
+
+
+def read_errors(launch_dir: str) -> list[dict[str, Any]]:
+    """The workers' error records, the earliest first."""
+    out = []
+    for name in os.listdir(launch_dir):
+        if name.startswith("error-") and name.endswith(".json"):
+            try:
+                with open(os.path.join(launch_dir, name)) as f:
+                    out.append(json.load(f))
+            except (OSError, ValueError):
+                continue
+    return sorted(out, key=lambda r: r.get("time", 0.0))
