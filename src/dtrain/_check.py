@@ -46,6 +46,11 @@ def number(what: str, value: Any, *, positive: bool = False) -> float:
     return value
 
 
+def seconds(what: str, value: Any) -> float:
+    """A finite duration > 0."""
+    return number(what, value, positive=True)
+
+
 def output_file(what: str, path: str) -> str:
     """A file dtrain will write (creating its folders): not a folder, not under a file, in a
     place this user may write. Checked before any work starts."""

@@ -74,6 +74,10 @@ def init(
     """
     _install_excepthook()
     _check_init_args(strategy, precision, seed, world, timeout_s, stall_timeout, debug, run_dir)
+    if comm is not None:
+        check.instance("dtrain.init(comm=...)", comm, (str, CommSpec), "give a name such as none, fp16, powersgd:2 or auto")
+    if comm_warmup is not None:
+        check.integer("dtrain.init(comm_warmup=...)", comm_warmup, minimum=0)
     world = world or World.detect(device=device)
     if strategy == "auto":
         strategy = "ddp" if world.distributed else "single"
