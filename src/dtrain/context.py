@@ -163,7 +163,7 @@ def _env_float(name: str, default: float) -> float:
     try:
         return float(raw)
     except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not a number of seconds.") from None
+        raise ConfigError(f"{name}={raw!r} is not a number of seconds; set it to e.g. 900, or unset it.") from None
 
 
 def _check_model(what: str, model: Any) -> None:

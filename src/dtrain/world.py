@@ -54,7 +54,7 @@ class World:
         if self.size < 1:
             raise ConfigError(f"world size must be >= 1, got {self.size}.")
         if not 0 <= self.rank < self.size:
-            raise ConfigError(f"rank {self.rank} is outside the world of size {self.size}.")
+            raise ConfigError(f"rank {self.rank} is outside the world of size {self.size}; give a rank in 0..{self.size - 1}.")
 
     @property
     def is_main(self) -> bool:
