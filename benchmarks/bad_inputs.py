@@ -63,6 +63,7 @@ CASES: list[Case] = [
     Case("api-init-seed-str", py="dtrain.init(seed='abc')"),
     Case("train-lr-inf", [*S, "--lr", "inf"]),
     Case("train-lr-1e30", [*S, "--lr", "1e30", "--log-every", "2"], fast=False),
+    Case("train-lr-1e30-n2", [*S, "-n", "2", "--lr", "1e30", "--log-every", "2"], fast=False),
     Case("train-stall-timeout-nan", [*S, "--stall-timeout", "nan"]),
     Case("train-master-addr-empty", [*S, "-n", "2", "--master-addr", ""]),
     Case("api-init-strategy-int", py="dtrain.init(strategy=123)"),

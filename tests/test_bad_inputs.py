@@ -106,6 +106,18 @@ def test_subprocess_bad_input_is_one_line_exit_2(case_id, fixtures):
     assert "Traceback" not in proc.stdout
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_nan_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(fixtures):
+    proc = run_cli([*bad_inputs.S, "--lr", "1e30", "--log-every", "2", "--checkpoint-dir", "ck", "--save-every", "1"],
+                   cwd=str(fixtures), timeout=150)
+    assert proc.returncode == 2, proc.stderr
+    line = _one_line(proc.stderr)
+    assert "at step 2" in line and "lower --lr" in line
+    saved = sorted(p.name for p in (fixtures / "ck").iterdir() if p.name.startswith("step-"))
+    assert saved == ["step-00000001"], saved  # step 1's loss was finite; nothing saved after the NaN
+
+
 def test_bench_classifier():
     assert bad_inputs.classify(2, "", "x\ndtrain: error: bad; fix.\n")[0] == "clear"
     assert bad_inputs.classify(1, "", "dtrain: error: bad; fix.\n")[0] == "other"

@@ -35,7 +35,10 @@ def worker_main(cfg: TrainConfig) -> None:
     try:
         result = run(cfg, world=world)
     except DtrainError as exc:
-        print(f"dtrain: error: {exc}", file=sys.stderr, flush=True)
+        if world.is_main or not isinstance(exc, Diverged):
+            print(f"dtrain: error: {exc}", file=sys.stderr, flush=True)
+        else:  # every rank raised it alike: rank 0 says it once, and exits first
+            time.sleep(1.0)
         sys.exit(exc.exit_code)
     if world.is_main:
         print(json.dumps(result), flush=True)
@@ -181,13 +184,17 @@ def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) ->
     }
 
 
+class Diverged(ConfigError):
+    """The training loss became NaN or infinite (every rank raises it at the same step)."""
+
+
 def _stop_if_diverged(loss: float, step: int, cfg: TrainConfig, task: Task) -> None:
     """A NaN or infinite training loss stops the job (every rank sees the same reduced value),
     before anything is saved: the newest checkpoint stays the last good one."""
     if math.isfinite(loss):
         return
     kept = f"; nothing saved after it, {cfg.checkpoint_dir} keeps the last good checkpoint" if cfg.checkpoint_dir else ""
-    raise ConfigError(
+    raise Diverged(
         f"the training loss became {loss} at step {step} (lr {cfg.lr or task.lr:g}){kept}; "
         "lower --lr (or use gradient clipping / --precision fp32)."
     )
