@@ -125,6 +125,8 @@ CASES: list[Case] = [
     Case("train-num-workers-neg", [*S, "--num-workers", "-2"]),
     Case("train-log-every-0", [*S, "--log-every", "0"]),
     Case("train-max-steps-neg", [*S, "--max-steps", "-1"]),
+    Case("train-seed-overflow", [*S, "--seed", "99999999999999999999999"]),
+    Case("api-init-seed-overflow", py="dtrain.init(seed=2**70)"),
     Case("train-abbreviated-flag", [*S, "--epoch", "1"]),
     Case("train-env-stall-timeout-bad", [*S, "-n", "2", "--stall-timeout", "abc"]),
     # -- user tasks (MODULE:FUNCTION) ------------------------------------------------------------

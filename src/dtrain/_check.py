@@ -35,6 +35,14 @@ def integer(what: str, value: Any, *, minimum: int | None = None) -> int:
     return value
 
 
+def seed(what: str, value: Any) -> int:
+    """A random seed torch accepts: an int in -2**63 .. 2**64-1."""
+    integer(what, value)
+    if not -(2**63) <= value < 2**64:
+        raise ConfigError(f"{what} {value} is outside the seeds torch takes (-2**63 .. 2**64-1); use e.g. 0 or 1234.")
+    return value
+
+
 def number(what: str, value: Any, *, positive: bool = False) -> float:
     """A finite real number (an int or float, not a bool or a string), >= 0; > 0 when ``positive``."""
     instance(what, value, (int, float), "give a number")

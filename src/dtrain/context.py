@@ -106,7 +106,7 @@ def _check_init_args(strategy: Any, precision: Any, seed: Any, world: Any, timeo
     check.instance("dtrain.init(strategy=...)", strategy, (str, Strategy), f"give a name, one of: auto, {', '.join(strategies.available())}")
     check.instance("dtrain.init(precision=...)", precision, (str, Precision), "give a name such as fp32, bf16-mixed or fp16-mixed")
     if seed is not None:
-        check.integer("dtrain.init(seed=...)", seed)
+        check.seed("dtrain.init(seed=...)", seed)
     if world is not None:
         check.instance("dtrain.init(world=...)", world, World, "give a dtrain.World (or leave it out to detect one)")
     check.number("dtrain.init(timeout_s=...)", timeout_s, positive=True)
@@ -188,7 +188,7 @@ def _check_path_state(what: str, path: Any, state: Any) -> None:
 
 def seed_everything(seed: int) -> None:
     """Seed Python, NumPy and torch (CPU and every CUDA device)."""
-    check.integer("seed_everything(seed)", seed)
+    check.seed("seed_everything(seed)", seed)
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)

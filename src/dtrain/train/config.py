@@ -56,6 +56,7 @@ class TrainConfig:
                 raise ConfigError(f"{flag} must be >= 1, got {value}.")
         if self.lr is not None:
             check.number("--lr", self.lr, positive=True)
+        check.seed("--seed", self.seed)
         if self.metrics_file is not None:
             check.output_file("--metrics-file", self.metrics_file)
         if self.num_workers < 0:
