@@ -457,7 +457,9 @@ class Context:
 
         Collective under fsdp, hsdp and pipeline: call on every rank."""
         _check_model("ctx.clip_grad_norm_", model)
-        check.number("ctx.clip_grad_norm_(model, max_norm)", max_norm, positive=True)
+        check.instance("ctx.clip_grad_norm_(model, max_norm)", max_norm, (int, float), "give a number > 0")
+        if not max_norm > 0:  # inf is allowed: torch's idiom for "measure the norm, clip nothing"
+            raise ConfigError(f"ctx.clip_grad_norm_(model, max_norm) must be > 0, got {max_norm}.")
         if self.scaler is not None:
             for opt in self._optimizers:
                 self.scaler.unscale_(opt.optimizer)
