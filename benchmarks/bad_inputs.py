@@ -165,7 +165,7 @@ CASES: list[Case] = [
     Case("bench-threads-0", ["bench", "--threads", "0"]),
     Case("bench-synthetic-classes-0", ["bench", "--task", "synthetic", "--task-arg", "classes=0"]),
     # -- dtrain submit ---------------------------------------------------------------------------
-    Case("submit-k8s-out-missing-folder-ok", ["submit", "--k8s", "--out", "newdir/sub/x.yaml", "--name", "t", "--", "dtrain", "train", "--bad"]),
+    Case("submit-slurm-out-under-file", ["submit", "--slurm", "--dry-run", "--out", "afile/x.sbatch", "--", "dtrain", "train"]),
     Case("submit-no-target", ["submit", "--dry-run", "--", "dtrain", "train"]),
     Case("submit-both-targets", ["submit", "--slurm", "--k8s", "--", "dtrain", "train"]),
     Case("submit-job-missing", ["submit", "--k8s", "nosuch.toml", "--dry-run"]),

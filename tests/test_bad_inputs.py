@@ -118,6 +118,13 @@ def test_nan_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(fixtu
     assert saved == ["step-00000001"], saved  # step 1's loss was finite; nothing saved after the NaN
 
 
+def test_submit_out_in_a_missing_folder_is_created(fixtures, capsys):
+    code = cli_main(["submit", "--k8s", "--out", "newdir/sub/job.yaml", "--name", "t", "--image", "me/train:1",
+                     "--", "dtrain", "train"])
+    assert code == 0, capsys.readouterr().err
+    assert "PyTorchJob" in (fixtures / "newdir" / "sub" / "job.yaml").read_text()
+
+
 def test_bench_classifier():
     assert bad_inputs.classify(2, "", "x\ndtrain: error: bad; fix.\n")[0] == "clear"
     assert bad_inputs.classify(1, "", "dtrain: error: bad; fix.\n")[0] == "other"
