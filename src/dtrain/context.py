@@ -27,6 +27,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
+from . import _check as check
 from . import strategies
 from ._log import note_once
 from .comm import CommSpec
@@ -72,15 +73,19 @@ def init(
     ``comm_warmup`` plain steps (default ``$DTRAIN_COMM_WARMUP``, else 10; auto: 8 measured steps).
     """
     _install_excepthook()
+    _check_init_args(strategy, precision, seed, world, timeout_s, stall_timeout, debug, run_dir)
+    if comm is not None:
+        check.instance("dtrain.init(comm=...)", comm, (str, CommSpec), "give a name such as none, fp16, powersgd:2 or auto")
+    if comm_warmup is not None:
+        check.integer("dtrain.init(comm_warmup=...)", comm_warmup, minimum=0)
     world = world or World.detect(device=device)
     if strategy == "auto":
         strategy = "ddp" if world.distributed else "single"
     strategy_options.update(comm_options(strategy, world, comm, comm_warmup))
     strat = strategies.build(strategy, **strategy_options)
     prec = Precision.resolve(precision, world.device)
-    stall = _env_float("DTRAIN_STALL_TIMEOUT", 900.0) if stall_timeout is None else float(stall_timeout)
-    if stall < 0:
-        raise ConfigError(f"stall timeout must be >= 0 seconds (0 turns the watchdog off), got {stall:g}.")
+    stall = _env_float("DTRAIN_STALL_TIMEOUT", 900.0) if stall_timeout is None else stall_timeout
+    stall = check.number("stall timeout (seconds; 0 turns the watchdog off)", stall)
     debug = os.environ.get("DTRAIN_DEBUG", "") not in ("", "0") if debug is None else debug
     owns_group = init_process_group(world, timeout_s=timeout_s)
     if seed is not None:
@@ -93,6 +98,24 @@ def init(
             master_addr=world.master_addr, master_port=world.master_port, attempt=world.restart_count,
         ).start()
     return ctx
+
+
+def _check_init_args(strategy: Any, precision: Any, seed: Any, world: Any, timeout_s: Any,
+                     stall_timeout: Any, debug: Any, run_dir: Any) -> None:
+    """dtrain.init's arguments have the types it documents (one ConfigError line each)."""
+    check.instance("dtrain.init(strategy=...)", strategy, (str, Strategy), f"give a name, one of: auto, {', '.join(strategies.available())}")
+    check.instance("dtrain.init(precision=...)", precision, (str, Precision), "give a name such as fp32, bf16-mixed or fp16-mixed")
+    if seed is not None:
+        check.seed("dtrain.init(seed=...)", seed)
+    if world is not None:
+        check.instance("dtrain.init(world=...)", world, World, "give a dtrain.World (or leave it out to detect one)")
+    check.number("dtrain.init(timeout_s=...)", timeout_s, positive=True)
+    if stall_timeout is not None:
+        check.number("dtrain.init(stall_timeout=...)", stall_timeout)
+    if debug is not None:
+        check.instance("dtrain.init(debug=...)", debug, bool, "give True or False")
+    if run_dir is not None:
+        check.output_dir("dtrain.init(run_dir=...)", run_dir)
 
 
 def comm_options(strategy: str | Strategy, world: World, comm: str | None, warmup: int | None) -> dict[str, Any]:
@@ -140,11 +163,32 @@ def _env_float(name: str, default: float) -> float:
     try:
         return float(raw)
     except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not a number of seconds.") from None
+        raise ConfigError(f"{name}={raw!r} is not a number of seconds; set it to e.g. 900, or unset it.") from None
+
+
+def _check_model(what: str, model: Any) -> None:
+    check.instance(what, model, nn.Module, "give the torch.nn.Module to train (e.g. ctx.setup(model, optimizer))")
+
+
+def _check_optimizer(what: str, optimizer: Any) -> None:
+    check.instance(what, optimizer, torch.optim.Optimizer,
+                   "give a torch.optim.Optimizer built from the model's parameters (e.g. torch.optim.SGD(model.parameters(), lr=0.1))")
+    if isinstance(optimizer, DtrainOptimizer):
+        raise ConfigError(f"{what}: this optimizer was already set up; pass the torch optimizer to ctx.setup once.")
+
+
+def _check_tensor(what: str, tensor: Any) -> None:
+    check.instance(what, tensor, torch.Tensor, "give a torch.Tensor (e.g. torch.tensor(loss_value))")
+
+
+def _check_path_state(what: str, path: Any, state: Any) -> None:
+    check.instance(f"{what}(path, ...)", path, (str, os.PathLike), "give the checkpoint file's path")
+    check.instance(f"{what}(path, state)", state, dict, 'give a dict such as {"model": model, "optimizer": optimizer}')
 
 
 def seed_everything(seed: int) -> None:
     """Seed Python, NumPy and torch (CPU and every CUDA device)."""
+    check.seed("seed_everything(seed)", seed)
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
@@ -264,6 +308,9 @@ class Context:
         alone, or ``(model, optimizer, ...)`` when optimizers are given. Build the optimizer
         from the original model's parameters before calling this.
         """
+        _check_model("ctx.setup", model)
+        for i, opt in enumerate(optimizers):
+            _check_optimizer(f"ctx.setup(model, ...) argument {i + 2}", opt)
         wrapped = self.setup_model(model)
         if not optimizers:
             return wrapped
@@ -271,6 +318,7 @@ class Context:
 
     def setup_model(self, model: nn.Module) -> DtrainModule:
         """Collective: call on every rank."""
+        _check_model("ctx.setup_model", model)
         if isinstance(model, DtrainModule):
             raise ConfigError("this model was already set up; call ctx.setup once per model.")
         if self.debug and self.world.distributed:
@@ -288,6 +336,7 @@ class Context:
         return wrapped
 
     def setup_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module | None = None) -> DtrainOptimizer:
+        _check_optimizer("ctx.setup_optimizer", optimizer)
         inner = model.module if isinstance(model, DtrainModule) else model
         wrapped = DtrainOptimizer(self.strategy.setup_optimizer(optimizer, inner), self)
         self._optimizers.append(wrapped)
@@ -298,6 +347,10 @@ class Context:
 
         ``shuffle`` defaults to whether the loader shuffled (``shuffle=True``).
         """
+        check.instance("ctx.setup_dataloader", loader, DataLoader,
+                       "give a torch.utils.data.DataLoader (e.g. DataLoader(dataset, batch_size=32, shuffle=True))")
+        if shuffle is not None:
+            check.instance("ctx.setup_dataloader(shuffle=...)", shuffle, bool, "give True, False or None")
         if self.debug and self.world.distributed:
             check_same(self, "dataset length", len(loader.dataset), fix="give every rank the same data set")
         rank, size = self._data_parallel()
@@ -335,8 +388,7 @@ class Context:
         """One micro-step of a window of ``steps``: gradients are only communicated on the last
         micro-step of the window (or the last batch of the epoch); ``backward`` divides the loss
         by ``steps`` so the window's gradient is the mean over its micro-batches."""
-        if steps < 1:
-            raise ConfigError(f"accumulate(steps={steps}) must be >= 1.")
+        check.integer("ctx.accumulate(model, steps=...)", steps, minimum=1)
         self._accum_steps = steps
         self._micro_step += 1
         # A window cut short by the end of the epoch still syncs, so no gradient is left behind.
@@ -405,6 +457,10 @@ class Context:
         before clipping. Under sharded strategies the norm is over every rank's shard.
 
         Collective under fsdp, hsdp and pipeline: call on every rank."""
+        _check_model("ctx.clip_grad_norm_", model)
+        check.instance("ctx.clip_grad_norm_(model, max_norm)", max_norm, (int, float), "give a number > 0")
+        if not max_norm > 0:  # inf is allowed: torch's idiom for "measure the norm, clip nothing"
+            raise ConfigError(f"ctx.clip_grad_norm_(model, max_norm) must be > 0, got {max_norm}.")
         if self.scaler is not None:
             for opt in self._optimizers:
                 self.scaler.unscale_(opt.optimizer)
@@ -421,6 +477,7 @@ class Context:
 
         Collective: call on every rank. ``op`` is one of mean, sum, max, min.
         """
+        _check_tensor("ctx.all_reduce", tensor)
         if op not in _OPS:
             raise ConfigError(f"unknown reduce op {op!r}; choose one of: {', '.join(_OPS)}.")
         if self.world.distributed:
@@ -429,6 +486,11 @@ class Context:
             if op == "mean":
                 tensor.div_(self.world_size)
         return tensor
+
+    def _check_rank(self, what: str, rank: Any) -> None:
+        check.integer(what, rank, minimum=0)
+        if rank >= self.world_size:
+            raise ConfigError(f"{what} is {rank}, outside ranks 0..{self.world_size - 1}; give a rank of this job.")
 
     @contextlib.contextmanager
     def _collective(self, op: str, *tensors: Any) -> Iterator[None]:
@@ -443,6 +505,7 @@ class Context:
 
     def all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
         """Collective: call on every rank. Every rank's ``tensor`` (same shape on all ranks)."""
+        _check_tensor("ctx.all_gather", tensor)
         if not self.world.distributed:
             return [tensor]
         out = [torch.empty_like(tensor) for _ in range(self.world_size)]
@@ -453,6 +516,8 @@ class Context:
     def gather_object(self, obj: Any, dst: int | None = None) -> list[Any] | None:
         """Collective: call on every rank. Every rank's picklable ``obj``, by rank, on every rank
         (``dst=None``) or only on rank ``dst`` (the others get None)."""
+        if dst is not None:
+            self._check_rank("ctx.gather_object(obj, dst=...)", dst)
         if not self.world.distributed:
             return [obj]
         out: list[Any] = [None] * self.world_size
@@ -466,6 +531,8 @@ class Context:
 
     def broadcast(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
         """Collective: call on every rank. Copy rank ``src``'s tensor to all ranks, in place."""
+        _check_tensor("ctx.broadcast", tensor)
+        self._check_rank("ctx.broadcast(tensor, src=...)", src)
         if self.world.distributed:
             with self._collective(f"broadcast(src={src})", tensor):
                 dist.broadcast(tensor, src=src)
@@ -473,6 +540,7 @@ class Context:
 
     def broadcast_object(self, obj: Any, src: int = 0) -> Any:
         """Collective: call on every rank. Rank ``src``'s picklable object, on every rank."""
+        self._check_rank("ctx.broadcast_object(obj, src=...)", src)
         if not self.world.distributed:
             return obj
         box = [obj]
@@ -518,6 +586,12 @@ class Context:
         sample (e.g. 1.0 where the prediction is right); the result is their mean over the whole
         data set, with ``loss`` the mean loss and ``count`` the number of samples scored.
         """
+        _check_model("ctx.evaluate", model)
+        if not hasattr(dataset, "__len__") or not hasattr(dataset, "__getitem__"):
+            raise ConfigError(f"ctx.evaluate(model, dataset, ...) got {check.type_name(dataset)}; give a map-style Dataset (with __len__ and __getitem__).")
+        if not callable(metric):
+            raise ConfigError(f"ctx.evaluate(model, dataset, metric) got {check.type_name(metric)}; give a function (outputs, targets) -> one score per sample.")
+        check.integer("ctx.evaluate(batch_size=...)", batch_size, minimum=1)
         net = self.unwrap(model)  # no DDP forward: ranks may run different numbers of batches
         was_training = net.training
         net.eval()
@@ -562,6 +636,8 @@ class Context:
     def checkpoints(self, folder: str, *, keep: int = 3, async_save: bool = False) -> CheckpointManager:
         """A manager of full-state checkpoints in ``folder`` (model, optimizer, scheduler, data
         position, grad scaler, communication state, every rank's RNG); see ``CheckpointManager``."""
+        check.output_dir("ctx.checkpoints(folder)", os.fspath(folder) if isinstance(folder, os.PathLike) else folder)
+        check.integer("ctx.checkpoints(keep=...)", keep, minimum=1)
         manager = CheckpointManager(self, folder, keep=keep, async_save=async_save)
         self._checkpoint_managers.append(manager)  # ctx.close gives their folders' locks back
         return manager
@@ -572,6 +648,7 @@ class Context:
         Collective: call on every rank. Values with a ``state_dict()`` (model, optimizer,
         scheduler) are stored as their state dict.
         """
+        _check_path_state("ctx.save", path, state)
         if self.is_main:
             atomic_save({k: _state_of(v) for k, v in state.items()}, path)
         self.barrier()
@@ -585,6 +662,7 @@ class Context:
         verified first and loaded as ``CheckpointManager.resume`` does, which returns
         ``{"step", "extra", "path", "world_size"}``; collective then.
         """
+        _check_path_state("ctx.load", path, state)
         if os.path.isdir(path):
             return load_into(self, resolve(path), {k: v for k, v in state.items() if hasattr(v, "load_state_dict")})
         stored = safe_load(path, map_location=self.device)

@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def measure(ctx: dtrain.Context, task, args) -> Recorder:
     batch = args.batch_size or task.batch_size
-    model = task.build_model()
+    model = task.new_model()
     optimizer = make_optimizer(task.optimizer, model.parameters(), args.lr or task.lr)
     model, optimizer = ctx.setup(model, optimizer)
     loader = ctx.setup_dataloader(DataLoader(task.train_set, batch_size=batch, shuffle=True, drop_last=True))

@@ -9,8 +9,10 @@ from .._log import configure_cli_logging
 from ..bench import parse_methods
 from ..bench.report import build_report, markdown, write_report
 from ..bench.runner import BenchConfig, run_bench
+from .. import _check as check
 from ..errors import ConfigError
 from ..tasks import load_task
+from ..world import check_device
 from .train import parse_task_args
 
 
@@ -39,6 +41,12 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
             raise ConfigError(f"--{flag} must be >= 1, got {getattr(args, flag)}.")
     if args.warmup < 0:
         raise ConfigError(f"--warmup must be >= 0, got {args.warmup}.")
+    if args.batch_size is not None and args.batch_size < 1:
+        raise ConfigError(f"--batch-size must be >= 1, got {args.batch_size}.")
+    if args.device is not None:
+        check_device(args.device)
+    check.seconds("--timeout", args.timeout)
+    check.output_dir("--out", args.out)
     threads = args.threads if args.threads is not None else max(1, (os.cpu_count() or 1) // args.nproc)
     if threads < 1:
         raise ConfigError(f"--threads must be >= 1, got {threads}.")

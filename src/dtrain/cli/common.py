@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from ..errors import ConfigError
+from .. import _check as check
 
 from ..launch import LaunchSpec
 from ..launch.srun import spec_for_step
@@ -51,12 +51,12 @@ def export_comm(args: argparse.Namespace) -> None:
 def export_diagnostics(args: argparse.Namespace) -> None:
     """Hand the diagnostics flags to the workers (they inherit this environment)."""
     if args.stall_timeout is not None:
-        if args.stall_timeout < 0:
-            raise ConfigError(f"--stall-timeout must be >= 0 seconds (0 turns the watchdog off), got {args.stall_timeout:g}.")
+        check.number("--stall-timeout (seconds; 0 turns the watchdog off)", args.stall_timeout)
         os.environ["DTRAIN_STALL_TIMEOUT"] = repr(args.stall_timeout)
     if args.debug:
         os.environ["DTRAIN_DEBUG"] = "1"
     if args.run_dir:
+        check.output_dir("--run-dir", args.run_dir)
         os.environ["DTRAIN_RUN_DIR"] = os.path.abspath(args.run_dir)
 
 
@@ -69,6 +69,8 @@ def slurm_step(args: argparse.Namespace) -> SlurmStep | None:
 
 def launch_spec(args: argparse.Namespace) -> LaunchSpec:
     export_diagnostics(args)
+    if args.master_addr is not None:
+        check.host("--master-addr", args.master_addr)
     nproc = 1 if args.nproc is None else args.nproc
     step = slurm_step(args)
     if step is not None:

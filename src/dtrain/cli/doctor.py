@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..diag.doctor import DoctorConfig, environment_report, run_doctor
+from .. import _check as check
 from ..errors import ConfigError
 
 
@@ -30,6 +31,9 @@ def main(args: argparse.Namespace) -> int:
         raise ConfigError("--nnodes > 1 needs --master-port, the rendezvous port every node uses.")
     if args.master_port is not None and not 0 < args.master_port < 65536:
         raise ConfigError(f"--master-port {args.master_port} is not a TCP port; use 1024..65535.")
+    check.seconds("--timeout", args.timeout)
+    if args.master_addr is not None:
+        check.host("--master-addr", args.master_addr)
     cfg = DoctorConfig(nnodes=args.nnodes, node_rank=args.node_rank, master_addr=args.master_addr,
                        master_port=args.master_port, probe=not args.no_probe, timeout_s=args.timeout)
     checks = run_doctor(cfg, echo=lambda line: print(line, flush=True))

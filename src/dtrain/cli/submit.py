@@ -9,6 +9,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from .. import _check as check
 from ..errors import ConfigError
 from ..launch import jobspec, k8s, sbatch
 
@@ -43,10 +44,16 @@ def _add_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dtrain-cmd", default=None, help='how to start dtrain on the cluster (default "dtrain")')
 
 
+_NOT_TOML = (".yaml", ".yml", ".json", ".ini", ".cfg", ".sbatch")
+
+
 def _split_command(args: argparse.Namespace) -> tuple[str | None, list[str]]:
     """argparse hands everything after JOB to the command; the options there (up to ``--``)
     are submit's own: ``dtrain submit --slurm job.toml --dry-run -- dtrain train ...``."""
     rest = list(args.command)
+    if args.job is not None and args.job.lower().endswith(_NOT_TOML):
+        raise ConfigError(f"job file {args.job}: a job description is TOML (a .toml file); convert it, "
+                          "or give the command after -- (e.g. dtrain submit --k8s -- dtrain train ...).")
     if args.job is not None and not args.job.endswith(".toml"):
         return None, [args.job, *rest]  # no JOB file: the command starts here, options and all
     if "--" in rest:
@@ -82,6 +89,8 @@ def build_job(args: argparse.Namespace) -> tuple[jobspec.JobSpec, str]:
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.out is not None:
+        check.output_file("--out", args.out)
     job, source = build_job(args)
     if args.slurm == args.k8s:
         raise ConfigError("say where the job goes: --slurm (sbatch script) or --k8s (PyTorchJob manifest).")
@@ -97,6 +106,8 @@ def main(args: argparse.Namespace) -> int:
         sys.stdout.write(text)
         return 0
     out = Path(args.out or default_out)
+    check.output_file("--out", str(out))
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
     if args.k8s or args.dry_run:
         hint = f"; apply it with: kubectl apply -f {out}" if args.k8s else ""

@@ -129,6 +129,9 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
     """An optimizer that all-reduces each gradient as soon as backward produces it (fused into
     buffers) and waits for them in ``step()``."""
     _world()
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise ConfigError(f"hvd.DistributedOptimizer got {type(optimizer).__name__} {optimizer!r:.40}; "
+                          "give a torch.optim.Optimizer (e.g. torch.optim.SGD(model.parameters(), lr=0.1)).")
     if op == Adasum:
         _unsupported("op=hvd.Adasum")
     if groups is not None or num_groups:
@@ -150,6 +153,7 @@ def broadcast_parameters(params: Any, root_rank: int) -> None:
     an iterable of ``(name, tensor)`` such as ``model.named_parameters()``.
 
     Collective: call on every rank."""
+    _root(root_rank)
     items = sorted(params.items()) if isinstance(params, dict) else list(params)
     if not _distributed():
         return
@@ -163,6 +167,7 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int) 
     """Give every rank ``root_rank``'s optimizer state (hyper-parameters and buffers).
 
     Collective: call on every rank."""
+    _root(root_rank)
     if not _distributed():
         return
     state = broadcast_object(optimizer.state_dict() if rank() == root_rank else None, root_rank)
@@ -172,6 +177,7 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int) 
 
 def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None) -> Any:
     """Collective: call on every rank. ``root_rank``'s picklable object, on every rank."""
+    _root(root_rank)
     if not _distributed():
         return obj
     box = [obj]
@@ -202,6 +208,7 @@ def allreduce_(
     process_set: Any = None,
 ) -> torch.Tensor:
     """Collective: call on every rank. Reduce ``tensor`` over ranks, in place, and return it."""
+    _tensor("hvd.allreduce_", tensor)
     if process_set is not None:
         _unsupported("process_set")
     op = _reduce_op(average, op)
@@ -227,6 +234,7 @@ def allreduce(
     process_set: Any = None,
 ) -> torch.Tensor:
     """Collective: call on every rank. A new tensor: ``tensor`` reduced over ranks."""
+    _tensor("hvd.allreduce", tensor)
     wire = {Compression.none: None, Compression.fp16: torch.float16, Compression.bf16: torch.bfloat16}.get(compression, "?")
     if wire == "?":
         raise ConfigError(f"unknown compression {compression!r}; choose hvd.Compression.none or hvd.Compression.fp16.")
@@ -238,6 +246,7 @@ def allreduce(
 def allgather(tensor: torch.Tensor, name: str | None = None, process_set: Any = None) -> torch.Tensor:
     """Collective: call on every rank. Every rank's ``tensor`` concatenated along dimension 0
     (the first dimension may differ between ranks; the others must match)."""
+    _tensor("hvd.allgather", tensor)
     if process_set is not None:
         _unsupported("process_set")
     if not _distributed():
@@ -258,6 +267,8 @@ def allgather(tensor: torch.Tensor, name: str | None = None, process_set: Any = 
 
 def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None, process_set: Any = None) -> torch.Tensor:
     """Collective: call on every rank. ``root_rank``'s values, written into ``tensor``."""
+    _tensor("hvd.broadcast_", tensor)
+    _root(root_rank)
     if process_set is not None:
         _unsupported("process_set")
     if _distributed():
@@ -267,6 +278,7 @@ def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None, pr
 
 def broadcast(tensor: torch.Tensor, root_rank: int, name: str | None = None, process_set: Any = None) -> torch.Tensor:
     """Collective: call on every rank. A new tensor with ``root_rank``'s values."""
+    _tensor("hvd.broadcast", tensor)
     return broadcast_(tensor.detach().clone(), root_rank, name, process_set)
 
 
@@ -282,6 +294,18 @@ def join(device: int = -1) -> int:
     times = [torch.empty_like(arrived) for _ in range(size())]
     dist.all_gather(times, arrived)
     return int(torch.stack(times).argmax().item())
+
+
+def _tensor(what: str, tensor: Any) -> None:
+    if not isinstance(tensor, torch.Tensor):
+        raise ConfigError(f"{what} got {type(tensor).__name__} {tensor!r:.40}; give a torch.Tensor (e.g. torch.tensor(value)).")
+
+
+def _root(root_rank: Any) -> None:
+    """``root_rank`` is a rank of this job (checked before any collective, on every rank alike)."""
+    n = size()
+    if isinstance(root_rank, bool) or not isinstance(root_rank, int) or not 0 <= root_rank < n:
+        raise ConfigError(f"root_rank {root_rank!r} is not a rank of this job (0..{n - 1}); give one of those.")
 
 
 def _unsupported(what: str) -> None:

@@ -202,6 +202,8 @@ def load(path: str | Path) -> JobSpec:
         raise ConfigError(f"job file {p} does not exist; give the path of a job TOML file.") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"job file {p} is not valid TOML ({exc}).") from None
+    except (OSError, UnicodeDecodeError) as exc:  # a folder, no permission, a binary file
+        raise ConfigError(f"job file {p} cannot be read as text ({type(exc).__name__}: {getattr(exc, 'strerror', None) or exc}); give a job TOML file.") from None
     return from_dict(data, where=str(p))
 
 

@@ -105,7 +105,7 @@ def _quiet_elastic_logs() -> None:
     if logger.isEnabledFor(logging.DEBUG):
         return
     for name in list(logging.root.manager.loggerDict):
-        if name.startswith(("torch.distributed.elastic", "torch.multiprocessing")):
+        if name.startswith(("torch.distributed.elastic", "torch.multiprocessing")):  # "Terminating process" too
             logging.getLogger(name).setLevel(logging.CRITICAL)
 
 

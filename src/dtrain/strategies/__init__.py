@@ -6,6 +6,7 @@ outside this package branches on a strategy's name.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 from ..errors import ConfigError
@@ -35,7 +36,14 @@ def build(name: str | Strategy, **options) -> Strategy:
     factory = _REGISTRY.get(name)
     if factory is None:
         raise ConfigError(f"unknown strategy {name!r}; choose one of: {', '.join(available())}.")
-    return factory(**options)
+    try:
+        return factory(**options)
+    except TypeError as exc:
+        bad = re.search(r"unexpected keyword argument '(\w+)'", str(exc))
+        if bad is None:
+            raise
+        raise ConfigError(f"strategy {name!r} has no option {bad.group(1)!r}; drop it, or see the strategy's config "
+                          f"class (e.g. dtrain.strategies.ddp.DDPConfig) for the options it takes.") from None
 
 
 # Importing the modules registers them.

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
+from .. import _check as check
 from ..errors import ConfigError
 
 
@@ -48,8 +49,28 @@ class Task:
     epochs: int = 1
 
     def __post_init__(self) -> None:
+        where = f"task {self.name!r}"
+        for name in ("build_model", "loss_fn", "metric"):
+            if not callable(getattr(self, name)):
+                raise ConfigError(f"{where}: {name} is a {type(getattr(self, name)).__name__}, not a function; give a callable.")
+        for name in ("train_set", "test_set"):
+            data = getattr(self, name)
+            if (data is not None or name == "train_set") and not (hasattr(data, "__len__") and hasattr(data, "__getitem__")):
+                raise ConfigError(f"{where}: {name} is a {type(data).__name__}; give a map-style torch Dataset (with __len__ and __getitem__).")
+        for name in ("batch_size", "epochs"):
+            check.integer(f"{where}: {name}", getattr(self, name), minimum=1)
+        check.number(f"{where}: lr", self.lr, positive=True)
         if self.optimizer not in OPTIMIZERS:
             raise ConfigError(f"task {self.name!r}: unknown optimizer {self.optimizer!r}; choose one of: {', '.join(OPTIMIZERS)}.")
+
+    def new_model(self) -> nn.Module:
+        """``build_model()``, checked: a task function's mistake is one line, not a traceback later."""
+        model = self.build_model()
+        if not isinstance(model, nn.Module):
+            raise ConfigError(f"task {self.name!r}: build_model() returned {type(model).__name__}; return a torch.nn.Module.")
+        if not any(p.requires_grad for p in model.parameters()):
+            raise ConfigError(f"task {self.name!r}: build_model() returned a model with no trainable parameters; nothing to train.")
+        return model
 
 
 OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
@@ -95,10 +116,14 @@ def _import_function(spec: str) -> Callable[..., Any]:
     module_name, _, func_name = spec.rpartition(":")
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())  # `dtrain train --task mytask:make` finds ./mytask.py, like python -m
+    if not module_name or not func_name:
+        raise ConfigError(f"task {spec!r} is not MODULE:FUNCTION; write e.g. --task mytask:make_task.")
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise ConfigError(f"task {spec!r}: cannot import module {module_name!r} ({exc}); check the name and PYTHONPATH.") from None
+    except SyntaxError as exc:
+        raise ConfigError(f"task {spec!r}: module {module_name!r} has a syntax error ({exc.filename}, line {exc.lineno}); fix the file.") from None
     func = getattr(module, func_name, None)
     if not callable(func):
         raise ConfigError(f"task {spec!r}: module {module_name!r} has no function {func_name!r}.")
@@ -106,7 +131,10 @@ def _import_function(spec: str) -> Callable[..., Any]:
 
 
 def _call_factory(spec: str, factory: Callable[..., Any], data_dir: str | None, options: dict[str, str]) -> Any:
-    params = inspect.signature(factory).parameters
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        raise ConfigError(f"task {spec!r} is not a Python function dtrain can inspect; point it at a function returning a dtrain.Task.") from None
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     kwargs: dict[str, Any] = {}
     if "data_dir" in params or takes_any:
@@ -116,6 +144,11 @@ def _call_factory(spec: str, factory: Callable[..., Any], data_dir: str | None, 
             accepted = [p for p in params if p != "data_dir"]
             raise ConfigError(f"task {spec!r} takes no option {key!r}; it accepts: {', '.join(accepted) or 'none'}.")
         kwargs[key] = _coerce(value, params.get(key))
+    try:
+        inspect.signature(factory).bind(**kwargs)
+    except TypeError as exc:
+        raise ConfigError(f"task {spec!r} cannot be called with {sorted(kwargs) or 'no arguments'} ({exc}); "
+                          "give it defaults, or pass its options with --task-arg KEY=VALUE.") from None
     return factory(**kwargs)
 
 
@@ -129,7 +162,8 @@ def _coerce(value: str, param: inspect.Parameter | None) -> Any:
             return value.lower() in ("1", "true", "yes", "on")
         return type(default)(value)
     except ValueError:
-        raise ConfigError(f"task option {param.name}={value!r} is not a {type(default).__name__}.") from None
+        kind = {"int": "an integer", "float": "a number"}.get(type(default).__name__, f"a {type(default).__name__}")
+        raise ConfigError(f"task option {param.name}={value!r} is not {kind}; e.g. --task-arg {param.name}={default}.") from None
 
 
 __all__ = ["BUILTIN", "OPTIMIZERS", "Task", "accuracy", "load_task", "make_optimizer"]

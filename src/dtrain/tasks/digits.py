@@ -15,6 +15,8 @@ def make_task(test_fraction: float = 0.2, hidden: int = 128) -> Task:
         from sklearn.datasets import load_digits
     except ImportError:
         raise ConfigError("task 'digits' needs scikit-learn; install it with: pip install 'dtrain[digits]'.") from None
+    if hidden < 1:
+        raise ConfigError(f"task 'digits': hidden must be >= 1, got {hidden}; e.g. --task-arg hidden=128.")
     if not 0.0 < test_fraction < 1.0:
         raise ConfigError(f"task 'digits': test_fraction must be in (0, 1), got {test_fraction}.")
     data = load_digits()

@@ -17,6 +17,7 @@ and namespaces left by a bed whose process died are removed by the next bed.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import shutil
 import signal
@@ -205,14 +206,19 @@ class NetBed:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dtrain.testing.netbed", description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    from ..cli import Parser  # one-line usage errors, exit 2, as the dtrain command
+
+    parser = Parser(prog="python -m dtrain.testing.netbed", description=__doc__.split("\n\n")[0],
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rate-mbit", type=float, default=None, help="link rate in Mbit/s (tbf; default: unshaped)")
     parser.add_argument("--delay-ms", type=float, default=None, help="one-way delay per side (needs netem)")
     parser.add_argument("--timeout", type=float, default=3600.0, help="kill both nodes after this many seconds")
     parser.add_argument("--check", action="store_true", help="only say whether a bed can be built here, and whether netem exists")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND with {node_rank} and {master_addr}")
     args = parser.parse_args(argv)
+    for flag, value in (("--rate-mbit", args.rate_mbit), ("--delay-ms", args.delay_ms), ("--timeout", args.timeout)):
+        if value is not None and not (math.isfinite(value) and (value > 0 or flag == "--delay-ms" and value == 0)):
+            parser.error(f"{flag} must be a finite number > 0, got {value:g}")
     cmd = args.command[1:] if args.command[:1] == ["--"] else args.command
     try:
         with NetBed(rate_mbit=args.rate_mbit, delay_ms=args.delay_ms) as bed:
@@ -223,7 +229,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return 0
             outs = bed.run_nodes(lambda r, m: [a.format(node_rank=r, master_addr=m) for a in cmd], timeout=args.timeout)
     except NetBedUnavailable as exc:
-        print(f"netbed: error: {exc}.", file=sys.stderr)
+        print(f"dtrain: error: netbed: {exc}.", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("netbed: interrupted; the bed was removed.", file=sys.stderr)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .. import _check as check
 from ..errors import ConfigError
 
 
@@ -53,8 +54,11 @@ class TrainConfig:
         for flag, value in positive.items():
             if value is not None and value < 1:
                 raise ConfigError(f"{flag} must be >= 1, got {value}.")
-        if self.lr is not None and not self.lr > 0:
-            raise ConfigError(f"--lr must be > 0, got {self.lr}.")
+        if self.lr is not None:
+            check.number("--lr", self.lr, positive=True)
+        check.seed("--seed", self.seed)
+        if self.metrics_file is not None:
+            check.output_file("--metrics-file", self.metrics_file)
         if self.num_workers < 0:
             raise ConfigError(f"--num-workers must be >= 0, got {self.num_workers}.")
         if self.batch_size is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import sys
@@ -34,7 +35,10 @@ def worker_main(cfg: TrainConfig) -> None:
     try:
         result = run(cfg, world=world)
     except DtrainError as exc:
-        print(f"dtrain: error: {exc}", file=sys.stderr, flush=True)
+        if world.is_main or not isinstance(exc, Diverged):
+            print(f"dtrain: error: {exc}", file=sys.stderr, flush=True)
+        else:  # every rank raised it alike: rank 0 says it once, and exits first
+            time.sleep(1.0)
         sys.exit(exc.exit_code)
     if world.is_main:
         print(json.dumps(result), flush=True)
@@ -65,7 +69,7 @@ def _run(cfg: TrainConfig, world: World | None) -> dict[str, Any]:
 
 
 def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) -> dict[str, Any]:
-    model = task.build_model()
+    model = task.new_model()
     if ctx.is_main:
         print(render_summary(model), flush=True)
     optimizer = make_optimizer(cfg.optimizer or task.optimizer, model.parameters(), cfg.lr or task.lr)
@@ -129,6 +133,7 @@ def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) ->
                 os.kill(os.getpid(), signal.SIGKILL)  # DTRAIN_FAULT_INJECT: a crash, for fault-tolerance tests
             if step % cfg.log_every == 0 or step == total:
                 last_loss = ctx.all_reduce(window_loss / window_steps, op="mean").item()
+                _stop_if_diverged(last_loss, step, cfg, task)
                 window_loss.zero_()
                 window_steps = 0
                 record = {"step": step, "epoch": epoch, "train_loss": last_loss, "samples_per_s": _rate(meter, step - start_step, batch, ctx), "wall_s": round(time.perf_counter() - t0, 3)}
@@ -140,6 +145,8 @@ def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) ->
                 preempted = True
                 break
             if ckpt is not None and cfg.save_every and step % cfg.save_every == 0 and step < total:
+                if window_steps:  # never save a diverged model over the last good checkpoint
+                    _stop_if_diverged(ctx.all_reduce(window_loss.clone(), op="max").item(), step, cfg, task)
                 ckpt.save(step, model=model, optimizer=optimizer, loader=loader)
                 save_block_s += ckpt.last_blocking_s or 0.0
             if step >= total:
@@ -175,6 +182,22 @@ def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) ->
         "test_acc": round(test_acc, 6) if test_acc is not None else None,
         "wall_s": round(time.perf_counter() - t0, 3),
     }
+
+
+class Diverged(ConfigError):
+    """The training loss became NaN or infinite (every rank raises it at the same step)."""
+
+
+def _stop_if_diverged(loss: float, step: int, cfg: TrainConfig, task: Task) -> None:
+    """A NaN or infinite training loss stops the job (every rank sees the same reduced value),
+    before anything is saved: the newest checkpoint stays the last good one."""
+    if math.isfinite(loss):
+        return
+    kept = f"; nothing saved after it, {cfg.checkpoint_dir} keeps the last good checkpoint" if cfg.checkpoint_dir else ""
+    raise Diverged(
+        f"the training loss became {loss} at step {step} (lr {cfg.lr or task.lr:g}){kept}; "
+        "lower --lr (or use gradient clipping / --precision fp32)."
+    )
 
 
 def _log_memory(ctx: Context, model: Any, optimizer: Any) -> None:

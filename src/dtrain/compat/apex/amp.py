@@ -56,6 +56,12 @@ def initialize(
         raise ConfigError(f"unknown opt_level {opt_level!r}; choose one of: {', '.join(OPT_LEVELS)}.{hint}")
     model_list = models if isinstance(models, (list, tuple)) else [models]
     opt_list = [] if optimizers is None else optimizers if isinstance(optimizers, (list, tuple)) else [optimizers]
+    bad = [m for m in model_list if not isinstance(m, nn.Module)] or not model_list and [models]
+    if bad:
+        raise ConfigError(f"amp.initialize got {type(bad[0]).__name__} {bad[0]!r:.40} for a model; give a torch.nn.Module (or a list of them).")
+    bad = [o for o in opt_list if not isinstance(o, torch.optim.Optimizer)]
+    if bad:
+        raise ConfigError(f"amp.initialize got {type(bad[0]).__name__} {bad[0]!r:.40} for an optimizer; give a torch.optim.Optimizer (or a list of them).")
     device = _device_of(model_list[0])
     preset = "fp32" if not enabled or opt_level == "O0" else "fp16-mixed"
     if opt_level == "O2" and enabled:

@@ -37,6 +37,8 @@ class DistributedDataParallel(nn.parallel.DistributedDataParallel):
         gradient_average_split_factor: Any = None,
         prof: bool = False,
     ) -> None:
+        if not isinstance(module, nn.Module):
+            raise ConfigError(f"apex DistributedDataParallel got {type(module).__name__} {module!r:.40}; give the torch.nn.Module to wrap.")
         if not dist.is_initialized():
             raise ConfigError(
                 "apex DistributedDataParallel needs a process group; call "

@@ -1,0 +1,436 @@
+"""Bad inputs, each tried as a hostile but fair user would: does each end with one clear line and
+exit status 2, or with a traceback, a hang, or something else (accepted, wrong status, noise)?
+
+    python benchmarks/bad_inputs.py                       # the table, on stdout
+    python benchmarks/bad_inputs.py --markdown results.md # plus a per-case markdown list
+    python benchmarks/bad_inputs.py -k synthetic          # only the cases whose id holds "synthetic"
+
+A case is ``Case(id, argv=[...])`` (a ``dtrain`` command line), ``Case(id, argv=[...],
+module="dtrain.testing.netbed")``, or ``Case(id, py="...")``: a Python snippet run with ``dtrain``,
+``torch``, ``nn`` imported, after ``ctx = dtrain.init("single")`` when it uses ``ctx``. A snippet's
+``DtrainError`` is printed as ``dtrain: error: <message>`` with exit status 2, so both kinds are
+judged alike. Every case runs in a fresh folder of fixtures (see ``make_fixtures``), as a
+subprocess with a timeout. Clear = exit status 2, stderr's last non-empty line starts with
+``dtrain: error:``, only one such line, and no ``Traceback`` nor C++ ``frame #`` anywhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import datetime
+import os
+import pickle
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SRC = os.path.join(HERE, "..", "src")
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    argv: tuple[str, ...] | list[str] | None = None
+    py: str | None = None
+    module: str = "dtrain"
+    owner: str = ""
+    """Who fixes it when it is not this branch's part of issue 22 (e.g. "checkpoint")."""
+    fast: bool = True
+    """Fails in argument checking, before any worker or training starts (tests run these in-process)."""
+
+
+S = ["train", "--task", "synthetic", "--task-arg", "samples=256"]  # a small, quick training job
+CTX = "ctx = dtrain.init('single')\nm = nn.Linear(2, 2)\n"
+
+CASES: list[Case] = [
+    # -- from issue 22 -------------------------------------------------------------------------
+    Case("train-synthetic-classes-0", ["train", "--task", "synthetic", "--task-arg", "classes=0"]),
+    Case("train-synthetic-samples-0", ["train", "--task", "synthetic", "--task-arg", "samples=0"]),
+    Case("train-device-tpu", ["train", "--device", "tpu"]),
+    Case("api-init-device-tpu", py="dtrain.init(device='tpu:0')"),
+    Case("train-metrics-file-under-file", [*S, "--metrics-file", "afile/m.jsonl"]),
+    Case("bench-out-file", ["bench", "--out", "afile", "--methods", "reference", "--steps", "1"]),
+    Case("submit-k8s-out-under-file", ["submit", "--k8s", "--out", "afile/x.yaml", "--", "dtrain", "train"]),
+    Case("api-setup-none", py=CTX + "ctx.setup(None)"),
+    Case("api-setup-str", py=CTX + "ctx.setup('x')"),
+    Case("api-setup-dataloader-none", py=CTX + "ctx.setup_dataloader(None)"),
+    Case("api-init-seed-str", py="dtrain.init(seed='abc')"),
+    Case("train-lr-inf", [*S, "--lr", "inf"]),
+    Case("train-lr-1e30", [*S, "--lr", "1e30", "--log-every", "2"], fast=False),
+    Case("train-lr-1e30-n2", [*S, "-n", "2", "--lr", "1e30", "--log-every", "2"], fast=False),
+    Case("train-stall-timeout-nan", [*S, "--stall-timeout", "nan"]),
+    Case("train-master-addr-empty", [*S, "-n", "2", "--master-addr", ""]),
+    Case("api-init-strategy-int", py="dtrain.init(strategy=123)"),
+    Case("api-setup-optimizer-str", py=CTX + "ctx.setup(m, 'not an optimizer')"),
+    Case("bench-timeout-0", ["bench", "--timeout", "0", "--methods", "reference", "--steps", "1"]),
+    Case("submit-k8s-yaml-job", ["submit", "--k8s", "job.yaml", "--dry-run"]),
+    Case("train-checkpoint-dir-file", [*S, "--checkpoint-dir", "afile"], owner="checkpoint"),
+    Case("doctor-timeout-negative", ["doctor", "--timeout", "-1"]),
+    Case("run-master-addr-not-a-host", ["run", "-n", "2", "--master-addr", "not a host!!", "ok.py"]),
+    Case("ckpt-verify-nonexistent", ["ckpt", "verify", "/nonexistent"], owner="checkpoint"),
+    Case("ckpt-verify-crafted-sharded", ["ckpt", "verify", "crafted"], owner="checkpoint", fast=False),
+    Case("ckpt-verify-random-bytes", ["ckpt", "verify", "random.bin"], owner="checkpoint"),
+    # -- more: dtrain train --------------------------------------------------------------------
+    Case("train-lr-nan", [*S, "--lr", "nan"]),
+    Case("train-lr-negative", [*S, "--lr", "-0.1"]),
+    Case("train-lr-not-a-number", [*S, "--lr", "fast"]),
+    Case("train-epochs-0", [*S, "--epochs", "0"]),
+    Case("train-batch-size-0", [*S, "--batch-size", "0"]),
+    Case("train-batch-size-huge", [*S, "--batch-size", "100000"]),
+    Case("train-grad-accum-0", [*S, "--grad-accum", "0"]),
+    Case("train-accum-not-divisor", [*S, "--batch-size", "10", "--grad-accum", "3"]),
+    Case("train-unknown-task", ["train", "--task", "imagenet"]),
+    Case("train-unknown-strategy", [*S, "--strategy", "fdsp"]),
+    Case("train-unknown-precision", [*S, "--precision", "fp8"]),
+    Case("train-unknown-optimizer", [*S, "--optimizer", "lion"]),
+    Case("train-task-arg-no-equals", [*S, "--task-arg", "classes"]),
+    Case("train-task-arg-unknown", [*S, "--task-arg", "colour=red"]),
+    Case("train-task-arg-not-int", [*S, "--task-arg", "classes=ten"]),
+    Case("train-synthetic-shape-bad", ["train", "--task", "synthetic", "--task-arg", "shape=3xx"]),
+    Case("train-synthetic-huge", ["train", "--task", "synthetic", "--task-arg", "samples=1000000000"]),
+    Case("train-synthetic-convnet-classes", ["train", "--task", "synthetic", "--task-arg", "model=convnet", "--task-arg", "classes=12"]),
+    Case("train-synthetic-layers-negative", ["train", "--task", "synthetic", "--task-arg", "layers=-1"]),
+    Case("train-digits-hidden-0", ["train", "--task-arg", "hidden=0"]),
+    Case("train-digits-test-fraction-nan", ["train", "--task-arg", "test_fraction=nan"]),
+    Case("train-mnist-no-data-dir", ["train", "--task", "mnist"]),
+    Case("train-mnist-data-dir-empty", ["train", "--task", "mnist", "--data-dir", "emptydir"]),
+    Case("train-device-cuda-no-gpu", [*S, "--device", "cuda:7"]),
+    Case("train-device-garbage", [*S, "--device", "gpu please"]),
+    Case("train-metrics-file-is-dir", [*S, "--metrics-file", "emptydir"]),
+    Case("train-nproc-0", [*S, "-n", "0"]),
+    Case("train-nproc-abc", [*S, "-n", "abc"]),
+    Case("train-nnodes-2-no-addr", [*S, "--nnodes", "2"]),
+    Case("train-node-rank-out", [*S, "--nnodes", "2", "--node-rank", "5", "--master-addr", "127.0.0.1"]),
+    Case("train-master-port-70000", [*S, "-n", "2", "--master-port", "70000"]),
+    Case("train-launcher-unknown", [*S, "-n", "2", "--launcher", "mpirun"]),
+    Case("train-max-restarts-neg", [*S, "--max-restarts", "-1"]),
+    Case("train-stall-timeout-neg", [*S, "--stall-timeout", "-5"]),
+    Case("train-stall-timeout-inf", [*S, "--stall-timeout", "inf"]),
+    Case("train-run-dir-under-file", [*S, "--run-dir", "afile/run"]),
+    Case("train-comm-unknown", [*S, "--comm", "zip"]),
+    Case("train-comm-powersgd-rank-0", [*S, "--comm", "powersgd:0"]),
+    Case("train-comm-with-fsdp", [*S, "--strategy", "fsdp", "--comm", "fp16"]),
+    Case("train-comm-warmup-neg", [*S, "--comm", "fp16", "--comm-warmup", "-3"]),
+    Case("train-fsdp-wrap-for-ddp", [*S, "--strategy", "ddp", "--fsdp-wrap", "size:10"]),
+    Case("train-microbatches-0", [*S, "--strategy", "pipeline", "--microbatches", "0"]),
+    Case("train-keep-0", [*S, "--checkpoint-dir", "ck", "--keep", "0"]),
+    Case("train-save-every-no-dir", [*S, "--save-every", "5"]),
+    Case("train-resume-no-dir", [*S, "--resume"]),
+    Case("train-num-workers-neg", [*S, "--num-workers", "-2"]),
+    Case("train-log-every-0", [*S, "--log-every", "0"]),
+    Case("train-max-steps-neg", [*S, "--max-steps", "-1"]),
+    Case("train-seed-overflow", [*S, "--seed", "99999999999999999999999"]),
+    Case("api-init-seed-overflow", py="dtrain.init(seed=2**70)"),
+    Case("train-abbreviated-flag", [*S, "--epoch", "1"]),
+    Case("train-env-stall-timeout-bad", [*S, "-n", "2", "--stall-timeout", "abc"]),
+    # -- user tasks (MODULE:FUNCTION) ------------------------------------------------------------
+    Case("task-module-missing", ["train", "--task", "nosuchmodule:make"]),
+    Case("task-function-missing", ["train", "--task", "tasks_bad:nosuch"]),
+    Case("task-empty-module", ["train", "--task", ":make"]),
+    Case("task-returns-none", ["train", "--task", "tasks_bad:returns_none"]),
+    Case("task-returns-unknown-fields", ["train", "--task", "tasks_bad:unknown_fields"]),
+    Case("task-model-not-module", ["train", "--task", "tasks_bad:model_not_module"], fast=False),
+    Case("task-train-set-int", ["train", "--task", "tasks_bad:train_set_int"]),
+    Case("task-lr-negative", ["train", "--task", "tasks_bad:lr_negative"]),
+    Case("task-batch-size-str", ["train", "--task", "tasks_bad:batch_size_str"]),
+    Case("task-loss-not-callable", ["train", "--task", "tasks_bad:loss_not_callable"]),
+    Case("task-needs-argument", ["train", "--task", "tasks_bad:needs_argument"]),
+    Case("task-syntax-error", ["train", "--task", "tasks_syntax:make"]),
+    Case("task-not-a-function", ["train", "--task", "tasks_bad:NOT_CALLABLE"]),
+    # -- dtrain run ------------------------------------------------------------------------------
+    Case("run-script-missing", ["run", "-n", "2", "nosuch.py"]),
+    Case("run-no-script", ["run", "-n", "2"]),
+    Case("run-nproc-neg", ["run", "-n", "-1", "ok.py"]),
+    Case("run-master-addr-empty", ["run", "-n", "2", "--master-addr", "", "ok.py"]),
+    Case("run-stall-timeout-nan", ["run", "-n", "2", "--stall-timeout", "nan", "ok.py"]),
+    Case("run-comm-bad", ["run", "-n", "2", "--comm", "powersgd:x", "ok.py"]),
+    Case("run-spawn-max-restarts", ["run", "-n", "2", "--launcher", "spawn", "--max-restarts", "1", "ok.py"]),
+    Case("run-script-is-dir", ["run", "-n", "2", "emptydir"]),
+    # -- dtrain bench ----------------------------------------------------------------------------
+    Case("bench-steps-0", ["bench", "--steps", "0"]),
+    Case("bench-nproc-0", ["bench", "-n", "0"]),
+    Case("bench-timeout-nan", ["bench", "--timeout", "nan", "--methods", "reference"]),
+    Case("bench-timeout-neg", ["bench", "--timeout", "-3", "--methods", "reference"]),
+    Case("bench-methods-unknown", ["bench", "--methods", "ddp,warp"]),
+    Case("bench-batch-size-0", ["bench", "--batch-size", "0", "--methods", "reference"]),
+    Case("bench-device-tpu", ["bench", "--device", "tpu", "--methods", "reference"]),
+    Case("bench-out-under-file", ["bench", "--out", "afile/sub", "--methods", "reference"]),
+    Case("bench-warmup-neg", ["bench", "--warmup", "-1"]),
+    Case("bench-threads-0", ["bench", "--threads", "0"]),
+    Case("bench-synthetic-classes-0", ["bench", "--task", "synthetic", "--task-arg", "classes=0"]),
+    # -- dtrain submit ---------------------------------------------------------------------------
+    Case("submit-slurm-out-under-file", ["submit", "--slurm", "--dry-run", "--out", "afile/x.sbatch", "--", "dtrain", "train"]),
+    Case("submit-no-target", ["submit", "--dry-run", "--", "dtrain", "train"]),
+    Case("submit-both-targets", ["submit", "--slurm", "--k8s", "--", "dtrain", "train"]),
+    Case("submit-job-missing", ["submit", "--k8s", "nosuch.toml", "--dry-run"]),
+    Case("submit-job-invalid-toml", ["submit", "--k8s", "bad.toml", "--dry-run"]),
+    Case("submit-job-unknown-key", ["submit", "--k8s", "unknown_key.toml", "--dry-run"]),
+    Case("submit-job-is-dir", ["submit", "--k8s", "dir.toml", "--dry-run"]),
+    Case("submit-nodes-0", ["submit", "--k8s", "--dry-run", "--nodes", "0", "--", "dtrain", "train"]),
+    Case("submit-time-bad", ["submit", "--slurm", "--dry-run", "--time", "forever", "--", "dtrain", "train"]),
+    Case("submit-mem-bad", ["submit", "--slurm", "--dry-run", "--mem-per-proc", "lots", "--", "dtrain", "train"]),
+    Case("submit-env-no-equals", ["submit", "--k8s", "--dry-run", "--env", "FOO", "--", "dtrain", "train"]),
+    Case("submit-layout-bad", ["submit", "--k8s", "--dry-run", "--layout", "torus", "--", "dtrain", "train"]),
+    Case("submit-no-command", ["submit", "--k8s", "--dry-run"]),
+    Case("submit-out-is-dir", ["submit", "--k8s", "--out", "emptydir", "--", "dtrain", "train"]),
+    # -- dtrain doctor ---------------------------------------------------------------------------
+    Case("doctor-timeout-nan", ["doctor", "--timeout", "nan"]),
+    Case("doctor-timeout-0", ["doctor", "--timeout", "0"]),
+    Case("doctor-node-rank-out", ["doctor", "--nnodes", "2", "--node-rank", "2"]),
+    Case("doctor-nnodes-no-addr", ["doctor", "--nnodes", "2", "--node-rank", "1"]),
+    Case("doctor-master-port-bad", ["doctor", "--master-port", "99999"]),
+    Case("doctor-master-addr-bad", ["doctor", "--master-addr", "not a host!!", "--no-probe"]),
+    # -- dtrain ckpt -----------------------------------------------------------------------------
+    Case("ckpt-ls-missing", ["ckpt", "ls", "/nonexistent"], owner="checkpoint"),
+    Case("ckpt-ls-file", ["ckpt", "ls", "afile"], owner="checkpoint"),
+    Case("ckpt-verify-empty-dir", ["ckpt", "verify", "emptydir"], owner="checkpoint"),
+    Case("ckpt-diff-missing", ["ckpt", "diff", "/nonexistent", "/nonexistent2"], owner="checkpoint"),
+    Case("ckpt-consolidate-missing", ["ckpt", "consolidate", "/nonexistent", "out.pt"], owner="checkpoint"),
+    Case("ckpt-no-subcommand", ["ckpt"]),
+    Case("unknown-subcommand", ["trian"]),
+    # -- netbed ----------------------------------------------------------------------------------
+    Case("netbed-rate-negative", ["--rate-mbit", "-5", "--check"], module="dtrain.testing.netbed"),
+    Case("netbed-delay-nan", ["--delay-ms", "nan", "--check"], module="dtrain.testing.netbed"),
+    Case("netbed-timeout-0", ["--timeout", "0", "--", "true"], module="dtrain.testing.netbed"),
+    Case("netbed-unknown-flag", ["--rate", "5"], module="dtrain.testing.netbed"),
+    # -- the public API --------------------------------------------------------------------------
+    Case("api-init-precision-int", py="dtrain.init(precision=16)"),
+    Case("api-init-precision-unknown", py="dtrain.init(precision='fp4')"),
+    Case("api-init-strategy-unknown", py="dtrain.init(strategy='fdsp')"),
+    Case("api-init-seed-float", py="dtrain.init(seed=1.5)"),
+    Case("api-init-timeout-neg", py="dtrain.init(timeout_s=-1)"),
+    Case("api-init-stall-nan", py="dtrain.init(stall_timeout=float('nan'))"),
+    Case("api-init-device-cuda-9", py="dtrain.init(device='cuda:9')"),
+    Case("api-init-device-int", py="dtrain.init(device=3.5)"),
+    Case("api-init-world-str", py="dtrain.init(world='big')"),
+    Case("api-init-comm-bad", py="dtrain.init(comm='gzip')"),
+    Case("api-init-unknown-option", py="dtrain.init(strategy='ddp', bucket_cap=5)"),
+    Case("api-init-env-stall-bad", py="import os\nos.environ['DTRAIN_STALL_TIMEOUT'] = 'soon'\ndtrain.init()"),
+    Case("api-setup-twice", py=CTX + "w = ctx.setup(m)\nctx.setup(w)"),
+    Case("api-setup-optimizer-twice", py=CTX + "o = torch.optim.SGD(m.parameters(), lr=0.1)\nw, o2 = ctx.setup(m, o)\nctx.setup(nn.Linear(2, 2), o2)"),
+    Case("api-setup-dataloader-dataset", py=CTX + "ctx.setup_dataloader(torch.utils.data.TensorDataset(torch.ones(4, 2)))"),
+    Case("api-accumulate-steps-0", py=CTX + "w = ctx.setup(m)\nwith ctx.accumulate(w, steps=0):\n    pass"),
+    Case("api-accumulate-steps-float", py=CTX + "w = ctx.setup(m)\nwith ctx.accumulate(w, steps=2.5):\n    pass"),
+    Case("api-all-reduce-float", py=CTX + "ctx.all_reduce(1.0)"),
+    Case("api-all-reduce-op", py=CTX + "ctx.all_reduce(torch.ones(1), op='avg')"),
+    Case("api-broadcast-src-out", py=CTX + "ctx.broadcast(torch.ones(1), src=4)"),
+    Case("api-gather-dst-neg", py=CTX + "ctx.gather_object(1, dst=-1)"),
+    Case("api-clip-nan", py=CTX + "w = ctx.setup(m)\nctx.clip_grad_norm_(w, float('nan'))"),
+    Case("api-evaluate-batch-0", py=CTX + "ds = torch.utils.data.TensorDataset(torch.ones(4, 2), torch.zeros(4, dtype=torch.long))\nctx.evaluate(ctx.setup(m), ds, dtrain.tasks.accuracy, batch_size=0)"),
+    Case("api-evaluate-dataset-none", py=CTX + "ctx.evaluate(ctx.setup(m), None, dtrain.tasks.accuracy)"),
+    Case("api-checkpoints-under-file", py=CTX + "ctx.checkpoints('afile/ck')"),
+    Case("api-checkpoints-keep-0", py=CTX + "ctx.checkpoints('ck', keep=0)"),
+    Case("api-save-state-list", py=CTX + "ctx.save('x.pt', [m])"),
+    Case("api-load-missing", py=CTX + "ctx.load('/nonexistent.pt', {'model': m})", owner="checkpoint"),
+    Case("api-task-lr-negative", py="dtrain.Task(name='t', build_model=lambda: nn.Linear(2, 2), train_set=[(1, 2)], lr=-1)"),
+    Case("api-task-train-set-none", py="dtrain.Task(name='t', build_model=lambda: nn.Linear(2, 2), train_set=None)"),
+    Case("api-precision-resolve-bad", py="dtrain.Precision.resolve('fp3', torch.device('cpu'))"),
+    Case("api-seed-everything-str", py="dtrain.seed_everything('x')"),
+    Case("api-hvd-optimizer-str", py="import dtrain.compat.horovod as hvd\nhvd.init()\nhvd.DistributedOptimizer('sgd')"),
+    Case("api-hvd-broadcast-root-out", py="import dtrain.compat.horovod as hvd\nhvd.init()\nhvd.broadcast(torch.ones(1), root_rank=3)"),
+    Case("api-hvd-allreduce-float", py="import dtrain.compat.horovod as hvd\nhvd.init()\nhvd.allreduce(1.0)"),
+    Case("api-hvd-compression-bad", py="import dtrain.compat.horovod as hvd\nhvd.init()\nhvd.DistributedOptimizer(torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1), compression='zip')"),
+    Case("api-apex-opt-level", py="from dtrain.compat.apex import amp\namp.initialize(nn.Linear(2, 2), opt_level='O9')"),
+    Case("api-apex-models-none", py="from dtrain.compat.apex import amp\namp.initialize(None, opt_level='O1')"),
+    Case("api-apex-optimizer-str", py="from dtrain.compat.apex import amp\namp.initialize(nn.Linear(2, 2), 'adam', opt_level='O1')"),
+    Case("api-apex-ddp-none", py="from dtrain.compat.apex.parallel import DistributedDataParallel\nDistributedDataParallel(None)"),
+    Case("api-world-rank-out", py="dtrain.World(rank=3, size=2)"),
+]
+
+TASKS_BAD = '''
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+DATA = TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,)))
+NOT_CALLABLE = 3
+
+def returns_none():
+    return None
+
+def unknown_fields():
+    return {"build_model": lambda: nn.Linear(4, 2), "train_set": DATA, "colour": "red"}
+
+def model_not_module():
+    return {"build_model": lambda: "a model", "train_set": DATA}
+
+def train_set_int():
+    return {"build_model": lambda: nn.Linear(4, 2), "train_set": 64}
+
+def lr_negative():
+    return {"build_model": lambda: nn.Linear(4, 2), "train_set": DATA, "lr": -0.5}
+
+def batch_size_str():
+    return {"build_model": lambda: nn.Linear(4, 2), "train_set": DATA, "batch_size": "32"}
+
+def loss_not_callable():
+    return {"build_model": lambda: nn.Linear(4, 2), "train_set": DATA, "loss_fn": "cross_entropy"}
+
+def needs_argument(width):
+    return {"build_model": lambda: nn.Linear(4, width), "train_set": DATA}
+'''
+
+SNIPPET = """
+import sys
+import dtrain, torch
+from torch import nn
+import dtrain.tasks
+try:
+    exec(compile(sys.argv[1], "<case>", "exec"), {"dtrain": dtrain, "torch": torch, "nn": nn})
+except dtrain.DtrainError as exc:
+    print(f"dtrain: error: {exc}", file=sys.stderr)
+    sys.exit(2)
+"""
+
+
+def make_fixtures(folder: str) -> None:
+    """The files the cases name, in ``folder`` (the cases' working directory)."""
+    with open(os.path.join(folder, "afile"), "w") as fh:
+        fh.write("a plain file\n")
+    os.makedirs(os.path.join(folder, "emptydir"), exist_ok=True)
+    os.makedirs(os.path.join(folder, "dir.toml"), exist_ok=True)
+    with open(os.path.join(folder, "ok.py"), "w") as fh:
+        fh.write("print('ok')\n")
+    with open(os.path.join(folder, "job.yaml"), "w") as fh:
+        fh.write("name: job\nnodes: 2\n")
+    with open(os.path.join(folder, "bad.toml"), "w") as fh:
+        fh.write("name = \n")
+    with open(os.path.join(folder, "unknown_key.toml"), "w") as fh:
+        fh.write('name = "x"\ncommand = ["dtrain", "train"]\ncolour = "red"\n')
+    with open(os.path.join(folder, "random.bin"), "wb") as fh:
+        fh.write(os.urandom(4096))
+    with open(os.path.join(folder, "tasks_bad.py"), "w") as fh:
+        fh.write(TASKS_BAD)
+    with open(os.path.join(folder, "tasks_syntax.py"), "w") as fh:
+        fh.write("def make(:\n    pass\n")
+    make_crafted_checkpoint(os.path.join(folder, "crafted"), os.path.join(folder, "PWNED"))
+
+
+class _Boom:
+    """Unpickling this runs a shell command (the crafted checkpoint of issue 22)."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):  # noqa: ANN204
+        return (os.system, (f"touch {self.marker}",))
+
+
+def make_crafted_checkpoint(folder: str, marker: str) -> None:
+    """A folder with a sharded-looking checkpoint whose ``.metadata`` pickle runs a command.
+
+    Not a full copy of the issue's checkpoint (which also has a valid state.pt and manifest):
+    enough to see whether ``ckpt verify`` unpickles what a folder holds (the marker file appears)."""
+    step = os.path.join(folder, "step-00000001", "sharded")
+    os.makedirs(step, exist_ok=True)
+    with open(os.path.join(step, ".metadata"), "wb") as fh:
+        pickle.dump(_Boom(marker), fh)
+    with open(os.path.join(folder, "latest"), "w") as fh:
+        fh.write("step-00000001\n")
+
+
+@dataclass
+class Result:
+    case: Case
+    verdict: str
+    rc: int | None
+    seconds: float
+    last_line: str
+
+
+def classify(rc: int | None, out: str, err: str) -> tuple[str, str]:
+    """(verdict, last stderr line): clear, traceback, hang, or other."""
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    last = lines[-1].strip() if lines else ""
+    if rc is None:
+        return "hang", last
+    text = out + err
+    if "Traceback" in text or "frame #" in text:
+        return "traceback", last
+    errors = [ln for ln in lines if ln.startswith("dtrain: error:")]
+    if rc == 2 and last.startswith("dtrain: error:") and len(errors) == 1:
+        return "clear", last
+    return "other", last
+
+
+def command(case: Case) -> list[str]:
+    if case.py is not None:
+        return [sys.executable, "-c", SNIPPET, case.py]
+    return [sys.executable, "-m", case.module, *case.argv]
+
+
+def run_case(case: Case, timeout: float) -> Result:
+    folder = tempfile.mkdtemp(prefix="dtrain-bad-")
+    try:
+        make_fixtures(folder)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("DTRAIN_", "RANK", "WORLD_SIZE", "LOCAL_", "MASTER_", "SLURM_"))}
+        env["PYTHONPATH"] = os.pathsep.join([os.path.abspath(SRC), folder])
+        env.setdefault("OMP_NUM_THREADS", "1")
+        t0 = time.monotonic()
+        proc = subprocess.Popen(command(case), cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, start_new_session=True)
+        try:
+            out, err = proc.communicate(timeout=timeout)
+            rc: int | None = proc.returncode
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            out, err = proc.communicate()
+            rc = None
+        verdict, last = classify(rc, out, err)
+        if os.path.exists(os.path.join(folder, "PWNED")):
+            verdict, last = "other", f"RAN CODE FROM THE CHECKPOINT; {last}"
+        return Result(case, verdict, rc, time.monotonic() - t0, last)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def table(results: list[Result]) -> str:
+    counts = {v: sum(r.verdict == v for r in results) for v in ("clear", "traceback", "hang", "other")}
+    return (
+        "| tried | one line, exit 2 | tracebacks | hangs | other |\n| ---: | ---: | ---: | ---: | ---: |\n"
+        f"| {len(results)} | {counts['clear']} | {counts['traceback']} | {counts['hang']} | {counts['other']} |\n"
+    )
+
+
+def per_case(results: list[Result]) -> str:
+    rows = ["| case | verdict | exit | s | owner | last stderr line |", "| --- | --- | ---: | ---: | --- | --- |"]
+    for r in results:
+        line = r.last_line.replace("|", "\\|")[:160]
+        rows.append(f"| {r.case.id} | {r.verdict} | {r.rc} | {r.seconds:.1f} | {r.case.owner} | {line} |")
+    return "\n".join(rows) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("-k", default=None, help="only cases whose id contains this")
+    parser.add_argument("--timeout", type=float, default=60.0, help="seconds per case before it counts as a hang")
+    parser.add_argument("--jobs", type=int, default=2, help="cases at a time")
+    parser.add_argument("--markdown", default=None, metavar="FILE", help="write the table and the per-case list here")
+    args = parser.parse_args()
+    ids = [c.id for c in CASES]
+    assert len(ids) == len(set(ids)), "case ids must be unique"
+    cases = [c for c in CASES if args.k is None or args.k in c.id]
+    with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
+        results = list(pool.map(lambda c: run_case(c, args.timeout), cases))
+    for r in results:
+        if r.verdict != "clear":
+            print(f"{r.verdict:<9} {r.case.id}: rc={r.rc} {r.last_line[:150]}", file=sys.stderr)
+    text = table(results)
+    print(text)
+    if args.markdown:
+        stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        with open(args.markdown, "w") as fh:
+            fh.write(f"# Bad inputs, {stamp}\n\n`python benchmarks/bad_inputs.py --markdown {args.markdown}` on "
+                     f"{platform.node()} ({os.cpu_count()} cores, Python {platform.python_version()})\n\n")
+            fh.write(text + "\n" + per_case(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

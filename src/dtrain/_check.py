@@ -1,0 +1,130 @@
+"""Checks of a user's input where it enters dtrain (flags, ``dtrain.init``, ``Context`` methods).
+
+Each check raises one ``ConfigError`` line: what, the value, the fix. They are plain functions so
+argparse types, the config dataclasses' ``__post_init__`` and the public API share them.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import socket
+from typing import Any
+
+from .errors import ConfigError
+
+
+def type_name(value: Any) -> str:
+    return type(value).__name__
+
+
+def instance(what: str, value: Any, types: type | tuple[type, ...], fix: str) -> Any:
+    """``value`` if it is one of ``types`` (a bool is not an int here), else ConfigError."""
+    bad_bool = isinstance(value, bool) and bool not in (types if isinstance(types, tuple) else (types,))
+    if not isinstance(value, types) or bad_bool:
+        raise ConfigError(f"{what} got {type_name(value)} {_short(value)}; {fix}.")
+    return value
+
+
+def integer(what: str, value: Any, *, minimum: int | None = None) -> int:
+    """An int (not a bool, not a float), at least ``minimum``."""
+    instance(what, value, int, "give an int")
+    if minimum is not None and value < minimum:
+        raise ConfigError(f"{what} must be >= {minimum}, got {value}.")
+    return value
+
+
+def seed(what: str, value: Any) -> int:
+    """A random seed torch accepts: an int in -2**63 .. 2**64-1."""
+    integer(what, value)
+    if not -(2**63) <= value < 2**64:
+        raise ConfigError(f"{what} {value} is outside the seeds torch takes (-2**63 .. 2**64-1); use e.g. 0 or 1234.")
+    return value
+
+
+def number(what: str, value: Any, *, positive: bool = False) -> float:
+    """A finite real number (an int or float, not a bool or a string), >= 0; > 0 when ``positive``."""
+    instance(what, value, (int, float), "give a number")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ConfigError(f"{what} must be a finite number, got {value}.")
+    if value < 0 or (positive and value == 0):
+        raise ConfigError(f"{what} must be {'> 0' if positive else '>= 0'}, got {value:g}.")
+    return value
+
+
+def seconds(what: str, value: Any) -> float:
+    """A finite duration > 0."""
+    return number(what, value, positive=True)
+
+
+def output_file(what: str, path: str) -> str:
+    """A file dtrain will write (creating its folders): not a folder, not under a file, in a
+    place this user may write. Checked before any work starts."""
+    if not isinstance(path, str) or not path:
+        raise ConfigError(f"{what} needs a file path, got {path!r}.")
+    if os.path.isdir(path):
+        raise ConfigError(f"{what} {path} is a folder; give a file path (e.g. {os.path.join(path, 'out.jsonl')}).")
+    if os.path.exists(path) and not os.access(path, os.W_OK):
+        raise ConfigError(f"{what} {path} is not writable by this user; pick another path.")
+    _creatable(what, path, os.path.dirname(os.path.abspath(path)))
+    return path
+
+
+def output_dir(what: str, path: str) -> str:
+    """A folder dtrain will write into (creating it): not a file, not under a file, writable."""
+    if not isinstance(path, str) or not path:
+        raise ConfigError(f"{what} needs a folder path, got {path!r}.")
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ConfigError(f"{what} {path} is a file, not a folder; give a folder path.")
+    _creatable(what, path, os.path.abspath(path))
+    return path
+
+
+def _creatable(what: str, path: str, folder: str) -> None:
+    """The nearest existing ancestor of ``folder`` is a writable folder (so ``folder`` can be made)."""
+    probe = folder
+    while not os.path.exists(probe):
+        parent = os.path.dirname(probe)
+        if parent == probe:
+            break
+        probe = parent
+    if not os.path.isdir(probe):
+        raise ConfigError(f"{what} {path}: {probe} is a file, not a folder; give a path under a folder.")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise ConfigError(f"{what} {path}: folder {probe} is not writable by this user; pick another path.")
+
+
+_HOST = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?$")
+
+
+def host(what: str, addr: str) -> str:
+    """A host name or IP address that resolves, checked at once (a bad one otherwise fails only
+    after the rendezvous timeout, with C++ frames)."""
+    if not isinstance(addr, str) or not addr.strip():
+        raise ConfigError(f"{what} is empty; give the address of node 0 (e.g. 10.0.0.1 or node001).")
+    bare = addr[1:-1] if addr.startswith("[") and addr.endswith("]") else addr
+    if not (_HOST.match(bare) or _is_ip(bare)):
+        raise ConfigError(f"{what} {addr!r} is not a host name or IP address; give e.g. 10.0.0.1 or node001.")
+    try:
+        socket.getaddrinfo(bare, None)
+    except (socket.gaierror, UnicodeError) as exc:
+        raise ConfigError(f"{what} {addr!r} does not resolve ({exc.args[-1] if exc.args else exc}); check the name, or give node 0's IP address.") from None
+    return addr
+
+
+def _is_ip(text: str) -> bool:
+    for family in (socket.AF_INET, socket.AF_INET6):
+        try:
+            socket.inet_pton(family, text)
+            return True
+        except (OSError, ValueError):
+            pass
+    return False
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    text = text if len(text) <= 60 else text[:57] + "..."
+    return text.replace("\n", " ")
