@@ -156,7 +156,11 @@ def test_one_node_run_listens_on_loopback_only(tmp_path, launcher):
             assert not resolved.stdout.startswith("127."), resolved.stdout
         listening = []
         for p in [psutil.Process(job.proc.pid), *job.descendants()]:
-            listening += [(p.pid, c.laddr.ip, c.laddr.port) for c in p.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
+            try:
+                conns = p.net_connections(kind="inet")
+            except psutil.NoSuchProcess:  # a short-lived helper process (not a worker) already gone
+                continue
+            listening += [(p.pid, c.laddr.ip, c.laddr.port) for c in conns if c.status == psutil.CONN_LISTEN]
     assert len(listening) >= 3, listening  # the store, and each worker's gloo listener
     assert all(ip == "127.0.0.1" for _, ip, _ in listening), listening
 
