@@ -412,7 +412,10 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds per case before it counts as a hang")
     parser.add_argument("--jobs", type=int, default=2, help="cases at a time")
     parser.add_argument("--markdown", default=None, metavar="FILE", help="write the table and the per-case list here")
+    parser.add_argument("--src", default=None, help="the dtrain sources to try (default: this checkout's src/), e.g. an older commit's")
     args = parser.parse_args()
+    global SRC
+    SRC = args.src or SRC
     ids = [c.id for c in CASES]
     assert len(ids) == len(set(ids)), "case ids must be unique"
     cases = [c for c in CASES if args.k is None or args.k in c.id]
@@ -426,7 +429,8 @@ def main() -> int:
     if args.markdown:
         stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
         with open(args.markdown, "w") as fh:
-            fh.write(f"# Bad inputs, {stamp}\n\n`python benchmarks/bad_inputs.py --markdown {args.markdown}` on "
+            src = f" --src {args.src}" if args.src else ""
+            fh.write(f"# Bad inputs, {stamp}\n\n`python benchmarks/bad_inputs.py --markdown {args.markdown}{src}` on "
                      f"{platform.node()} ({os.cpu_count()} cores, Python {platform.python_version()})\n\n")
             fh.write(text + "\n" + per_case(results))
     return 0
