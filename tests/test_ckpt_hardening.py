@@ -343,3 +343,14 @@ def test_same_run_id_is_the_same_holder_and_a_file_is_refused(tmp_path, monkeypa
     (tmp_path / "file").write_text("x")
     with pytest.raises(CheckpointError, match="is a file, not a folder"):
         ckpt_lock.preflight(str(tmp_path / "file"))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_checkpoint_dir_that_is_a_file_fails_at_start(tmp_path):
+    (tmp_path / "file").write_text("x")
+    for target in (tmp_path / "file", tmp_path / "file" / "sub"):
+        r = run_cli(["train", "--task", "digits", "--max-steps", "1", "--checkpoint-dir", str(target)], cwd=str(ROOT), timeout=90)
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 2 and len(lines) == 1 and str(target) in lines[0] and "--checkpoint-dir" in lines[0], r.stderr
+        assert not r.stdout.strip(), r.stdout  # nothing trained
