@@ -109,10 +109,12 @@ def _check_folder(folder: str) -> None:
         raise CheckpointError(f"checkpoint folder {folder} is not writable; choose a writable --checkpoint-dir.")
 
 
-def preflight(folder: str) -> None:
-    """Before any worker starts (in the launching process): the folder is usable and no live
-    job of another run holds it. Creates nothing but the folder."""
+def preflight(folder: str, *, check_holder: bool = True) -> None:
+    """Before any worker starts (in the launching process): the folder is usable and (with
+    ``check_holder``) no live job of another run holds it. Creates nothing but the folder."""
     _check_folder(folder)
+    if not check_holder:
+        return
     path = os.path.join(folder, LOCK_FILE)
     holder, me = _read(path), this_holder()
     if os.path.exists(path) and holder is not None and not _stale(holder, me) and holder.run_id != me.run_id:
