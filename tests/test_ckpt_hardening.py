@@ -297,6 +297,7 @@ def _hold(tmp_path: Path, folder: Path) -> subprocess.Popen:
     return proc
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_second_job_on_a_folder_is_one_line_and_a_dead_holder_is_taken_over(tmp_path, caplog):
     folder = tmp_path / "ck"
