@@ -355,3 +355,21 @@ def test_checkpoint_dir_that_is_a_file_fails_at_start(tmp_path):
         lines = r.stderr.strip().splitlines()
         assert r.returncode == 2 and len(lines) == 1 and str(target) in lines[0] and "--checkpoint-dir" in lines[0], r.stderr
         assert not r.stdout.strip(), r.stdout  # nothing trained
+
+
+@pytest.mark.parametrize("field, value, expected", [
+    ("objects", ["model"], "no 'objects' mapping"),
+    ("step", "2", "no integer 'step'"),
+    ("sharded", "model", "'sharded' is not a list"),
+    ("rng", ["not a state"], "RNG state is malformed"),
+])
+def test_state_of_wrong_types_is_one_line(tmp_path, field, value, expected):
+    bad = _two_checkpoints(tmp_path)
+    state = torch.load(bad / "state.pt", weights_only=True)
+    state[field] = value
+    torch.save(state, bad / "state.pt")
+    _rewrite_manifest(bad)
+    ctx = dtrain.init("single")
+    with pytest.raises(CheckpointError, match=expected):
+        ctx.checkpoints(str(tmp_path)).resume(path=str(bad), model=ctx.setup(torch.nn.Linear(4, 3)))
+    ctx.close()
