@@ -299,7 +299,7 @@ def _hold(tmp_path: Path, folder: Path) -> subprocess.Popen:
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
-def test_second_job_on_a_folder_is_one_line_and_a_dead_holder_is_taken_over(tmp_path, caplog):
+def test_second_job_on_a_folder_is_one_line_and_a_dead_holder_is_taken_over(tmp_path, caplog, capsys):
     folder = tmp_path / "ck"
     proc = _hold(tmp_path, folder)
     try:
@@ -309,6 +309,8 @@ def test_second_job_on_a_folder_is_one_line_and_a_dead_holder_is_taken_over(tmp_
         lines = r.stderr.strip().splitlines()
         assert r.returncode == 2 and len(lines) == 1 and "in use by run" in lines[0] and f"pid {proc.pid}" in lines[0], r.stderr
         assert not list_checkpoints(str(folder))
+        code, out, _ = _cli(capsys, "ckpt", "ls", folder)
+        assert code == 0 and f"in use by run pid-{proc.pid}@" in out, out
         ctx = dtrain.init("single")
         with pytest.raises(CheckpointError, match=rf"in use by run .*pid {proc.pid}"):
             ctx.checkpoints(str(folder))

@@ -69,6 +69,12 @@ def _read(path: str) -> Holder | None:
         return None
 
 
+def holder_of(folder: str) -> Holder | None:
+    """Who holds ``folder`` now (a live process, or one on another host); None when nobody."""
+    holder = _read(os.path.join(folder, LOCK_FILE))
+    return None if holder is None or _stale(holder, this_holder()) else holder
+
+
 def _mtime(path: str) -> float:
     try:
         return os.path.getmtime(path)
