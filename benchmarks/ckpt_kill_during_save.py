@@ -12,9 +12,9 @@ chosen at random within one of five kinds, in turn:
     mid-delete     the N-th retention delete, half of the folder's files removed
 
 The kinds other than `random` kill the process from inside dtrain's own functions (patched in
-the child only, by this script), so the kill lands exactly there. Then:
-`dtrain ckpt verify DIR` must pass for every step-* folder, and `dtrain train --resume` must
-resume (exit 0, "resumed from") and leave no dot-leftovers behind.
+the child only, by this script), so the kill lands exactly there. Then every step-* folder must
+pass `verify` (what `dtrain ckpt verify DIR` runs, called in this process), and `dtrain train
+--resume` must resume (exit 0, "resumed from") and leave no dot-leftovers behind.
 
     flock /tmp/dtrain-bench.lock nice -n 5 python benchmarks/ckpt_kill_during_save.py --trials 20
 """
@@ -111,14 +111,15 @@ def trial(i: int, kind: str, rng: random.Random, steps: int) -> dict:
         _, err = proc.communicate()
     killed = proc.returncode == -signal.SIGKILL
     left = sorted(os.listdir(ck)) if os.path.isdir(ck) else []
-    verify = _dtrain(["ckpt", "verify", ck])
-    bad = [line for line in verify.stdout.splitlines() if line.startswith("FAIL")]
+    from dtrain.checkpoint import list_checkpoints, verify  # what `dtrain ckpt verify DIR` runs, in this process
+
+    bad = [f"{p}: {v.problem}" for _, p in list_checkpoints(ck) for v in [verify(p)] if not v.ok]
     resume = _dtrain([*train, "--max-steps", str(steps + 2), "--resume"])
     resumed = next((line for line in resume.stderr.splitlines() if "resumed from" in line), "")
     after = sorted(p for p in os.listdir(ck) if p.startswith(".")) if os.path.isdir(ck) else []
     row = {
         "trial": i, "kind": kind, "n": n, "delay_s": round(delay, 3) if delay is not None else None,
-        "killed": killed, "left": left, "verify_rc": verify.returncode, "invalid_step_folders": len(bad),
+        "killed": killed, "left": left, "step_folders": len(list_checkpoints(ck)), "invalid_step_folders": len(bad),
         "verify_fail": bad[:2], "resume_rc": resume.returncode, "resumed": resumed.split("resumed from ")[-1] if resumed else None,
         "stale_lock_warning": "no longer running; taking it over" in resume.stderr, "leftovers_after_resume": after,
         "resume_err": resume.stderr.strip().splitlines()[-1:] if resume.returncode else [],
@@ -131,6 +132,7 @@ def trial(i: int, kind: str, rng: random.Random, steps: int) -> dict:
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         sys.exit(child(sys.argv[2], int(sys.argv[3]), sys.argv[5:]))
+    sys.path.insert(0, SRC)
     p = argparse.ArgumentParser()
     p.add_argument("--trials", type=int, default=20)
     p.add_argument("--steps", type=int, default=24, help="--max-steps of each killed run (one save per step)")

@@ -297,8 +297,9 @@ def _hold(tmp_path: Path, folder: Path) -> subprocess.Popen:
     return proc
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
-def test_second_job_on_a_folder_is_one_line_and_a_dead_holder_is_taken_over(tmp_path, caplog):
+def test_second_job_on_a_folder_is_one_line_and_a_dead_holder_is_taken_over(tmp_path, caplog, capsys):
     folder = tmp_path / "ck"
     proc = _hold(tmp_path, folder)
     try:
@@ -308,6 +309,8 @@ def test_second_job_on_a_folder_is_one_line_and_a_dead_holder_is_taken_over(tmp_
         lines = r.stderr.strip().splitlines()
         assert r.returncode == 2 and len(lines) == 1 and "in use by run" in lines[0] and f"pid {proc.pid}" in lines[0], r.stderr
         assert not list_checkpoints(str(folder))
+        code, out, _ = _cli(capsys, "ckpt", "ls", folder)
+        assert code == 0 and f"in use by run pid-{proc.pid}@" in out, out
         ctx = dtrain.init("single")
         with pytest.raises(CheckpointError, match=rf"in use by run .*pid {proc.pid}"):
             ctx.checkpoints(str(folder))
@@ -343,3 +346,32 @@ def test_same_run_id_is_the_same_holder_and_a_file_is_refused(tmp_path, monkeypa
     (tmp_path / "file").write_text("x")
     with pytest.raises(CheckpointError, match="is a file, not a folder"):
         ckpt_lock.preflight(str(tmp_path / "file"))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_checkpoint_dir_that_is_a_file_fails_at_start(tmp_path):
+    (tmp_path / "file").write_text("x")
+    for target in (tmp_path / "file", tmp_path / "file" / "sub"):
+        r = run_cli(["train", "--task", "digits", "--max-steps", "1", "--checkpoint-dir", str(target)], cwd=str(ROOT), timeout=90)
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 2 and len(lines) == 1 and str(target) in lines[0] and "--checkpoint-dir" in lines[0], r.stderr
+        assert not r.stdout.strip(), r.stdout  # nothing trained
+
+
+@pytest.mark.parametrize("field, value, expected", [
+    ("objects", ["model"], "no 'objects' mapping"),
+    ("step", "2", "no integer 'step'"),
+    ("sharded", "model", "'sharded' is not a list"),
+    ("rng", ["not a state"], "RNG state is malformed"),
+])
+def test_state_of_wrong_types_is_one_line(tmp_path, field, value, expected):
+    bad = _two_checkpoints(tmp_path)
+    state = torch.load(bad / "state.pt", weights_only=True)
+    state[field] = value
+    torch.save(state, bad / "state.pt")
+    _rewrite_manifest(bad)
+    ctx = dtrain.init("single")
+    with pytest.raises(CheckpointError, match=expected):
+        ctx.checkpoints(str(tmp_path)).resume(path=str(bad), model=ctx.setup(torch.nn.Linear(4, 3)))
+    ctx.close()

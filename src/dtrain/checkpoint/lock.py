@@ -69,6 +69,12 @@ def _read(path: str) -> Holder | None:
         return None
 
 
+def holder_of(folder: str) -> Holder | None:
+    """Who holds ``folder`` now (a live process, or one on another host); None when nobody."""
+    holder = _read(os.path.join(folder, LOCK_FILE))
+    return None if holder is None or _stale(holder, this_holder()) else holder
+
+
 def _mtime(path: str) -> float:
     try:
         return os.path.getmtime(path)
@@ -109,10 +115,12 @@ def _check_folder(folder: str) -> None:
         raise CheckpointError(f"checkpoint folder {folder} is not writable; choose a writable --checkpoint-dir.")
 
 
-def preflight(folder: str) -> None:
-    """Before any worker starts (in the launching process): the folder is usable and no live
-    job of another run holds it. Creates nothing but the folder."""
+def preflight(folder: str, *, check_holder: bool = True) -> None:
+    """Before any worker starts (in the launching process): the folder is usable and (with
+    ``check_holder``) no live job of another run holds it. Creates nothing but the folder."""
     _check_folder(folder)
+    if not check_holder:
+        return
     path = os.path.join(folder, LOCK_FILE)
     holder, me = _read(path), this_holder()
     if os.path.exists(path) and holder is not None and not _stale(holder, me) and holder.run_id != me.run_id:

@@ -246,6 +246,15 @@ def load_into(ctx: Any, path: str, objects: dict[str, Any]) -> dict[str, Any]:
         _load_one(path, name, obj, stored[name])
     if sharded:
         load_sharded(ctx, path, objects, sharded)
+    try:
+        _load_rest(ctx, path, state)
+    except (TypeError, ValueError, KeyError, IndexError, AttributeError, RuntimeError) as exc:  # a state.pt of wrong types
+        raise CheckpointError(f"checkpoint {path}: its grad scaler, communication or RNG state is malformed "
+                              f"({type(exc).__name__}: {str(exc).strip()[:120]}).") from None
+    return {"step": int(state["step"]), "extra": state.get("extra", {}), "path": path, "world_size": state.get("world_size")}
+
+
+def _load_rest(ctx: Any, path: str, state: dict[str, Any]) -> None:
     if ctx.scaler is not None and "grad_scaler" in state:
         ctx.scaler.load_state_dict(state["grad_scaler"])
     same_world = state.get("world_size") == ctx.world_size
@@ -259,7 +268,6 @@ def load_into(ctx: Any, path: str, objects: dict[str, Any]) -> dict[str, Any]:
         random.seed(seed)
         np.random.seed(seed)
         torch.manual_seed(seed)
-    return {"step": int(state["step"]), "extra": state.get("extra", {}), "path": path, "world_size": state.get("world_size")}
 
 
 def _load_comm(ctx: Any, path: str, comm: list[Any] | None, same_world: bool) -> None:

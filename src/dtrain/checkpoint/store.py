@@ -78,7 +78,7 @@ def write_checkpoint(folder: str, step: int, files: dict[str, Any], meta: dict[s
             os.fsync(fh.fileno())
         _fsync_dir(tmp)
         if os.path.isdir(final):  # the same step saved again (e.g. after a restart): replace it
-            old = final + f".old-{os.getpid()}"
+            old = os.path.join(folder, f"{DELETING}{step_name(step)}-{os.getpid()}")  # cleaned up if killed now
             os.replace(final, old)
             os.replace(tmp, final)
             shutil.rmtree(old, ignore_errors=True)

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from .._log import configure_cli_logging, logger
-from ..checkpoint import list_checkpoints, read_checkpoint, resolve, verify
+from ..checkpoint import list_checkpoints, lock, read_checkpoint, resolve, verify
 from ..checkpoint.validate import read_latest_name, state_problem
 from ..errors import CheckpointError, ConfigError
 
@@ -62,6 +62,9 @@ def cmd_ls(args: argparse.Namespace) -> int:
     latest, why = read_latest_name(args.dir)
     if why:
         print(f"warning: {why}")
+    holder = lock.holder_of(args.dir)
+    if holder is not None:
+        print(f"in use by {holder.describe()}")
     ckpts = list_checkpoints(args.dir)
     if not ckpts:
         print(f"{args.dir}: no checkpoints")

@@ -78,10 +78,6 @@ def validate(cfg: TrainConfig) -> None:
     strategies.build(cfg.strategy, **cfg.strategy_options) if cfg.strategy != "auto" else None
     Precision.resolve(cfg.precision, World.detect(device=cfg.device).device)
     load_task(cfg.task, data_dir=cfg.data_dir, options=cfg.task_args)
-    if cfg.checkpoint_dir:  # a file, an unwritable place or another job's folder: one line now, not after training
-        from ..checkpoint import lock
-
-        lock.preflight(cfg.checkpoint_dir)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -94,6 +90,11 @@ def main(args: argparse.Namespace) -> int:
         return 0
     spec = launch_spec(args)
     validate(cfg)
+    if cfg.checkpoint_dir:  # a file, an unwritable place or another job's folder: one line now, not after training
+        from ..checkpoint import lock
+
+        # Only rank 0's node takes the lock; another node cannot tell whether a holder there is alive.
+        lock.preflight(cfg.checkpoint_dir, check_holder=spec.node_rank == 0)
     if not spec.needs_launch:
         worker_main(cfg)
         return 0
