@@ -91,8 +91,9 @@ def main() -> None:
         sel = [x for x in rows if (x["kind"], x["launcher"], x["signal"]) == (kind, launcher, sig)]
         times = [x["exit_s"] for x in sel if x["exit_s"] is not None]
         rcs = sorted({x["rc"] for x in sel}, key=str)
+        med = f"{statistics.median(times):.2f} | {max(times):.2f}" if times else "no exit within 120 s | -"
         print(f"| {kind} | {launcher} | {sig} | {len(sel)} | {sum(x['alive_after_5s'] for x in sel)} | "
-              f"{statistics.median(times):.2f} | {max(times):.2f} | {','.join(map(str, rcs))} | {sum(x['traceback'] for x in sel)} |")
+              f"{med} | {','.join(map(str, rcs))} | {sum(x['traceback'] for x in sel)} |")
 
 
 if __name__ == "__main__":
