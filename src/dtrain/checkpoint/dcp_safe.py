@@ -28,7 +28,7 @@ from .io import load_refusal
 METADATA_FILE = ".metadata"
 
 _DCP_METADATA = "torch.distributed.checkpoint.metadata"
-#: (module, name) -> what the name means; the exact set torch writes in a ``.metadata`` file.
+#: (module, name) of every class and function torch writes in a ``.metadata`` file (besides dtypes and paths).
 _ALLOWED = {
     (_DCP_METADATA, name) for name in (
         "Metadata", "MetadataIndex", "StorageMeta", "TensorProperties", "TensorStorageMetadata",
@@ -46,8 +46,8 @@ class _MetadataUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) in _ALLOWED:
             return super().find_class(module, name)
-        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
-            return getattr(torch, name)
+        if module == "torch" and isinstance(vars(torch).get(name), torch.dtype):  # vars: no lazy submodule import
+            return vars(torch)[name]
         if module in ("pathlib", "pathlib._local") and name in _PATHS:  # pathlib._local: Python 3.13's name
             return getattr(pathlib, name)
         raise pickle.UnpicklingError(f"it names {module}.{name}, which DCP metadata never holds")
