@@ -36,9 +36,12 @@ class Throughput:
 
 class DataWait:
     """How long each step waited for its batch: the time from the end of one step to the
-    moment the next batch is in hand (iterator start-up and worker latency included)."""
+    moment the next batch is in hand. The run's first wait (starting the DataLoader workers,
+    once: they persist across epochs) is kept apart in ``first_ms``: in a short run it would
+    outweigh every other step."""
 
     def __init__(self) -> None:
+        self.first_ms: float | None = None
         self.total_s = 0.0
         self.steps = 0
         self._all: list[float] = []
@@ -54,6 +57,9 @@ class DataWait:
             return
         ms = (time.perf_counter() - self._t) * 1000.0
         self._t = None
+        if self.first_ms is None:
+            self.first_ms = round(ms, 3)
+            return
         self.total_s += ms / 1000.0
         self.steps += 1
         self._all.append(ms)

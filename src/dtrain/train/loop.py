@@ -187,7 +187,7 @@ def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) ->
 
 
 def _data_record(ctx: Context, task: Task, wait: DataWait, meter: Throughput, workers: int) -> dict[str, Any]:
-    """``data_wait_ms`` (median per step), ``data_wait_share`` (of the training time, the
+    """``data_wait_ms`` (median per step, the first batch apart), ``data_wait_share`` (of the training time, the
     largest over ranks: the slowest rank's input holds every rank at the next all-reduce),
     and images skipped as unreadable; says on rank 0 when input was the bottleneck.
     Collective: call on every rank."""
@@ -197,7 +197,8 @@ def _data_record(ctx: Context, task: Task, wait: DataWait, meter: Throughput, wo
     worst = ctx.all_reduce(torch.tensor(share, dtype=torch.float64, device=ctx.device), op="max").item()
     if ctx.is_main and worst >= INPUT_BOUND_SHARE:
         logger.warning(f"input was the bottleneck: waited for data {worst:.0%} of the time; {_worker_hint(workers)}")
-    record: dict[str, Any] = {"data_wait_ms": wait.median_ms(), "data_wait_share": round(worst, 4), "num_workers": workers}
+    record: dict[str, Any] = {"data_wait_ms": wait.median_ms(), "data_wait_share": round(worst, 4), "num_workers": workers,
+                              "data_first_wait_ms": wait.first_ms}
     if skipped is not None:
         record["images_skipped"] = int(skipped_all.item())
     return record
