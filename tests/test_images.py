@@ -206,3 +206,12 @@ def test_sync_bn_under_pipeline_is_one_line(tmp_path):
                 cwd=str(ROOT), timeout=180)
     lines = [ln for ln in r.stderr.splitlines() if ln.startswith("dtrain: error:")]
     assert r.returncode == 2 and lines and "--sync-bn shares BatchNorm statistics" in lines[0], r.stderr[-3000:]
+
+
+def test_channels_last_under_fsdp_is_one_line_before_any_worker_starts():
+    pytest.importorskip("torchvision")
+    r = run_cli(["train", "--task", "images", "--task-arg", "source=synthetic", "--task-arg", f"size={SIZE}",
+                 "--strategy", "fsdp", "-n", "2", "--channels-last", "--max-steps", "1"], cwd=str(ROOT), timeout=120)
+    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("dtrain: error:")]
+    assert r.returncode == 2 and len(lines) == 1, r.stderr[-3000:]
+    assert "--channels-last does not compose with 'fsdp'" in lines[0] and "use ddp, zero1 or hvd" in lines[0], lines

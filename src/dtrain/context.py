@@ -281,7 +281,7 @@ class Context:
         if sync_bn:
             model = apply_sync_bn(model, self.world, self.data_parallel_size)
         if channels_last:
-            model = apply_channels_last(model)
+            model = apply_channels_last(model, self.strategy)
         if self.debug and self.world.distributed:
             with torch.no_grad():
                 checksum = float(sum(p.detach().double().sum().item() for p in model.parameters()))

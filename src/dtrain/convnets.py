@@ -43,8 +43,19 @@ def apply_sync_bn(model: nn.Module, world: World, data_parallel_size: int) -> nn
     return nn.SyncBatchNorm.convert_sync_batchnorm(model)
 
 
-def apply_channels_last(model: nn.Module) -> nn.Module:
+def check_channels_last(strategy: Any) -> None:
+    """fully_shard (fsdp, hsdp) shards only contiguous parameters: torch 2.14 raises
+    ``NotImplementedError: FSDP does not support non-contiguous parameters`` on an NHWC weight."""
+    if getattr(strategy, "collective_forward", False):  # the fully_shard strategies
+        raise ConfigError(
+            f"--channels-last does not compose with {strategy.name!r}: fully_shard shards only contiguous "
+            "(NCHW) parameters; use ddp, zero1 or hvd for channels-last, or drop --channels-last."
+        )
+
+
+def apply_channels_last(model: nn.Module, strategy: Any) -> nn.Module:
     """Parameters and buffers in channels-last (NHWC) layout; 4-D inputs follow in ``to_channels_last``."""
+    check_channels_last(strategy)
     return model.to(memory_format=torch.channels_last)
 
 

@@ -72,12 +72,15 @@ def validate(cfg: TrainConfig) -> None:
     """Fail on bad input here, once, before any worker starts."""
     from .. import strategies
     from ..comm import CommSpec
+    from ..convnets import check_channels_last
     from ..precision import Precision
 
     comm = CommSpec.parse(cfg.comm, warmup=cfg.comm_warmup)
     if comm.kind != "none" and cfg.strategy not in ("auto", "ddp"):
         raise ConfigError(f"--comm {comm} works with the ddp strategy, not {cfg.strategy!r}; use --strategy ddp or --comm none.")
-    strategies.build(cfg.strategy, **cfg.strategy_options) if cfg.strategy != "auto" else None
+    strategy = strategies.build(cfg.strategy, **cfg.strategy_options) if cfg.strategy != "auto" else None
+    if cfg.channels_last and strategy is not None:
+        check_channels_last(strategy)
     Precision.resolve(cfg.precision, World.detect(device=cfg.device).device)
     load_task(cfg.task, data_dir=cfg.data_dir, options=cfg.task_args)
 
