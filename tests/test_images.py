@@ -53,7 +53,8 @@ def test_default_workers_follow_the_cores_per_process():
     assert default_num_workers(files, 1, cpus=4) == 3  # one core for the training process
     assert default_num_workers(files, 8, cpus=96) == 8  # capped
     assert loader_options(0, torch.device("cpu")) == {"num_workers": 0, "pin_memory": False}
-    assert loader_options(2, torch.device("cuda")) == {"num_workers": 2, "pin_memory": True, "persistent_workers": True, "prefetch_factor": 2}
+    assert loader_options(2, torch.device("cuda")) == {"num_workers": 2, "pin_memory": True, "persistent_workers": True, "prefetch_factor": 2,
+                                                       **({"multiprocessing_context": "fork"} if sys.platform.startswith("linux") else {})}
 
 
 def test_data_wait_keeps_the_first_batch_apart_and_takes_medians():
