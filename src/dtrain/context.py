@@ -38,6 +38,7 @@ from .diag import Tracker, Watchdog
 from .diag.checker import check_call, check_same
 from .errors import CheckpointError, ConfigError, DtrainError
 from .metrics.memory import MemoryReport, memory_report
+from .convnets import apply_channels_last, apply_sync_bn, to_channels_last
 from .precision import Precision
 from .strategies.base import ForwardingOptimizer, Strategy
 from .world import World, destroy_process_group, init_process_group
@@ -199,13 +200,16 @@ class DtrainModule(nn.Module):
     autocast. ``state_dict`` and ``load_state_dict`` are the user's module's own, so checkpoints
     carry no wrapper prefixes."""
 
-    def __init__(self, wrapped: nn.Module, original: nn.Module, precision: Precision) -> None:
+    def __init__(self, wrapped: nn.Module, original: nn.Module, precision: Precision, channels_last: bool = False) -> None:
         super().__init__()
         self.module = wrapped
         object.__setattr__(self, "original", original)  # not a submodule: no duplicate state
         object.__setattr__(self, "_precision", precision)
+        object.__setattr__(self, "_channels_last", channels_last)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if self._channels_last:
+            args = to_channels_last(args)
         with self._precision.autocast():
             return self.module(*args, **kwargs)
 
@@ -301,26 +305,32 @@ class Context:
         return f"Context(world={self.world}, strategy={self.strategy.name!r}, precision={self.precision.effective!r})"
 
     # -- setup ------------------------------------------------------------------------------
-    def setup(self, model: nn.Module, *optimizers: torch.optim.Optimizer) -> Any:
+    def setup(self, model: nn.Module, *optimizers: torch.optim.Optimizer, channels_last: bool = False, sync_bn: bool = False) -> Any:
         """Wrap the model (and optimizers) for the strategy and precision.
 
         Collective: call on every rank (DDP broadcasts rank 0's parameters). Returns the model
         alone, or ``(model, optimizer, ...)`` when optimizers are given. Build the optimizer
-        from the original model's parameters before calling this.
+        from the original model's parameters before calling this. ``channels_last``: the model
+        and its 4-D inputs in NHWC layout (conv nets); ``sync_bn``: BatchNorm statistics over
+        every rank's batch (SyncBatchNorm; GPU only, see ``dtrain.convnets``).
         """
         _check_model("ctx.setup", model)
         for i, opt in enumerate(optimizers):
             _check_optimizer(f"ctx.setup(model, ...) argument {i + 2}", opt)
-        wrapped = self.setup_model(model)
+        wrapped = self.setup_model(model, channels_last=channels_last, sync_bn=sync_bn)
         if not optimizers:
             return wrapped
         return (wrapped, *(self.setup_optimizer(o, wrapped) for o in optimizers))
 
-    def setup_model(self, model: nn.Module) -> DtrainModule:
+    def setup_model(self, model: nn.Module, *, channels_last: bool = False, sync_bn: bool = False) -> DtrainModule:
         """Collective: call on every rank."""
         _check_model("ctx.setup_model", model)
         if isinstance(model, DtrainModule):
             raise ConfigError("this model was already set up; call ctx.setup once per model.")
+        if sync_bn:
+            model = apply_sync_bn(model, self.world, self.data_parallel_size)
+        if channels_last:
+            model = apply_channels_last(model, self.strategy)
         if self.debug and self.world.distributed:
             with torch.no_grad():
                 checksum = float(sum(p.detach().double().sum().item() for p in model.parameters()))
@@ -331,7 +341,7 @@ class Context:
                 inner = self.strategy.setup_model(model, self.world)
         else:
             inner = self.strategy.setup_model(model, self.world)
-        wrapped = DtrainModule(inner, self.strategy.unwrap(inner), self.precision)
+        wrapped = DtrainModule(inner, self.strategy.unwrap(inner), self.precision, channels_last=channels_last)
         self._modules.append(weakref.ref(wrapped))
         return wrapped
 

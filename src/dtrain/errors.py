@@ -20,6 +20,14 @@ class DtrainError(Exception):
 
     exit_code: int = 1
 
+    def __init__(self, *args: object) -> None:
+        # Raised in a DataLoader worker, it comes back rebuilt as ``type("Caught ... Original
+        # Traceback ...")`` (torch's ExceptionWrapper.reraise): keep the worker's one-line message.
+        if len(args) == 1 and isinstance(args[0], str) and "\nOriginal Traceback" in args[0]:
+            last = args[0].rstrip().splitlines()[-1]
+            args = (last.split(": ", 1)[1] if f"{type(self).__name__}: " in last else last,)
+        super().__init__(*args)
+
 
 class ConfigError(DtrainError):
     """An invalid flag, argument or setting; the message names the value and the fix."""

@@ -104,6 +104,7 @@ def worker_parser():
     p.add_argument("--precision", default="fp32")
     p.add_argument("--batch-size", type=int, default=None)
     p.add_argument("--lr", type=float, default=None)
+    p.add_argument("--num-workers", type=int, default=None)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--repeats", type=int, default=3)

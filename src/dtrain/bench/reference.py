@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
 from dtrain.bench.measure import Recorder, grad_payload_bytes, task_options, worker_parser
+from dtrain.data import default_num_workers, loader_options
 from dtrain.tasks import load_task, make_optimizer
 
 
@@ -38,7 +39,9 @@ def main(argv: list[str] | None = None) -> None:
     model = DistributedDataParallel(net, device_ids=[device.index] if cuda else None)
     optimizer = make_optimizer(task.optimizer, model.parameters(), args.lr or task.lr)
     sampler = DistributedSampler(task.train_set, num_replicas=world, rank=rank, shuffle=True, seed=args.seed, drop_last=True)
-    loader = DataLoader(task.train_set, batch_size=batch, sampler=sampler, drop_last=True)
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    workers = args.num_workers if args.num_workers is not None else default_num_workers(task.train_set, local)
+    loader = DataLoader(task.train_set, batch_size=batch, sampler=sampler, drop_last=True, **loader_options(workers, device))
     rec = Recorder(rank=rank, world_size=world, method=args.method, batch_size=batch, device=str(device))
     epoch = 0
 

@@ -26,6 +26,8 @@ class BenchConfig:
     repeats: int = 3
     rounds: int = 1
     batch_size: int | None = None
+    num_workers: int | None = None
+    """DataLoader workers per process; None: ``dtrain.data.default_num_workers``."""
     seed: int = 0
     device: str | None = None
     threads: int = 1
@@ -50,7 +52,8 @@ def worker_args(cfg: BenchConfig, method: Method, folder: str) -> list[str]:
             "--seed", str(cfg.seed), "--out", folder]
     for pair in cfg.task_args:
         args += ["--task-arg", pair]
-    for flag, value in (("--data-dir", cfg.data_dir), ("--batch-size", cfg.batch_size), ("--device", cfg.device)):
+    for flag, value in (("--data-dir", cfg.data_dir), ("--batch-size", cfg.batch_size), ("--device", cfg.device),
+                        ("--num-workers", cfg.num_workers)):
         if value is not None:
             args += [flag, str(value)]
     return args

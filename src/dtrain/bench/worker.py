@@ -9,6 +9,7 @@ from torch.utils.data import DataLoader
 
 import dtrain
 from dtrain.bench.measure import Recorder, forever, grad_payload_bytes, task_options, worker_parser
+from dtrain.data import default_num_workers, loader_options
 from dtrain.errors import DtrainError
 from dtrain.tasks import load_task, make_optimizer
 
@@ -33,7 +34,8 @@ def measure(ctx: dtrain.Context, task, args) -> Recorder:
     model = task.new_model()
     optimizer = make_optimizer(task.optimizer, model.parameters(), args.lr or task.lr)
     model, optimizer = ctx.setup(model, optimizer)
-    loader = ctx.setup_dataloader(DataLoader(task.train_set, batch_size=batch, shuffle=True, drop_last=True))
+    workers = args.num_workers if args.num_workers is not None else default_num_workers(task.train_set, ctx.world.local_size)
+    loader = ctx.setup_dataloader(DataLoader(task.train_set, batch_size=batch, shuffle=True, drop_last=True, **loader_options(workers, ctx.device)))
     batches = forever(loader)
     inner = optimizer.optimizer
     synchronize = getattr(inner, "synchronize", None)  # hvd: gradients are waited for here

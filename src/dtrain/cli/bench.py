@@ -18,7 +18,7 @@ from .train import parse_task_args
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="compare the data-parallel methods on your task", description=__doc__)
-    p.add_argument("--task", default="digits", help="digits (default), mnist, synthetic, or MODULE:FUNCTION")
+    p.add_argument("--task", default="digits", help="digits (default), images, mnist, synthetic, or MODULE:FUNCTION")
     p.add_argument("--task-arg", action="append", default=[], metavar="KEY=VALUE", help="option for the task function (repeatable)")
     p.add_argument("--data-dir", default=None, help="folder with the task's data files (mnist: the IDX files)")
     p.add_argument("--methods", default=None, help="comma-separated (default: reference,dp,ddp,ddp-spawn,ddp-bf16,ddp-fp16 on GPU,hvd)")
@@ -28,6 +28,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--repeats", type=int, default=3, help="measured repeats per run (default 3)")
     p.add_argument("--rounds", type=int, default=1, help="runs of every method, alternating methods (default 1)")
     p.add_argument("--batch-size", type=int, default=None, help="batch of one process (default: the task's)")
+    p.add_argument("--num-workers", type=int, default=None, help="DataLoader workers per process, every method alike (default: as dtrain train)")
     p.add_argument("--threads", type=int, default=None, help="torch threads per process (default: cores / NPROC)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--out", default="bench-out", help="folder for report.md, report.json, chart.png (default bench-out)")
@@ -39,6 +40,8 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     for flag in ("nproc", "steps", "repeats", "rounds"):
         if getattr(args, flag) < 1:
             raise ConfigError(f"--{flag} must be >= 1, got {getattr(args, flag)}.")
+    if args.num_workers is not None and args.num_workers < 0:
+        raise ConfigError(f"--num-workers must be >= 0, got {args.num_workers}.")
     if args.warmup < 0:
         raise ConfigError(f"--warmup must be >= 0, got {args.warmup}.")
     if args.batch_size is not None and args.batch_size < 1:
@@ -53,7 +56,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     return BenchConfig(
         task=args.task, task_args=tuple(args.task_arg), data_dir=args.data_dir, nproc=args.nproc,
         warmup=args.warmup, steps=args.steps, repeats=args.repeats, rounds=args.rounds,
-        batch_size=args.batch_size, device=args.device, threads=threads, out=args.out, timeout_s=args.timeout,
+        batch_size=args.batch_size, num_workers=args.num_workers, device=args.device, threads=threads, out=args.out, timeout_s=args.timeout,
     )
 
 

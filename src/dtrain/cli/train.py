@@ -17,9 +17,9 @@ from .sharding import add_sharding_args, strategy_options
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="train a built-in or your own task", description=__doc__)
     g = p.add_argument_group("what to train")
-    g.add_argument("--task", default="digits", help="digits (default), mnist, synthetic, or MODULE:FUNCTION")
+    g.add_argument("--task", default="digits", help="digits (default), images, mnist, synthetic, or MODULE:FUNCTION")
     g.add_argument("--task-arg", action="append", default=[], metavar="KEY=VALUE", help="option for the task function (repeatable)")
-    g.add_argument("--data-dir", default=None, help="folder with the task's data files (mnist: the IDX files)")
+    g.add_argument("--data-dir", default=None, help="folder with the task's data files (mnist: the IDX files; images: DIR/train/CLASS/*.jpg)")
     g.add_argument("--strategy", default="auto", help="single, ddp, dp, hvd, zero1, fsdp, hsdp or pipeline (default: ddp on several processes)")
     g.add_argument("--precision", default="fp32", help="fp32 (default), bf16-mixed, fp16-mixed")
     g.add_argument("--epochs", type=int, default=None, help="passes over the data (default: the task's)")
@@ -30,7 +30,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--grad-accum", type=int, default=1, help="micro-batches per batch; gradients sync once per batch")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--device", default=None, help="cpu or cuda (default: cuda:<local rank> when available)")
-    g.add_argument("--num-workers", type=int, default=0, help="DataLoader worker processes per rank")
+    g.add_argument("--num-workers", type=int, default=None, help="DataLoader worker processes per rank (default: 0 for in-memory data, else from the cores per process)")
+    g.add_argument("--channels-last", action="store_true", help="model and image batches in channels-last (NHWC) layout; conv nets")
+    g.add_argument("--sync-bn", action="store_true", help="BatchNorm statistics across ranks (SyncBatchNorm, GPU only)")
     g.add_argument("--log-every", type=int, default=20, help="steps between progress lines / metrics records")
     g.add_argument("--metrics-file", default=None, help="append one JSON line per log interval to this file")
     g.add_argument("--checkpoint-dir", default=None, help="save the full training state here (at the end, and every --save-every steps)")
@@ -61,7 +63,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         batch_size=args.batch_size, lr=args.lr, optimizer=args.optimizer, grad_accum=args.grad_accum,
         seed=args.seed, log_every=args.log_every, metrics_file=args.metrics_file,
         checkpoint_dir=args.checkpoint_dir, save_every=args.save_every, device=args.device,
-        num_workers=args.num_workers, keep=args.keep, resume=args.resume, async_save=args.async_save,
+        num_workers=args.num_workers, channels_last=args.channels_last, sync_bn=args.sync_bn, keep=args.keep, resume=args.resume, async_save=args.async_save,
         comm=args.comm, comm_warmup=args.comm_warmup,
     )
 
@@ -70,12 +72,15 @@ def validate(cfg: TrainConfig) -> None:
     """Fail on bad input here, once, before any worker starts."""
     from .. import strategies
     from ..comm import CommSpec
+    from ..convnets import check_channels_last
     from ..precision import Precision
 
     comm = CommSpec.parse(cfg.comm, warmup=cfg.comm_warmup)
     if comm.kind != "none" and cfg.strategy not in ("auto", "ddp"):
         raise ConfigError(f"--comm {comm} works with the ddp strategy, not {cfg.strategy!r}; use --strategy ddp or --comm none.")
-    strategies.build(cfg.strategy, **cfg.strategy_options) if cfg.strategy != "auto" else None
+    strategy = strategies.build(cfg.strategy, **cfg.strategy_options) if cfg.strategy != "auto" else None
+    if cfg.channels_last and strategy is not None:
+        check_channels_last(strategy)
     Precision.resolve(cfg.precision, World.detect(device=cfg.device).device)
     load_task(cfg.task, data_dir=cfg.data_dir, options=cfg.task_args)
 

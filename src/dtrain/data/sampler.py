@@ -10,6 +10,11 @@ same samples per step as one process with batch W*B.
 Each ``iter()`` starts the next epoch by itself, so a training loop needs no
 ``set_epoch`` call to reshuffle (calling it still works).
 
+``keyed=True`` yields ``(seed, epoch, index)`` instead of ``index``, for a data set whose
+random augmentation draws from a generator seeded by the sample's key (dtrain's ``images``
+task): then a sample's crop does not depend on which DataLoader worker reads it, and a run
+resumed mid-epoch, or with another worker count, reads the same batches.
+
 ``EvalShardSampler`` (evaluation) never pads: every sample is seen exactly once across
 ranks, which a padded sampler cannot promise.
 """
@@ -41,8 +46,10 @@ class ShardSampler(Sampler[int]):
         shuffle: bool = True,
         seed: int = 0,
         drop_last: bool = False,
+        keyed: bool = False,
     ) -> None:
         _check_rank(rank, world_size)
+        self.keyed = keyed
         self.length = length
         self.rank = rank
         self.world_size = world_size
@@ -104,8 +111,11 @@ class ShardSampler(Sampler[int]):
         self._next_epoch += 1
         skip, self._skip = self._skip, 0
         start, self._start = self._start, 0
-        order = self.global_order(self.epoch, start)
-        return iter(order[self.rank :: self.world_size][skip:])
+        order = self.global_order(self.epoch, start)[self.rank :: self.world_size][skip:]
+        if self.keyed:
+            seed, epoch = self.seed, self.epoch
+            return iter([(seed, epoch, i) for i in order])
+        return iter(order)
 
     def state_dict(self) -> dict:
         return {"epoch": self.epoch, "next_epoch": self._next_epoch, "seed": self.seed}

@@ -32,3 +32,49 @@ class Throughput:
     @property
     def samples_per_s(self) -> float | None:
         return self.samples / self.elapsed if self.elapsed > 0 else None
+
+
+class DataWait:
+    """How long each step waited for its batch: the time from the end of one step to the
+    moment the next batch is in hand. The run's first wait (starting the DataLoader workers,
+    once: they persist across epochs) is kept apart in ``first_ms``: in a short run it would
+    outweigh every other step."""
+
+    def __init__(self) -> None:
+        self.first_ms: float | None = None
+        self.total_s = 0.0
+        self.steps = 0
+        self._all: list[float] = []
+        self._window: list[float] = []
+        self._t: float | None = None
+
+    def ready(self) -> None:
+        """The step is done; the wait for the next batch starts now."""
+        self._t = time.perf_counter()
+
+    def got_batch(self) -> None:
+        if self._t is None:
+            return
+        ms = (time.perf_counter() - self._t) * 1000.0
+        self._t = None
+        if self.first_ms is None:
+            self.first_ms = round(ms, 3)
+            return
+        self.total_s += ms / 1000.0
+        self.steps += 1
+        self._all.append(ms)
+        self._window.append(ms)
+
+    def window_median_ms(self) -> float | None:
+        """Median wait of the steps since the last call (one log interval), then a new window."""
+        window, self._window = self._window, []
+        return round(_median(window), 3) if window else None
+
+    def median_ms(self) -> float | None:
+        return round(_median(self._all), 3) if self._all else None
+
+
+def _median(values: list[float]) -> float:
+    s = sorted(values)
+    mid = len(s) // 2
+    return s[mid] if len(s) % 2 else (s[mid - 1] + s[mid]) / 2.0

@@ -1,7 +1,8 @@
 """Tasks: a model, its data sets, its loss and its metric, as one value.
 
-Built-ins: ``digits`` (scikit-learn's bundled handwritten digits; needs no files), ``mnist``
-(the IDX files from ``--data-dir``) and ``synthetic`` (random tensors, for throughput). A
+Built-ins: ``digits`` (scikit-learn's bundled handwritten digits; needs no files), ``images``
+(a torchvision model on an image folder, or on synthetic images), ``mnist`` (the IDX files from
+``--data-dir``) and ``synthetic`` (random tensors, for throughput). A
 user's own task is ``MODULE:FUNCTION``: a function returning a ``Task`` (or a dict of its
 fields); it may take ``data_dir`` and any ``--task-arg KEY=VALUE`` as keyword arguments.
 """
@@ -47,6 +48,9 @@ class Task:
     batch_size: int = 32
     """Default batch of one process."""
     epochs: int = 1
+    blocks: Callable[[nn.Module], list[nn.Module]] | None = None
+    """The model's repeated blocks (transformer blocks, ResNet stages): the units of activation
+    checkpointing, FSDP wrapping and pipeline splitting. None: the strategy's own default."""
 
     def __post_init__(self) -> None:
         where = f"task {self.name!r}"
@@ -87,7 +91,7 @@ def make_optimizer(name: str, params, lr: float) -> torch.optim.Optimizer:
     return OPTIMIZERS[name](params, lr)
 
 
-BUILTIN = ("digits", "mnist", "synthetic")
+BUILTIN = ("digits", "images", "mnist", "synthetic")
 
 
 def load_task(spec: str, *, data_dir: str | None = None, options: dict[str, str] | None = None) -> Task:

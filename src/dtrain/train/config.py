@@ -35,7 +35,13 @@ class TrainConfig:
     checkpoint_dir: str | None = None
     save_every: int | None = None
     device: str | None = None
-    num_workers: int = 0
+    num_workers: int | None = None
+    """DataLoader worker processes per rank; None: ``dtrain.data.default_num_workers`` (0 for
+    data already in memory, else from the cores available per process)."""
+    channels_last: bool = False
+    """Model and 4-D inputs in channels-last (NHWC) memory layout (conv nets)."""
+    sync_bn: bool = False
+    """BatchNorm statistics over every rank's batch (SyncBatchNorm; GPU only)."""
     keep: int = 3
     """Checkpoints kept in ``checkpoint_dir`` (the newest)."""
     resume: bool = False
@@ -59,7 +65,7 @@ class TrainConfig:
         check.seed("--seed", self.seed)
         if self.metrics_file is not None:
             check.output_file("--metrics-file", self.metrics_file)
-        if self.num_workers < 0:
+        if self.num_workers is not None and self.num_workers < 0:
             raise ConfigError(f"--num-workers must be >= 0, got {self.num_workers}.")
         if self.batch_size is not None:
             check_accum(self.batch_size, self.grad_accum)

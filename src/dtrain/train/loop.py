@@ -16,8 +16,9 @@ from torch.utils.data import DataLoader
 from .. import init, preempt
 from .._log import configure_cli_logging, logger
 from ..context import Context
+from ..data import default_num_workers, loader_options
 from ..errors import ConfigError, DtrainError
-from ..metrics import JsonlSink, ProgressSink, Throughput, render_summary
+from ..metrics import DataWait, JsonlSink, ProgressSink, Throughput, render_summary
 from ..tasks import Task, load_task, make_optimizer
 from ..world import World
 from .config import TrainConfig, check_accum
@@ -73,9 +74,10 @@ def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) ->
     if ctx.is_main:
         print(render_summary(model), flush=True)
     optimizer = make_optimizer(cfg.optimizer or task.optimizer, model.parameters(), cfg.lr or task.lr)
-    model, optimizer = ctx.setup(model, optimizer)
+    model, optimizer = ctx.setup(model, optimizer, channels_last=cfg.channels_last, sync_bn=cfg.sync_bn)
+    workers = cfg.num_workers if cfg.num_workers is not None else default_num_workers(task.train_set, ctx.world.local_size)
     loader = ctx.setup_dataloader(
-        DataLoader(task.train_set, batch_size=batch, shuffle=True, drop_last=True, num_workers=cfg.num_workers)
+        DataLoader(task.train_set, batch_size=batch, shuffle=True, drop_last=True, **loader_options(workers, ctx.device))
     )
     per_epoch = loader.full_epoch_len()
     if per_epoch == 0:
@@ -99,12 +101,13 @@ def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) ->
         total = min(total, max(cfg.max_steps, step))
     logger.info(
         f"{task.name}: {ctx.world_size} process(es), strategy {ctx.strategy.name}, precision {ctx.precision.effective}, "
-        f"batch {batch}/process, {total} steps on {ctx.device}"
+        f"batch {batch}/process, {total} steps on {ctx.device}, {workers} data worker(s)/process"
     )
     fault = _fault_injection(ctx.rank, restarts)
     progress = ProgressSink(total, start=step) if ctx.is_main else None
     sink = JsonlSink(cfg.metrics_file) if cfg.metrics_file and ctx.is_main else None
     meter = Throughput()
+    wait = DataWait()
     window_loss = torch.zeros((), device=ctx.device)
     window_steps, last_loss, start_step, save_block_s = 0, float("nan"), step, 0.0
     k = cfg.grad_accum
@@ -115,10 +118,12 @@ def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) ->
     preempted = False
     model.train()
     meter.start()
+    wait.ready()
     epoch = loader.next_epoch
     while step < total and not preempted:
         epoch = loader.next_epoch
         for x, y in loader:
+            wait.got_batch()
             for xm, ym in zip(x.chunk(k), y.chunk(k)):
                 with ctx.accumulate(model, steps=k):
                     loss = ctx.forward_backward(model, xm, ym, task.loss_fn)  # pipeline: micro-batches through the stages
@@ -136,7 +141,8 @@ def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) ->
                 _stop_if_diverged(last_loss, step, cfg, task)
                 window_loss.zero_()
                 window_steps = 0
-                record = {"step": step, "epoch": epoch, "train_loss": last_loss, "samples_per_s": _rate(meter, step - start_step, batch, ctx), "wall_s": round(time.perf_counter() - t0, 3)}
+                record = {"step": step, "epoch": epoch, "train_loss": last_loss, "samples_per_s": _rate(meter, step - start_step, batch, ctx),
+                          "data_wait_ms": wait.window_median_ms(), "wall_s": round(time.perf_counter() - t0, 3)}
                 if progress:
                     progress.update(step, {"loss": last_loss, "samples_per_s": record["samples_per_s"]})
                 if sink:
@@ -151,6 +157,7 @@ def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) ->
                 save_block_s += ckpt.last_blocking_s or 0.0
             if step >= total:
                 break
+            wait.ready()
     if ctx.device.type == "cuda":
         torch.cuda.synchronize(ctx.device)
     meter.stop((step - start_step) * batch * ctx.data_parallel_size)
@@ -170,6 +177,7 @@ def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) ->
         test_acc = ctx.evaluate(model, task.test_set, task.metric, batch_size=max(256, batch))["metric"]
     if sink:
         sink.close()
+    data = _data_record(ctx, task, wait, meter, workers)
     return {
         "task": task.name,
         "world_size": ctx.world_size,
@@ -180,6 +188,7 @@ def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) ->
         "samples_per_s": round(meter.samples_per_s, 2) if meter.samples_per_s else None,
         "train_loss": round(last_loss, 6),
         "test_acc": round(test_acc, 6) if test_acc is not None else None,
+        **data,
         "wall_s": round(time.perf_counter() - t0, 3),
     }
 
@@ -198,6 +207,36 @@ def _stop_if_diverged(loss: float, step: int, cfg: TrainConfig, task: Task) -> N
         f"the training loss became {loss} at step {step} (lr {cfg.lr or task.lr:g}){kept}; "
         "lower --lr (or use gradient clipping / --precision fp32)."
     )
+
+
+def _data_record(ctx: Context, task: Task, wait: DataWait, meter: Throughput, workers: int) -> dict[str, Any]:
+    """``data_wait_ms`` (median per step, the first batch apart), ``data_wait_share`` (of the training time, the
+    largest over ranks: the slowest rank's input holds every rank at the next all-reduce),
+    and images skipped as unreadable; says on rank 0 when input was the bottleneck.
+    Collective: call on every rank."""
+    share = wait.total_s / meter.elapsed if meter.elapsed > 0 else 0.0
+    skipped = getattr(task.train_set, "skipped", None)  # images: unreadable files replaced (skip_bad)
+    skipped_all = ctx.all_reduce(torch.tensor(float(skipped or 0), dtype=torch.float64, device=ctx.device), op="sum")
+    worst = ctx.all_reduce(torch.tensor(share, dtype=torch.float64, device=ctx.device), op="max").item()
+    if ctx.is_main and worst >= INPUT_BOUND_SHARE:
+        logger.warning(f"input was the bottleneck: waited for data {worst:.0%} of the time; {_worker_hint(workers)}")
+    record: dict[str, Any] = {"data_wait_ms": wait.median_ms(), "data_wait_share": round(worst, 4), "num_workers": workers,
+                              "data_first_wait_ms": wait.first_ms}
+    if skipped is not None:
+        record["images_skipped"] = int(skipped_all.item())
+    return record
+
+
+INPUT_BOUND_SHARE = 0.10
+"""Waiting for data longer than this share of the training time is reported as a bottleneck."""
+
+
+def _worker_hint(workers: int) -> str:
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    more = max(2, workers * 2)
+    if more > cpus:
+        return f"--num-workers is {workers} and this machine has {cpus} cores: more decoding cores (or a smaller --task-arg size) would help"
+    return f"try --num-workers {more}"
 
 
 def _log_memory(ctx: Context, model: Any, optimizer: Any) -> None:

@@ -1,0 +1,65 @@
+"""Switches for convolutional nets: channels-last memory format and SyncBatchNorm.
+
+Applied by ``ctx.setup(model, ..., channels_last=True, sync_bn=True)`` before the strategy
+wraps the model, in this order: SyncBatchNorm (a module swap that keeps the same Parameter
+objects, so an optimizer built before still holds them), then the memory format (an in-place
+change of each parameter's layout), then the strategy's wrapper.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from ._log import note_once
+from .errors import ConfigError
+from .world import World
+
+
+def apply_sync_bn(model: nn.Module, world: World, data_parallel_size: int) -> nn.Module:
+    """BatchNorm layers whose batch statistics are computed over every rank's batch.
+
+    On CPU torch's SyncBatchNorm does not run (it needs a GPU), so the statistics stay per
+    rank and this says so once; with one process there is nothing to share."""
+    if not any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()):
+        note_once("--sync-bn: the model has no BatchNorm layer; nothing to synchronise.")
+        return model
+    if not world.distributed:
+        note_once("--sync-bn has no effect with one process: BatchNorm statistics are this process's batch.")
+        return model
+    if data_parallel_size < 2:
+        raise ConfigError(
+            f"--sync-bn shares BatchNorm statistics between data-parallel replicas, but this strategy runs "
+            f"{data_parallel_size} replica over {world.size} ranks; use a data-parallel strategy (ddp, zero1, fsdp, hsdp, hvd) or drop --sync-bn."
+        )
+    if world.device.type != "cuda":
+        note_once(
+            f"--sync-bn: SyncBatchNorm needs a GPU; on {world.device.type} BatchNorm statistics stay per rank "
+            "(each rank normalises with its own batch's mean and variance)."
+        )
+        return model
+    return nn.SyncBatchNorm.convert_sync_batchnorm(model)
+
+
+def check_channels_last(strategy: Any) -> None:
+    """fully_shard (fsdp, hsdp) shards only contiguous parameters: torch 2.14 raises
+    ``NotImplementedError: FSDP does not support non-contiguous parameters`` on an NHWC weight."""
+    if getattr(strategy, "collective_forward", False):  # the fully_shard strategies
+        raise ConfigError(
+            f"--channels-last does not compose with {strategy.name!r}: fully_shard shards only contiguous "
+            "(NCHW) parameters; use ddp, zero1 or hvd for channels-last, or drop --channels-last."
+        )
+
+
+def apply_channels_last(model: nn.Module, strategy: Any) -> nn.Module:
+    """Parameters and buffers in channels-last (NHWC) layout; 4-D inputs follow in ``to_channels_last``."""
+    check_channels_last(strategy)
+    return model.to(memory_format=torch.channels_last)
+
+
+def to_channels_last(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The 4-D tensors among a forward's arguments in channels-last layout (a conv on an NCHW
+    input and NHWC weights would otherwise convert on every call)."""
+    return tuple(a.contiguous(memory_format=torch.channels_last) if isinstance(a, torch.Tensor) and a.dim() == 4 else a for a in args)
