@@ -56,7 +56,8 @@ def _run(cfg: TrainConfig, world: World | None) -> dict[str, Any]:
     check_accum(batch, cfg.grad_accum)
     ctx = init(
         cfg.strategy, cfg.precision, seed=cfg.seed, world=world,
-        comm=cfg.comm, comm_warmup=cfg.comm_warmup, **cfg.strategy_options,
+        comm=cfg.comm, comm_warmup=cfg.comm_warmup, compile=cfg.compile,
+        activation_checkpointing=cfg.activation_checkpointing, **cfg.strategy_options,
     )
     try:
         return _train(ctx, cfg, task, batch, t0)
@@ -69,7 +70,7 @@ def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) ->
     if ctx.is_main:
         print(render_summary(model), flush=True)
     optimizer = make_optimizer(cfg.optimizer or task.optimizer, model.parameters(), cfg.lr or task.lr)
-    model, optimizer = ctx.setup(model, optimizer)
+    model, optimizer = ctx.setup(model, optimizer, blocks=task.blocks(model) if task.blocks else None)
     loader = ctx.setup_dataloader(
         DataLoader(task.train_set, batch_size=batch, shuffle=True, drop_last=True, num_workers=cfg.num_workers)
     )
@@ -132,6 +133,7 @@ def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) ->
                 window_loss.zero_()
                 window_steps = 0
                 record = {"step": step, "epoch": epoch, "train_loss": last_loss, "samples_per_s": _rate(meter, step - start_step, batch, ctx), "wall_s": round(time.perf_counter() - t0, 3)}
+                record.update(_tokens(task, record["samples_per_s"]))
                 if progress:
                     progress.update(step, {"loss": last_loss, "samples_per_s": record["samples_per_s"]})
                 if sink:
@@ -158,11 +160,12 @@ def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) ->
         ckpt.wait()
         if ctx.is_main:
             logger.info(f"checkpoints: training was held {save_block_s:.3f} s by saves ({'asynchronous' if cfg.async_save else 'synchronous'})")
-    test_acc = None
+    score = None
     if task.test_set is not None:
-        test_acc = ctx.evaluate(model, task.test_set, task.metric, batch_size=max(256, batch))["metric"]
+        score = ctx.evaluate(model, task.test_set, task.metric, batch_size=max(256, batch))["metric"]
     if sink:
         sink.close()
+    sps = round(meter.samples_per_s, 2) if meter.samples_per_s else None
     return {
         "task": task.name,
         "world_size": ctx.world_size,
@@ -170,11 +173,27 @@ def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) ->
         "precision": ctx.precision.effective,
         **_comm_record(ctx),
         "steps": step,
-        "samples_per_s": round(meter.samples_per_s, 2) if meter.samples_per_s else None,
+        "samples_per_s": sps,
+        **_tokens(task, sps),
         "train_loss": round(last_loss, 6),
-        "test_acc": round(test_acc, 6) if test_acc is not None else None,
+        **_scores(task, score),
         "wall_s": round(time.perf_counter() - t0, 3),
     }
+
+
+def _tokens(task: Task, samples_per_s: float | None) -> dict[str, Any]:
+    """``tokens_per_s`` for sequence tasks (``Task.tokens_per_sample``); nothing for others."""
+    if task.tokens_per_sample is None:
+        return {}
+    return {"tokens_per_s": round(samples_per_s * task.tokens_per_sample, 1) if samples_per_s else None}
+
+
+def _scores(task: Task, score: float | None) -> dict[str, Any]:
+    """The metric under its name (``test_acc``, ``val_loss``) and the figures derived from it (perplexity)."""
+    out: dict[str, Any] = {task.metric_name: round(score, 6) if score is not None else None}
+    if task.derived_metrics is not None and score is not None:
+        out.update({k: round(v, 6) for k, v in task.derived_metrics(score).items()})
+    return out
 
 
 def _log_memory(ctx: Context, model: Any, optimizer: Any) -> None:
@@ -207,7 +226,7 @@ def _stopped(ctx: Context, task: Task, ckpt: Any, step: int, meter: Throughput, 
     return {
         "task": task.name, "world_size": ctx.world_size, "strategy": ctx.strategy.name, "precision": ctx.precision.effective,
         "steps": step, "samples_per_s": round(meter.samples_per_s, 2) if meter.samples_per_s else None,
-        "train_loss": round(last_loss, 6), "test_acc": None, "wall_s": round(time.perf_counter() - t0, 3), "preempted": True,
+        "train_loss": round(last_loss, 6), task.metric_name: None, "wall_s": round(time.perf_counter() - t0, 3), "preempted": True,
     }
 
 
