@@ -104,10 +104,10 @@ def test_activation_checkpointing_needs_blocks():
 
 
 # -- training -------------------------------------------------------------------------------------
-def train(strategy: str, batch: int, options: dict | None = None, task_args: dict | None = None, **switches) -> dict:
+def train(strategy: str, batch: int, options: dict | None = None, task_args: dict | None = None, switches: dict | None = None) -> dict:
     """``STEPS`` AdamW steps of ``batch`` windows per data-parallel rank: losses and final weights."""
     task = _task(**(task_args or {}))
-    ctx = dtrain.init(strategy, seed=0, **switches, **(options or {}))
+    ctx = dtrain.init(strategy, seed=0, **(switches or {}), **(options or {}))
     model = task.build_model()
     blocks = task.blocks(model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -163,7 +163,7 @@ def test_ddp_matches_one_process(reference):
 
 @pytest.mark.slow
 def test_fsdp_per_block_with_activation_checkpointing_matches_one_process(reference):
-    ranks = run_distributed(train, "fsdp", 8, None, None, activation_checkpointing=True, world_size=2, timeout=240)
+    ranks = run_distributed(train, "fsdp", 8, None, None, {"activation_checkpointing": True}, world_size=2, timeout=240)
     _assert_close(ranks[0], reference)
     _assert_close(ranks[1], reference)
 
@@ -180,14 +180,14 @@ def test_pipeline_split_per_block_matches_one_process():
 def test_activation_checkpointing_gives_the_same_loss(reference):
     # Recomputation runs the same operations on the same inputs: on CPU the results agree bit
     # for bit (tolerance 1e-6 leaves room for a kernel choosing another order on recompute).
-    _assert_close(train("single", 16, activation_checkpointing=True), reference, tol=1e-6)
+    _assert_close(train("single", 16, switches={"activation_checkpointing": True}), reference, tol=1e-6)
 
 
 @pytest.mark.slow
 def test_compile_gives_the_same_loss(reference):
     # Inductor fuses and reorders float operations (e.g. LayerNorm, softmax): the losses agree
     # to a few ulps per step, 1e-4 after 4 steps (a wrong graph would be off by > 1e-2).
-    _assert_close(train("single", 16, compile=True), reference, tol=1e-4)
+    _assert_close(train("single", 16, switches={"compile": True}), reference, tol=1e-4)
 
 
 @pytest.mark.slow
