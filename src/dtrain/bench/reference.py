@@ -40,6 +40,7 @@ def main(argv: list[str] | None = None) -> None:
     sampler = DistributedSampler(task.train_set, num_replicas=world, rank=rank, shuffle=True, seed=args.seed, drop_last=True)
     loader = DataLoader(task.train_set, batch_size=batch, sampler=sampler, drop_last=True)
     rec = Recorder(rank=rank, world_size=world, method=args.method, batch_size=batch, device=str(device))
+    rec.metric_name, rec.tokens_per_sample = task.metric_name, task.tokens_per_sample
     epoch = 0
 
     def batches():
