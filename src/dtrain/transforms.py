@@ -24,10 +24,6 @@ from torch.utils.checkpoint import checkpoint
 
 from .errors import ConfigError
 
-# Strategies whose wrapping torch.compile cannot go through (found by trying; see tests/test_lm.py).
-COMPILE_UNSUPPORTED: dict[str, str] = {}
-
-
 def apply_activation_checkpointing(blocks: Sequence[nn.Module]) -> int:
     """Recompute each block's forward in backward; returns how many blocks were changed."""
     done = 0
@@ -56,9 +52,10 @@ def compile_blocks(blocks: Sequence[nn.Module]) -> None:
 
 
 def check_options(strategy: str, *, compile: bool, activation_checkpointing: bool, has_blocks: bool) -> None:
-    """One-line errors for combinations that cannot work, before anything is built."""
-    if compile and strategy in COMPILE_UNSUPPORTED:
-        raise ConfigError(f"--compile does not work with --strategy {strategy} ({COMPILE_UNSUPPORTED[strategy]}); drop --compile or use another strategy.")
+    """One-line errors for combinations that cannot work, before anything is built. (--compile
+    composes with every strategy: single, dp, ddp, zero1, hvd, fsdp, hsdp and pipeline each
+    trained a compiled lm on torch 2.13 CPU; with activation checkpointing too for single,
+    ddp, fsdp, hsdp and pipeline.)"""
     if activation_checkpointing and not has_blocks:
         raise ConfigError(
             "--activation-checkpointing needs the model's blocks, and none were given; "
