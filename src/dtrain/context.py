@@ -18,7 +18,7 @@ import os
 import random
 import sys
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -28,7 +28,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from . import _check as check
-from . import strategies
+from . import strategies, transforms
 from ._log import note_once
 from .comm import CommSpec
 from .checkpoint import CheckpointManager, atomic_save, load_into, resolve, safe_load
@@ -59,6 +59,8 @@ def init(
     run_dir: str | None = None,
     comm: str | None = None,
     comm_warmup: int | None = None,
+    compile: bool = False,
+    activation_checkpointing: bool = False,
     **strategy_options: Any,
 ) -> Context:
     """Detect the world, join the process group and build the strategy.
@@ -72,6 +74,9 @@ def init(
     ``comm`` (default ``$DTRAIN_COMM`` or ``none``): how DDP's gradients travel, one of
     ``none, fp16, bf16, powersgd[:RANK], localsgd[:H], auto`` (see ``dtrain.comm``), after
     ``comm_warmup`` plain steps (default ``$DTRAIN_COMM_WARMUP``, else 10; auto: 8 measured steps).
+    ``compile``: ``torch.compile`` the model in ``ctx.setup`` (per block when blocks are given).
+    ``activation_checkpointing``: recompute each block's activations in backward (needs
+    ``ctx.setup(..., blocks=...)``). See ``dtrain.transforms`` for the order they are applied in.
     """
     _install_excepthook()
     _check_init_args(strategy, precision, seed, world, timeout_s, stall_timeout, debug, run_dir)
@@ -92,6 +97,7 @@ def init(
     if seed is not None:
         seed_everything(seed)
     ctx = Context(world=world, strategy=strat, precision=prec, seed=seed or 0, owns_group=owns_group, debug=debug)
+    ctx.compile, ctx.activation_checkpointing = bool(compile), bool(activation_checkpointing)
     if world.distributed and stall > 0:
         ctx._watchdog = Watchdog(
             ctx.tracker, rank=world.rank, size=world.size, timeout_s=stall,
@@ -279,6 +285,10 @@ class Context:
         self._end_of_data = False
         self._optimizers: list[DtrainOptimizer] = []
         self._modules: list[weakref.ref[DtrainModule]] = []
+        self.compile = False
+        """``torch.compile`` models in ``setup`` (``dtrain.init(compile=True)``)."""
+        self.activation_checkpointing = False
+        """Recompute blocks' activations in backward (``dtrain.init(activation_checkpointing=True)``)."""
 
     # -- topology ---------------------------------------------------------------------------
     @property
@@ -305,24 +315,28 @@ class Context:
         return f"Context(world={self.world}, strategy={self.strategy.name!r}, precision={self.precision.effective!r})"
 
     # -- setup ------------------------------------------------------------------------------
-    def setup(self, model: nn.Module, *optimizers: torch.optim.Optimizer, channels_last: bool = False, sync_bn: bool = False) -> Any:
+    def setup(self, model: nn.Module, *optimizers: torch.optim.Optimizer, channels_last: bool = False, sync_bn: bool = False,
+              blocks: Sequence[nn.Module] | None = None) -> Any:
         """Wrap the model (and optimizers) for the strategy and precision.
 
         Collective: call on every rank (DDP broadcasts rank 0's parameters). Returns the model
         alone, or ``(model, optimizer, ...)`` when optimizers are given. Build the optimizer
         from the original model's parameters before calling this. ``channels_last``: the model
         and its 4-D inputs in NHWC layout (conv nets); ``sync_bn``: BatchNorm statistics over
-        every rank's batch (SyncBatchNorm; GPU only, see ``dtrain.convnets``).
+        every rank's batch (SyncBatchNorm; GPU only, see ``dtrain.convnets``); ``blocks``: the
+        model's repeated blocks (transformer blocks, ResNet stages), the units of activation
+        checkpointing, compilation, fsdp wrapping and pipeline splitting.
         """
         _check_model("ctx.setup", model)
         for i, opt in enumerate(optimizers):
             _check_optimizer(f"ctx.setup(model, ...) argument {i + 2}", opt)
-        wrapped = self.setup_model(model, channels_last=channels_last, sync_bn=sync_bn)
+        wrapped = self.setup_model(model, channels_last=channels_last, sync_bn=sync_bn, blocks=blocks)
         if not optimizers:
             return wrapped
         return (wrapped, *(self.setup_optimizer(o, wrapped) for o in optimizers))
 
-    def setup_model(self, model: nn.Module, *, channels_last: bool = False, sync_bn: bool = False) -> DtrainModule:
+    def setup_model(self, model: nn.Module, *, channels_last: bool = False, sync_bn: bool = False,
+                    blocks: Sequence[nn.Module] | None = None) -> DtrainModule:
         """Collective: call on every rank."""
         _check_model("ctx.setup_model", model)
         if isinstance(model, DtrainModule):
@@ -331,16 +345,27 @@ class Context:
             model = apply_sync_bn(model, self.world, self.data_parallel_size)
         if channels_last:
             model = apply_channels_last(model, self.strategy)
+        blocks = list(blocks) if blocks is not None else []
+        transforms.check_options(self.strategy.name, compile=self.compile,
+                                 activation_checkpointing=self.activation_checkpointing, has_blocks=bool(blocks))
+        if self.activation_checkpointing:
+            transforms.apply_activation_checkpointing(blocks)
+        if self.compile and blocks:
+            transforms.compile_blocks(blocks)
         if self.debug and self.world.distributed:
             with torch.no_grad():
                 checksum = float(sum(p.detach().double().sum().item() for p in model.parameters()))
             check_same(self, "parameter checksum at setup", round(checksum, 6),
                        fix="build the model after dtrain.init(seed=...) so every rank starts alike")
+        # fsdp/hsdp wrap, pipeline splits at the blocks when the user chose no policy of their own.
+        kwargs = {"blocks": blocks} if blocks and getattr(self.strategy, "uses_blocks", False) else {}
         if self.world.distributed:  # DDP broadcasts rank 0's parameters: a rank can wait here
             with self._collective("setup (parameter broadcast)"):
-                inner = self.strategy.setup_model(model, self.world)
+                inner = self.strategy.setup_model(model, self.world, **kwargs)
         else:
-            inner = self.strategy.setup_model(model, self.world)
+            inner = self.strategy.setup_model(model, self.world, **kwargs)
+        if self.compile and not blocks:
+            inner.compile()  # the wrapped model whole (DDP: its graph split at buckets by DDPOptimizer)
         wrapped = DtrainModule(inner, self.strategy.unwrap(inner), self.precision, channels_last=channels_last)
         self._modules.append(weakref.ref(wrapped))
         return wrapped

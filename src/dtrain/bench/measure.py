@@ -36,6 +36,10 @@ class Recorder:
     comm_bytes_per_step: float | None = None
     final_loss: float | None = None
     test_acc: float | None = None
+    """The task's metric on its test set (named ``metric_name``: test_acc, or lm's val_loss)."""
+    metric_name: str = "test_acc"
+    tokens_per_sample: int | None = None
+    """Tokens per sample of a sequence task (lm): the report adds tokens/s."""
     peak_mem_mib: float | None = None
     replicas: int | None = None
     """Ranks that read their own samples (the world size, but 1 under pipeline)."""

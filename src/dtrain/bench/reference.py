@@ -43,6 +43,7 @@ def main(argv: list[str] | None = None) -> None:
     workers = args.num_workers if args.num_workers is not None else default_num_workers(task.train_set, local)
     loader = DataLoader(task.train_set, batch_size=batch, sampler=sampler, drop_last=True, **loader_options(workers, device))
     rec = Recorder(rank=rank, world_size=world, method=args.method, batch_size=batch, device=str(device))
+    rec.metric_name, rec.tokens_per_sample = task.metric_name, task.tokens_per_sample
     epoch = 0
 
     def batches():

@@ -71,7 +71,9 @@ def summarise(run: MethodRun, baseline_sps: float | None) -> dict[str, Any]:
         mem_kind=last[0]["mem_kind"],
         comm_bytes_per_step=last[0]["comm_bytes_per_step"],
         final_loss=round(last[0]["final_loss"], 5) if last[0]["final_loss"] is not None else None,
-        test_acc=round(last[0]["test_acc"], 4) if last[0]["test_acc"] is not None else None,
+        metric_name=last[0].get("metric_name", "test_acc"),
+        **{last[0].get("metric_name", "test_acc"): round(last[0]["test_acc"], 4) if last[0]["test_acc"] is not None else None},
+        tokens_per_s=round(sps * last[0]["tokens_per_sample"], 1) if last[0].get("tokens_per_sample") else None,
         threads_per_process=last[0]["threads"],
         loss_curve=last[0]["loss_curve"],
     )
@@ -119,8 +121,12 @@ def markdown(report: dict[str, Any]) -> str:
             f"{env['date']} · torch {env['torch']} · {env['backend']} · {env['cpu']} ({env['cpu_count']} cores)"
             f"{' · ' + env['gpu'] if env['gpu'] else ''} · {cfg['threads']} thread(s)/process · "
             f"{cfg['warmup']} warm-up + {cfg['repeats']}x{cfg['steps']} measured steps x {cfg['rounds']} round(s)\n\n")
-    cols = ["method", "procs", "samples/s", "scaling eff.", "step p50 ms", "step p90 ms", "data ms", "fwd+bwd ms",
-            "optim ms", "exposed comm ms", "peak mem MiB/rank", "state MiB/rank", "comm MiB/step", "final loss", "test acc"]
+    ok = [m for m in report["methods"] if "error" not in m]
+    metric = ok[0]["metric_name"] if ok else "test_acc"
+    tokens = any(m.get("tokens_per_s") for m in ok)  # sequence tasks (lm): tokens/s beside samples/s
+    cols = ["method", "procs", "samples/s", *(["tokens/s"] if tokens else []), "scaling eff.", "step p50 ms", "step p90 ms",
+            "data ms", "fwd+bwd ms", "optim ms", "exposed comm ms", "peak mem MiB/rank", "state MiB/rank", "comm MiB/step",
+            "final loss", metric.replace("_", " ")]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for m in report["methods"]:
         if "error" in m:
@@ -129,11 +135,12 @@ def markdown(report: dict[str, Any]) -> str:
         b = m["breakdown_ms"]
         eff = "-" if m["scaling_efficiency"] is None else f"{m['scaling_efficiency']:.2f}"
         lines.append("| " + " | ".join(str(x) for x in (
-            m["method"], m["processes"], f"{m['samples_per_s']:.1f}", eff, f"{m['step_time_ms_p50']:.2f}",
+            m["method"], m["processes"], f"{m['samples_per_s']:.1f}", *([f"{m['tokens_per_s']:.0f}"] if tokens else []),
+            eff, f"{m['step_time_ms_p50']:.2f}",
             f"{m['step_time_ms_p90']:.2f}", f"{b['data_wait']:.2f}", f"{b['forward_backward']:.2f}", f"{b['optimizer']:.2f}",
             f"{b['exposed_comm']:.2f}", "/".join(f"{x:.0f}" for x in m["peak_mem_mib_per_rank"]),
             "/".join("-" if x is None else f"{x:.2f}" for x in m.get("state_mib_per_rank", [])),
-            _mib(m["comm_bytes_per_step"]), m["final_loss"], m["test_acc"])) + " |")
+            _mib(m["comm_bytes_per_step"]), m["final_loss"], m.get(metric))) + " |")
     notes = ("\nsamples/s: median over repeats of (samples of all ranks / slowest rank's time). Scaling efficiency: "
              "samples/s / (processes x samples/s of `single`). Exposed comm: backward's extra time over the same step "
              "without gradient sync, plus time waiting for gradients in the optimizer. Peak memory: "

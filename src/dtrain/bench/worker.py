@@ -33,13 +33,14 @@ def measure(ctx: dtrain.Context, task, args) -> Recorder:
     batch = args.batch_size or task.batch_size
     model = task.new_model()
     optimizer = make_optimizer(task.optimizer, model.parameters(), args.lr or task.lr)
-    model, optimizer = ctx.setup(model, optimizer)
+    model, optimizer = ctx.setup(model, optimizer, blocks=task.blocks(model) if task.blocks else None)
     workers = args.num_workers if args.num_workers is not None else default_num_workers(task.train_set, ctx.world.local_size)
     loader = ctx.setup_dataloader(DataLoader(task.train_set, batch_size=batch, shuffle=True, drop_last=True, **loader_options(workers, ctx.device)))
     batches = forever(loader)
     inner = optimizer.optimizer
     synchronize = getattr(inner, "synchronize", None)  # hvd: gradients are waited for here
     rec = Recorder(rank=ctx.rank, world_size=ctx.world_size, method=args.method, batch_size=batch, device=str(ctx.device))
+    rec.metric_name, rec.tokens_per_sample = task.metric_name, task.tokens_per_sample
     rec.replicas = ctx.data_parallel_size
     model.train()
 

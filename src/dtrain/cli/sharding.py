@@ -21,8 +21,8 @@ _FLAGS: dict[str, tuple[str, tuple[str, ...]]] = {
 def add_sharding_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("sharded and pipeline strategies")
     g.add_argument("--fsdp-wrap", default=None, metavar="POLICY",
-                   help="fsdp/hsdp units: size:N (submodules of >= N parameters, default size:1000000), "
-                        "CLASS[,CLASS] (e.g. Linear), or none")
+                   help="fsdp/hsdp units: size:N (submodules of >= N parameters), CLASS[,CLASS] (e.g. Linear), "
+                        "or none (default: the task's blocks, else size:1000000)")
     g.add_argument("--fsdp-offload", action="store_true", default=None,
                    help="fsdp/hsdp: keep sharded parameters, gradients and optimizer state in CPU memory (GPU runs)")
     g.add_argument("--hsdp-shard-size", type=int, default=None, metavar="N",
@@ -30,7 +30,7 @@ def add_sharding_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--pipeline-schedule", default=None, choices=("gpipe", "1f1b"), help="pipeline schedule (default 1f1b)")
     g.add_argument("--microbatches", type=int, default=None, metavar="M", help="pipeline: micro-batches per batch (default 4)")
     g.add_argument("--split-points", default=None, metavar="NAME[,NAME]",
-                   help="pipeline: names of the nn.Sequential layers that begin stages 1, 2, ... (default: balanced)")
+                   help="pipeline: names of the nn.Sequential layers that begin stages 1, 2, ... (default: the task's blocks split evenly, else balanced by parameters)")
 
 
 def strategy_options(args: argparse.Namespace) -> dict[str, Any]:

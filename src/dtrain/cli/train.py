@@ -17,9 +17,9 @@ from .sharding import add_sharding_args, strategy_options
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="train a built-in or your own task", description=__doc__)
     g = p.add_argument_group("what to train")
-    g.add_argument("--task", default="digits", help="digits (default), images, mnist, synthetic, or MODULE:FUNCTION")
+    g.add_argument("--task", default="digits", help="digits (default), images, lm, mnist, synthetic, or MODULE:FUNCTION")
     g.add_argument("--task-arg", action="append", default=[], metavar="KEY=VALUE", help="option for the task function (repeatable)")
-    g.add_argument("--data-dir", default=None, help="folder with the task's data files (mnist: the IDX files; images: DIR/train/CLASS/*.jpg)")
+    g.add_argument("--data-dir", default=None, help="folder with the task's data files (mnist: the IDX files; images: DIR/train/CLASS/*.jpg; lm: a text file or folder, default the Python stdlib)")
     g.add_argument("--strategy", default="auto", help="single, ddp, dp, hvd, zero1, fsdp, hsdp or pipeline (default: ddp on several processes)")
     g.add_argument("--precision", default="fp32", help="fp32 (default), bf16-mixed, fp16-mixed")
     g.add_argument("--epochs", type=int, default=None, help="passes over the data (default: the task's)")
@@ -40,6 +40,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--keep", type=int, default=3, help="checkpoints to keep, newest first (default 3)")
     g.add_argument("--resume", action="store_true", help="continue from the newest valid checkpoint in --checkpoint-dir")
     g.add_argument("--async-save", action="store_true", help="write checkpoints in the background (the copy to host memory blocks)")
+    g.add_argument("--compile", action="store_true", help="torch.compile the model (per block when the task has blocks; slow first steps)")
+    g.add_argument("--activation-checkpointing", action="store_true",
+                   help="recompute each block's activations in backward: less memory, ~1/3 more compute (tasks with blocks, e.g. lm)")
     add_sharding_args(p)
     add_comm_args(p)
     add_launch_args(p)
@@ -64,7 +67,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         seed=args.seed, log_every=args.log_every, metrics_file=args.metrics_file,
         checkpoint_dir=args.checkpoint_dir, save_every=args.save_every, device=args.device,
         num_workers=args.num_workers, channels_last=args.channels_last, sync_bn=args.sync_bn, keep=args.keep, resume=args.resume, async_save=args.async_save,
-        comm=args.comm, comm_warmup=args.comm_warmup,
+        comm=args.comm, comm_warmup=args.comm_warmup, compile=args.compile,
+        activation_checkpointing=args.activation_checkpointing,
     )
 
 
@@ -74,6 +78,7 @@ def validate(cfg: TrainConfig) -> None:
     from ..comm import CommSpec
     from ..convnets import check_channels_last
     from ..precision import Precision
+    from ..transforms import check_options
 
     comm = CommSpec.parse(cfg.comm, warmup=cfg.comm_warmup)
     if comm.kind != "none" and cfg.strategy not in ("auto", "ddp"):
@@ -82,7 +87,9 @@ def validate(cfg: TrainConfig) -> None:
     if cfg.channels_last and strategy is not None:
         check_channels_last(strategy)
     Precision.resolve(cfg.precision, World.detect(device=cfg.device).device)
-    load_task(cfg.task, data_dir=cfg.data_dir, options=cfg.task_args)
+    task = load_task(cfg.task, data_dir=cfg.data_dir, options=cfg.task_args)
+    check_options(cfg.strategy, compile=cfg.compile, activation_checkpointing=cfg.activation_checkpointing,
+                  has_blocks=task.blocks is not None)
 
 
 def main(args: argparse.Namespace) -> int:

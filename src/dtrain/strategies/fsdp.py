@@ -29,8 +29,9 @@ from . import register
 
 @dataclass(frozen=True, kw_only=True)
 class FSDPConfig:
-    wrap: str = "size:1000000"
+    wrap: str | None = None
     """Which submodules become their own FSDP unit (all-gathered one at a time):
+    None (default) -- the model's blocks when ``ctx.setup`` is given them, else ``size:1000000``;
     ``size:N`` -- every submodule holding at least N parameters not already in a unit;
     ``CLASS[,CLASS...]`` -- every submodule of these class names (e.g. ``Block`` or ``Linear``);
     ``none`` -- only the whole model (one all-gather of everything: the least memory saved)."""
@@ -44,7 +45,8 @@ class FSDPConfig:
     """hsdp only: ranks a parameter is sharded over (default: the processes of one node)."""
 
     def __post_init__(self) -> None:
-        parse_wrap(self.wrap)
+        if self.wrap is not None:
+            parse_wrap(self.wrap)
         if self.shard_size is not None and self.shard_size < 1:
             raise ConfigError(f"shard_size must be >= 1, got {self.shard_size}.")
 
@@ -100,8 +102,13 @@ def _post_order(module: nn.Module) -> Iterator[nn.Module]:
     yield module
 
 
-def apply_fully_shard(model: nn.Module, mesh: DeviceMesh, config: FSDPConfig, device: torch.device) -> nn.Module:
-    """``fully_shard`` every unit of the wrap policy, then the root; returns the same module."""
+DEFAULT_WRAP = "size:1000000"
+
+
+def apply_fully_shard(model: nn.Module, mesh: DeviceMesh, config: FSDPConfig, device: torch.device,
+                      blocks: list[nn.Module] | None = None) -> nn.Module:
+    """``fully_shard`` every unit of the wrap policy (no policy: each of ``blocks``, as
+    torchtitan shards each transformer block), then the root; returns the same module."""
     from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 
     if config.offload and device.type == "cpu":
@@ -112,7 +119,8 @@ def apply_fully_shard(model: nn.Module, mesh: DeviceMesh, config: FSDPConfig, de
     # fit on the device (torch/distributed/fsdp/_fully_shard/_fsdp_init.py, _move_states_to_device).
     if not config.offload or device.type == "cpu":
         model = model.to(device)
-    for unit in units(model, config.wrap):
+    chosen = list(blocks) if config.wrap is None and blocks else units(model, config.wrap or DEFAULT_WRAP)
+    for unit in chosen:
         fully_shard(unit, mesh=mesh, reshard_after_forward=config.reshard_after_forward, offload_policy=offload)
     fully_shard(model, mesh=mesh, reshard_after_forward=config.reshard_after_forward, offload_policy=offload)
     return model
@@ -131,12 +139,12 @@ class _ShardedStrategy:
         self._replaced: dict[int, nn.Parameter] = {}
         """id of a parameter before fully_shard -> the sharded parameter that replaced it."""
 
-    def setup(self, model: nn.Module, world: World, mesh: DeviceMesh) -> nn.Module:
+    def setup(self, model: nn.Module, world: World, mesh: DeviceMesh, blocks: list[nn.Module] | None = None) -> nn.Module:
         if not any(p.requires_grad for p in model.parameters()):
             raise ConfigError(f"{self.name}: the model has no trainable parameters; nothing to shard.")
         _check_no_buffers_sync(model, self.name)
         before = dict(model.named_parameters())
-        model = apply_fully_shard(model, mesh, self.config, world.device)
+        model = apply_fully_shard(model, mesh, self.config, world.device, blocks)
         after = dict(model.named_parameters())
         self._replaced.update({id(p): after[name] for name, p in before.items()})
         return model
@@ -179,6 +187,8 @@ class FSDPStrategy:
     """Every forward all-gathers parameters: ranks must run the same number (ctx.evaluate pads)."""
     sharded_checkpoint = True
     """Checkpoints are saved by every rank through torch.distributed.checkpoint."""
+    uses_blocks = True
+    """``setup_model`` takes ``blocks=``: the FSDP units when no wrap policy is given."""
 
     def __init__(self, config: FSDPConfig | None = None, **options) -> None:
         self.config = config or FSDPConfig(**options)
@@ -186,12 +196,12 @@ class FSDPStrategy:
             raise ConfigError("shard_size is an hsdp option; use --strategy hsdp, or drop it for fsdp.")
         self._impl = _ShardedStrategy(self.name, self.config)
 
-    def setup_model(self, model: nn.Module, world: World) -> nn.Module:
+    def setup_model(self, model: nn.Module, world: World, blocks: list[nn.Module] | None = None) -> nn.Module:
         if not world.distributed:
             note_once("fsdp with one process: nothing to shard; running the model as it is.")
             return model.to(world.device)
         mesh = init_device_mesh(world.device.type, (world.size,), mesh_dim_names=("shard",))
-        return self._impl.setup(model, world, mesh)
+        return self._impl.setup(model, world, mesh, blocks)
 
     def setup_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module) -> torch.optim.Optimizer:
         return self._impl.setup_optimizer(optimizer)
@@ -211,6 +221,7 @@ class HSDPStrategy:
     name = "hsdp"
     collective_forward = True
     sharded_checkpoint = True
+    uses_blocks = True
 
     def __init__(self, config: FSDPConfig | None = None, **options) -> None:
         self.config = config or FSDPConfig(**options)
@@ -226,7 +237,7 @@ class HSDPStrategy:
             )
         return world.size // shard, shard
 
-    def setup_model(self, model: nn.Module, world: World) -> nn.Module:
+    def setup_model(self, model: nn.Module, world: World, blocks: list[nn.Module] | None = None) -> nn.Module:
         if not world.distributed:
             note_once("hsdp with one process: nothing to shard; running the model as it is.")
             return model.to(world.device)
@@ -236,7 +247,7 @@ class HSDPStrategy:
         except (RuntimeError, NotImplementedError, ValueError) as exc:  # a backend without 2-D meshes
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise ConfigError(f"hsdp: torch cannot build a {shape[0]}x{shape[1]} device mesh on backend {world.backend} ({first}); use --strategy fsdp.") from None
-        return self._impl.setup(model, world, mesh)
+        return self._impl.setup(model, world, mesh, blocks)
 
     def setup_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module) -> torch.optim.Optimizer:
         return self._impl.setup_optimizer(optimizer)

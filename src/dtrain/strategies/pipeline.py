@@ -40,7 +40,9 @@ class PipelineConfig:
     """Micro-batches per batch; the batch size must be a multiple. More: a smaller bubble."""
     split_points: tuple[str, ...] | None = None
     """Names of the ``nn.Sequential`` children that begin stages 1, 2, ... (e.g. ``("3",)``);
-    default: stages balanced by parameter count."""
+    default: the model's blocks (given to ``ctx.setup``) split evenly over the stages, the
+    layers before the first block in the first stage and those after the last in the last;
+    without blocks, stages balanced by parameter count."""
 
     def __post_init__(self) -> None:
         if self.schedule not in SCHEDULES:
@@ -79,7 +81,24 @@ def stage_bounds(model: nn.Sequential, stages: int, split_points: tuple[str, ...
     return bounds
 
 
-def build_stage(model: nn.Module, world: World, config: PipelineConfig) -> nn.Sequential:
+def block_bounds(model: nn.Sequential, stages: int, blocks: list[nn.Module]) -> list[tuple[int, int]] | None:
+    """[start, end) child indices of each stage, cut only between blocks, with the blocks split
+    evenly (as torchtitan splits a transformer's layers); None when the blocks are not children
+    of ``model`` (then the parameter-balanced default applies)."""
+    children = list(model.children())
+    index = {id(c): i for i, c in enumerate(children)}
+    at = sorted(index[id(b)] for b in blocks if id(b) in index)
+    if len(at) != len(blocks) or not at:
+        return None
+    if len(at) < stages:
+        raise ConfigError(f"pipeline: the model has {len(at)} block(s), fewer than the {stages} stages (one per process); "
+                          "use fewer processes or a deeper model.")
+    starts = [at[len(at) * s // stages] for s in range(1, stages)]
+    edges = [0, *starts, len(children)]
+    return list(zip(edges[:-1], edges[1:]))
+
+
+def build_stage(model: nn.Module, world: World, config: PipelineConfig, blocks: list[nn.Module] | None = None) -> nn.Sequential:
     """This rank's stage: the children of its range, under their original names (so state dict
     keys match the whole model's and checkpoints load on any layout)."""
     if not isinstance(model, nn.Sequential):
@@ -87,9 +106,27 @@ def build_stage(model: nn.Module, world: World, config: PipelineConfig) -> nn.Se
             f"pipeline: the model is a {type(model).__name__}, not an nn.Sequential; "
             "write it as nn.Sequential(layer, ...) so it can be cut into stages."
         )
-    start, end = stage_bounds(model, world.size, config.split_points)[world.rank]
-    children = list(model.named_children())[start:end]
-    return nn.Sequential(OrderedDict(children)).to(world.device)
+    bounds = block_bounds(model, world.size, blocks) if blocks and config.split_points is None else None
+    bounds = bounds or stage_bounds(model, world.size, config.split_points)
+    start, end = bounds[world.rank]
+    children = list(model.named_children())
+    _check_untied(children, bounds)
+    return nn.Sequential(OrderedDict(children[start:end])).to(world.device)
+
+
+def _check_untied(children: list[tuple[str, nn.Module]], bounds: list[tuple[int, int]]) -> None:
+    """A parameter shared by layers of two stages (tied weights) would become two copies
+    trained apart; refuse it rather than train something else than the model."""
+    owner: dict[int, tuple[int, str]] = {}
+    for stage, (start, end) in enumerate(bounds):
+        for name, child in children[start:end]:
+            for pname, p in child.named_parameters():
+                seen = owner.setdefault(id(p), (stage, f"{name}.{pname}"))
+                if seen[0] != stage:
+                    raise ConfigError(
+                        f"pipeline: parameter {seen[1]} (stage {seen[0]}) is shared with {name}.{pname} (stage {stage}); "
+                        "tied weights cannot span stages: untie them (task lm: --task-arg tie=false)."
+                    )
 
 
 @register("pipeline")
@@ -97,6 +134,8 @@ class PipelineStrategy:
     name = "pipeline"
     sharded_checkpoint = True
     """Each rank saves its own stage through torch.distributed.checkpoint."""
+    uses_blocks = True
+    """``setup_model`` takes ``blocks=``: the stages are cut between them when no split points are given."""
 
     def __init__(self, config: PipelineConfig | None = None, **options: Any) -> None:
         self.config = config or PipelineConfig(**options)
@@ -106,11 +145,11 @@ class PipelineStrategy:
         self._loss_fn: Callable | None = None
 
     # -- the strategy protocol ---------------------------------------------------------------
-    def setup_model(self, model: nn.Module, world: World) -> nn.Module:
+    def setup_model(self, model: nn.Module, world: World, blocks: list[nn.Module] | None = None) -> nn.Module:
         self._world = world
         if not world.distributed:
             note_once("pipeline with one process: one stage, the whole model; no micro-batch schedule.")
-        self._stage_module = build_stage(model, world, self.config)
+        self._stage_module = build_stage(model, world, self.config, blocks)
         return self._stage_module
 
     def setup_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module) -> torch.optim.Optimizer:

@@ -14,6 +14,7 @@ one, each rank keeps the state of its own partition.
 from __future__ import annotations
 
 import contextlib
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -50,6 +51,11 @@ def shard_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
     first = groups[0]
     defaults = {k: v for k, v in optimizer.defaults.items() if k != "params"}
     settings = {k: first.get(k, v) for k, v in defaults.items()}  # not e.g. a scheduler's initial_lr
+    # A default the constructor does not take (AdamW's decoupled_weight_decay, fixed by the
+    # class itself) would fail the rebuild; keep only what __init__ accepts.
+    accepted = inspect.signature(type(optimizer).__init__).parameters
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values()):
+        settings = {k: v for k, v in settings.items() if k in accepted}
     zero = ZeroRedundancyOptimizer(first["params"], optimizer_class=type(optimizer), **settings)
     for group in groups[1:]:
         zero.add_param_group(group)

@@ -1,8 +1,9 @@
 """Tasks: a model, its data sets, its loss and its metric, as one value.
 
 Built-ins: ``digits`` (scikit-learn's bundled handwritten digits; needs no files), ``images``
-(a torchvision model on an image folder, or on synthetic images), ``mnist`` (the IDX files from
-``--data-dir``) and ``synthetic`` (random tensors, for throughput). A
+(a torchvision model on an image folder, or on synthetic images), ``lm`` (a GPT-style byte-level
+language model on text files, by default the Python standard library's sources), ``mnist`` (the
+IDX files from ``--data-dir``) and ``synthetic`` (random tensors, for throughput). A
 user's own task is ``MODULE:FUNCTION``: a function returning a ``Task`` (or a dict of its
 fields); it may take ``data_dir`` and any ``--task-arg KEY=VALUE`` as keyword arguments.
 """
@@ -41,7 +42,16 @@ class Task:
     test_set: Dataset | None = None
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = nn.functional.cross_entropy
     metric: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = accuracy
-    """Per-sample score on the test set (default: accuracy); reported as ``test_acc``."""
+    """Per-sample score on the test set (default: accuracy); reported as ``metric_name``."""
+    metric_name: str = "test_acc"
+    """The result record's name for the mean of ``metric`` (e.g. ``val_loss``)."""
+    derived_metrics: Callable[[float], dict[str, float]] | None = None
+    """Figures computed from the metric's value for the result record (lm: perplexity)."""
+    tokens_per_sample: int | None = None
+    """Tokens in one sample (sequence models): the record then also gives ``tokens_per_s``."""
+    blocks: Callable[[nn.Module], list[nn.Module]] | None = None
+    """The model's repeated blocks (transformer blocks, ResNet stages): the units of activation
+    checkpointing, FSDP wrapping and pipeline splitting. None: the strategy's own default."""
     optimizer: str = "sgd"
     """Default optimizer: one of ``OPTIMIZERS``."""
     lr: float = 0.01
@@ -91,7 +101,7 @@ def make_optimizer(name: str, params, lr: float) -> torch.optim.Optimizer:
     return OPTIMIZERS[name](params, lr)
 
 
-BUILTIN = ("digits", "images", "mnist", "synthetic")
+BUILTIN = ("digits", "images", "lm", "mnist", "synthetic")
 
 
 def load_task(spec: str, *, data_dir: str | None = None, options: dict[str, str] | None = None) -> Task:

@@ -53,6 +53,10 @@ class TrainConfig:
     """How DDP's gradients travel (``--comm``): none, fp16, bf16, powersgd[:RANK], localsgd[:H], auto."""
     comm_warmup: int | None = None
     """Plain all-reduce steps before the ``comm`` method starts (``--comm-warmup``; default 10)."""
+    compile: bool = False
+    """``torch.compile`` the model (``--compile``; per block when the task declares blocks)."""
+    activation_checkpointing: bool = False
+    """Recompute each block's activations in backward (``--activation-checkpointing``)."""
 
     def __post_init__(self) -> None:
         positive = {"--epochs": self.epochs, "--max-steps": self.max_steps, "--batch-size": self.batch_size,

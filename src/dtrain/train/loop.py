@@ -61,7 +61,8 @@ def _run(cfg: TrainConfig, world: World | None) -> dict[str, Any]:
     check_accum(batch, cfg.grad_accum)
     ctx = init(
         cfg.strategy, cfg.precision, seed=cfg.seed, world=world,
-        comm=cfg.comm, comm_warmup=cfg.comm_warmup, **cfg.strategy_options,
+        comm=cfg.comm, comm_warmup=cfg.comm_warmup, compile=cfg.compile,
+        activation_checkpointing=cfg.activation_checkpointing, **cfg.strategy_options,
     )
     try:
         return _train(ctx, cfg, task, batch, t0)
@@ -74,7 +75,8 @@ def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) ->
     if ctx.is_main:
         print(render_summary(model), flush=True)
     optimizer = make_optimizer(cfg.optimizer or task.optimizer, model.parameters(), cfg.lr or task.lr)
-    model, optimizer = ctx.setup(model, optimizer, channels_last=cfg.channels_last, sync_bn=cfg.sync_bn)
+    model, optimizer = ctx.setup(model, optimizer, channels_last=cfg.channels_last, sync_bn=cfg.sync_bn,
+                                 blocks=task.blocks(model) if task.blocks else None)
     workers = cfg.num_workers if cfg.num_workers is not None else default_num_workers(task.train_set, ctx.world.local_size)
     loader = ctx.setup_dataloader(
         DataLoader(task.train_set, batch_size=batch, shuffle=True, drop_last=True, **loader_options(workers, ctx.device))
@@ -143,6 +145,7 @@ def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) ->
                 window_steps = 0
                 record = {"step": step, "epoch": epoch, "train_loss": last_loss, "samples_per_s": _rate(meter, step - start_step, batch, ctx),
                           "data_wait_ms": wait.window_median_ms(), "wall_s": round(time.perf_counter() - t0, 3)}
+                record.update(_tokens(task, record["samples_per_s"]))
                 if progress:
                     progress.update(step, {"loss": last_loss, "samples_per_s": record["samples_per_s"]})
                 if sink:
@@ -172,12 +175,13 @@ def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) ->
         ckpt.wait()
         if ctx.is_main:
             logger.info(f"checkpoints: training was held {save_block_s:.3f} s by saves ({'asynchronous' if cfg.async_save else 'synchronous'})")
-    test_acc = None
+    score = None
     if task.test_set is not None:
-        test_acc = ctx.evaluate(model, task.test_set, task.metric, batch_size=max(256, batch))["metric"]
+        score = ctx.evaluate(model, task.test_set, task.metric, batch_size=max(256, batch))["metric"]
     if sink:
         sink.close()
     data = _data_record(ctx, task, wait, meter, workers)
+    sps = round(meter.samples_per_s, 2) if meter.samples_per_s else None
     return {
         "task": task.name,
         "world_size": ctx.world_size,
@@ -185,9 +189,10 @@ def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) ->
         "precision": ctx.precision.effective,
         **_comm_record(ctx),
         "steps": step,
-        "samples_per_s": round(meter.samples_per_s, 2) if meter.samples_per_s else None,
+        "samples_per_s": sps,
+        **_tokens(task, sps),
         "train_loss": round(last_loss, 6),
-        "test_acc": round(test_acc, 6) if test_acc is not None else None,
+        **_scores(task, score),
         **data,
         "wall_s": round(time.perf_counter() - t0, 3),
     }
@@ -239,6 +244,21 @@ def _worker_hint(workers: int) -> str:
     return f"try --num-workers {more}"
 
 
+def _tokens(task: Task, samples_per_s: float | None) -> dict[str, Any]:
+    """``tokens_per_s`` for sequence tasks (``Task.tokens_per_sample``); nothing for others."""
+    if task.tokens_per_sample is None:
+        return {}
+    return {"tokens_per_s": round(samples_per_s * task.tokens_per_sample, 1) if samples_per_s else None}
+
+
+def _scores(task: Task, score: float | None) -> dict[str, Any]:
+    """The metric under its name (``test_acc``, ``val_loss``) and the figures derived from it (perplexity)."""
+    out: dict[str, Any] = {task.metric_name: round(score, 6) if score is not None else None}
+    if task.derived_metrics is not None and score is not None:
+        out.update({k: round(v, 6) for k, v in task.derived_metrics(score).items()})
+    return out
+
+
 def _log_memory(ctx: Context, model: Any, optimizer: Any) -> None:
     """Every rank's parameter, gradient and optimizer-state bytes, after the first step (when
     gradients and optimizer state exist), logged by rank 0. Collective: call on every rank."""
@@ -269,7 +289,7 @@ def _stopped(ctx: Context, task: Task, ckpt: Any, step: int, meter: Throughput, 
     return {
         "task": task.name, "world_size": ctx.world_size, "strategy": ctx.strategy.name, "precision": ctx.precision.effective,
         "steps": step, "samples_per_s": round(meter.samples_per_s, 2) if meter.samples_per_s else None,
-        "train_loss": round(last_loss, 6), "test_acc": None, "wall_s": round(time.perf_counter() - t0, 3), "preempted": True,
+        "train_loss": round(last_loss, 6), task.metric_name: None, "wall_s": round(time.perf_counter() - t0, 3), "preempted": True,
     }
 
 
