@@ -82,7 +82,8 @@ def _mtime(path: str) -> float:
         return 0.0
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists on this host (signal 0 probes without sending)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -93,7 +94,7 @@ def _alive(pid: int) -> bool:
 
 
 def _stale(holder: Holder | None, me: Holder) -> bool:
-    return holder is None or (holder.host == me.host and not _alive(holder.pid))
+    return holder is None or (holder.host == me.host and not pid_alive(holder.pid))
 
 
 def _refusal(folder: str, path: str, holder: Holder) -> CheckpointError:

@@ -26,6 +26,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from ..checkpoint.lock import pid_alive
 from ..errors import DtrainError
 
 LAUNCHER_PID_ENV = "DTRAIN_LAUNCHER_PID"
@@ -86,7 +87,7 @@ def bind_to_launcher() -> None:
         return
     launch_dir = os.environ.get(LAUNCH_DIR_ENV)
     bound = _set_pdeathsig(signal.SIGKILL)
-    if not _alive(launcher) or (launch_dir and os.path.exists(os.path.join(launch_dir, STOP_MARKER))):
+    if not pid_alive(launcher) or (launch_dir and os.path.exists(os.path.join(launch_dir, STOP_MARKER))):
         _quiet_exit(128 + signal.SIGTERM)  # launcher gone (before prctl) or stopping: do no work
     if not bound or os.getppid() != launcher:
         threading.Thread(target=_watch_launcher, args=(launcher,), name="dtrain-launcher-watch", daemon=True).start()
@@ -105,18 +106,8 @@ def _set_pdeathsig(sig: int) -> bool:
         return False
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _watch_launcher(pid: int) -> None:
-    while _alive(pid):
+    while pid_alive(pid):
         time.sleep(0.5)
     os.kill(os.getpid(), signal.SIGKILL)
 
