@@ -6,8 +6,8 @@
     loader = ctx.setup_dataloader(loader)
 """
 
+from ._version import __version__
 from .context import Context, DtrainModule, DtrainOptimizer
-from .startup import init, seed_everything
 from .errors import (
     CheckpointError,
     CollectiveMismatch,
@@ -18,10 +18,9 @@ from .errors import (
     StallError,
 )
 from .precision import Precision
+from .startup import init, seed_everything
 from .tasks import Task
 from .world import World
-
-__version__ = "0.1.0"
 
 __all__ = [
     "CheckpointError",

@@ -60,16 +60,22 @@ def interface_addresses() -> dict[str, list[str]]:
     return out
 
 
+def interface_of(local: str) -> str | None:
+    """The interface that holds the local address ``local`` (None: no such interface)."""
+    want = ipaddress.ip_address(local.split("%")[0])
+    for name, addresses in interface_addresses().items():
+        if any(ipaddress.ip_address(a) == want for a in addresses):
+            return name
+    return None
+
+
 def route_interface(addr: str) -> tuple[str, str] | None:
     """(interface, local address) that routes to ``addr``, or None when unknown."""
     local = source_address(addr)
     if local is None:
         return None
-    want = ipaddress.ip_address(local.split("%")[0])
-    for name, addresses in interface_addresses().items():
-        if any(ipaddress.ip_address(a) == want for a in addresses):
-            return name, local
-    return None
+    name = interface_of(local)
+    return (name, local) if name is not None else None
 
 
 def is_loopback(addr: str) -> bool:

@@ -234,7 +234,7 @@ def _versions() -> dict[str, str]:
     import platform
     import socket
 
-    from . import __version__
+    from ._version import __version__
 
     return {"dtrain": __version__, "torch": torch.__version__, "python": platform.python_version(), "host": socket.gethostname()}
 

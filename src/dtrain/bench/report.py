@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from .. import __version__
+from .._version import __version__
 from .measure import PHASES
 from .runner import BenchConfig, MethodRun
 

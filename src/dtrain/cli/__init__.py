@@ -27,7 +27,7 @@ class Parser(argparse.ArgumentParser):
 def build_parser() -> Parser:
     import importlib
 
-    from .. import __version__
+    from .._version import __version__
 
     parser = Parser(prog="dtrain", description="Train PyTorch models on many processes and machines, and measure how.")
     parser.add_argument("--version", action="version", version=f"dtrain {__version__}")

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from .. import __version__
+from .. import netif
+from .._version import __version__
 from ..errors import DtrainError
 
 
@@ -85,36 +86,16 @@ def check_env(env: dict[str, str]) -> Check:
     return Check("environment", "PASS", shown)
 
 
-def local_address_towards(addr: str) -> str:
-    """The source address this host uses to reach ``addr`` (what peers will see)."""
-    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
-    with socket.socket(family, socket.SOCK_DGRAM) as s:
-        s.connect((addr, 9))  # UDP: no packet is sent; the kernel only picks a route
-        return s.getsockname()[0]
-
-
-def interface_of(ip: str) -> str | None:
-    try:
-        import psutil
-    except ImportError:
-        return None
-    for name, addrs in psutil.net_if_addrs().items():
-        if any(a.address.split("%")[0] == ip for a in addrs):
-            return name
-    return None
-
-
 def check_network(cfg: DoctorConfig) -> Check:
     addr = cfg.master_addr or "127.0.0.1"
     try:
         ip = socket.gethostbyname(addr)
     except socket.gaierror as exc:
         return Check("network", "FAIL", f"master address {addr} does not resolve ({exc.strerror})", "give node 0's IP address with --master-addr")
-    try:
-        local = local_address_towards(ip)
-    except OSError as exc:
-        return Check("network", "FAIL", f"no route from this host to {ip} ({exc.strerror})", "check the address and this host's routes")
-    iface = interface_of(local)
+    local = netif.source_address(ip)  # what peers will see: the source address of the route there
+    if local is None:
+        return Check("network", "FAIL", f"no route from this host to {ip}", "check the address and this host's routes")
+    iface = netif.interface_of(local)
     host = socket.gethostname()
     try:
         host_ip = socket.gethostbyname(host)

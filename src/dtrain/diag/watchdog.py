@@ -17,7 +17,8 @@ import os
 import sys
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch.distributed as dist
 
@@ -25,6 +26,14 @@ from .tracker import Tracker
 
 STALL_EXIT = 124
 """Exit status of a rank stopped by the watchdog (like timeout(1))."""
+
+STORE_ERRORS = (RuntimeError, OSError, ValueError)
+"""What a store call may raise while a job is going down: torch's DistStoreError and
+DistNetworkError (RuntimeErrors: a timeout, a peer or the store's host gone), a reset socket
+(OSError), a snapshot that does not parse (ValueError, json). The watchdog keeps reporting this
+rank alone then; anything else is a bug and propagates."""
+
+T = TypeVar("T")
 
 
 class Watchdog:
@@ -53,7 +62,7 @@ class Watchdog:
         try:
             client = dist.TCPStore(self._addr, self._port, self.size, False, datetime.timedelta(seconds=30))
             return dist.PrefixStore(self._prefix, client)
-        except Exception:  # no store: the watchdog still reports this rank alone
+        except STORE_ERRORS:  # no store: the watchdog still reports this rank alone
             return None
 
     def _run(self) -> None:
@@ -68,20 +77,20 @@ class Watchdog:
                 self._handle_stall()
                 return
 
-    def _flagged(self) -> bool:
+    def _call(self, op: Callable[[dist.Store], T], default: T) -> T:
+        """``op(store)``, or ``default`` without a store or when the store fails as expected."""
         if self._store is None:
-            return False
+            return default
         try:
-            return self._store.check(["stall"])
-        except Exception:
-            return False
+            return op(self._store)
+        except STORE_ERRORS:
+            return default
+
+    def _flagged(self) -> bool:
+        return self._call(lambda s: s.check(["stall"]), False)
 
     def _raise_flag(self, idle: float) -> None:
-        if self._store is not None:
-            try:
-                self._store.set("stall", json.dumps({"rank": self.rank, "idle_s": round(idle, 1)}))
-            except Exception:
-                pass
+        self._set("stall", json.dumps({"rank": self.rank, "idle_s": round(idle, 1)}))
 
     def _handle_stall(self) -> None:
         snap = self.tracker.snapshot(self.rank)
@@ -92,10 +101,7 @@ class Watchdog:
         snap["dump"] = dump_path
         snaps = {self.rank: snap}
         if self._store is not None:
-            try:
-                self._store.set(f"snap/{self.rank}", json.dumps(snap))
-            except Exception:
-                pass
+            self._set(f"snap/{self.rank}", json.dumps(snap))
             snaps = self._collect(snap)
         if self._is_reporter(snaps):
             self.report = merge_report(snaps, self.size, self.timeout_s)
@@ -116,11 +122,10 @@ class Watchdog:
             for r in range(self.size):
                 if r in snaps:
                     continue
-                try:
-                    if self._store.check([f"snap/{r}"]):
-                        snaps[r] = json.loads(self._store.get(f"snap/{r}"))
-                except Exception:
-                    pass
+                key = f"snap/{r}"
+                found = self._call(lambda s: json.loads(s.get(key)) if s.check([key]) else None, None)
+                if found is not None:
+                    snaps[r] = found
             time.sleep(0.1)
         return snaps
 
@@ -128,19 +133,13 @@ class Watchdog:
         return self.rank == min(snaps)
 
     def _set(self, key: str, value: str) -> None:
-        if self._store is not None:
-            try:
-                self._store.set(key, value)
-            except Exception:
-                pass
+        self._call(lambda s: s.set(key, value), None)
 
     def _wait_for(self, key: str, wait_s: float) -> None:
         deadline = time.monotonic() + wait_s
         while self._store is not None and time.monotonic() < deadline:
-            try:
-                if self._store.check([key]):
-                    return
-            except Exception:
+            # a failing store ends the wait as if the key were there: nobody is left to set it
+            if self._call(lambda s: s.check([key]), True):
                 return
             time.sleep(0.1)
 

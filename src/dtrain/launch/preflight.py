@@ -20,7 +20,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from .. import __version__
+from .._version import __version__
 from .._log import logger
 from ..errors import ConfigError, LaunchError
 from .spec import LaunchSpec
