@@ -41,6 +41,7 @@ from .metrics.memory import MemoryReport, memory_report
 from .convnets import apply_channels_last, apply_sync_bn, to_channels_last
 from .precision import Precision
 from .strategies.base import ForwardingOptimizer, Strategy
+from .strategies.composed import strategy_for
 from .world import World, destroy_process_group, init_process_group
 
 _OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN, "mean": dist.ReduceOp.SUM}
@@ -61,6 +62,7 @@ def init(
     comm_warmup: int | None = None,
     compile: bool = False,
     activation_checkpointing: bool = False,
+    parallel: str | dict[str, int] | Any | None = None,
     **strategy_options: Any,
 ) -> Context:
     """Detect the world, join the process group and build the strategy.
@@ -77,6 +79,8 @@ def init(
     ``compile``: ``torch.compile`` the model in ``ctx.setup`` (per block when blocks are given).
     ``activation_checkpointing``: recompute each block's activations in backward (needs
     ``ctx.setup(..., blocks=...)``). See ``dtrain.transforms`` for the order they are applied in.
+    ``parallel`` (default ``$DTRAIN_PARALLEL``): how ranks split, e.g. ``{"dp_shard": 2, "tp": 2}``
+    or ``"dp_shard=2,tp=2"`` (see ``dtrain.parallel``); ``tp_plan=`` then gives the TP plan.
     """
     _install_excepthook()
     _check_init_args(strategy, precision, seed, world, timeout_s, stall_timeout, debug, run_dir)
@@ -85,6 +89,12 @@ def init(
     if comm_warmup is not None:
         check.integer("dtrain.init(comm_warmup=...)", comm_warmup, minimum=0)
     world = world or World.detect(device=device)
+    parallel = parallel if parallel is not None else os.environ.get("DTRAIN_PARALLEL") or None
+    if parallel is not None:  # a layout: today's strategy when it is one, else the composed one
+        strategy, strategy_options = strategy_for(strategy, parallel, world, strategy_options, compile=compile,
+                                                  activation_checkpointing=activation_checkpointing)
+        compile = compile and strategy != "composed"  # composed applies both itself, after TP
+        activation_checkpointing = activation_checkpointing and strategy != "composed"
     if strategy == "auto":
         strategy = "ddp" if world.distributed else "single"
     strategy_options.update(comm_options(strategy, world, comm, comm_warmup))

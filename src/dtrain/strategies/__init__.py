@@ -48,5 +48,6 @@ def build(name: str | Strategy, **options) -> Strategy:
 
 # Importing the modules registers them.
 from . import ddp, dp, fsdp, hvd, pipeline, single, zero1  # noqa: E402,F401
+from . import composed  # noqa: E402,F401  (after fsdp: it reuses fsdp's functions)
 
 __all__ = ["Strategy", "available", "build", "register"]

@@ -63,6 +63,7 @@ def _run(cfg: TrainConfig, world: World | None) -> dict[str, Any]:
         cfg.strategy, cfg.precision, seed=cfg.seed, world=world,
         comm=cfg.comm, comm_warmup=cfg.comm_warmup, compile=cfg.compile,
         activation_checkpointing=cfg.activation_checkpointing, **cfg.strategy_options,
+        **({"parallel": cfg.parallel, "tp_plan": task.tp_plan} if cfg.parallel else {}),
     )
     try:
         return _train(ctx, cfg, task, batch, t0)
