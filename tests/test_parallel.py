@@ -1,0 +1,181 @@
+"""Composed parallelisms (``--parallel``): ParallelDims, tensor parallelism on ``lm``, FSDP x TP
+and DDP x TP against one process, checkpoints that load into another layout.
+
+Tier 1: the layout value and its errors, the TP plan, the norm's bookkeeping. Tier 2: 4 ranks on
+gloo (slow on 2 cores: one run per composition, each with a timeout).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+import dtrain
+from dtrain.errors import ConfigError
+from dtrain.parallel import ParallelDims, parse, resolve
+from dtrain.parallel.apply import check_supported
+from dtrain.strategies.composed import strategy_for
+from dtrain.tasks import load_task
+from dtrain.tasks.gpt import CausalSelfAttention, gpt, gpt_tp_plan
+from dtrain.testing import run_cli, run_distributed
+from dtrain.world import World
+
+TINY = {"layers": "2", "heads": "4", "width": "32", "context": "16", "max_bytes": "40000"}
+STEPS = 4
+CLIP = 0.5  # below the first steps' gradient norm (~1), so clipping acts and a wrong norm shows
+# fp32: TP splits each matmul's sum over tp ranks and FSDP/DDP average half-batch means, so sums
+# are reordered; after 4 steps losses and weights agree to ~1e-6 (measured), a wrong norm or a
+# missing reduction moves them by > 1e-3.
+TOL = 2e-5
+# bf16-mixed: autocast's bf16 matmuls keep 8 bits of mantissa; the split sums round differently
+# per rank (relative 2^-8 per product), so the losses agree to ~1e-3, not to fp32's ulps.
+TOL_BF16 = 2e-2
+
+
+# -- tier 1 ---------------------------------------------------------------------------------------
+def test_dims_validate_and_show_the_arithmetic():
+    dims = parse("dp_shard=2,tp=2")
+    assert dims == ParallelDims(dp_shard=2, tp=2) and dims.world_size == 4 and dims.dp == 2
+    dims.check_world(4)
+    with pytest.raises(ConfigError, match=r"dp_shard=2 x tp=2 = 4 processes, but the job has 8; .*dp_shard=4"):
+        dims.check_world(8)
+    with pytest.raises(ConfigError, match="whole number >= 1"):
+        ParallelDims(tp=0)
+    with pytest.raises(ConfigError, match="not NAME=N"):
+        parse("dp=2")
+    with pytest.raises(ConfigError, match="unknown dimension"):
+        resolve({"tensor": 2})
+    assert resolve({"tp": 2}) == ParallelDims(tp=2)
+
+
+def test_tp_ranks_read_the_same_data_and_tp_is_fastest():
+    dims = ParallelDims(dp_replicate=2, dp_shard=2, tp=2)
+    assert [dims.dp_rank(r) for r in range(8)] == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert dims.coordinates(5) == {"pp": 0, "dp_replicate": 1, "dp_shard": 0, "tp": 1}
+
+
+def _world(size: int) -> World:
+    return World(rank=0, local_rank=0, size=size, local_size=size, device=torch.device("cpu"), backend="gloo")
+
+
+@pytest.mark.parametrize("layout, expected", [
+    ("dp_replicate=4", "ddp"), ("dp_shard=4", "fsdp"), ("dp_replicate=2,dp_shard=2", "hsdp"),
+    ("pp=4", "pipeline"), ("dp_shard=2,tp=2", "composed"), ("tp=4", "composed"),
+])
+def test_one_kind_layouts_are_todays_strategies(layout, expected):
+    name, options = strategy_for("auto", layout, _world(4), {}, compile=False, activation_checkpointing=False)
+    assert name == expected
+    assert (options.get("shard_size") == 2) if expected == "hsdp" else True
+
+
+def test_layout_and_strategy_together_or_pp_with_dp_are_one_line():
+    with pytest.raises(ConfigError, match="both say how to split"):
+        strategy_for("ddp", "tp=2", _world(2), {}, compile=False, activation_checkpointing=False)
+    with pytest.raises(ConfigError, match="pipeline stages combined with other dimensions"):
+        check_supported(ParallelDims(pp=2, dp_shard=2))
+
+
+def test_tp_plan_splits_each_block_and_refuses_uneven_heads():
+    model = gpt(vocab=64, context=8, layers=2, heads=4, width=32)
+    plan = gpt_tp_plan(model, 2)
+    assert sorted(plan) == sorted(f"block{i}.{s}" for i in range(2) for s in ("attn.q", "attn.k", "attn.v", "attn.proj", "mlp.0", "mlp.2"))
+    with pytest.raises(ConfigError, match="heads=4 cannot be split over tp=3"):
+        gpt_tp_plan(model, 3)
+
+
+def test_checkpoints_with_a_fused_qkv_still_load():
+    attn = CausalSelfAttention(8, 2, 0.0)
+    fused = {"qkv.weight": torch.randn(24, 8), "qkv.bias": torch.randn(24),
+             "proj.weight": torch.randn(8, 8), "proj.bias": torch.randn(8)}
+    attn.load_state_dict(fused)
+    assert torch.equal(attn.k.weight, fused["qkv.weight"][8:16]) and torch.equal(attn.v.bias, fused["qkv.bias"][16:])
+
+
+def test_cli_bad_layout_is_one_line():
+    r = run_cli(["train", "--task", "digits", "-n", "2", "--parallel", "dp_shard=3"], timeout=120)
+    assert r.returncode == 2, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert lines == ["dtrain: error: --parallel dp_shard=3: dp_shard=3 = 3 processes, but the job has 2; "
+                     "make the product 2 (e.g. dp_shard=2 with the rest as given)."], r.stderr
+
+
+# -- tier 2: 4 ranks against one process ----------------------------------------------------------
+def train(layout: str | None, precision: str = "fp32") -> dict:
+    """``STEPS`` SGD steps with gradient clipping: losses, norms before clipping, full weights."""
+    task = load_task("lm", options=TINY)
+    extra = {"parallel": layout, "tp_plan": task.tp_plan} if layout else {}
+    ctx = dtrain.init("auto" if layout else "single", precision, seed=0, **extra)
+    model = task.build_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    model, opt = ctx.setup(model, opt, blocks=task.blocks(model))
+    it = iter(ctx.setup_dataloader(DataLoader(task.train_set, batch_size=16 // ctx.data_parallel_size, shuffle=True)))
+    losses, norms = [], []
+    for _ in range(STEPS):
+        x, y = next(it)
+        loss = ctx.forward_backward(model, x, y, task.loss_fn)
+        norms.append(float(ctx.clip_grad_norm_(model, CLIP)))
+        opt.step()
+        opt.zero_grad()
+        losses.append(ctx.all_reduce(loss.float().clone(), op="mean").item())
+    state = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone()
+             for k, v in ctx.unwrap(model).state_dict().items()}
+    out = {"losses": losses, "norms": norms, "state": state, "strategy": ctx.strategy.name}
+    ctx.close()
+    return out
+
+
+def _assert_close(got: dict, ref: dict, tol: float) -> None:
+    for name in ("losses", "norms"):
+        assert all(abs(a - b) <= tol for a, b in zip(got[name], ref[name], strict=True)), f"{name}: {got[name]} vs {ref[name]}"
+    assert got["state"].keys() == ref["state"].keys()
+    for k in ref["state"]:
+        diff = (got["state"][k].float() - ref["state"][k].float()).abs().max().item()
+        assert diff <= tol, f"{k}: max |diff| {diff:.3g} > {tol}"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_fsdp_x_tp_matches_one_process_with_clipping():
+    ref = train(None)
+    assert ref["norms"][0] > CLIP  # clipping acts
+    ranks = run_distributed(train, "dp_shard=2,tp=2", world_size=4, timeout=360)
+    assert ranks[0]["strategy"] == "composed"
+    for r in ranks:
+        _assert_close(r, ref, TOL)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_ddp_x_tp_matches_one_process_in_bf16_mixed():
+    ref = train(None, "bf16-mixed")
+    ranks = run_distributed(train, "dp_replicate=2,tp=2", "bf16-mixed", world_size=4, timeout=360)
+    for r in ranks:
+        _assert_close(r, ref, TOL_BF16)
+
+
+def _train_cli(ckpt, layout: str | None, nproc: int, steps: int, batch: int) -> tuple[dict, str]:
+    args = ["train", "--task", "lm", "--max-steps", str(steps), "--batch-size", str(batch), "--log-every", "1",
+            "--checkpoint-dir", str(ckpt), "--resume", "-n", str(nproc)]
+    args += ["--parallel", layout] if layout else []
+    for key, value in TINY.items():
+        args += ["--task-arg", f"{key}={value}"]
+    r = run_cli(args, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1]), r.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_checkpoint_of_fsdp_x_tp_resumes_under_fsdp_and_one_process(tmp_path):
+    ckpt = tmp_path / "ck"
+    first, _ = _train_cli(ckpt, "dp_shard=2,tp=2", 4, 2, 8)   # global batch 16 (2 data-parallel ranks)
+    assert first["strategy"] == "composed" and first["steps"] == 2
+    second, log = _train_cli(ckpt, "dp_shard=4", 4, 3, 4)     # global batch 16 again
+    assert "resumed from" in log and "at step 2 (saved by 4 process(es))" in log, log[-2000:]
+    assert second["strategy"] == "fsdp" and second["steps"] == 3
+    third, log = _train_cli(ckpt, None, 1, 4, 16)
+    assert "at step 3 (saved by 4 process(es))" in log, log[-2000:]
+    assert third["steps"] == 4 and third["train_loss"] == third["train_loss"]  # one more step ran (not NaN)
