@@ -91,6 +91,11 @@ class ComposedStrategy:
     def unwrap(self, model: nn.Module) -> nn.Module:
         return model  # every step changes the module in place
 
+    def comm_payload_bytes(self, model: nn.Module) -> None:
+        """Unknown (``dtrain bench`` shows '-'): TP's all-reduces carry activations, whose size
+        depends on the batch, beside FSDP's or DDP's gradient traffic."""
+        return None
+
 
 def strategy_for(strategy: Any, parallel: Any, world: World, options: dict[str, Any], *,
                  compile: bool, activation_checkpointing: bool) -> tuple[str, dict[str, Any]]:
