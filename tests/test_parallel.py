@@ -30,9 +30,11 @@ CLIP = 0.5  # below the first steps' gradient norm (~1), so clipping acts and a 
 # are reordered; after 4 steps losses and weights agree to ~1e-6 (measured), a wrong norm or a
 # missing reduction moves them by > 1e-3.
 TOL = 2e-5
-# bf16-mixed: autocast's bf16 matmuls keep 8 bits of mantissa; the split sums round differently
-# per rank (relative 2^-8 per product), so the losses agree to ~1e-3, not to fp32's ulps.
-TOL_BF16 = 2e-2
+# bf16-mixed: autocast's bf16 matmuls keep 8 bits of mantissa and TP/DP split and reorder their
+# sums, so results round differently (relative 2^-8 per operation): measured after 4 steps,
+# losses differ by 1.1e-3 and norms by 1.8e-3 under dp x tp (1e-4 / 5e-4 under tp=2). The fp32
+# run of the same layout, to 2e-5, is the check on the sums; this one on autocast's path.
+TOL_BF16 = 1e-2
 
 
 # -- tier 1 ---------------------------------------------------------------------------------------
@@ -103,11 +105,20 @@ def test_cli_bad_layout_is_one_line():
 
 
 # -- tier 2: 4 ranks against one process ----------------------------------------------------------
-def train(layout: str | None, precision: str = "fp32") -> dict:
-    """``STEPS`` SGD steps with gradient clipping: losses, norms before clipping, full weights."""
+def train(layout: str | None, switches: dict | None = None) -> tuple[dict, dict]:
+    """The same training in fp32, then in bf16 autocast (what ``bf16-mixed`` does), on one
+    context (starting 4 processes is the slow part)."""
     task = load_task("lm", options=TINY)
     extra = {"parallel": layout, "tp_plan": task.tp_plan} if layout else {}
-    ctx = dtrain.init("auto" if layout else "single", precision, seed=0, **extra)
+    ctx = dtrain.init("auto" if layout else "single", seed=0, **extra, **(switches or {}))
+    out = _steps(ctx, task, torch.float32), _steps(ctx, task, torch.bfloat16)
+    ctx.close()
+    return out
+
+
+def _steps(ctx, task, dtype: torch.dtype) -> dict:
+    """``STEPS`` SGD steps with gradient clipping: losses, norms before clipping, full weights."""
+    torch.manual_seed(0)
     model = task.build_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     model, opt = ctx.setup(model, opt, blocks=task.blocks(model))
@@ -115,16 +126,15 @@ def train(layout: str | None, precision: str = "fp32") -> dict:
     losses, norms = [], []
     for _ in range(STEPS):
         x, y = next(it)
-        loss = ctx.forward_backward(model, x, y, task.loss_fn)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+            loss = ctx.forward_backward(model, x, y, task.loss_fn)
         norms.append(float(ctx.clip_grad_norm_(model, CLIP)))
         opt.step()
         opt.zero_grad()
         losses.append(ctx.all_reduce(loss.float().clone(), op="mean").item())
     state = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone()
              for k, v in ctx.unwrap(model).state_dict().items()}
-    out = {"losses": losses, "norms": norms, "state": state, "strategy": ctx.strategy.name}
-    ctx.close()
-    return out
+    return {"losses": losses, "norms": norms, "state": state, "strategy": ctx.strategy.name}
 
 
 def _assert_close(got: dict, ref: dict, tol: float) -> None:
@@ -136,24 +146,31 @@ def _assert_close(got: dict, ref: dict, tol: float) -> None:
         assert diff <= tol, f"{k}: max |diff| {diff:.3g} > {tol}"
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(400)
-def test_fsdp_x_tp_matches_one_process_with_clipping():
-    ref = train(None)
-    assert ref["norms"][0] > CLIP  # clipping acts
-    ranks = run_distributed(train, "dp_shard=2,tp=2", world_size=4, timeout=360)
-    assert ranks[0]["strategy"] == "composed"
-    for r in ranks:
-        _assert_close(r, ref, TOL)
+def _check(layout: str, world_size: int, switches: dict | None = None) -> None:
+    ref32, ref16 = train(None)
+    assert ref32["norms"][0] > CLIP  # clipping acts
+    for fp32, bf16 in run_distributed(train, layout, switches, world_size=world_size, timeout=450):
+        assert fp32["strategy"] == "composed"
+        _assert_close(fp32, ref32, TOL)
+        _assert_close(bf16, ref16, TOL_BF16)
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(400)
-def test_ddp_x_tp_matches_one_process_in_bf16_mixed():
-    ref = train(None, "bf16-mixed")
-    ranks = run_distributed(train, "dp_replicate=2,tp=2", "bf16-mixed", world_size=4, timeout=360)
-    for r in ranks:
-        _assert_close(r, ref, TOL_BF16)
+@pytest.mark.timeout(500)
+def test_fsdp_x_tp_matches_one_process_with_clipping_in_fp32_and_bf16():
+    _check("dp_shard=2,tp=2", 4)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(500)
+def test_ddp_x_tp_matches_one_process_with_clipping_in_fp32_and_bf16():
+    _check("dp_replicate=2,tp=2", 4)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_tp_with_activation_checkpointing_matches_one_process():
+    _check("tp=2", 2, {"activation_checkpointing": True})
 
 
 def _train_cli(ckpt, layout: str | None, nproc: int, steps: int, batch: int) -> tuple[dict, str]:
