@@ -196,3 +196,19 @@ def test_checkpoint_of_fsdp_x_tp_resumes_under_fsdp_and_one_process(tmp_path):
     third, log = _train_cli(ckpt, None, 1, 4, 16)
     assert "at step 3 (saved by 4 process(es))" in log, log[-2000:]
     assert third["steps"] == 4 and third["train_loss"] == third["train_loss"]  # one more step ran (not NaN)
+
+
+def test_tp_without_a_plan_is_one_line_before_any_collective():
+    from dtrain.parallel.apply import compose
+
+    with pytest.raises(ConfigError, match="has no tensor-parallel plan; set Task.tp_plan"):
+        compose(torch.nn.Linear(2, 2), ParallelDims(tp=2), None, torch.device("cpu"))
+
+
+def test_run_checks_the_layout_before_starting_workers(tmp_path):
+    script = tmp_path / "s.py"
+    script.write_text("raise SystemExit('must not run')\n")
+    r = run_cli(["run", "-n", "2", "--parallel", "tp=4", str(script)], timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip().splitlines() == ["dtrain: error: --parallel tp=4: tp=4 = 4 processes, but the job has 2; "
+                                             "make the product 2, or start 4 processes."], r.stderr
