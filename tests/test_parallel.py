@@ -76,6 +76,8 @@ def test_one_kind_layouts_are_todays_strategies(layout, expected):
 def test_layout_and_strategy_together_or_pp_with_dp_are_one_line():
     with pytest.raises(ConfigError, match="both say how to split"):
         strategy_for("ddp", "tp=2", _world(2), {}, compile=False, activation_checkpointing=False)
+    with pytest.raises(ConfigError, match="drop bucket_cap_mb"):
+        strategy_for("auto", "tp=2", _world(2), {"bucket_cap_mb": 5}, compile=False, activation_checkpointing=False)
     with pytest.raises(ConfigError, match="pipeline stages combined with other dimensions"):
         check_supported(ParallelDims(pp=2, dp_shard=2))
 

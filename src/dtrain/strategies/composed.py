@@ -118,6 +118,10 @@ def strategy_for(strategy: Any, parallel: Any, world: World, options: dict[str, 
         return "hsdp", {**options, "shard_size": dims.dp_shard}
     if dims.pp == world.size:
         return "pipeline", options
-    fsdp = FSDPConfig(**options) if options else None  # fsdp's options (wrap, ...) apply to the dp_shard step
+    try:  # fsdp's options (wrap, ...) apply to the dp_shard step
+        fsdp = FSDPConfig(**options) if options else None
+    except TypeError:
+        raise ConfigError(f"parallel={dims} takes the fsdp options (wrap, offload, reshard_after_forward) and tp_plan; "
+                          f"drop {', '.join(sorted(options))}.") from None
     return "composed", {"parallel": dims, "tp_plan": plan, "compile": compile,
                         "activation_checkpointing": activation_checkpointing, "fsdp": fsdp}
