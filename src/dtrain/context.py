@@ -95,6 +95,8 @@ def init(
                                                   activation_checkpointing=activation_checkpointing)
         compile = compile and strategy != "composed"  # composed applies both itself, after TP
         activation_checkpointing = activation_checkpointing and strategy != "composed"
+    else:
+        strategy_options.pop("tp_plan", None)  # a plan is used by layouts with tp only
     if strategy == "auto":
         strategy = "ddp" if world.distributed else "single"
     strategy_options.update(comm_options(strategy, world, comm, comm_warmup))
