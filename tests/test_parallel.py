@@ -21,7 +21,6 @@ from dtrain.strategies.composed import strategy_for
 from dtrain.tasks import load_task
 from dtrain.tasks.gpt import CausalSelfAttention, gpt, gpt_tp_plan
 from dtrain.testing import run_cli, run_distributed
-from dtrain.world import World
 
 TINY = {"layers": "2", "heads": "4", "width": "32", "context": "16", "max_bytes": "40000"}
 STEPS = 4
@@ -59,25 +58,21 @@ def test_tp_ranks_read_the_same_data_and_tp_is_fastest():
     assert dims.coordinates(5) == {"pp": 0, "dp_replicate": 1, "dp_shard": 0, "tp": 1}
 
 
-def _world(size: int) -> World:
-    return World(rank=0, local_rank=0, size=size, local_size=size, device=torch.device("cpu"), backend="gloo")
-
-
 @pytest.mark.parametrize("layout, expected", [
     ("dp_replicate=4", "ddp"), ("dp_shard=4", "fsdp"), ("dp_replicate=2,dp_shard=2", "hsdp"),
     ("pp=4", "pipeline"), ("dp_shard=2,tp=2", "composed"), ("tp=4", "composed"),
 ])
 def test_one_kind_layouts_are_todays_strategies(layout, expected):
-    name, options = strategy_for("auto", layout, _world(4), {}, compile=False, activation_checkpointing=False)
+    name, options = strategy_for("auto", layout, 4, {}, compile=False, activation_checkpointing=False)
     assert name == expected
     assert (options.get("shard_size") == 2) if expected == "hsdp" else True
 
 
 def test_layout_and_strategy_together_or_pp_with_dp_are_one_line():
     with pytest.raises(ConfigError, match="both say how to split"):
-        strategy_for("ddp", "tp=2", _world(2), {}, compile=False, activation_checkpointing=False)
+        strategy_for("ddp", "tp=2", 2, {}, compile=False, activation_checkpointing=False)
     with pytest.raises(ConfigError, match="drop bucket_cap_mb"):
-        strategy_for("auto", "tp=2", _world(2), {"bucket_cap_mb": 5}, compile=False, activation_checkpointing=False)
+        strategy_for("auto", "tp=2", 2, {"bucket_cap_mb": 5}, compile=False, activation_checkpointing=False)
     with pytest.raises(ConfigError, match="pipeline stages combined with other dimensions"):
         check_supported(ParallelDims(pp=2, dp_shard=2))
 

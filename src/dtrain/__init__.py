@@ -6,7 +6,8 @@
     loader = ctx.setup_dataloader(loader)
 """
 
-from .context import Context, DtrainModule, DtrainOptimizer, init, seed_everything
+from .context import Context, DtrainModule, DtrainOptimizer
+from .startup import init, seed_everything
 from .errors import (
     CheckpointError,
     CollectiveMismatch,

@@ -46,7 +46,7 @@ def apply_sync_bn(model: nn.Module, world: World, data_parallel_size: int) -> nn
 def check_channels_last(strategy: Any) -> None:
     """fully_shard (fsdp, hsdp) shards only contiguous parameters: torch 2.14 raises
     ``NotImplementedError: FSDP does not support non-contiguous parameters`` on an NHWC weight."""
-    if getattr(strategy, "collective_forward", False):  # the fully_shard strategies
+    if strategy.capabilities.sharded_params:  # the fully_shard strategies
         raise ConfigError(
             f"--channels-last does not compose with {strategy.name!r}: fully_shard shards only contiguous "
             "(NCHW) parameters; use ddp, zero1 or hvd for channels-last, or drop --channels-last."

@@ -51,7 +51,7 @@ def compile_blocks(blocks: Sequence[nn.Module]) -> None:
         block.compile()
 
 
-def check_options(strategy: str, *, compile: bool, activation_checkpointing: bool, has_blocks: bool) -> None:
+def check_options(*, compile: bool, activation_checkpointing: bool, has_blocks: bool) -> None:
     """One-line errors for combinations that cannot work, before anything is built. (--compile
     composes with every strategy: single, dp, ddp, zero1, hvd, fsdp, hsdp and pipeline each
     trained a compiled lm on torch 2.13 CPU; with activation checkpointing too for single,

@@ -8,7 +8,7 @@ import torch
 from torch.utils.data import DataLoader
 
 import dtrain
-from dtrain.bench.measure import Recorder, forever, grad_payload_bytes, task_options, worker_parser
+from dtrain.bench.measure import Recorder, forever, task_options, worker_parser
 from dtrain.data import default_num_workers, loader_options
 from dtrain.errors import DtrainError
 from dtrain.tasks import load_task, make_optimizer
@@ -72,7 +72,7 @@ def measure(ctx: dtrain.Context, task, args) -> Recorder:
         rec.repeats.append(rec.clock() - start)
     # forward+backward alone: the same steps without gradient communication, no update.
     # (Not for pipeline: a stage cannot run forward and backward alone.)
-    staged = getattr(ctx.strategy, "forward_backward", None) is not None and ctx.world.distributed
+    staged = ctx.strategy.capabilities.staged_step and ctx.world.distributed
     for _ in range(0 if staged else args.compute_steps):
         x, y = next(batches)
         with ctx.strategy.no_sync(model.module):
@@ -95,11 +95,9 @@ def _comm_bytes(ctx: dtrain.Context, model, inner, steps: int) -> float | None:
     counted = getattr(inner, "bytes_communicated", None)  # hvd counts what it hands to all-reduce
     if counted is not None:
         return counted / steps
-    own = getattr(ctx.strategy, "comm_payload_bytes", None)  # zero1, fsdp: not one all-reduce of the gradients
-    if own is not None:
-        value = own(ctx.unwrap(model))
-        return None if value is None else float(value)
-    return float(grad_payload_bytes(ctx.unwrap(model)))
+    # The strategy's own count: one all-reduce of the gradients by default; zero1 and fsdp differ.
+    value = ctx.strategy.comm_payload_bytes(ctx.unwrap(model))
+    return None if value is None else float(value)
 
 
 if __name__ == "__main__":

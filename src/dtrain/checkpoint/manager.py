@@ -17,7 +17,8 @@ import os
 import random
 import threading
 import time
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -28,6 +29,22 @@ from ..errors import CheckpointError
 from . import lock
 from .sharded import SHARDED_DIR, load_sharded, save_sharded, sharded_names
 from .store import STATE_FILE, clean_leftovers, prune, set_latest, step_name, write_checkpoint
+
+if TYPE_CHECKING:
+    from ..collectives import Collectives
+    from ..strategies.base import Strategy
+
+
+@dataclass(frozen=True)
+class RunState:
+    """What a checkpoint holds besides the objects given (the grad scaler, the strategy's
+    per-rank state, the seed that re-seeds RNGs on another world size), and the collectives it
+    is saved and loaded with. ``ctx.checkpoints`` builds it from the context."""
+
+    collectives: Collectives
+    strategy: Strategy
+    scaler: torch.amp.GradScaler | None = None
+    seed: int = 0
 from .validate import newest_valid, read_checkpoint, state_problem
 
 
@@ -94,10 +111,11 @@ class CheckpointManager:
     second job on the same folder stops here, on every rank, before training; ``close`` (or
     ``ctx.close``, or the process's exit) gives it back."""
 
-    def __init__(self, ctx: Any, folder: str, *, keep: int = 3, async_save: bool = False) -> None:
+    def __init__(self, run: RunState, folder: str, *, keep: int = 3, async_save: bool = False) -> None:
         if keep < 1:
             raise CheckpointError(f"keep must be >= 1, got {keep}; at least the latest checkpoint is kept.")
-        self.ctx = ctx
+        self.run = run
+        coll = run.collectives
         self.folder = folder
         self.keep = keep
         self.async_save = async_save
@@ -109,12 +127,12 @@ class CheckpointManager:
         self._pool: Any = None  # the last asynchronous snapshot, whose host memory the next one reuses
         self._lock: str | None = None
         problem = None
-        if ctx.is_main:
+        if coll.is_main:
             try:
                 self._lock = lock.acquire(folder)
             except CheckpointError as exc:
                 problem = str(exc)
-        problem = ctx.broadcast_object(problem)  # every rank stops with the same line
+        problem = coll.broadcast_object(problem)  # every rank stops with the same line
         if problem is not None:
             raise CheckpointError(problem)
 
@@ -131,32 +149,30 @@ class CheckpointManager:
     def save(self, step: int, *, extra: dict[str, Any] | None = None, **objects: Any) -> str:
         """Save the full training state as checkpoint ``step``; returns its path. Collective."""
         t0 = time.perf_counter()
-        self.ctx.tracker.beat()
+        run, coll = self.run, self.run.collectives
+        coll.tracker.beat()
         self.wait()
         # Per-rank parts, gathered on rank 0: RNG streams and the strategy's communication state
         # (e.g. error-feedback residuals differ between ranks).
-        comm = getattr(self.ctx.strategy, "state_dict", None)
-        per_rank = self.ctx.gather_object({"rng": rng_state(), "comm": comm() if comm is not None else None}, dst=0)
+        per_rank = coll.gather_object({"rng": rng_state(), "comm": run.strategy.state_dict()}, dst=0)
         path = os.path.join(self.folder, step_name(step))
-        if self.ctx.is_main and not self._cleaned:
+        if coll.is_main and not self._cleaned:
             clean_leftovers(self.folder)  # of a save killed midway by an earlier process
             self._cleaned = True
-        prepare = getattr(self.ctx.strategy, "prepare_checkpoint", None)  # zero1: gather optimizer state on rank 0
-        if prepare is not None:
-            prepare(objects)
+        run.strategy.prepare_checkpoint(objects)  # zero1: gather optimizer state on rank 0
         sharded: list[str] = []
         staging = os.path.join(self.folder, f".tmp-{step_name(step)}-sharded")
-        if getattr(self.ctx.strategy, "sharded_checkpoint", False):  # fsdp, hsdp, pipeline: every rank writes its part
-            sharded = save_sharded(self.ctx, staging, objects)
-        if self.ctx.is_main:
+        if run.strategy.capabilities.sharded_state:  # fsdp, hsdp, pipeline: every rank writes its part
+            sharded = save_sharded(coll, staging, objects)
+        if coll.is_main:
             state = {"objects": {k: _state_of(v) for k, v in objects.items() if v is not None and k not in sharded},
-                     "extra": dict(extra or {}), "step": step, "world_size": self.ctx.world_size,
+                     "extra": dict(extra or {}), "step": step, "world_size": coll.world_size,
                      "rng": [r["rng"] for r in per_rank], "sharded": sharded}
-            if self.ctx.scaler is not None:
-                state["grad_scaler"] = self.ctx.scaler.state_dict()
-            if comm is not None:
+            if run.scaler is not None:
+                state["grad_scaler"] = run.scaler.state_dict()
+            if any(r["comm"] is not None for r in per_rank):
                 state["comm"] = [r["comm"] for r in per_rank]
-            meta = {"world_size": self.ctx.world_size, "time": time.time(), "objects": sorted([*state["objects"], *sharded]),
+            meta = {"world_size": coll.world_size, "time": time.time(), "objects": sorted([*state["objects"], *sharded]),
                     "sharded": sharded}
             staged = {SHARDED_DIR: staging} if sharded else {}
             if self.async_save:
@@ -169,7 +185,7 @@ class CheckpointManager:
                 self.last_blocking_s = time.perf_counter() - t0
                 self.wait()  # a failed write raises here, on rank 0
         if not self.async_save:
-            self.ctx.barrier()  # nobody moves on before the checkpoint is complete
+            coll.barrier()  # nobody moves on before the checkpoint is complete
         return path
 
     def _write(self, step: int, state: dict[str, Any], meta: dict[str, Any], t0: float, staged: dict[str, str]) -> None:
@@ -212,30 +228,30 @@ class CheckpointManager:
         Rank 0 picks the checkpoint (and warns about corrupt ones) so every rank loads the same."""
         if path is None:
             found: tuple[str | None, str | None] = (None, None)
-            if self.ctx.is_main:
+            if self.run.collectives.is_main:
                 try:
                     found = (self.latest_valid(), None)
                 except CheckpointError as exc:
                     found = (None, str(exc))
-            path, problem = self.ctx.broadcast_object(found)
+            path, problem = self.run.collectives.broadcast_object(found)
             if problem is not None:
                 raise CheckpointError(problem)
         if path is None:
             return None
-        return load_into(self.ctx, path, objects)
+        return load_into(self.run, path, objects)
 
 
-def load_into(ctx: Any, path: str, objects: dict[str, Any]) -> dict[str, Any]:
-    """Load checkpoint ``path`` into ``objects`` (and the context's scaler, strategy, RNG)."""
+def load_into(run: RunState, path: str, objects: dict[str, Any]) -> dict[str, Any]:
+    """Load checkpoint ``path`` into ``objects`` (and ``run``'s scaler, strategy, RNG). Collective."""
     state = read_checkpoint(path, map_location="cpu")  # verified first; weights_only=True
     problem = state_problem(state)
     if problem is not None:
         raise CheckpointError(f"checkpoint {path}: {problem}.")
     stored, sharded = state["objects"], state.get("sharded") or []
-    if not sharded and getattr(ctx.strategy, "sharded_checkpoint", False):
+    if not sharded and run.strategy.capabilities.sharded_state:
         wanted = sharded_names({k: v for k, v in objects.items() if v is not None})
         if wanted:
-            raise CheckpointError(f"checkpoint {path} is a full-state checkpoint (one file), but strategy {ctx.strategy.name!r} "
+            raise CheckpointError(f"checkpoint {path} is a full-state checkpoint (one file), but strategy {run.strategy.name!r} "
                                   "loads sharded ones; resume it with the strategy that saved it (e.g. ddp), or load its "
                                   "model weights before ctx.setup.")
     for name, obj in objects.items():
@@ -245,43 +261,44 @@ def load_into(ctx: Any, path: str, objects: dict[str, Any]) -> dict[str, Any]:
             raise CheckpointError(f"checkpoint {path} has no {name!r} (it holds: {', '.join(sorted([*stored, *sharded]))}).")
         _load_one(path, name, obj, stored[name])
     if sharded:
-        load_sharded(ctx, path, objects, sharded)
+        load_sharded(run.collectives, path, objects, sharded)
     try:
-        _load_rest(ctx, path, state)
+        _load_rest(run, path, state)
     except (TypeError, ValueError, KeyError, IndexError, AttributeError, RuntimeError) as exc:  # a state.pt of wrong types
         raise CheckpointError(f"checkpoint {path}: its grad scaler, communication or RNG state is malformed "
                               f"({type(exc).__name__}: {str(exc).strip()[:120]}).") from None
     return {"step": int(state["step"]), "extra": state.get("extra", {}), "path": path, "world_size": state.get("world_size")}
 
 
-def _load_rest(ctx: Any, path: str, state: dict[str, Any]) -> None:
-    if ctx.scaler is not None and "grad_scaler" in state:
-        ctx.scaler.load_state_dict(state["grad_scaler"])
-    same_world = state.get("world_size") == ctx.world_size
-    _load_comm(ctx, path, state.get("comm"), same_world)
+def _load_rest(run: RunState, path: str, state: dict[str, Any]) -> None:
+    rank = run.collectives.rank
+    if run.scaler is not None and "grad_scaler" in state:
+        run.scaler.load_state_dict(state["grad_scaler"])
+    same_world = state.get("world_size") == run.collectives.world_size
+    _load_comm(run, path, state.get("comm"), same_world)
     rngs = state.get("rng") or []
-    if same_world and ctx.rank < len(rngs):
-        set_rng_state(rngs[ctx.rank])
+    if same_world and rank < len(rngs):
+        set_rng_state(rngs[rank])
     else:
         # Another world size: no rank's stream can continue; start fresh, distinct streams.
-        seed = (ctx.seed + 1000003 * int(state["step"]) + ctx.rank) % 2**31
+        seed = (run.seed + 1000003 * int(state["step"]) + rank) % 2**31
         random.seed(seed)
         np.random.seed(seed)
         torch.manual_seed(seed)
 
 
-def _load_comm(ctx: Any, path: str, comm: list[Any] | None, same_world: bool) -> None:
+def _load_comm(run: RunState, path: str, comm: list[Any] | None, same_world: bool) -> None:
     """Give each rank its own communication state back; on another world size it cannot be
     mapped to the new ranks, so the strategy starts its state afresh."""
-    load = getattr(ctx.strategy, "load_state_dict", None)
-    if load is None or comm is None:
+    coll = run.collectives
+    if comm is None:
         return
-    if same_world and ctx.rank < len(comm):
-        if comm[ctx.rank] is not None:
-            load(comm[ctx.rank])
-    elif ctx.is_main:
+    if same_world and coll.rank < len(comm):
+        if comm[coll.rank] is not None:
+            run.strategy.load_state_dict(comm[coll.rank])
+    elif coll.is_main:
         logger.warning(f"checkpoint {path}: the communication state of {len(comm)} rank(s) does not map onto "
-                       f"{ctx.world_size}; strategy {ctx.strategy.name!r} starts it afresh.")
+                       f"{coll.world_size}; strategy {run.strategy.name!r} starts it afresh.")
 
 
 def _load_one(path: str, name: str, obj: Any, sd: Any) -> None:

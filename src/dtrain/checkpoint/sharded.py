@@ -16,13 +16,16 @@ import contextlib
 import os
 import shutil
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from ..errors import CheckpointError
 from . import dcp_safe
+
+if TYPE_CHECKING:
+    from ..collectives import Collectives
 
 SHARDED_DIR = "sharded"
 
@@ -70,22 +73,22 @@ def state_dicts(objects: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def save_sharded(ctx: Any, staging: str, objects: dict[str, Any]) -> list[str]:
+def save_sharded(coll: Collectives, staging: str, objects: dict[str, Any]) -> list[str]:
     """Write every rank's part of ``objects`` into the folder ``staging``; returns the names
     stored. Collective: call on every rank."""
     import torch.distributed.checkpoint as dcp
 
-    if ctx.is_main:
+    if coll.is_main:
         shutil.rmtree(staging, ignore_errors=True)  # a killed save's leftovers (another world size)
         os.makedirs(staging, exist_ok=True)
-    ctx.barrier()
+    coll.barrier()
     state = state_dicts(objects)
-    with ctx._collective("sharded checkpoint save (torch.distributed.checkpoint)"), _quiet(ctx):
+    with coll.labelled("sharded checkpoint save (torch.distributed.checkpoint)"), _quiet(coll):
         dcp.save(state, checkpoint_id=staging)
     return sorted(state)
 
 
-def load_sharded(ctx: Any, path: str, objects: dict[str, Any], names: list[str]) -> None:
+def load_sharded(coll: Collectives, path: str, objects: dict[str, Any], names: list[str]) -> None:
     """Load the objects named in ``names`` from checkpoint ``path``'s ``sharded/`` folder, each
     rank reading the slices its own layout holds. Collective: call on every rank.
 
@@ -100,7 +103,7 @@ def load_sharded(ctx: Any, path: str, objects: dict[str, Any], names: list[str])
     dcp_safe.read_metadata(folder)  # a refused or missing .metadata: its own line, before any collective
     state = state_dicts(wanted)
     try:
-        with ctx._collective("sharded checkpoint load (torch.distributed.checkpoint)"), _quiet(ctx):
+        with coll.labelled("sharded checkpoint load (torch.distributed.checkpoint)"), _quiet(coll):
             dcp_safe.load(state, folder)
     except CheckpointError:
         raise
@@ -116,10 +119,10 @@ def load_sharded(ctx: Any, path: str, objects: dict[str, Any], names: list[str])
 
 
 @contextlib.contextmanager
-def _quiet(ctx: Any):
+def _quiet(coll: Collectives):
     """One process without a process group is what we mean; DCP warns that it assumes so."""
     with warnings.catch_warnings():
-        if not ctx.world.distributed:
+        if not coll.world.distributed:
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         yield
 

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import argparse
 
+from .. import strategies
 from .._log import configure_cli_logging
+from ..comm import CommSpec
 from ..errors import ConfigError
 from ..launch import launch_function
-from ..tasks import load_task
+from ..strategies import Strategy
+from ..tasks import Task, load_task
 from ..train import TrainConfig, worker_main
 from ..world import World
 from .common import add_comm_args, add_launch_args, export_diagnostics, launch_spec
@@ -74,43 +77,42 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     )
 
 
-def validate(cfg: TrainConfig) -> None:
-    """Fail on bad input here, once, before any worker starts."""
-    from .. import strategies
-    from ..comm import CommSpec
+def validate(cfg: TrainConfig, world: World, *, distributed: bool) -> tuple[Strategy | None, Task]:
+    """Fail on bad input here, once, before any worker starts; returns the strategy and the task
+    it built, for a run in this process (``distributed``: whether the job has several processes)."""
     from ..convnets import check_channels_last
     from ..precision import Precision
     from ..transforms import check_options
 
-    comm = CommSpec.parse(cfg.comm, warmup=cfg.comm_warmup)
-    if comm.kind != "none" and cfg.strategy not in ("auto", "ddp"):
-        raise ConfigError(f"--comm {comm} works with the ddp strategy, not {cfg.strategy!r}; use --strategy ddp or --comm none.")
-    strategy = strategies.build(cfg.strategy, **cfg.strategy_options) if cfg.strategy != "auto" else None
+    comm = cfg.comm if isinstance(cfg.comm, CommSpec) else None  # TrainConfig parsed --comm
+    # --parallel: the layout was checked against the job's size; each process builds its strategy.
+    strategy = None if cfg.parallel else strategies.build(cfg.strategy, comm=comm, distributed=distributed, **cfg.strategy_options)
     if cfg.channels_last and strategy is not None:
         check_channels_last(strategy)
-    Precision.resolve(cfg.precision, World.detect(device=cfg.device).device)
+    Precision.resolve(cfg.precision, world.device)
     task = load_task(cfg.task, data_dir=cfg.data_dir, options=cfg.task_args)
-    check_options(cfg.strategy, compile=cfg.compile, activation_checkpointing=cfg.activation_checkpointing,
-                  has_blocks=task.blocks is not None)
+    check_options(compile=cfg.compile, activation_checkpointing=cfg.activation_checkpointing, has_blocks=task.blocks is not None)
+    return strategy, task
 
 
 def main(args: argparse.Namespace) -> int:
     configure_cli_logging(0, verbose=args.verbose)
     cfg = config_from_args(args)
     export_diagnostics(args)
-    already_launched = World.detect().distributed  # under torchrun/srun: this process is a worker
-    if already_launched and args.nproc is None:
-        worker_main(cfg)
+    world = World.detect(device=cfg.device)  # once per process; a worker's run() reuses it
+    if world.distributed and args.nproc is None:  # under torchrun/srun: this process is a worker
+        worker_main(cfg, world=world)
         return 0
     spec = launch_spec(args)
     check_layout(cfg.parallel, spec.world_size, cfg.strategy)
-    validate(cfg)
+    # Built here to check the input; a run in this process uses them (a launched worker builds its own).
+    strategy, task = validate(cfg, world, distributed=spec.needs_launch and spec.world_size > 1 or world.distributed)
     if cfg.checkpoint_dir:  # a file, an unwritable place or another job's folder: one line now, not after training
         from ..checkpoint import lock
 
         # Only rank 0's node takes the lock; another node cannot tell whether a holder there is alive.
         lock.preflight(cfg.checkpoint_dir, check_holder=spec.node_rank == 0)
     if not spec.needs_launch:
-        worker_main(cfg)
+        worker_main(cfg, world=world, strategy=strategy, task=task)
         return 0
     return launch_function(spec, worker_main, cfg)

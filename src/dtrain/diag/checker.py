@@ -21,12 +21,12 @@ def _gather(value: Any, size: int) -> list[Any]:
     return out
 
 
-def check_call(ctx: Any, call: CollectiveCall) -> None:
+def check_call(world_size: int, call: CollectiveCall) -> None:
     """Collective: call on every rank. Raise CollectiveMismatch unless every rank is making the
     same call (same op, shapes and dtypes) as this one. The line is gathered for the message only:
     ranks may legitimately reach one collective from different lines (``if rank == 0: ...``)."""
     mine = (call.op, call.shapes, call.site)
-    calls = _gather(mine, ctx.world_size)
+    calls = _gather(mine, world_size)
     if all(c[:2] == mine[:2] for c in calls):
         return
     lines = [f"  rank {r}: {op} {shapes or '(no tensor)'} at {site}" for r, (op, shapes, site) in enumerate(calls)]
@@ -36,9 +36,9 @@ def check_call(ctx: Any, call: CollectiveCall) -> None:
     )
 
 
-def check_same(ctx: Any, what: str, value: Any, *, fix: str) -> None:
+def check_same(world_size: int, what: str, value: Any, *, fix: str) -> None:
     """Collective: call on every rank. Raise CollectiveMismatch unless ``value`` is equal on all ranks."""
-    values = _gather(value, ctx.world_size)
+    values = _gather(value, world_size)
     if all(v == values[0] for v in values):
         return
     listing = ", ".join(f"rank {r}: {v}" for r, v in enumerate(values))

@@ -28,9 +28,8 @@ from typing import Any
 
 from ..checkpoint.lock import pid_alive
 from ..errors import DtrainError
+from ..options import launcher_link
 
-LAUNCHER_PID_ENV = "DTRAIN_LAUNCHER_PID"
-LAUNCH_DIR_ENV = "DTRAIN_LAUNCH_DIR"
 STOP_MARKER = "stop"
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
@@ -82,10 +81,9 @@ def bind_to_launcher() -> None:
     launcher's main thread (torch's elastic agent runs inside the launcher and starts workers
     from it; so does torch.multiprocessing.spawn). Where the parent is not the launcher (a
     wrapper in between) or prctl is missing, a thread polls the launcher instead."""
-    launcher = int(os.environ.get(LAUNCHER_PID_ENV) or 0)
+    launcher, launch_dir = launcher_link()
     if not launcher:
         return
-    launch_dir = os.environ.get(LAUNCH_DIR_ENV)
     bound = _set_pdeathsig(signal.SIGKILL)
     if not pid_alive(launcher) or (launch_dir and os.path.exists(os.path.join(launch_dir, STOP_MARKER))):
         _quiet_exit(128 + signal.SIGTERM)  # launcher gone (before prctl) or stopping: do no work
@@ -144,7 +142,7 @@ def _report(exc: BaseException, *, user_error: bool) -> None:
     no launcher to read it."""
     rank = os.environ.get("RANK", "?")
     text = f"dtrain: error: {exc}" if user_error else _format(exc)
-    launch_dir = os.environ.get(LAUNCH_DIR_ENV)
+    launch_dir = launcher_link()[1]
     if launch_dir and os.path.isdir(launch_dir):
         record = {"rank": rank, "time": time.time(), "user_error": user_error, "type": type(exc).__name__, "text": text}
         tmp = os.path.join(launch_dir, f".error-{os.getpid()}.tmp")

@@ -23,7 +23,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from .lifecycle import LAUNCH_DIR_ENV, LAUNCHER_PID_ENV, STOP_MARKER, read_errors
+from ..options import LAUNCH_DIR_ENV, LAUNCHER_PID_ENV
+from .lifecycle import STOP_MARKER, read_errors
 
 #: Signals the launcher forwards to its workers, and how long it then waits before killing them
 #: (SIGTERM/SIGUSR1 leave time for a checkpoint; a scheduler kills after ~30 s anyway).

@@ -1,47 +1,133 @@
-"""What every strategy provides, and the steps strategies share (plain functions, not a base class)."""
+"""What every strategy provides (``Strategy``, ``Capabilities``), and the steps strategies share
+(plain functions)."""
 
 from __future__ import annotations
 
+import abc
 import contextlib
-from typing import Protocol, runtime_checkable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import nn
 
+from ..precision import Precision
 from ..world import World
 
+if TYPE_CHECKING:
+    from ..collectives import Collectives
 
-@runtime_checkable
-class Strategy(Protocol):
-    """How a model and its optimizer are spread over ranks.
 
-    Optional hooks, looked up with ``getattr`` by the context and the checkpoint manager:
-    ``state_dict``/``load_state_dict`` (per-rank communication state), ``forward_backward``
-    (pipeline: the step runs through the stages), ``forward_only`` (pipeline evaluation),
-    ``data_parallel(world) -> (rank, size)`` (how the data is sharded; pipeline: one replica),
-    ``clip_grad_norm_`` (a norm over every rank's gradients), ``collective_forward`` (fsdp:
-    every forward communicates, so evaluation keeps ranks in step), ``sharded_checkpoint``
-    (every rank saves its part through torch.distributed.checkpoint), ``prepare_checkpoint``
-    (zero1: gather state on rank 0 first), ``comm_payload_bytes`` (for ``dtrain bench``).
+@dataclass(frozen=True, kw_only=True)
+class Capabilities:
+    """The yes/no questions callers ask of a strategy (``strategy.capabilities.X``), declared by
+    each strategy instead of probed with ``getattr``."""
+
+    collective_forward: bool = False
+    """Every forward communicates (fsdp, hsdp: parameters are all-gathered), so ranks must run
+    the same number of forwards: ``ctx.evaluate`` pads the ranks with fewer batches."""
+    sharded_params: bool = False
+    """Parameters become shards (DTensors) of the whole; torch shards only contiguous ones, so
+    channels-last (NHWC) weights cannot be used."""
+    sharded_state: bool = False
+    """Checkpoints are written by every rank through torch.distributed.checkpoint (fsdp, hsdp,
+    pipeline) instead of one file from rank 0."""
+    staged_step: bool = False
+    """With several processes the training step must go through ``forward_backward`` (pipeline:
+    micro-batches flow through the stages); a plain ``model(x)`` runs only this rank's part."""
+    supports_comm: bool = False
+    """``--comm`` methods (compression, PowerSGD, local SGD) can replace the gradient all-reduce."""
+
+
+class Strategy(abc.ABC):
+    """How a model and its optimizer are spread over ranks: the contract every strategy meets.
+
+    A strategy subclasses this, declares ``name`` and ``capabilities``, and implements
+    ``setup_model``; every other hook has a default that fits a strategy without that feature
+    (no communication state, no sharding, one replica per rank). Callers use the hooks and
+    ``capabilities`` only, never ``getattr`` or the strategy's name. (A subclass is the contract,
+    not a way to reuse another strategy: shared steps are plain functions in this module.)
     """
 
-    name: str
+    name: ClassVar[str] = ""
+    capabilities: ClassVar[Capabilities] = Capabilities()
 
-    def setup_model(self, model: nn.Module, world: World) -> nn.Module:
-        """Move ``model`` to the world's device and wrap it for this strategy."""
-        ...
+    # -- wrapping --------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def setup_model(self, model: nn.Module, world: World, blocks: list[nn.Module] | None = None) -> nn.Module:
+        """Move ``model`` to the world's device and wrap it for this strategy. ``blocks``: the
+        model's repeated blocks (fsdp units, pipeline cut points); ignored where they mean nothing.
 
-    def setup_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module) -> torch.optim.Optimizer:
-        """Wrap ``optimizer`` if the strategy communicates through it (identity otherwise)."""
-        ...
+        Collective: call on every rank."""
 
-    def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager:
-        """Context in which backward passes accumulate gradients locally without communicating."""
-        ...
+    def setup_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module | None) -> torch.optim.Optimizer:
+        """Wrap or re-point ``optimizer`` if the strategy communicates through it or replaced the
+        parameters it was built on (identity by default)."""
+        return optimizer
 
     def unwrap(self, model: nn.Module) -> nn.Module:
         """The user's own module inside whatever wrapper ``setup_model`` added."""
-        ...
+        return unwrap_module(model)
+
+    def data_parallel(self, world: World) -> tuple[int, int]:
+        """(rank, size) for sharding the data: by default every rank is a replica reading its own
+        share (pipeline: one replica, every rank reads the same batches)."""
+        return world.rank, world.size
+
+    # -- the step --------------------------------------------------------------------------------
+    def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager:
+        """Context in which backward passes accumulate gradients locally without communicating."""
+        return contextlib.nullcontext()
+
+    def forward_backward(self, model: nn.Module, inputs: torch.Tensor, target: torch.Tensor,
+                         loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], *,
+                         accumulation_steps: int, precision: Precision, collectives: Collectives) -> torch.Tensor:
+        """The whole step of a ``staged_step`` strategy (forward and backward through every
+        stage); returns the mean loss on every rank. Only called when ``capabilities.staged_step``.
+
+        Collective: call on every rank with the same batch."""
+        raise NotImplementedError(f"strategy {self.name!r} has no staged step (capabilities.staged_step is False)")
+
+    def forward_only(self, model: nn.Module, inputs: torch.Tensor) -> torch.Tensor | None:
+        """The model's output for evaluation; None on ranks that hold no output (pipeline's
+        earlier stages). Collective for staged strategies: call on every rank with the same batch."""
+        return model(inputs)
+
+    def clip_grad_norm_(self, parameters: Iterable[nn.Parameter], max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        """Clip by the norm over every rank's gradients; returns the norm before clipping.
+
+        Collective under sharded and staged strategies: call on every rank."""
+        norm = torch.nn.utils.clip_grad_norm_(list(parameters), max_norm, norm_type=norm_type)
+        # Sharded gradients (fsdp: DTensors) give a DTensor norm, already over all shards.
+        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+
+    def after_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """Called after each real optimizer step (local SGD averages parameters here).
+
+        Collective where a strategy does something here: called on every rank."""
+
+    # -- checkpoints and records -----------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any] | None:
+        """This rank's own communication state for checkpoints (None: it has none)."""
+        return None
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what ``state_dict`` returned on this rank."""
+
+    def prepare_checkpoint(self, objects: dict[str, Any]) -> None:
+        """Before a checkpoint's state dicts are taken (zero1: gather the optimizer state on rank 0).
+
+        Collective: called on every rank."""
+
+    def comm_record(self) -> dict[str, Any]:
+        """Fields for result records about how gradients travelled (ddp: ``comm``, ``comm_choice``)."""
+        return {}
+
+    def comm_payload_bytes(self, model: nn.Module) -> int | None:
+        """Bytes handed to collectives per step, for ``dtrain bench`` (default: one all-reduce of
+        the trainable gradients; None: unknown)."""
+        return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
 
 
 class ForwardingOptimizer(torch.optim.Optimizer):

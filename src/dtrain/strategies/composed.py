@@ -18,18 +18,16 @@ from ..parallel.clip import clip_grad_norm_
 from ..parallel.dims import ParallelDims, resolve
 from ..world import World
 from . import register
+from .base import Capabilities, Strategy
 from .fsdp import FSDPConfig
 
 
 @register("composed")
-class ComposedStrategy:
+class ComposedStrategy(Strategy):
     name = "composed"
-    collective_forward = True
-    """TP's layers all-reduce in forward, FSDP all-gathers: every rank runs every forward."""
-    sharded_checkpoint = True
-    """Every rank saves its pieces through torch.distributed.checkpoint (any layout loads them)."""
-    uses_blocks = True
-    """``setup_model`` takes ``blocks=``: the FSDP units, and the units of checkpointing/compile."""
+    # TP's layers all-reduce in forward and FSDP all-gathers (every rank runs every forward);
+    # parameters are DTensors; every rank saves its pieces through torch.distributed.checkpoint.
+    capabilities = Capabilities(collective_forward=True, sharded_params=True, sharded_state=True)
 
     def __init__(self, parallel: str | dict | ParallelDims = "dp_replicate=1", *, tp_plan: Callable[[nn.Module, int], dict] | None = None,
                  compile: bool = False, activation_checkpointing: bool = False, fsdp: FSDPConfig | None = None) -> None:
@@ -97,7 +95,7 @@ class ComposedStrategy:
         return None
 
 
-def strategy_for(strategy: Any, parallel: Any, world: World, options: dict[str, Any], *,
+def strategy_for(strategy: Any, parallel: Any, world_size: int, options: dict[str, Any], *,
                  compile: bool, activation_checkpointing: bool) -> tuple[str, dict[str, Any]]:
     """The strategy (name, options) that runs the layout ``parallel``. A layout of one kind is
     today's strategy (``dp_replicate=N``: ddp, ``dp_shard=N``: fsdp, both: hsdp, ``pp=N``:
@@ -107,16 +105,16 @@ def strategy_for(strategy: Any, parallel: Any, world: World, options: dict[str, 
     if strategy not in ("auto", "composed"):
         raise ConfigError(f"parallel={dims} and strategy={strategy!r} both say how to split the ranks; drop one "
                           "(a strategy name is a layout: ddp = all dp_replicate, fsdp = all dp_shard, pipeline = pp).")
-    dims.check_world(world.size)
+    dims.check_world(world_size)
     options = dict(options)
     plan = options.pop("tp_plan", None)
     if dims.tp == 1 and dims.pp == 1 and dims.dp_shard == 1:
-        return ("ddp" if world.size > 1 else "single"), options
+        return ("ddp" if world_size > 1 else "single"), options
     if dims.tp == 1 and dims.pp == 1 and dims.dp_replicate == 1:
         return "fsdp", options
     if dims.tp == 1 and dims.pp == 1:
         return "hsdp", {**options, "shard_size": dims.dp_shard}
-    if dims.pp == world.size:
+    if dims.pp == world_size:
         return "pipeline", options
     try:  # fsdp's options (wrap, ...) apply to the dp_shard step
         fsdp = FSDPConfig(**options) if options else None

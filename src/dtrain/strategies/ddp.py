@@ -16,7 +16,7 @@ from ..comm import CommSpec, Method, attach, needs_one_bucket, one_bucket_mb
 from ..errors import ConfigError
 from ..world import World
 from . import register
-from .base import move_to_device, unwrap_module
+from .base import Capabilities, Strategy, move_to_device
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,8 +39,9 @@ class DDPConfig:
 
 
 @register("ddp")
-class DDPStrategy:
+class DDPStrategy(Strategy):
     name = "ddp"
+    capabilities = Capabilities(supports_comm=True)
 
     def __init__(self, config: DDPConfig | None = None, *, comm: str | CommSpec | None = None, comm_warmup: int | None = None,
                  **options) -> None:
@@ -52,7 +53,7 @@ class DDPStrategy:
         self._world_size = 1
         self._pending: dict | None = None
 
-    def setup_model(self, model: nn.Module, world: World) -> nn.Module:
+    def setup_model(self, model: nn.Module, world: World, blocks: list[nn.Module] | None = None) -> nn.Module:
         model = move_to_device(model, world)
         if not world.distributed:
             note_once("ddp with one process: running without DistributedDataParallel (nothing to synchronise).")
@@ -105,7 +106,7 @@ class DDPStrategy:
             return
         self.comm.load_state_dict(state["state"], same_ranks=state.get("world_size") == self._world_size)
 
-    def setup_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module) -> torch.optim.Optimizer:
+    def setup_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module | None) -> torch.optim.Optimizer:
         register = getattr(self.comm, "register_optimizer", None)
         if register is not None:  # local SGD keeps each rank's own optimizer state
             register(optimizer)
@@ -114,9 +115,6 @@ class DDPStrategy:
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager:
         ddp = _find_ddp(model)
         return ddp.no_sync() if ddp is not None else contextlib.nullcontext()
-
-    def unwrap(self, model: nn.Module) -> nn.Module:
-        return unwrap_module(model)
 
 
 def _find_ddp(model: nn.Module) -> DistributedDataParallel | None:

@@ -8,8 +8,6 @@ across machines. Without a GPU (or with one) it is a plain single process.
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 from torch import nn
 
@@ -17,14 +15,15 @@ from .._log import note_once
 from ..errors import ConfigError
 from ..world import World
 from . import register
-from .base import move_to_device, unwrap_module
+from .base import Capabilities, Strategy, move_to_device
 
 
 @register("dp")
-class DataParallelStrategy:
+class DataParallelStrategy(Strategy):
     name = "dp"
+    capabilities = Capabilities()  # gradients land on the first device: nothing to hold back in no_sync
 
-    def setup_model(self, model: nn.Module, world: World) -> nn.Module:
+    def setup_model(self, model: nn.Module, world: World, blocks: list[nn.Module] | None = None) -> nn.Module:
         if world.distributed:
             raise ConfigError(
                 f"strategy 'dp' runs in one process, but this job has {world.size}; "
@@ -37,12 +36,3 @@ class DataParallelStrategy:
             note_once(f"dp: {what} visible, so DataParallel has nothing to split; running as a single process.")
             return model
         return nn.DataParallel(model, device_ids=list(range(n_gpus)), output_device=world.device.index)
-
-    def setup_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module) -> torch.optim.Optimizer:
-        return optimizer
-
-    def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager:
-        return contextlib.nullcontext()  # gradients land on the first device; nothing to hold back
-
-    def unwrap(self, model: nn.Module) -> nn.Module:
-        return unwrap_module(model)

@@ -25,6 +25,7 @@ from .._log import note_once
 from ..errors import ConfigError
 from ..world import World
 from . import register
+from .base import Capabilities, Strategy
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -181,14 +182,11 @@ class _ShardedStrategy:
 
 
 @register("fsdp")
-class FSDPStrategy:
+class FSDPStrategy(Strategy):
     name = "fsdp"
-    collective_forward = True
-    """Every forward all-gathers parameters: ranks must run the same number (ctx.evaluate pads)."""
-    sharded_checkpoint = True
-    """Checkpoints are saved by every rank through torch.distributed.checkpoint."""
-    uses_blocks = True
-    """``setup_model`` takes ``blocks=``: the FSDP units when no wrap policy is given."""
+    # Every forward all-gathers parameters; parameters are DTensor shards; checkpoints go through
+    # torch.distributed.checkpoint. ``blocks`` (setup_model) are the units when no wrap policy is given.
+    capabilities = Capabilities(collective_forward=True, sharded_params=True, sharded_state=True)
 
     def __init__(self, config: FSDPConfig | None = None, **options) -> None:
         self.config = config or FSDPConfig(**options)
@@ -203,7 +201,7 @@ class FSDPStrategy:
         mesh = init_device_mesh(world.device.type, (world.size,), mesh_dim_names=("shard",))
         return self._impl.setup(model, world, mesh, blocks)
 
-    def setup_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module) -> torch.optim.Optimizer:
+    def setup_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module | None) -> torch.optim.Optimizer:
         return self._impl.setup_optimizer(optimizer)
 
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager:
@@ -217,11 +215,9 @@ class FSDPStrategy:
 
 
 @register("hsdp")
-class HSDPStrategy:
+class HSDPStrategy(Strategy):
     name = "hsdp"
-    collective_forward = True
-    sharded_checkpoint = True
-    uses_blocks = True
+    capabilities = Capabilities(collective_forward=True, sharded_params=True, sharded_state=True)
 
     def __init__(self, config: FSDPConfig | None = None, **options) -> None:
         self.config = config or FSDPConfig(**options)
@@ -249,7 +245,7 @@ class HSDPStrategy:
             raise ConfigError(f"hsdp: torch cannot build a {shape[0]}x{shape[1]} device mesh on backend {world.backend} ({first}); use --strategy fsdp.") from None
         return self._impl.setup(model, world, mesh, blocks)
 
-    def setup_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module) -> torch.optim.Optimizer:
+    def setup_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module | None) -> torch.optim.Optimizer:
         return self._impl.setup_optimizer(optimizer)
 
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager:

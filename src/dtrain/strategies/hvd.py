@@ -24,7 +24,7 @@ from torch import nn
 from ..errors import ConfigError
 from ..world import World
 from . import register
-from .base import ForwardingOptimizer, move_to_device, unwrap_module
+from .base import Capabilities, ForwardingOptimizer, Strategy, move_to_device
 
 OPS = ("average", "sum")
 COMPRESSIONS = {"none": None, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -209,16 +209,17 @@ def _check_names(named_parameters: Iterable[tuple[str, nn.Parameter]] | None, pa
 
 
 @register("hvd")
-class HorovodStrategy:
+class HorovodStrategy(Strategy):
     """Parameters broadcast from rank 0 at setup; gradients all-reduced by the optimizer."""
 
     name = "hvd"
+    capabilities = Capabilities()
 
     def __init__(self, config: HvdConfig | None = None, **options: Any) -> None:
         self.config = config or HvdConfig(**options)
         self._optimizers: list[GradientAllReduceOptimizer] = []
 
-    def setup_model(self, model: nn.Module, world: World) -> nn.Module:
+    def setup_model(self, model: nn.Module, world: World, blocks: list[nn.Module] | None = None) -> nn.Module:
         model = move_to_device(model, world)
         if world.distributed:
             with torch.no_grad():
@@ -226,7 +227,7 @@ class HorovodStrategy:
                     dist.broadcast(t, src=0)
         return model
 
-    def setup_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module) -> torch.optim.Optimizer:
+    def setup_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module | None) -> torch.optim.Optimizer:
         named = model.named_parameters() if model is not None else None
         opt = GradientAllReduceOptimizer(optimizer, named, config=self.config)
         self._optimizers.append(opt)
@@ -241,6 +242,3 @@ class HorovodStrategy:
         finally:
             for opt in self._optimizers:
                 opt.sync_enabled = True
-
-    def unwrap(self, model: nn.Module) -> nn.Module:
-        return unwrap_module(model)

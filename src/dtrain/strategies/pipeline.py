@@ -17,16 +17,21 @@ import contextlib
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from .._log import note_once
+from ..precision import Precision
 from ..errors import ConfigError
 from ..world import World
 from . import register
+from .base import Capabilities, Strategy
+
+if TYPE_CHECKING:
+    from ..collectives import Collectives
 
 SCHEDULES = ("gpipe", "1f1b")
 
@@ -130,12 +135,11 @@ def _check_untied(children: list[tuple[str, nn.Module]], bounds: list[tuple[int,
 
 
 @register("pipeline")
-class PipelineStrategy:
+class PipelineStrategy(Strategy):
     name = "pipeline"
-    sharded_checkpoint = True
-    """Each rank saves its own stage through torch.distributed.checkpoint."""
-    uses_blocks = True
-    """``setup_model`` takes ``blocks=``: the stages are cut between them when no split points are given."""
+    # Each rank saves its own stage through torch.distributed.checkpoint; the step runs through
+    # the stages. ``blocks`` (setup_model): the stages are cut between them when no split points are given.
+    capabilities = Capabilities(sharded_state=True, staged_step=True)
 
     def __init__(self, config: PipelineConfig | None = None, **options: Any) -> None:
         self.config = config or PipelineConfig(**options)
@@ -152,7 +156,7 @@ class PipelineStrategy:
         self._stage_module = build_stage(model, world, self.config, blocks)
         return self._stage_module
 
-    def setup_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module) -> torch.optim.Optimizer:
+    def setup_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module | None) -> torch.optim.Optimizer:
         # The optimizer was built on the whole model; keep only this stage's parameters, so the
         # other stages' layers (and their optimizer state) are not held on this rank.
         mine = {id(p) for p in self._stage_module.parameters()} if self._stage_module is not None else set()
@@ -177,15 +181,16 @@ class PipelineStrategy:
         return 0, 1
 
     # -- the step ------------------------------------------------------------------------------
-    def forward_backward(self, ctx: Any, model: nn.Module, inputs: torch.Tensor, target: torch.Tensor,
-                         loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    def forward_backward(self, model: nn.Module, inputs: torch.Tensor, target: torch.Tensor,
+                         loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], *,
+                         accumulation_steps: int, precision: Precision, collectives: Collectives) -> torch.Tensor:
         """Forward and backward of one (micro-)batch through every stage; the mean loss, on every rank.
 
         Collective: call on every rank with the same batch."""
         world = self._world
-        if ctx.scaler is not None:
+        if precision.scale_loss:
             raise ConfigError("pipeline does not support fp16-mixed (loss scaling); use --precision bf16-mixed or fp32.")
-        accum = ctx.accumulation_steps
+        accum = accumulation_steps
         n = self.config.microbatches
         if len(inputs) % n:
             raise ConfigError(f"pipeline: a batch of {len(inputs)} samples cannot be split into {n} micro-batches; use a batch size that is a multiple of {n}.")
@@ -193,7 +198,7 @@ class PipelineStrategy:
         schedule = self._schedule(model, accum, inputs.device)
         losses: list[torch.Tensor] = []
         rank, last = world.rank, world.size - 1
-        with ctx.autocast(), ctx._collective(f"pipeline step ({self.config.schedule})", inputs):
+        with precision.autocast(), collectives.labelled(f"pipeline step ({self.config.schedule})", inputs):
             if rank == 0:
                 schedule.step(inputs)
             elif rank == last:
@@ -202,7 +207,7 @@ class PipelineStrategy:
                 schedule.step()
         # Each micro-batch loss was divided by (micro-batches x accumulation window): undo it.
         mean = torch.stack([l.detach().float() for l in losses]).sum() * accum if losses else torch.zeros((), device=inputs.device)
-        return ctx.broadcast(mean, src=last)
+        return collectives.broadcast(mean, src=last)
 
     def _schedule(self, stage_module: nn.Module, accum: int, device: torch.device) -> Any:
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe

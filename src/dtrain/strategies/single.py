@@ -2,28 +2,17 @@
 
 from __future__ import annotations
 
-import contextlib
-
-import torch
 from torch import nn
 
 from ..world import World
 from . import register
-from .base import move_to_device, unwrap_module
+from .base import Capabilities, Strategy, move_to_device
 
 
 @register("single")
-class SingleStrategy:
+class SingleStrategy(Strategy):
     name = "single"
+    capabilities = Capabilities()
 
-    def setup_model(self, model: nn.Module, world: World) -> nn.Module:
+    def setup_model(self, model: nn.Module, world: World, blocks: list[nn.Module] | None = None) -> nn.Module:
         return move_to_device(model, world)
-
-    def setup_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module) -> torch.optim.Optimizer:
-        return optimizer
-
-    def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager:
-        return contextlib.nullcontext()
-
-    def unwrap(self, model: nn.Module) -> nn.Module:
-        return unwrap_module(model)

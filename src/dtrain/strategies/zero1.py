@@ -24,7 +24,7 @@ from torch.distributed.optim import ZeroRedundancyOptimizer
 from ..errors import ConfigError
 from ..world import World
 from . import register
-from .base import unwrap_module
+from .base import Capabilities, Strategy
 from .ddp import DDPConfig, DDPStrategy
 
 
@@ -63,28 +63,26 @@ def shard_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
 
 
 @register("zero1")
-class Zero1Strategy:
+class Zero1Strategy(Strategy):
     name = "zero1"
+    capabilities = Capabilities()
 
     def __init__(self, config: Zero1Config | None = None, **options) -> None:
         self.config = config or Zero1Config(**options)
         # Not a subclass of DDPStrategy: the DDP wrapping is reused as a plain component.
         self._ddp = DDPStrategy(DDPConfig(bucket_cap_mb=self.config.bucket_cap_mb))
 
-    def setup_model(self, model: nn.Module, world: World) -> nn.Module:
+    def setup_model(self, model: nn.Module, world: World, blocks: list[nn.Module] | None = None) -> nn.Module:
         self._distributed = world.distributed
         return self._ddp.setup_model(model, world)
 
-    def setup_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module) -> torch.optim.Optimizer:
+    def setup_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module | None) -> torch.optim.Optimizer:
         if not getattr(self, "_distributed", True):
             return optimizer  # one process: nothing to shard
         return shard_optimizer(optimizer)
 
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager:
         return self._ddp.no_sync(model)
-
-    def unwrap(self, model: nn.Module) -> nn.Module:
-        return unwrap_module(model)
 
     def comm_payload_bytes(self, model: nn.Module) -> int:
         """Bytes handed to collectives per step: the gradients (all-reduce) and the updated

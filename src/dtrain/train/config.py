@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .. import _check as check
+from ..comm import CommSpec
 from ..errors import ConfigError
 
 
@@ -49,8 +50,9 @@ class TrainConfig:
     an elastic restart)."""
     async_save: bool = False
     """Write checkpoints in a background thread after copying the state to host memory."""
-    comm: str | None = None
-    """How DDP's gradients travel (``--comm``): none, fp16, bf16, powersgd[:RANK], localsgd[:H], auto."""
+    comm: str | CommSpec | None = None
+    """How DDP's gradients travel (``--comm``): none, fp16, bf16, powersgd[:RANK], localsgd[:H], auto;
+    parsed here, once, into a ``CommSpec`` (None: ``$DTRAIN_COMM`` or none)."""
     comm_warmup: int | None = None
     """Plain all-reduce steps before the ``comm`` method starts (``--comm-warmup``; default 10)."""
     compile: bool = False
@@ -81,6 +83,8 @@ class TrainConfig:
             raise ConfigError("--resume needs --checkpoint-dir, the folder holding the checkpoints to resume from.")
         if self.keep < 1:
             raise ConfigError(f"--keep must be >= 1, got {self.keep}.")
+        if self.comm is not None or self.comm_warmup is not None:
+            object.__setattr__(self, "comm", CommSpec.parse(self.comm, warmup=self.comm_warmup))
 
 
 def check_accum(batch_size: int, grad_accum: int) -> None:

@@ -16,25 +16,30 @@ from torch.utils.data import DataLoader
 from .. import init, preempt
 from .._log import configure_cli_logging, logger
 from ..context import Context
+from ..strategies import Strategy
 from ..data import default_num_workers, loader_options
 from ..errors import ConfigError, DtrainError
+from ..options import Options
 from ..metrics import DataWait, JsonlSink, ProgressSink, Throughput, render_summary
 from ..tasks import Task, load_task, make_optimizer
 from ..world import World
 from .config import TrainConfig, check_accum
 
 
-def worker_main(cfg: TrainConfig) -> None:
+def worker_main(cfg: TrainConfig, *, world: World | None = None, strategy: Strategy | None = None,
+                task: Task | None = None) -> None:
     """Entry point of one worker: run, print the result line on rank 0, exit with a clean
-    one-line error (status 2) on bad input."""
-    try:
-        world = World.detect(device=cfg.device)
-    except DtrainError as exc:
-        print(f"dtrain: error: {exc}", file=sys.stderr, flush=True)
-        sys.exit(exc.exit_code)
+    one-line error (status 2) on bad input. ``world``, ``strategy``, ``task``: already built by
+    this process (``dtrain train`` without a launch), so nothing is detected or built twice."""
+    if world is None:
+        try:
+            world = World.detect(device=cfg.device)
+        except DtrainError as exc:
+            print(f"dtrain: error: {exc}", file=sys.stderr, flush=True)
+            sys.exit(exc.exit_code)
     configure_cli_logging(world.rank)
     try:
-        result = run(cfg, world=world)
+        result = run(cfg, world=world, strategy=strategy, task=task)
     except DtrainError as exc:
         if world.is_main or not isinstance(exc, Diverged):
             print(f"dtrain: error: {exc}", file=sys.stderr, flush=True)
@@ -45,26 +50,30 @@ def worker_main(cfg: TrainConfig) -> None:
         print(json.dumps(result), flush=True)
 
 
-def run(cfg: TrainConfig, world: World | None = None) -> dict[str, Any]:
-    """Train ``cfg`` on this rank. Collective: call on every rank. Returns the result record."""
+def run(cfg: TrainConfig, world: World | None = None, *, strategy: Strategy | None = None,
+        task: Task | None = None) -> dict[str, Any]:
+    """Train ``cfg`` on this rank. Collective: call on every rank. Returns the result record.
+    ``strategy`` and ``task``: built from ``cfg`` already (otherwise built here)."""
     try:
-        return _run(cfg, world)
+        return _run(cfg, world, strategy, task)
     finally:
         preempt.uninstall()
 
 
-def _run(cfg: TrainConfig, world: World | None) -> dict[str, Any]:
+def _run(cfg: TrainConfig, world: World | None, strategy: Strategy | None, task: Task | None) -> dict[str, Any]:
     t0 = time.perf_counter()
     preempt.install()
-    task = load_task(cfg.task, data_dir=cfg.data_dir, options=cfg.task_args)  # bad input fails before any rendezvous
+    if task is None:
+        task = load_task(cfg.task, data_dir=cfg.data_dir, options=cfg.task_args)  # bad input fails before any rendezvous
     batch = cfg.batch_size or task.batch_size
     check_accum(batch, cfg.grad_accum)
-    ctx = init(
-        cfg.strategy, cfg.precision, seed=cfg.seed, world=world,
-        comm=cfg.comm, comm_warmup=cfg.comm_warmup, compile=cfg.compile,
-        activation_checkpointing=cfg.activation_checkpointing, **cfg.strategy_options,
-        **({"parallel": cfg.parallel, "tp_plan": task.tp_plan} if cfg.parallel else {}),
-    )
+    # A strategy built already carries its options and --comm.
+    built = {"strategy": strategy} if strategy is not None else {
+        "strategy": cfg.strategy, "comm": cfg.comm, **cfg.strategy_options}  # a CommSpec holds its warm-up
+    if strategy is None and cfg.parallel:
+        built.update(parallel=cfg.parallel, tp_plan=task.tp_plan)
+    ctx = init(precision=cfg.precision, seed=cfg.seed, world=world, compile=cfg.compile,
+               activation_checkpointing=cfg.activation_checkpointing, **built)
     try:
         return _train(ctx, cfg, task, batch, t0)
     finally:
@@ -270,8 +279,7 @@ def _log_memory(ctx: Context, model: Any, optimizer: Any) -> None:
 
 def _comm_record(ctx: Context) -> dict[str, Any]:
     """``comm`` (what was asked) and ``comm_choice`` (what ran: auto's pick), when the strategy has one."""
-    describe = getattr(ctx.strategy, "comm_record", None)
-    return describe() if describe is not None else {}
+    return ctx.strategy.comm_record()
 
 
 def _steps_left(loader: Any, per_epoch: int, epochs: int) -> int:
@@ -297,14 +305,10 @@ def _stopped(ctx: Context, task: Task, ckpt: Any, step: int, meter: Throughput, 
 def _fault_injection(rank: int, restarts: int) -> int | None:
     """``DTRAIN_FAULT_INJECT=RANK:STEP``: that rank kills itself (SIGKILL) right after that step,
     on the first attempt only (restarts then resume normally). For fault-tolerance tests."""
-    spec = os.environ.get("DTRAIN_FAULT_INJECT")
-    if not spec or restarts > 0:
+    fault = Options.from_env().fault_inject
+    if fault is None or restarts > 0:
         return None
-    try:
-        r, s = (int(v) for v in spec.split(":"))
-    except ValueError:
-        raise ConfigError(f"DTRAIN_FAULT_INJECT={spec!r} is not RANK:STEP (e.g. 1:25).") from None
-    return s if r == rank else None
+    return fault[1] if fault[0] == rank else None
 
 
 def _rate(meter: Throughput, steps: int, batch: int, ctx: Context) -> float | None:

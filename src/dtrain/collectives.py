@@ -1,0 +1,143 @@
+"""Labelled collectives: every collective dtrain issues goes through one ``Collectives``, which
+records it for the stall watchdog (``Tracker``) and, in debug mode, checks it against the other
+ranks first (``diag.checker``). Mechanisms that communicate (checkpoints, the pipeline strategy,
+the checker) take this object, not the whole ``Context``.
+
+    coll = Collectives(world, Tracker(), debug=False)
+    coll.all_reduce(loss, op="mean")
+    with coll.labelled("pipeline step (1f1b)", inputs):
+        schedule.step(inputs)
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from . import _check as check
+from .diag import Tracker
+from .diag.checker import check_call, check_same
+from .errors import ConfigError
+from .world import World
+
+OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN, "mean": dist.ReduceOp.SUM}
+
+
+def check_tensor(what: str, tensor: Any) -> None:
+    check.instance(what, tensor, torch.Tensor, "give a torch.Tensor (e.g. torch.tensor(loss_value))")
+
+
+class Collectives:
+    """This rank's collectives over the world's default process group, each recorded and
+    (``debug``) checked. With one process every call returns its input (or ``[input]``)."""
+
+    def __init__(self, world: World, tracker: Tracker, *, debug: bool = False) -> None:
+        self.world = world
+        self.tracker = tracker
+        """Heartbeat and recent collectives of this rank (read by the stall watchdog)."""
+        self.debug = debug
+        """Check every collective across ranks before issuing it (``dtrain.init(debug=True)``)."""
+
+    @property
+    def rank(self) -> int:
+        return self.world.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.world.size
+
+    @property
+    def is_main(self) -> bool:
+        return self.world.is_main
+
+    @contextlib.contextmanager
+    def labelled(self, op: str, *tensors: Any) -> Iterator[None]:
+        """Record (for the watchdog) and, in debug mode, check a collective before the block
+        issues it. Collective in debug mode: call on every rank."""
+        call = self.tracker.enter(op, *tensors)
+        try:
+            if self.debug:
+                check_call(self.world_size, call)
+            yield
+        finally:
+            self.tracker.leave(call)
+
+    def check_same(self, what: str, value: Any, *, fix: str) -> None:
+        """Collective: call on every rank. CollectiveMismatch (listing each rank's value) unless
+        ``value`` is equal on every rank."""
+        check_same(self.world_size, what, value, fix=fix)
+
+    def check_rank(self, what: str, rank: Any) -> None:
+        check.integer(what, rank, minimum=0)
+        if rank >= self.world_size:
+            raise ConfigError(f"{what} is {rank}, outside ranks 0..{self.world_size - 1}; give a rank of this job.")
+
+    def all_reduce(self, tensor: torch.Tensor, op: str = "mean") -> torch.Tensor:
+        """Reduce ``tensor`` over all ranks in place and return it.
+
+        Collective: call on every rank. ``op`` is one of mean, sum, max, min.
+        """
+        check_tensor("ctx.all_reduce", tensor)
+        if op not in OPS:
+            raise ConfigError(f"unknown reduce op {op!r}; choose one of: {', '.join(OPS)}.")
+        if self.world.distributed:
+            with self.labelled(f"all_reduce({op})", tensor):
+                dist.all_reduce(tensor, op=OPS[op])
+            if op == "mean":
+                tensor.div_(self.world_size)
+        return tensor
+
+    def all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        """Collective: call on every rank. Every rank's ``tensor`` (same shape on all ranks)."""
+        check_tensor("ctx.all_gather", tensor)
+        if not self.world.distributed:
+            return [tensor]
+        out = [torch.empty_like(tensor) for _ in range(self.world_size)]
+        with self.labelled("all_gather", tensor):
+            dist.all_gather(out, tensor)
+        return out
+
+    def gather_object(self, obj: Any, dst: int | None = None) -> list[Any] | None:
+        """Collective: call on every rank. Every rank's picklable ``obj``, by rank, on every rank
+        (``dst=None``) or only on rank ``dst`` (the others get None)."""
+        if dst is not None:
+            self.check_rank("ctx.gather_object(obj, dst=...)", dst)
+        if not self.world.distributed:
+            return [obj]
+        out: list[Any] = [None] * self.world_size
+        if dst is None:
+            with self.labelled("all_gather_object"):
+                dist.all_gather_object(out, obj)
+            return out
+        with self.labelled(f"gather_object(dst={dst})"):
+            dist.gather_object(obj, out if self.rank == dst else None, dst=dst)
+        return out if self.rank == dst else None
+
+    def broadcast(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
+        """Collective: call on every rank. Copy rank ``src``'s tensor to all ranks, in place."""
+        check_tensor("ctx.broadcast", tensor)
+        self.check_rank("ctx.broadcast(tensor, src=...)", src)
+        if self.world.distributed:
+            with self.labelled(f"broadcast(src={src})", tensor):
+                dist.broadcast(tensor, src=src)
+        return tensor
+
+    def broadcast_object(self, obj: Any, src: int = 0) -> Any:
+        """Collective: call on every rank. Rank ``src``'s picklable object, on every rank."""
+        self.check_rank("ctx.broadcast_object(obj, src=...)", src)
+        if not self.world.distributed:
+            return obj
+        box = [obj]
+        with self.labelled(f"broadcast_object(src={src})"):
+            dist.broadcast_object_list(box, src=src)
+        return box[0]
+
+    def barrier(self) -> None:
+        """Collective: call on every rank. Wait until every rank gets here."""
+        if self.world.distributed:
+            with self.labelled("barrier"):
+                dist.barrier()
