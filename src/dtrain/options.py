@@ -31,6 +31,8 @@ class Options:
     """``DTRAIN_COMM``: how DDP's gradients travel (``dtrain run --comm``)."""
     comm_warmup: int | None = None
     """``DTRAIN_COMM_WARMUP``: plain all-reduce steps before the comm method starts."""
+    parallel: str | None = None
+    """``DTRAIN_PARALLEL``: how ranks split (``dtrain run --parallel dp_shard=2,tp=2``)."""
     fault_inject: tuple[int, int] | None = None
     """``DTRAIN_FAULT_INJECT=RANK:STEP``: that rank kills itself after that step (fault-tolerance tests)."""
 
@@ -44,6 +46,7 @@ class Options:
             run_dir=env.get("DTRAIN_RUN_DIR") or "dtrain-run",
             comm=env.get("DTRAIN_COMM") or None,
             comm_warmup=_steps(env, "DTRAIN_COMM_WARMUP"),
+            parallel=env.get("DTRAIN_PARALLEL") or None,
             fault_inject=_fault(env.get("DTRAIN_FAULT_INJECT")),
         )
 

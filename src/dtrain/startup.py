@@ -19,6 +19,7 @@ from .errors import DtrainError
 from .options import Options
 from .precision import Precision
 from .strategies.base import Strategy
+from .strategies.composed import strategy_for
 from .world import World, init_process_group
 
 
@@ -37,6 +38,7 @@ def init(
     comm_warmup: int | None = None,
     compile: bool = False,
     activation_checkpointing: bool = False,
+    parallel: str | dict[str, int] | Any | None = None,
     **strategy_options: Any,
 ) -> Context:
     """Detect the world, join the process group and build the strategy.
@@ -53,6 +55,8 @@ def init(
     ``compile``: ``torch.compile`` the model in ``ctx.setup`` (per block when blocks are given).
     ``activation_checkpointing``: recompute each block's activations in backward (needs
     ``ctx.setup(..., blocks=...)``). See ``dtrain.transforms`` for the order they are applied in.
+    ``parallel`` (default ``$DTRAIN_PARALLEL``): how ranks split, e.g. ``{"dp_shard": 2, "tp": 2}``
+    or ``"dp_shard=2,tp=2"`` (see ``dtrain.parallel``); ``tp_plan=`` then gives the TP plan.
     """
     _install_excepthook()
     _check_init_args(strategy, precision, seed, world, timeout_s, stall_timeout, debug, run_dir)
@@ -64,6 +68,14 @@ def init(
     world = world or World.detect(device=device)
     spec = CommSpec.parse(comm if comm is not None else env.comm,
                           warmup=comm_warmup if comm_warmup is not None else env.comm_warmup)  # fails on every strategy
+    parallel = parallel if parallel is not None else env.parallel
+    if parallel is not None:  # a layout: today's strategy when it is one, else the composed one
+        strategy, strategy_options = strategy_for(strategy, parallel, world.size, strategy_options, compile=compile,
+                                                  activation_checkpointing=activation_checkpointing)
+        compile = compile and strategy != "composed"  # composed applies both itself, after TP
+        activation_checkpointing = activation_checkpointing and strategy != "composed"
+    else:
+        strategy_options.pop("tp_plan", None)  # a plan is used by layouts with tp only
     strat = strategies.build(strategy, comm=spec, distributed=world.distributed, **strategy_options)
     prec = Precision.resolve(precision, world.device)
     stall = check.number("stall timeout (seconds; 0 turns the watchdog off)", env.stall_timeout if stall_timeout is None else stall_timeout)

@@ -21,6 +21,8 @@ class Method:
     """torchrun, spawn, or ``none`` (one process started directly)."""
     single_process: bool = False
     gpu_only: bool = False
+    parallel: str | None = None
+    """A ``--parallel`` layout (e.g. ``dp_shard=2,tp=2``): the worker runs ``dtrain.init(parallel=...)``."""
 
 
 METHODS: dict[str, Method] = {
@@ -41,6 +43,20 @@ METHODS: dict[str, Method] = {
 }
 
 DEFAULT_METHODS = ("reference", "dp", "ddp", "ddp-spawn", "ddp-bf16", "ddp-fp16", "hvd")
+
+
+def layout_methods(layouts: list[str], nproc: int) -> list[Method]:
+    """One method per ``--parallel`` layout, named by the layout; each must fill ``nproc`` processes."""
+    from ..parallel import parse
+
+    out: list[Method] = []
+    for text in layouts:
+        dims = parse(text)
+        dims.check_world(nproc)
+        if any(m.name == str(dims) for m in out):
+            raise ConfigError(f"--parallel {dims} is given twice; list each layout once.")
+        out.append(Method(name=str(dims), strategy="auto", parallel=str(dims), description=f"dtrain --parallel {dims}"))
+    return out
 
 
 def parse_methods(text: str | None) -> list[Method]:

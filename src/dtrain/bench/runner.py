@@ -52,6 +52,8 @@ def worker_args(cfg: BenchConfig, method: Method, folder: str) -> list[str]:
             "--seed", str(cfg.seed), "--out", folder]
     for pair in cfg.task_args:
         args += ["--task-arg", pair]
+    if method.parallel:
+        args += ["--parallel", method.parallel]
     for flag, value in (("--data-dir", cfg.data_dir), ("--batch-size", cfg.batch_size), ("--device", cfg.device),
                         ("--num-workers", cfg.num_workers)):
         if value is not None:

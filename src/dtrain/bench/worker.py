@@ -18,7 +18,8 @@ def main(argv: list[str] | None = None) -> None:
     args = worker_parser().parse_args(argv)
     try:
         task = load_task(args.task, data_dir=args.data_dir, options=task_options(args.task_arg))
-        ctx = dtrain.init(args.strategy, args.precision, seed=args.seed, device=args.device)
+        layout = {"parallel": args.parallel, "tp_plan": task.tp_plan} if args.parallel else {}
+        ctx = dtrain.init(args.strategy, args.precision, seed=args.seed, device=args.device, **layout)
     except DtrainError as exc:
         print(f"dtrain: error: {exc}", file=sys.stderr)
         sys.exit(exc.exit_code)

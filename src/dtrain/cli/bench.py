@@ -7,6 +7,7 @@ import os
 
 from .._log import configure_cli_logging
 from ..bench import parse_methods
+from ..bench.methods import layout_methods
 from ..bench.report import build_report, markdown, write_report
 from ..bench.runner import BenchConfig, run_bench
 from .. import _check as check
@@ -22,6 +23,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--task-arg", action="append", default=[], metavar="KEY=VALUE", help="option for the task function (repeatable)")
     p.add_argument("--data-dir", default=None, help="folder with the task's data files (mnist: the IDX files)")
     p.add_argument("--methods", default=None, help="comma-separated (default: reference,dp,ddp,ddp-spawn,ddp-bf16,ddp-fp16 on GPU,hvd)")
+    p.add_argument("--parallel", action="append", default=[], metavar="LAYOUT",
+                   help="also measure this --parallel layout (repeatable), e.g. --parallel dp_shard=2,tp=2 --parallel tp=4 (with --methods ddp: a baseline)")
     p.add_argument("-n", "--nproc", type=int, default=2, metavar="NPROC", help="processes per multi-process method (default 2)")
     p.add_argument("--steps", type=int, default=20, help="measured steps per repeat (default 20)")
     p.add_argument("--warmup", type=int, default=5, help="steps before measuring, not counted (default 5)")
@@ -63,7 +66,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
 def main(args: argparse.Namespace) -> int:
     configure_cli_logging(0, verbose=False)
     cfg = config_from_args(args)
-    methods = parse_methods(args.methods)
+    methods = parse_methods(args.methods) + layout_methods(args.parallel, cfg.nproc)
     task = load_task(cfg.task, data_dir=cfg.data_dir, options=parse_task_args(list(cfg.task_args)))  # fail fast
     batch = cfg.batch_size or task.batch_size
     if len(task.train_set) < batch * cfg.nproc:

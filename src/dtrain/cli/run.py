@@ -9,6 +9,7 @@ from .._log import configure_cli_logging
 from ..errors import ConfigError
 from ..launch import launch_script
 from ..launch.runner import run_script
+from .parallel import add_parallel_arg, export_parallel
 from .common import add_comm_args, add_launch_args, export_comm, export_diagnostics, launch_spec, slurm_step
 
 
@@ -16,6 +17,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="run a training script on N processes (torchrun or spawn)", description=__doc__)
     add_launch_args(p)
     add_comm_args(p)
+    add_parallel_arg(p)
     p.add_argument("script", help="the Python script every worker runs")
     p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
     p.set_defaults(func=main)
@@ -31,7 +33,9 @@ def main(args: argparse.Namespace) -> int:
         # `srun -n 8 dtrain run train.py`: one task per process; this task is the worker and
         # dtrain.init() reads its rank from SLURM (as under `srun python train.py`).
         export_diagnostics(args)
+        export_parallel(args, step.ntasks)
         run_script(args.script, list(args.args))
         return 0
     spec = launch_spec(args)
+    export_parallel(args, spec.world_size)
     return launch_script(spec, args.script, list(args.args))

@@ -14,6 +14,7 @@ from ..tasks import Task, load_task
 from ..train import TrainConfig, worker_main
 from ..world import World
 from .common import add_comm_args, add_launch_args, export_diagnostics, launch_spec
+from .parallel import add_parallel_arg, check_layout
 from .sharding import add_sharding_args, strategy_options
 
 
@@ -46,6 +47,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--compile", action="store_true", help="torch.compile the model (per block when the task has blocks; slow first steps)")
     g.add_argument("--activation-checkpointing", action="store_true",
                    help="recompute each block's activations in backward: less memory, ~1/3 more compute (tasks with blocks, e.g. lm)")
+    add_parallel_arg(g)
     add_sharding_args(p)
     add_comm_args(p)
     add_launch_args(p)
@@ -71,11 +73,11 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         checkpoint_dir=args.checkpoint_dir, save_every=args.save_every, device=args.device,
         num_workers=args.num_workers, channels_last=args.channels_last, sync_bn=args.sync_bn, keep=args.keep, resume=args.resume, async_save=args.async_save,
         comm=args.comm, comm_warmup=args.comm_warmup, compile=args.compile,
-        activation_checkpointing=args.activation_checkpointing,
+        activation_checkpointing=args.activation_checkpointing, parallel=args.parallel,
     )
 
 
-def validate(cfg: TrainConfig, world: World, *, distributed: bool) -> tuple[Strategy, Task]:
+def validate(cfg: TrainConfig, world: World, *, distributed: bool) -> tuple[Strategy | None, Task]:
     """Fail on bad input here, once, before any worker starts; returns the strategy and the task
     it built, for a run in this process (``distributed``: whether the job has several processes)."""
     from ..convnets import check_channels_last
@@ -83,8 +85,9 @@ def validate(cfg: TrainConfig, world: World, *, distributed: bool) -> tuple[Stra
     from ..transforms import check_options
 
     comm = cfg.comm if isinstance(cfg.comm, CommSpec) else None  # TrainConfig parsed --comm
-    strategy = strategies.build(cfg.strategy, comm=comm, distributed=distributed, **cfg.strategy_options)
-    if cfg.channels_last:
+    # --parallel: the layout was checked against the job's size; each process builds its strategy.
+    strategy = None if cfg.parallel else strategies.build(cfg.strategy, comm=comm, distributed=distributed, **cfg.strategy_options)
+    if cfg.channels_last and strategy is not None:
         check_channels_last(strategy)
     Precision.resolve(cfg.precision, world.device)
     task = load_task(cfg.task, data_dir=cfg.data_dir, options=cfg.task_args)
@@ -101,6 +104,7 @@ def main(args: argparse.Namespace) -> int:
         worker_main(cfg, world=world)
         return 0
     spec = launch_spec(args)
+    check_layout(cfg.parallel, spec.world_size, cfg.strategy)
     # Built here to check the input; a run in this process uses them (a launched worker builds its own).
     strategy, task = validate(cfg, world, distributed=spec.needs_launch and spec.world_size > 1 or world.distributed)
     if cfg.checkpoint_dir:  # a file, an unwritable place or another job's folder: one line now, not after training

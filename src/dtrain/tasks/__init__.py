@@ -52,6 +52,10 @@ class Task:
     blocks: Callable[[nn.Module], list[nn.Module]] | None = None
     """The model's repeated blocks (transformer blocks, ResNet stages): the units of activation
     checkpointing, FSDP wrapping and pipeline splitting. None: the strategy's own default."""
+    tp_plan: Callable[[nn.Module, int], dict[str, Any]] | None = None
+    """Tensor parallelism: ``tp_plan(model, tp)`` gives ``{submodule name: ParallelStyle}`` for
+    ``torch.distributed.tensor.parallel.parallelize_module`` (lm: ``gpt_tp_plan``). None: the
+    task cannot run with ``--parallel tp=N`` (N > 1)."""
     optimizer: str = "sgd"
     """Default optimizer: one of ``OPTIMIZERS``."""
     lr: float = 0.01

@@ -31,21 +31,37 @@ class Embedding(nn.Module):
 
 
 class CausalSelfAttention(nn.Module):
+    """Multi-head causal self-attention. Query, key and value are separate projections so that
+    tensor parallelism can split each by heads (column-wise: a rank holds whole heads); the head
+    count used in ``forward`` follows from the local width, so a split module runs unchanged."""
+
     def __init__(self, width: int, heads: int, dropout: float) -> None:
         super().__init__()
         self.heads = heads
-        self.qkv = nn.Linear(width, 3 * width)
+        self.q, self.k, self.v = nn.Linear(width, width), nn.Linear(width, width), nn.Linear(width, width)
         self.proj = nn.Linear(width, width)
         self.dropout = dropout
         self.drop = nn.Dropout(dropout)
+        self._register_load_state_dict_pre_hook(_split_fused_qkv)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, c = x.shape
-        q, k, v = self.qkv(x).split(c, dim=2)
-        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
+        q, k, v = self.q(x), self.k(x), self.v(x)
+        size = c // self.heads  # per head; under tensor parallelism q holds heads/tp of them
+        q, k, v = (z.view(b, t, z.shape[-1] // size, size).transpose(1, 2) for z in (q, k, v))
         # Fused attention (flash / memory-efficient kernels where the device has them).
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
-        return self.drop(self.proj(y.transpose(1, 2).contiguous().view(b, t, c)))
+        return self.drop(self.proj(y.transpose(1, 2).contiguous().view(b, t, q.shape[1] * size)))
+
+
+def _split_fused_qkv(state: dict, prefix: str, *args: object) -> None:
+    """Checkpoints written before q, k and v were separate hold one ``qkv`` projection whose
+    rows are [q; k; v]: split it, so they load unchanged."""
+    for kind in ("weight", "bias"):
+        fused = state.pop(f"{prefix}qkv.{kind}", None)
+        if fused is not None:
+            for name, part in zip("qkv", fused.chunk(3, dim=0)):
+                state[f"{prefix}{name}.{kind}"] = part
 
 
 class Block(nn.Module):
@@ -98,6 +114,30 @@ def gpt(*, vocab: int, context: int, layers: int, heads: int, width: int, dropou
 def gpt_blocks(model: nn.Module) -> list[nn.Module]:
     """The transformer blocks of a ``gpt`` model."""
     return [m for m in model.modules() if isinstance(m, Block)]
+
+
+def gpt_tp_plan(model: nn.Module, tp: int) -> dict[str, object]:
+    """The tensor-parallel plan of a ``gpt`` model (Shoeybi et al., "Megatron-LM", 2019): in
+    each block q, k, v and the MLP's first layer split column-wise (a rank computes heads/tp
+    whole heads and 1/tp of the hidden units, with no communication), the attention output and
+    the MLP's second layer row-wise (their partial sums all-reduced once each). Embeddings,
+    LayerNorms and the tied head stay whole on every rank."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    from ..errors import ConfigError
+
+    plan: dict[str, object] = {}
+    for name, block in model.named_modules():
+        if not isinstance(block, Block):
+            continue
+        if block.attn.heads % tp:
+            raise ConfigError(f"task 'lm': heads={block.attn.heads} cannot be split over tp={tp} ranks; "
+                              f"use a head count divisible by {tp} (e.g. --task-arg heads={tp * max(1, block.attn.heads // tp)}).")
+        for sub in ("attn.q", "attn.k", "attn.v", "mlp.0"):
+            plan[f"{name}.{sub}"] = ColwiseParallel()
+        for sub in ("attn.proj", "mlp.2"):
+            plan[f"{name}.{sub}"] = RowwiseParallel()
+    return plan
 
 
 def token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

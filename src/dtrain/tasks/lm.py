@@ -24,7 +24,7 @@ from torch.utils.data import Dataset
 from .._log import logger
 from ..errors import ConfigError, DataError
 from . import Task
-from .gpt import gpt, gpt_blocks, sample_loss, token_loss
+from .gpt import gpt, gpt_blocks, gpt_tp_plan, sample_loss, token_loss
 
 VOCAB = 256  # byte-level: every byte is a token, no tokenizer to download or train
 
@@ -131,6 +131,7 @@ def make_task(data_dir: str | None = None, layers: int = 4, heads: int = 4, widt
         derived_metrics=lambda val_loss: {"perplexity": math.exp(min(val_loss, 700.0))},
         tokens_per_sample=context,
         blocks=gpt_blocks,
+        tp_plan=gpt_tp_plan,
         optimizer="adamw",
         lr=1e-3,
         batch_size=16,

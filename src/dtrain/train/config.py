@@ -59,6 +59,8 @@ class TrainConfig:
     """``torch.compile`` the model (``--compile``; per block when the task declares blocks)."""
     activation_checkpointing: bool = False
     """Recompute each block's activations in backward (``--activation-checkpointing``)."""
+    parallel: str | None = None
+    """How ranks split (``--parallel dp_shard=2,tp=2``; see ``dtrain.parallel``); replaces ``strategy``."""
 
     def __post_init__(self) -> None:
         positive = {"--epochs": self.epochs, "--max-steps": self.max_steps, "--batch-size": self.batch_size,

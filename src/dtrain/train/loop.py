@@ -70,6 +70,8 @@ def _run(cfg: TrainConfig, world: World | None, strategy: Strategy | None, task:
     # A strategy built already carries its options and --comm.
     built = {"strategy": strategy} if strategy is not None else {
         "strategy": cfg.strategy, "comm": cfg.comm, **cfg.strategy_options}  # a CommSpec holds its warm-up
+    if strategy is None and cfg.parallel:
+        built.update(parallel=cfg.parallel, tp_plan=task.tp_plan)
     ctx = init(precision=cfg.precision, seed=cfg.seed, world=world, compile=cfg.compile,
                activation_checkpointing=cfg.activation_checkpointing, **built)
     try:

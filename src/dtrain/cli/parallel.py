@@ -1,0 +1,36 @@
+"""``--parallel LAYOUT`` for `dtrain train`, `dtrain run` (handed to the workers as
+``$DTRAIN_PARALLEL``, which ``dtrain.init`` reads) and `dtrain bench`."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from ..errors import ConfigError
+from ..parallel import parse
+
+HELP = ("how ranks split, e.g. dp_shard=2,tp=2 (names: dp_replicate, dp_shard, tp, pp; their product is the "
+        "number of processes); replaces --strategy")
+
+
+def add_parallel_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--parallel", default=None, metavar="LAYOUT", help=HELP)
+
+
+def check_layout(text: str | None, world_size: int, strategy: str = "auto") -> None:
+    """One line, before any worker starts, for a layout that cannot run on ``world_size``."""
+    if text is None:
+        return
+    dims = parse(text)
+    if strategy not in ("auto", "composed"):
+        raise ConfigError(f"--parallel {dims} and --strategy {strategy} both say how to split the ranks; drop --strategy "
+                          "(a strategy name is a layout: ddp = all dp_replicate, fsdp = all dp_shard, pipeline = pp).")
+    dims.check_world(world_size)
+
+
+def export_parallel(args: argparse.Namespace, world_size: int) -> None:
+    """`dtrain run`: check the layout here, then hand it to the workers."""
+    if getattr(args, "parallel", None) is None:
+        return
+    check_layout(args.parallel, world_size)
+    os.environ["DTRAIN_PARALLEL"] = str(parse(args.parallel))

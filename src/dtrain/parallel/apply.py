@@ -1,0 +1,99 @@
+"""Each parallelism as one short function, applied by ``compose`` in one fixed order:
+
+1. pipeline split (``pp``: not composed yet; see ``check_supported``),
+2. ``apply_tp``: tensor parallelism (the task's plan, through ``parallelize_module``),
+3. ``apply_ac``: activation checkpointing of each block,
+4. ``apply_compile``: ``torch.compile`` of each block,
+5. ``apply_fsdp`` (``dp_shard``, with ``dp_replicate``: HSDP) or ``apply_ddp`` (``dp_replicate``).
+
+The order is torchtitan's (``parallelize_llama``): TP rewrites the layers' parameters into
+DTensors first, so checkpointing recomputes and compile traces the split layers, and FSDP,
+last, shards what TP left on each rank over the data-parallel ranks (a 2-D DTensor).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from .. import transforms
+from ..errors import ConfigError
+from ..strategies.fsdp import FSDPConfig, apply_fully_shard
+from .dims import ParallelDims
+
+
+def apply_tp(model: nn.Module, tp_mesh: Any, plan: dict[str, Any]) -> nn.Module:
+    """Split the plan's layers over ``tp_mesh`` (their weights become DTensors); in place."""
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    if not plan:
+        raise ConfigError("--parallel tp>1: the task's tp_plan is empty; give {submodule name: ColwiseParallel()/RowwiseParallel()}.")
+    names = dict(model.named_modules())
+    missing = [n for n in plan if n not in names]
+    if missing:
+        raise ConfigError(f"the tensor-parallel plan names {', '.join(missing[:3])}, which the model does not have; "
+                          f"plan keys are submodule names such as {next(iter(n for n in names if n), 'block0.mlp')}.")
+    return parallelize_module(model, tp_mesh, plan)
+
+
+def apply_ac(blocks: Sequence[nn.Module]) -> int:
+    """Recompute each block's activations in backward (``dtrain.transforms``)."""
+    return transforms.apply_activation_checkpointing(blocks)
+
+
+def apply_compile(blocks: Sequence[nn.Module]) -> None:
+    """``torch.compile`` each block in place (``dtrain.transforms``)."""
+    transforms.compile_blocks(blocks)
+
+
+def apply_fsdp(model: nn.Module, dp_mesh: Any, device: torch.device, blocks: Sequence[nn.Module] | None,
+               config: FSDPConfig | None = None) -> nn.Module:
+    """``fully_shard`` each block, then the root, over ``dp_mesh`` (1-D: FSDP; 2-D
+    (dp_replicate, dp_shard): HSDP); the fsdp strategy's own function."""
+    return apply_fully_shard(model, dp_mesh, config or FSDPConfig(), device, list(blocks or []))
+
+
+def apply_ddp(model: nn.Module, dp_mesh: Any, device: torch.device) -> nn.Module:
+    """Replicate over ``dp_mesh``: gradients all-reduced in backward. torch's
+    ``DistributedDataParallel`` takes no DTensor parameters, so with TP this is FSDP2's
+    ``replicate`` (DDP built on fully_shard's machinery), which composes with TP's DTensors;
+    parameters then stay whole on every data-parallel rank, as under DDP."""
+    from torch.distributed._composable.replicate_with_fsdp import replicate
+
+    model = model.to(device)
+    replicate(model, mesh=dp_mesh)
+    return model
+
+
+def check_supported(dims: ParallelDims) -> None:
+    """One-line errors for the layouts dtrain does not compose (yet), before anything is built."""
+    if dims.pp > 1 and dims.world_size > dims.pp:
+        raise ConfigError(f"--parallel {dims}: pipeline stages combined with other dimensions are not supported yet; "
+                          f"use --parallel pp={dims.world_size} (or --strategy pipeline), or drop pp.")
+
+
+def compose(model: nn.Module, dims: ParallelDims, mesh: Any, device: torch.device, *,
+            blocks: Sequence[nn.Module] | None = None, plan: Callable[[nn.Module, int], dict[str, Any]] | None = None,
+            activation_checkpointing: bool = False, compile: bool = False,
+            fsdp: FSDPConfig | None = None) -> nn.Module:
+    """Apply every parallelism of ``dims`` to ``model`` in the documented order.
+    Collective: call on every rank."""
+    check_supported(dims)
+    if dims.tp > 1:
+        if plan is None:
+            raise ConfigError(f"--parallel {dims}: the task has no tensor-parallel plan; set Task.tp_plan "
+                              "(e.g. the lm task's gpt_tp_plan), or drop tp.")
+        apply_tp(model.to(device), mesh["tp"], plan(model, dims.tp))
+    if activation_checkpointing:
+        apply_ac(blocks or [])
+    if compile and blocks:
+        apply_compile(blocks)
+    if dims.dp_shard > 1:
+        dp_mesh = mesh["dp_replicate", "dp_shard"] if dims.dp_replicate > 1 else mesh["dp_shard"]
+        return apply_fsdp(model, dp_mesh, device, blocks, fsdp)
+    if dims.dp_replicate > 1:
+        return apply_ddp(model, mesh["dp_replicate"], device)
+    return model.to(device)

@@ -1,0 +1,60 @@
+"""Gradient clipping by the global norm over every parallel dimension, in one all-reduce.
+
+``torch.nn.utils.clip_grad_norm_`` cannot take the gradients of a composed model: TP's layers
+hold DTensors on the ``tp`` mesh, FSDP's on ``(dp_shard, tp)`` or ``dp_shard`` alone, and
+replicated layers plain tensors, and ``_foreach_norm`` refuses such a mix ("got mixed
+torch.Tensor and DTensor"). Here every rank sums |g|^p over its local pieces, each divided by
+how many ranks hold that same piece, and one all-reduce over the world adds them up.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import torch
+import torch.distributed as dist
+
+
+def _copies(grad: torch.Tensor, world_size: int) -> int:
+    """How many ranks of the world hold this same local piece of the gradient."""
+    spec = getattr(grad, "_spec", None)
+    if spec is None:
+        return world_size  # a plain tensor: whole, and the same, on every rank
+    pieces = math.prod(spec.mesh.size(i) for i, p in enumerate(spec.placements) if _splits(p))
+    return world_size // pieces
+
+
+def _splits(placement: object) -> bool:
+    """Shard, or FSDP-over-TP's ``_StridedShard`` (which, on torch 2.14, is no Shard and says
+    ``is_shard() == False``, yet splits the tensor all the same)."""
+    return placement.is_shard() or type(placement).__name__ == "_StridedShard"
+
+
+def _local(grad: torch.Tensor) -> torch.Tensor:
+    """This rank's piece (a view: scaling it scales the gradient). Gradients here are never
+    Partial DTensors: FSDP reduce-scatters and TP's layers reduce them in backward."""
+    return grad.to_local() if hasattr(grad, "to_local") else grad
+
+
+def clip_grad_norm_(parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+    """Scale every gradient by ``min(1, max_norm / total)``, ``total`` the ``norm_type`` norm of
+    all gradients of the model across every rank; returns ``total``.
+    Collective: call on every rank."""
+    grads = [p.grad for p in parameters if p.grad is not None]
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    device = _local(grads[0]).device if grads else torch.device("cpu")
+    acc = torch.zeros((), dtype=torch.float64, device=device)
+    for g in grads:
+        local = _local(g).detach().double()
+        if math.isinf(norm_type):
+            acc = torch.maximum(acc, local.abs().max() if local.numel() else acc)
+        else:
+            acc += local.abs().pow(norm_type).sum() / _copies(g, world)
+    if world > 1:
+        dist.all_reduce(acc, op=dist.ReduceOp.MAX if math.isinf(norm_type) else dist.ReduceOp.SUM)
+    total = acc if math.isinf(norm_type) else acc.pow(1.0 / norm_type)
+    coef = (max_norm / (total + 1e-6)).clamp(max=1.0)
+    for g in grads:
+        _local(g).mul_(coef.to(g.dtype))
+    return total.float()

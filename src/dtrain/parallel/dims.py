@@ -1,0 +1,140 @@
+"""How the ranks are split: one value (as torchtitan's ``ParallelDims``) that builds the one
+``DeviceMesh`` every parallelism uses.
+
+The mesh's dimensions, outermost first, are ``pp, dp_replicate, dp_shard, tp``: tensor-parallel
+ranks are neighbours (on a GPU machine, the GPUs of one node, where the per-layer all-reduces
+are cheapest), pipeline stages are the farthest apart (they exchange only activations).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from ..errors import ConfigError
+
+DIMS = ("pp", "dp_replicate", "dp_shard", "tp")
+"""The mesh's dimension names, outermost first."""
+
+PRESETS = {"ddp": "dp_replicate", "fsdp": "dp_shard", "pipeline": "pp"}
+"""Today's strategy names as layouts: every rank on one dimension (hsdp: both dp dimensions)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParallelDims:
+    """Degrees of each parallelism; their product is the number of processes."""
+
+    dp_replicate: int = 1
+    """Model replicas whose gradients are all-reduced (DDP)."""
+    dp_shard: int = 1
+    """Ranks that shard parameters, gradients and optimizer state (FSDP); with ``dp_replicate``
+    > 1 too, each replica is sharded (HSDP)."""
+    tp: int = 1
+    """Ranks that split each layer's weights (tensor parallelism, Megatron-LM style)."""
+    pp: int = 1
+    """Pipeline stages the model is cut into."""
+
+    def __post_init__(self) -> None:
+        for name in DIMS:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"--parallel {name}={value!r} must be a whole number >= 1; e.g. {name}=2.")
+
+    @property
+    def world_size(self) -> int:
+        return math.prod(getattr(self, n) for n in DIMS)
+
+    @property
+    def dp(self) -> int:
+        """Data-parallel degree: replicas that each read their own share of the data."""
+        return self.dp_replicate * self.dp_shard
+
+    def shape(self) -> tuple[int, ...]:
+        return tuple(getattr(self, n) for n in DIMS)
+
+    def __str__(self) -> str:
+        used = [f"{n}={getattr(self, n)}" for n in ("dp_replicate", "dp_shard", "tp", "pp") if getattr(self, n) > 1]
+        return ",".join(used) or "dp_replicate=1"
+
+    def check_world(self, world_size: int) -> None:
+        """ConfigError with the arithmetic unless the degrees multiply to ``world_size``."""
+        if self.world_size == world_size:
+            return
+        terms = " x ".join(f"{n}={getattr(self, n)}" for n in ("dp_replicate", "dp_shard", "tp", "pp") if getattr(self, n) > 1) or "1"
+        fix = _suggest(self, world_size)
+        raise ConfigError(f"--parallel {self}: {terms} = {self.world_size} processes, but the job has {world_size}; "
+                          f"make the product {world_size}{fix}.")
+
+    def coordinates(self, rank: int) -> dict[str, int]:
+        """This rank's index along each dimension (row-major over ``DIMS``, tp fastest)."""
+        out: dict[str, int] = {}
+        for name in reversed(DIMS):
+            size = getattr(self, name)
+            out[name], rank = rank % size, rank // size
+        return out
+
+    def dp_rank(self, rank: int) -> int:
+        """Which data shard ``rank`` reads: ranks that differ only in tp or pp read the same."""
+        c = self.coordinates(rank)
+        return c["dp_replicate"] * self.dp_shard + c["dp_shard"]
+
+    def build_mesh(self, device_type: str) -> Any:
+        """The one ``DeviceMesh`` of shape (pp, dp_replicate, dp_shard, tp), named by ``DIMS``.
+        Collective: call on every rank."""
+        from torch.distributed.device_mesh import init_device_mesh
+
+        return init_device_mesh(device_type, self.shape(), mesh_dim_names=DIMS)
+
+
+def _suggest(dims: ParallelDims, world_size: int) -> str:
+    """`` (e.g. dp_shard=4)``: the data-parallel degree that fits the rest, when one does."""
+    others = dims.tp * dims.pp * dims.dp_replicate
+    if world_size % others == 0:
+        return f" (e.g. dp_shard={world_size // others} with the rest as given)"
+    return f", or start {dims.world_size} processes"
+
+
+def parse(text: str) -> ParallelDims:
+    """``dp_shard=2,tp=2`` -> ParallelDims; ConfigError naming the bad part."""
+    values: dict[str, int] = {}
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        key, sep, value = part.partition("=")
+        key = key.strip()
+        if not sep or key not in DIMS:
+            raise ConfigError(f"--parallel {text!r}: {part!r} is not NAME=N with NAME one of {', '.join(DIMS)}; write e.g. --parallel dp_shard=2,tp=2.")
+        try:
+            values[key] = int(value)
+        except ValueError:
+            raise ConfigError(f"--parallel {text!r}: {key}={value!r} is not a whole number; write e.g. {key}=2.") from None
+    if not values:
+        raise ConfigError(f"--parallel {text!r} names no dimension; write e.g. --parallel dp_shard=2,tp=2.")
+    return ParallelDims(**values)
+
+
+def resolve(value: str | Mapping[str, int] | ParallelDims) -> ParallelDims:
+    """A ParallelDims from its text (``dp_shard=2,tp=2``), a dict, or itself."""
+    if isinstance(value, ParallelDims):
+        return value
+    if isinstance(value, str):
+        return parse(value)
+    if isinstance(value, Mapping):
+        unknown = sorted(set(value) - set(DIMS))
+        if unknown:
+            raise ConfigError(f"parallel={dict(value)!r} has unknown dimension(s) {', '.join(map(str, unknown))}; use {', '.join(DIMS)}.")
+        return ParallelDims(**value)
+    raise ConfigError(f"parallel={value!r} is a {type(value).__name__}; give a dict such as {{'dp_shard': 2, 'tp': 2}} or text 'dp_shard=2,tp=2'.")
+
+
+def preset(strategy: str, world_size: int) -> ParallelDims | None:
+    """The layout a strategy name stands for on ``world_size`` processes (None: not a layout)."""
+    if strategy in PRESETS:
+        return ParallelDims(**{PRESETS[strategy]: world_size})
+    return None
+
+
+def as_dict(dims: ParallelDims) -> dict[str, int]:
+    return asdict(dims)

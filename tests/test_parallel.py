@@ -1,0 +1,211 @@
+"""Composed parallelisms (``--parallel``): ParallelDims, tensor parallelism on ``lm``, FSDP x TP
+and DDP x TP against one process, checkpoints that load into another layout.
+
+Tier 1: the layout value and its errors, the TP plan, the norm's bookkeeping. Tier 2: 4 ranks on
+gloo (slow on 2 cores: one run per composition, each with a timeout).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+import dtrain
+from dtrain.errors import ConfigError
+from dtrain.parallel import ParallelDims, parse, resolve
+from dtrain.parallel.apply import check_supported
+from dtrain.strategies.composed import strategy_for
+from dtrain.tasks import load_task
+from dtrain.tasks.gpt import CausalSelfAttention, gpt, gpt_tp_plan
+from dtrain.testing import run_cli, run_distributed
+
+TINY = {"layers": "2", "heads": "4", "width": "32", "context": "16", "max_bytes": "40000"}
+STEPS = 4
+CLIP = 0.5  # below the first steps' gradient norm (~1), so clipping acts and a wrong norm shows
+# fp32: TP splits each matmul's sum over tp ranks and FSDP/DDP average half-batch means, so sums
+# are reordered; after 4 steps losses and weights agree to ~1e-6 (measured), a wrong norm or a
+# missing reduction moves them by > 1e-3.
+TOL = 2e-5
+# bf16-mixed: autocast's bf16 matmuls keep 8 bits of mantissa and TP/DP split and reorder their
+# sums, so results round differently (relative 2^-8 per operation): measured after 4 steps,
+# losses differ by 1.1e-3 and norms by 1.8e-3 under dp x tp (1e-4 / 5e-4 under tp=2). The fp32
+# run of the same layout, to 2e-5, is the check on the sums; this one on autocast's path.
+TOL_BF16 = 1e-2
+
+
+# -- tier 1 ---------------------------------------------------------------------------------------
+def test_dims_validate_and_show_the_arithmetic():
+    dims = parse("dp_shard=2,tp=2")
+    assert dims == ParallelDims(dp_shard=2, tp=2) and dims.world_size == 4 and dims.dp == 2
+    dims.check_world(4)
+    with pytest.raises(ConfigError, match=r"dp_shard=2 x tp=2 = 4 processes, but the job has 8; .*dp_shard=4"):
+        dims.check_world(8)
+    with pytest.raises(ConfigError, match="whole number >= 1"):
+        ParallelDims(tp=0)
+    with pytest.raises(ConfigError, match="not NAME=N"):
+        parse("dp=2")
+    with pytest.raises(ConfigError, match="unknown dimension"):
+        resolve({"tensor": 2})
+    assert resolve({"tp": 2}) == ParallelDims(tp=2)
+
+
+def test_tp_ranks_read_the_same_data_and_tp_is_fastest():
+    dims = ParallelDims(dp_replicate=2, dp_shard=2, tp=2)
+    assert [dims.dp_rank(r) for r in range(8)] == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert dims.coordinates(5) == {"pp": 0, "dp_replicate": 1, "dp_shard": 0, "tp": 1}
+
+
+@pytest.mark.parametrize("layout, expected", [
+    ("dp_replicate=4", "ddp"), ("dp_shard=4", "fsdp"), ("dp_replicate=2,dp_shard=2", "hsdp"),
+    ("pp=4", "pipeline"), ("dp_shard=2,tp=2", "composed"), ("tp=4", "composed"),
+])
+def test_one_kind_layouts_are_todays_strategies(layout, expected):
+    name, options = strategy_for("auto", layout, 4, {}, compile=False, activation_checkpointing=False)
+    assert name == expected
+    assert (options.get("shard_size") == 2) if expected == "hsdp" else True
+
+
+def test_layout_and_strategy_together_or_pp_with_dp_are_one_line():
+    with pytest.raises(ConfigError, match="both say how to split"):
+        strategy_for("ddp", "tp=2", 2, {}, compile=False, activation_checkpointing=False)
+    with pytest.raises(ConfigError, match="drop bucket_cap_mb"):
+        strategy_for("auto", "tp=2", 2, {"bucket_cap_mb": 5}, compile=False, activation_checkpointing=False)
+    with pytest.raises(ConfigError, match="pipeline stages combined with other dimensions"):
+        check_supported(ParallelDims(pp=2, dp_shard=2))
+
+
+def test_tp_plan_splits_each_block_and_refuses_uneven_heads():
+    model = gpt(vocab=64, context=8, layers=2, heads=4, width=32)
+    plan = gpt_tp_plan(model, 2)
+    assert sorted(plan) == sorted(f"block{i}.{s}" for i in range(2) for s in ("attn.q", "attn.k", "attn.v", "attn.proj", "mlp.0", "mlp.2"))
+    with pytest.raises(ConfigError, match="heads=4 cannot be split over tp=3"):
+        gpt_tp_plan(model, 3)
+
+
+def test_checkpoints_with_a_fused_qkv_still_load():
+    attn = CausalSelfAttention(8, 2, 0.0)
+    fused = {"qkv.weight": torch.randn(24, 8), "qkv.bias": torch.randn(24),
+             "proj.weight": torch.randn(8, 8), "proj.bias": torch.randn(8)}
+    attn.load_state_dict(fused)
+    assert torch.equal(attn.k.weight, fused["qkv.weight"][8:16]) and torch.equal(attn.v.bias, fused["qkv.bias"][16:])
+
+
+def test_cli_bad_layout_is_one_line():
+    r = run_cli(["train", "--task", "digits", "-n", "2", "--parallel", "dp_shard=3"], timeout=120)
+    assert r.returncode == 2, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert lines == ["dtrain: error: --parallel dp_shard=3: dp_shard=3 = 3 processes, but the job has 2; "
+                     "make the product 2 (e.g. dp_shard=2 with the rest as given)."], r.stderr
+
+
+# -- tier 2: 4 ranks against one process ----------------------------------------------------------
+def train(layout: str | None, switches: dict | None = None) -> tuple[dict, dict]:
+    """The same training in fp32, then in bf16 autocast (what ``bf16-mixed`` does), on one
+    context (starting 4 processes is the slow part)."""
+    task = load_task("lm", options=TINY)
+    extra = {"parallel": layout, "tp_plan": task.tp_plan} if layout else {}
+    ctx = dtrain.init("auto" if layout else "single", seed=0, **extra, **(switches or {}))
+    out = _steps(ctx, task, torch.float32), _steps(ctx, task, torch.bfloat16)
+    ctx.close()
+    return out
+
+
+def _steps(ctx, task, dtype: torch.dtype) -> dict:
+    """``STEPS`` SGD steps with gradient clipping: losses, norms before clipping, full weights."""
+    torch.manual_seed(0)
+    model = task.build_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    model, opt = ctx.setup(model, opt, blocks=task.blocks(model))
+    it = iter(ctx.setup_dataloader(DataLoader(task.train_set, batch_size=16 // ctx.data_parallel_size, shuffle=True)))
+    losses, norms = [], []
+    for _ in range(STEPS):
+        x, y = next(it)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+            loss = ctx.forward_backward(model, x, y, task.loss_fn)
+        norms.append(float(ctx.clip_grad_norm_(model, CLIP)))
+        opt.step()
+        opt.zero_grad()
+        losses.append(ctx.all_reduce(loss.float().clone(), op="mean").item())
+    state = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone()
+             for k, v in ctx.unwrap(model).state_dict().items()}
+    return {"losses": losses, "norms": norms, "state": state, "strategy": ctx.strategy.name}
+
+
+def _assert_close(got: dict, ref: dict, tol: float) -> None:
+    for name in ("losses", "norms"):
+        assert all(abs(a - b) <= tol for a, b in zip(got[name], ref[name], strict=True)), f"{name}: {got[name]} vs {ref[name]}"
+    assert got["state"].keys() == ref["state"].keys()
+    for k in ref["state"]:
+        diff = (got["state"][k].float() - ref["state"][k].float()).abs().max().item()
+        assert diff <= tol, f"{k}: max |diff| {diff:.3g} > {tol}"
+
+
+def _check(layout: str, world_size: int, switches: dict | None = None) -> None:
+    ref32, ref16 = train(None)
+    assert ref32["norms"][0] > CLIP  # clipping acts
+    for fp32, bf16 in run_distributed(train, layout, switches, world_size=world_size, timeout=450):
+        assert fp32["strategy"] == "composed"
+        _assert_close(fp32, ref32, TOL)
+        _assert_close(bf16, ref16, TOL_BF16)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(500)
+def test_fsdp_x_tp_matches_one_process_with_clipping_in_fp32_and_bf16():
+    _check("dp_shard=2,tp=2", 4)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(500)
+def test_ddp_x_tp_matches_one_process_with_clipping_in_fp32_and_bf16():
+    _check("dp_replicate=2,tp=2", 4)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_tp_with_activation_checkpointing_matches_one_process():
+    _check("tp=2", 2, {"activation_checkpointing": True})
+
+
+def _train_cli(ckpt, layout: str | None, nproc: int, steps: int, batch: int) -> tuple[dict, str]:
+    args = ["train", "--task", "lm", "--max-steps", str(steps), "--batch-size", str(batch), "--log-every", "1",
+            "--checkpoint-dir", str(ckpt), "--resume", "-n", str(nproc)]
+    args += ["--parallel", layout] if layout else []
+    for key, value in TINY.items():
+        args += ["--task-arg", f"{key}={value}"]
+    r = run_cli(args, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1]), r.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_checkpoint_of_fsdp_x_tp_resumes_under_fsdp_and_one_process(tmp_path):
+    ckpt = tmp_path / "ck"
+    first, _ = _train_cli(ckpt, "dp_shard=2,tp=2", 4, 2, 8)   # global batch 16 (2 data-parallel ranks)
+    assert first["strategy"] == "composed" and first["steps"] == 2
+    second, log = _train_cli(ckpt, "dp_shard=4", 4, 3, 4)     # global batch 16 again
+    assert "resumed from" in log and "at step 2 (saved by 4 process(es))" in log, log[-2000:]
+    assert second["strategy"] == "fsdp" and second["steps"] == 3
+    third, log = _train_cli(ckpt, None, 1, 4, 16)
+    assert "at step 3 (saved by 4 process(es))" in log, log[-2000:]
+    assert third["steps"] == 4 and third["train_loss"] == third["train_loss"]  # one more step ran (not NaN)
+
+
+def test_tp_without_a_plan_is_one_line_before_any_collective():
+    from dtrain.parallel.apply import compose
+
+    with pytest.raises(ConfigError, match="has no tensor-parallel plan; set Task.tp_plan"):
+        compose(torch.nn.Linear(2, 2), ParallelDims(tp=2), None, torch.device("cpu"))
+
+
+def test_run_checks_the_layout_before_starting_workers(tmp_path):
+    script = tmp_path / "s.py"
+    script.write_text("raise SystemExit('must not run')\n")
+    r = run_cli(["run", "-n", "2", "--parallel", "tp=4", str(script)], timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip().splitlines() == ["dtrain: error: --parallel tp=4: tp=4 = 4 processes, but the job has 2; "
+                                             "make the product 2, or start 4 processes."], r.stderr
