@@ -40,6 +40,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--keep", type=int, default=3, help="checkpoints to keep, newest first (default 3)")
     g.add_argument("--resume", action="store_true", help="continue from the newest valid checkpoint in --checkpoint-dir")
     g.add_argument("--async-save", action="store_true", help="write checkpoints in the background (the copy to host memory blocks)")
+    g.add_argument("--ledger", default=None, metavar="DIR",
+                   help="record the samples of every committed step here (a file per rank); check with `dtrain ckpt ledger DIR`")
     g.add_argument("--compile", action="store_true", help="torch.compile the model (per block when the task has blocks; slow first steps)")
     g.add_argument("--activation-checkpointing", action="store_true",
                    help="recompute each block's activations in backward: less memory, ~1/3 more compute (tasks with blocks, e.g. lm)")
@@ -68,7 +70,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         checkpoint_dir=args.checkpoint_dir, save_every=args.save_every, device=args.device,
         num_workers=args.num_workers, channels_last=args.channels_last, sync_bn=args.sync_bn, keep=args.keep, resume=args.resume, async_save=args.async_save,
         comm=args.comm, comm_warmup=args.comm_warmup, compile=args.compile,
-        activation_checkpointing=args.activation_checkpointing,
+        activation_checkpointing=args.activation_checkpointing, ledger=args.ledger,
     )
 
 

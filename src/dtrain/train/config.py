@@ -57,6 +57,9 @@ class TrainConfig:
     """``torch.compile`` the model (``--compile``; per block when the task declares blocks)."""
     activation_checkpointing: bool = False
     """Recompute each block's activations in backward (``--activation-checkpointing``)."""
+    ledger: str | None = None
+    """Folder of the samples ledger (``--ledger``): every rank appends the samples of each step
+    it commits, for ``dtrain ckpt ledger`` to check exactly-once (``dtrain.data.ledger``)."""
 
     def __post_init__(self) -> None:
         positive = {"--epochs": self.epochs, "--max-steps": self.max_steps, "--batch-size": self.batch_size,
@@ -77,6 +80,8 @@ class TrainConfig:
             raise ConfigError("--save-every needs --checkpoint-dir, the folder to write checkpoints to.")
         if self.resume and not self.checkpoint_dir:
             raise ConfigError("--resume needs --checkpoint-dir, the folder holding the checkpoints to resume from.")
+        if self.ledger is not None:
+            check.output_dir("--ledger", self.ledger)
         if self.keep < 1:
             raise ConfigError(f"--keep must be >= 1, got {self.keep}.")
 

@@ -17,6 +17,7 @@ from .. import init, preempt
 from .._log import configure_cli_logging, logger
 from ..context import Context
 from ..data import default_num_workers, loader_options
+from ..data.ledger import SampleLedger
 from ..errors import ConfigError, DtrainError
 from ..metrics import DataWait, JsonlSink, ProgressSink, Throughput, render_summary
 from ..tasks import Task, load_task, make_optimizer
@@ -106,6 +107,9 @@ def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) ->
         f"batch {batch}/process, {total} steps on {ctx.device}, {workers} data worker(s)/process"
     )
     fault = _fault_injection(ctx.rank, restarts)
+    ledger = SampleLedger(cfg.ledger, loader, ctx) if cfg.ledger else None
+    if ledger is not None:
+        ledger.begin(step)  # after the resume: the steps after `step` of earlier attempts no longer count
     progress = ProgressSink(total, start=step) if ctx.is_main else None
     sink = JsonlSink(cfg.metrics_file) if cfg.metrics_file and ctx.is_main else None
     meter = Throughput()
@@ -136,6 +140,8 @@ def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) ->
             optimizer.zero_grad(set_to_none=True)
             step += 1
             window_steps += 1
+            if ledger is not None:
+                ledger.commit(step)
             if fault is not None and step == fault:
                 os.kill(os.getpid(), signal.SIGKILL)  # DTRAIN_FAULT_INJECT: a crash, for fault-tolerance tests
             if step % cfg.log_every == 0 or step == total:
