@@ -25,6 +25,9 @@ from .tracker import Tracker
 
 STALL_EXIT = 124
 """Exit status of a rank stopped by the watchdog (like timeout(1))."""
+STALL_MARKER = "stalled"
+"""File a rank leaves in its launcher's folder (``$DTRAIN_LAUNCH_DIR``) as it exits on a stall: the
+launcher then kills the node's workers still alive (``launch/reaper.py``), frozen ones included."""
 
 
 class Watchdog:
@@ -96,7 +99,9 @@ class Watchdog:
                 self._store.set(f"snap/{self.rank}", json.dumps(snap))
             except Exception:
                 pass
-            snaps = self._collect(snap)
+            # A frozen rank never answers: wait for the snapshots no longer than needed, so the
+            # job ends (or restarts) within about the stall timeout plus a few seconds.
+            snaps = self._collect(snap, wait_s=min(5.0, max(1.0, self.timeout_s / 10)))
         if self._is_reporter(snaps):
             self.report = merge_report(snaps, self.size, self.timeout_s)
             with open(os.path.join(self.run_dir, "stall-report.txt"), "w") as fh:
@@ -107,6 +112,7 @@ class Watchdog:
             self._wait_for("reported", 10.0)
         sys.stderr.flush()
         sys.stdout.flush()
+        _leave_marker()
         os._exit(STALL_EXIT)
 
     def _collect(self, mine: dict[str, Any], wait_s: float = 5.0) -> dict[int, dict[str, Any]]:
@@ -143,6 +149,16 @@ class Watchdog:
             except Exception:
                 return
             time.sleep(0.1)
+
+
+def _leave_marker() -> None:
+    folder = os.environ.get("DTRAIN_LAUNCH_DIR")
+    if folder and os.path.isdir(folder):
+        try:
+            with open(os.path.join(folder, STALL_MARKER), "w"):
+                pass
+        except OSError:
+            pass
 
 
 def merge_report(snaps: dict[int, dict[str, Any]], size: int, timeout_s: float) -> str:
