@@ -11,7 +11,7 @@ checked across crashes, restarts and changes of world size (``dtrain train --led
 Each attempt of the job is a *generation* (rank 0 numbers it, one more than the ledger's
 newest) and each rank appends to a file of its own, ``gen{G}-rank{R}.jsonl``: a header line
 ``{"begin": S, ...}`` (the step the attempt resumed from), then one line per step with the step
-number, the epoch and the sample indices (plus the indices ``drop_last`` left out, on an
+number, the epoch, the sample indices and the time it was committed (plus the indices ``drop_last`` left out, on an
 epoch's last batch).
 
 The rule that makes a redone step count once: a record of step ``s`` written by generation
@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -65,7 +66,7 @@ class SampleLedger:
         if self._file is None:
             raise RuntimeError("SampleLedger.commit before begin")  # our own misuse
         epoch, indices, dropped = self.loader.last_batch
-        rec: dict[str, Any] = {"s": int(step), "e": int(epoch), "i": indices}
+        rec: dict[str, Any] = {"s": int(step), "e": int(epoch), "i": indices, "t": round(time.time(), 3)}
         if dropped is not None:  # the epoch's last batch: what drop_last left out of it
             rec["d"] = dropped
         self._file.write(json.dumps(rec, separators=(",", ":")) + "\n")

@@ -57,6 +57,9 @@ class TrainConfig:
     """``torch.compile`` the model (``--compile``; per block when the task declares blocks)."""
     activation_checkpointing: bool = False
     """Recompute each block's activations in backward (``--activation-checkpointing``)."""
+    global_batch: int | None = None
+    """Keep this global batch whatever the world size (``--elastic-batch global``): each process
+    takes its share and accumulates micro-batches of ``batch_size`` (``train/elastic.py``)."""
     ledger: str | None = None
     """Folder of the samples ledger (``--ledger``): every rank appends the samples of each step
     it commits, for ``dtrain ckpt ledger`` to check exactly-once (``dtrain.data.ledger``)."""

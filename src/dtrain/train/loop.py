@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -23,6 +24,7 @@ from ..metrics import DataWait, JsonlSink, ProgressSink, Throughput, render_summ
 from ..tasks import Task, load_task, make_optimizer
 from ..world import World
 from .config import TrainConfig, check_accum
+from .elastic import split
 
 
 def worker_main(cfg: TrainConfig) -> None:
@@ -60,6 +62,9 @@ def _run(cfg: TrainConfig, world: World | None) -> dict[str, Any]:
     task = load_task(cfg.task, data_dir=cfg.data_dir, options=cfg.task_args)  # bad input fails before any rendezvous
     batch = cfg.batch_size or task.batch_size
     check_accum(batch, cfg.grad_accum)
+    if cfg.global_batch:  # --elastic-batch global: this world size's share, in micro-batches
+        batch, accum = split(cfg.global_batch, world.size if world is not None else World.detect().size, batch)
+        cfg = dataclasses.replace(cfg, batch_size=batch, grad_accum=accum)
     ctx = init(
         cfg.strategy, cfg.precision, seed=cfg.seed, world=world,
         comm=cfg.comm, comm_warmup=cfg.comm_warmup, compile=cfg.compile,
