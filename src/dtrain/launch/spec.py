@@ -38,6 +38,8 @@ class LaunchSpec:
             raise ConfigError(f"-n/--nproc must be >= 1, got {self.nproc}; give the number of processes per node, e.g. -n 2.")
         if self.nnodes < 1:
             raise ConfigError(f"--nnodes must be >= 1, got {self.nnodes}.")
+        if self.max_nodes is not None:
+            self._check_elastic()
         if not 0 <= self.node_rank < self.nnodes:
             raise ConfigError(f"--node-rank {self.node_rank} is outside 0..{self.nnodes - 1} for --nnodes {self.nnodes}.")
         if self.launcher not in LAUNCHERS:
@@ -48,8 +50,6 @@ class LaunchSpec:
             raise ConfigError("--max-restarts needs --launcher torchrun (torch.multiprocessing.spawn cannot restart workers).")
         if self.master_port is not None and not 0 <= self.master_port <= 65535:
             raise ConfigError(f"--master-port {self.master_port} is not a TCP port; use 1024..65535.")
-        if self.max_nodes is not None:
-            self._check_elastic()
         if self.nnodes > 1 and not self.master_addr:
             raise ConfigError(f"--nnodes {self.nnodes} needs --master-addr, the address of node 0 that every node can reach.")
 
