@@ -47,7 +47,7 @@ def test_global_batch_keeps_the_optimizer_batch_whatever_the_world_size():
     assert total == 32
     assert split(total, 2, 16) == (16, 1)  # full size: one batch per process
     assert split(total, 1, 16) == (32, 2)  # one node left: twice the share, two micro-batches
-    assert split(global_batch(16, 2, 2, 4), 4, 16) == (32, 2)
+    assert split(global_batch(16, 2, 1, 2), 2, 16) == (32, 2)  # 2 processes a node, one node left
     share, k = split(48, 2, 16)  # 1:3 nodes at 2: 24 samples each, in micro-batches of at most 16
     assert share == 24 and share % k == 0 and share // k <= 16
     with pytest.raises(ConfigError, match="does not divide by world size"):
