@@ -52,3 +52,25 @@ def test_global_batch_keeps_the_optimizer_batch_whatever_the_world_size():
     assert share == 24 and share % k == 0 and share // k <= 16
     with pytest.raises(ConfigError, match="does not divide by world size"):
         global_batch(16, 1, 3, 4)  # 64 samples cannot be split over 3 nodes
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_node_killed_and_restarted_the_job_shrinks_grows_and_sees_each_sample_once():
+    """Two launchers on 127.0.0.1 with --nnodes 1:2: node B is killed (kill -9 of every process)
+    at a random step, the survivor goes on alone, B starts again and the job grows back; both
+    finish and the samples ledger is exactly-once (benchmarks/elastic_cycles.py, one job)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from dtrain.launch.store import free_port
+
+    root = Path(__file__).resolve().parent.parent
+    r = subprocess.run([sys.executable, str(root / "benchmarks" / "elastic_cycles.py"), "--jobs", "1", "--epochs", "6",
+                        "--port", str(free_port()), "--timeout", "200"], capture_output=True, text=True, timeout=560)
+    assert r.returncode == 0, r.stderr[-3000:]
+    job, summary = (json.loads(line) for line in r.stdout.strip().splitlines()[-2:])
+    assert summary["completed"] == 1 and summary["exactly_once"] == 1, job
+    assert 0 <= job["steps_redone"] <= 5, job  # at most the save interval
