@@ -96,8 +96,10 @@ def one_job(port: int, delay: float, epochs: int, timeout: float) -> dict:
         time.sleep(random.uniform(2, 6))
         b = start("b2")
         joined = time.time()
-        _, (t2, _) = _wait(lambda: _first_step_of_new_gen(led, gen1, 2), timeout, "no step at world size 2 after the join")
+        gen3, (t2, _) = _wait(lambda: _first_step_of_new_gen(led, gen1, 2), timeout, "no step at world size 2 after the join")
         out["join_to_first_step_s"] = round(t2 - joined, 1)
+        gens = _generations(led)  # a join is planned: the survivor saves before its workers stop
+        out["steps_redone_on_join"] = max(s for _, s in gens[gen1]["steps"]) - gens[gen3]["begin"]
         out["exit_a"], out["exit_b"] = a.wait(timeout), b.wait(timeout)
     except (TimeoutError, subprocess.TimeoutExpired) as exc:
         out["error"] = str(exc)
@@ -128,7 +130,7 @@ def main() -> None:
     ok = [r for r in rows if "loss_to_first_step_s" in r]
     summary = {"jobs": len(rows), "completed": sum(r["completed"] for r in rows),
                "exactly_once": sum(r["exactly_once"] for r in rows)}
-    for key in ("steps_redone", "loss_to_first_step_s", "join_to_first_step_s"):
+    for key in ("steps_redone", "steps_redone_on_join", "loss_to_first_step_s", "join_to_first_step_s"):
         vals = [r[key] for r in ok if key in r]
         summary[key] = {"median": statistics.median(vals), "max": max(vals), "all": vals} if vals else None
     print(json.dumps(summary))
