@@ -56,3 +56,24 @@ def make_logged(log_dir, data_dir=None):
     """``make_dropout``, with a training set that logs the samples it serves (to check exactly-once)."""
     task = make_dropout()
     return {**task, "train_set": LoggedDataset(log_dir, *task["train_set"].tensors)}
+
+
+class SlowDataset(TensorDataset):
+    """A TensorDataset that takes ``delay`` seconds per sample: training that lasts long enough to
+    lose and add nodes while it runs."""
+
+    def __init__(self, delay, *tensors):
+        super().__init__(*tensors)
+        self.delay = delay
+
+    def __getitem__(self, index):
+        import time
+
+        time.sleep(self.delay)
+        return super().__getitem__(index)
+
+
+def make_slow(delay="0.002", epochs="6", data_dir=None):
+    """``make_dropout`` at ``delay`` seconds per sample (16 per batch), for elastic tests."""
+    task = make_dropout()
+    return {**task, "train_set": SlowDataset(float(delay), *task["train_set"].tensors), "epochs": int(epochs)}

@@ -54,6 +54,8 @@ def run_id(host: str, pid: int) -> str:
     env = os.environ
     if env.get("SLURM_JOB_ID"):
         return f"slurm-{env['SLURM_JOB_ID']}"
+    if env.get("DTRAIN_ELASTIC"):  # --nnodes MIN:MAX: rank 0 may move to another node's agent
+        return f"elastic-{env['DTRAIN_ELASTIC']}"
     if env.get("TORCHELASTIC_RUN_ID"):
         return f"elastic-{env['TORCHELASTIC_RUN_ID']}@{host}:{os.getppid()}"
     return f"pid-{pid}@{host}"

@@ -1,4 +1,5 @@
-"""`dtrain ckpt ls|verify|diff`: look into checkpoints, check them, compare two of them."""
+"""`dtrain ckpt ls|verify|diff|consolidate|ledger`: look into checkpoints, check them, compare two of them,
+check a samples ledger."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ def _logged(func):
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("ckpt", help="list, verify and compare checkpoints", description=__doc__)
-    cmds = p.add_subparsers(dest="ckpt_command", metavar="ls|verify|diff|consolidate", parser_class=type(p))
+    cmds = p.add_subparsers(dest="ckpt_command", metavar="ls|verify|diff|consolidate|ledger", parser_class=type(p))
     cmds.required = True
     ls = cmds.add_parser("ls", help="steps, sizes and validity of the checkpoints in DIR")
     ls.add_argument("dir")
@@ -46,6 +47,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     con.add_argument("out", help="the .pt file to write (torch.load(out) gives the state dict)")
     con.add_argument("--entry", default="model", help="what to write: model (default), optimizer, ..., or all (every entry, by name)")
     con.set_defaults(func=_logged(cmd_consolidate))
+    led = cmds.add_parser("ledger", help="per epoch, the samples a --ledger run trained on: seen, duplicated, missing; exit 1 unless exactly once")
+    led.add_argument("dir", help="the folder given to --ledger")
+    led.set_defaults(func=_logged(cmd_ledger))
 
 
 def _human(n: int) -> str:
@@ -182,3 +186,13 @@ def cmd_consolidate(args: argparse.Namespace) -> int:
     size = sum(t.numel() * t.element_size() for t in tensors)
     print(f"wrote {args.out}: {args.entry} of {path}, {len(tensors)} tensors, {_human(size)}")
     return 0
+
+
+def cmd_ledger(args: argparse.Namespace) -> int:
+    from ..data.ledger import check_ledger, render
+
+    if not os.path.isdir(args.dir):
+        raise ConfigError(f"{args.dir} is not a folder; give the folder passed to --ledger.")
+    report = check_ledger(args.dir)
+    print(render(report))
+    return 0 if report.ok else 1

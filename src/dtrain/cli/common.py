@@ -6,6 +6,7 @@ import argparse
 import os
 
 from .. import _check as check
+from ..errors import ConfigError
 
 from ..launch import LaunchSpec
 from ..launch.srun import spec_for_step
@@ -15,12 +16,20 @@ from ..slurm import SlurmStep
 def add_launch_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("where to run")
     g.add_argument("-n", "--nproc", type=int, default=None, metavar="NPROC", help="worker processes on this node (default 1)")
-    g.add_argument("--nnodes", type=int, default=None, help="number of nodes (default 1; under srun: the step's tasks)")
+    g.add_argument("--nnodes", default=None, metavar="N|MIN:MAX",
+                   help="number of nodes (default 1; under srun: the step's tasks); MIN:MAX: nodes may leave and join "
+                        "(c10d rendezvous on --master-addr, the first node, which must stay up)")
     g.add_argument("--node-rank", type=int, default=None, help="index of this node, 0..nnodes-1 (default 0; under srun: the task's index)")
     g.add_argument("--master-addr", default=None, help="address of node 0 (default 127.0.0.1 on one node)")
     g.add_argument("--master-port", type=int, default=None, help="rendezvous port (default: a free port on one node, 29500 on several)")
     g.add_argument("--launcher", default="torchrun", help="torchrun (torch's elastic agent, default) or spawn (torch.multiprocessing.spawn)")
-    g.add_argument("--max-restarts", type=int, default=0, help="restart failed workers up to K times (torchrun launcher)")
+    g.add_argument("--max-restarts", type=int, default=None,
+                   help="restart failed workers up to K times (torchrun launcher; default 0, with --nnodes MIN:MAX 10)")
+    g.add_argument("--rdzv-id", default="dtrain", help="with --nnodes MIN:MAX: the job's name in the rendezvous (default dtrain)")
+    g.add_argument("--rdzv-timeout", type=float, default=600.0, metavar="SECONDS",
+                   help="with --nnodes MIN:MAX: how long a rendezvous waits for MIN nodes (default 600)")
+    g.add_argument("--rdzv-last-call", type=float, default=5.0, metavar="SECONDS",
+                   help="with --nnodes MIN:MAX: once MIN nodes are in, how long to wait for more (default 5)")
     g.add_argument("-v", "--verbose", action="store_true", help="show the launcher's own log")
     d = parser.add_argument_group("diagnostics")
     d.add_argument("--stall-timeout", type=float, default=None, metavar="SECONDS",
@@ -72,16 +81,37 @@ def launch_spec(args: argparse.Namespace) -> LaunchSpec:
     if args.master_addr is not None:
         check.host("--master-addr", args.master_addr)
     nproc = 1 if args.nproc is None else args.nproc
+    nnodes, max_nodes = parse_nnodes(args.nnodes)
+    restarts = args.max_restarts if args.max_restarts is not None else (ELASTIC_RESTARTS if max_nodes is not None else 0)
     step = slurm_step(args)
     if step is not None:
         return spec_for_step(step, os.environ, nproc=nproc, master_port=args.master_port,
-                             launcher=args.launcher, max_restarts=args.max_restarts)
+                             launcher=args.launcher, max_restarts=restarts)
     return LaunchSpec(
         nproc=nproc,
-        nnodes=1 if args.nnodes is None else args.nnodes,
+        nnodes=nnodes,
         node_rank=0 if args.node_rank is None else args.node_rank,
         master_addr=args.master_addr,
         master_port=args.master_port,
         launcher=args.launcher,
-        max_restarts=args.max_restarts,
+        max_restarts=restarts,
+        max_nodes=max_nodes,
+        rdzv_id=args.rdzv_id,
+        join_timeout=args.rdzv_timeout,
+        last_call_s=args.rdzv_last_call,
     )
+
+
+#: With --nnodes MIN:MAX, each node lost costs the survivors one restart (their collectives fail).
+ELASTIC_RESTARTS = 10
+
+
+def parse_nnodes(text: str | None) -> tuple[int, int | None]:
+    """``--nnodes``: N (a fixed set of nodes) or MIN:MAX (elastic); returns (MIN, MAX or None)."""
+    if text is None:
+        return 1, None
+    lo, sep, hi = str(text).partition(":")
+    try:
+        return (int(lo), int(hi)) if sep else (int(lo), None)
+    except ValueError:
+        raise ConfigError(f"--nnodes {text!r} is not a number of nodes or MIN:MAX; write e.g. --nnodes 2 or --nnodes 1:3.") from None

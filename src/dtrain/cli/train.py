@@ -44,6 +44,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--keep", type=int, default=3, help="checkpoints to keep, newest first (default 3)")
     g.add_argument("--resume", action="store_true", help="continue from the newest valid checkpoint in --checkpoint-dir")
     g.add_argument("--async-save", action="store_true", help="write checkpoints in the background (the copy to host memory blocks)")
+    g.add_argument("--elastic-batch", default="per-process", choices=("per-process", "global"),
+                   help="with --nnodes MIN:MAX, when the world size changes: keep each process's --batch-size (default), "
+                        "or keep the full job's global batch with gradient accumulation")
+    g.add_argument("--ledger", default=None, metavar="DIR",
+                   help="record the samples of every committed step here (a file per rank); check with `dtrain ckpt ledger DIR`")
     g.add_argument("--compile", action="store_true", help="torch.compile the model (per block when the task has blocks; slow first steps)")
     g.add_argument("--activation-checkpointing", action="store_true",
                    help="recompute each block's activations in backward: less memory, ~1/3 more compute (tasks with blocks, e.g. lm)")
@@ -73,7 +78,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         checkpoint_dir=args.checkpoint_dir, save_every=args.save_every, device=args.device,
         num_workers=args.num_workers, channels_last=args.channels_last, sync_bn=args.sync_bn, keep=args.keep, resume=args.resume, async_save=args.async_save,
         comm=args.comm, comm_warmup=args.comm_warmup, compile=args.compile,
-        activation_checkpointing=args.activation_checkpointing, parallel=args.parallel,
+        activation_checkpointing=args.activation_checkpointing, parallel=args.parallel, ledger=args.ledger,
     )
 
 
@@ -107,12 +112,34 @@ def main(args: argparse.Namespace) -> int:
     check_layout(cfg.parallel, spec.world_size, cfg.strategy)
     # Built here to check the input; a run in this process uses them (a launched worker builds its own).
     strategy, task = validate(cfg, world, distributed=spec.needs_launch and spec.world_size > 1 or world.distributed)
+    if spec.elastic:
+        cfg = elastic_config(cfg, spec, args.elastic_batch)
+    elif args.elastic_batch != "per-process":
+        raise ConfigError("--elastic-batch global needs --nnodes MIN:MAX (a job whose world size can change).")
     if cfg.checkpoint_dir:  # a file, an unwritable place or another job's folder: one line now, not after training
         from ..checkpoint import lock
 
         # Only rank 0's node takes the lock; another node cannot tell whether a holder there is alive.
-        lock.preflight(cfg.checkpoint_dir, check_holder=spec.node_rank == 0)
+        # A node joining an elastic job finds the lock held by the job it joins.
+        lock.preflight(cfg.checkpoint_dir, check_holder=spec.node_rank == 0 and not spec.elastic)
     if not spec.needs_launch:
         worker_main(cfg, world=world, strategy=strategy, task=task)
         return 0
     return launch_function(spec, worker_main, cfg)
+
+
+def elastic_config(cfg: TrainConfig, spec, semantics: str) -> TrainConfig:
+    """``--nnodes MIN:MAX``: every attempt resumes from the checkpoint folder (a node that joins
+    starts its first attempt), and ``--elastic-batch global`` fixes the global batch."""
+    import dataclasses
+
+    from ..train.elastic import global_batch
+
+    if not cfg.checkpoint_dir:
+        raise ConfigError(f"--nnodes {spec.nnodes}:{spec.max_nodes} needs --checkpoint-dir (and --save-every): "
+                          "after a node leaves or joins, the workers resume from the newest checkpoint.")
+    fixed = None
+    if semantics == "global":
+        batch = cfg.batch_size or load_task(cfg.task, data_dir=cfg.data_dir, options=cfg.task_args).batch_size
+        fixed = global_batch(batch, spec.nproc, spec.nnodes, spec.max_nodes)
+    return dataclasses.replace(cfg, resume=True, global_batch=fixed)

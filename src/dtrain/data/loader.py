@@ -115,7 +115,17 @@ class DeviceLoader:
         self.world_size = world_size
         self._epoch_start = 0  # global offset where the epoch in progress began
         self._yielded = 0  # batches handed out in the epoch in progress
+        self._len = 0  # batches in the epoch in progress
         self._done = False  # the last iteration ran to its end
+
+    @property
+    def last_batch(self) -> tuple[int, list[int], list[int] | None]:
+        """The epoch and sample indices of the batch handed out last; on an epoch's last batch
+        also the indices of this rank's share that ``drop_last`` left out (else None)."""
+        b, order = self.loader.batch_size, self.sampler.order
+        done = self._yielded * b
+        dropped = order[done:] if self._yielded == self._len else None
+        return self.sampler.epoch, order[done - b:done], dropped
 
     @property
     def dataset(self):
@@ -133,7 +143,7 @@ class DeviceLoader:
         return len(self.loader)
 
     def __iter__(self) -> Iterator[Any]:
-        n = len(self.loader)
+        n = self._len = len(self.loader)
         self._on_last(False)
         move = self.device.type != "cpu"
         self._epoch_start, self._yielded, self._done = self.sampler.start, 0, False

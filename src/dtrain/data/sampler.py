@@ -61,6 +61,8 @@ class ShardSampler(Sampler[int]):
         self._next_epoch = 0
         self._skip = 0
         self._start = 0
+        self.order: list[int] = []
+        """This rank's indices in the iteration in progress (what the samples ledger records)."""
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next iteration use ``epoch``'s permutation."""
@@ -111,7 +113,7 @@ class ShardSampler(Sampler[int]):
         self._next_epoch += 1
         skip, self._skip = self._skip, 0
         start, self._start = self._start, 0
-        order = self.global_order(self.epoch, start)[self.rank :: self.world_size][skip:]
+        order = self.order = self.global_order(self.epoch, start)[self.rank :: self.world_size][skip:]
         if self.keyed:
             seed, epoch = self.seed, self.epoch
             return iter([(seed, epoch, i) for i in order])

@@ -22,10 +22,14 @@ from typing import Any, TypeVar
 
 import torch.distributed as dist
 
+from ..options import launcher_link
 from .tracker import Tracker
 
 STALL_EXIT = 124
 """Exit status of a rank stopped by the watchdog (like timeout(1))."""
+STALL_MARKER = "stalled"
+"""File a rank leaves in its launcher's folder (``$DTRAIN_LAUNCH_DIR``) as it exits on a stall: the
+launcher then kills the node's workers still alive (``launch/reaper.py``), frozen ones included."""
 
 STORE_ERRORS = (RuntimeError, OSError, ValueError)
 """What a store call may raise while a job is going down: torch's DistStoreError and
@@ -102,7 +106,9 @@ class Watchdog:
         snaps = {self.rank: snap}
         if self._store is not None:
             self._set(f"snap/{self.rank}", json.dumps(snap))
-            snaps = self._collect(snap)
+            # A frozen rank never answers: wait for the snapshots no longer than needed, so the
+            # job ends (or restarts) within about the stall timeout plus a few seconds.
+            snaps = self._collect(snap, wait_s=min(5.0, max(1.0, self.timeout_s / 10)))
         if self._is_reporter(snaps):
             self.report = merge_report(snaps, self.size, self.timeout_s)
             with open(os.path.join(self.run_dir, "stall-report.txt"), "w") as fh:
@@ -113,6 +119,7 @@ class Watchdog:
             self._wait_for("reported", 10.0)
         sys.stderr.flush()
         sys.stdout.flush()
+        _leave_marker()
         os._exit(STALL_EXIT)
 
     def _collect(self, mine: dict[str, Any], wait_s: float = 5.0) -> dict[int, dict[str, Any]]:
@@ -142,6 +149,16 @@ class Watchdog:
             if self._call(lambda s: s.check([key]), True):
                 return
             time.sleep(0.1)
+
+
+def _leave_marker() -> None:
+    folder = launcher_link()[1]
+    if folder and os.path.isdir(folder):
+        try:
+            with open(os.path.join(folder, STALL_MARKER), "w"):
+                pass
+        except OSError:
+            pass
 
 
 def merge_report(snaps: dict[int, dict[str, Any]], size: int, timeout_s: float) -> str:

@@ -56,7 +56,16 @@ def run_script(script: str, argv: list[str]) -> None:
 
 @contextlib.contextmanager
 def _rendezvous(spec: LaunchSpec) -> Iterator[int]:
-    """Host the rendezvous store on node 0 (bound to the master address); yields its port."""
+    """Host the rendezvous store on node 0 (bound to the master address); yields its port.
+    With ``--nnodes MIN:MAX`` torch's c10d rendezvous hosts its own store on the first node."""
+    if spec.elastic:
+        # Each round builds its workers' store afresh: torch's shared store (the default) keeps the
+        # first round's rank-0 address on the other nodes, and a join after a loss then waited 60 s
+        # for keys nobody could see (torch 2.14, two launchers on one host).
+        with _env_default(ELASTIC_ENV, f"{spec.rdzv_id}@{spec.addr}:{spec.port}"), \
+                _env_default("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1"):
+            yield spec.port
+        return
     if spec.node_rank != 0:
         wait_for_master(spec.addr, spec.port)
         check_nodes(spec, spec.port)
@@ -130,16 +139,12 @@ def _elastic(spec: LaunchSpec, entrypoint: Callable[..., Any] | str, args: tuple
             Supervisor(interrupt_main=spec.max_restarts > 0) as sup:
         config = LaunchConfig(
             min_nodes=spec.nnodes,
-            max_nodes=spec.nnodes,
+            max_nodes=spec.max_nodes or spec.nnodes,
             nproc_per_node=spec.nproc,
-            run_id=f"dtrain-{uuid.uuid4().hex[:8]}" if spec.nnodes == 1 else "dtrain",
-            rdzv_backend="static",
-            rdzv_endpoint=f"{spec.addr}:{port}",
-            rdzv_configs={"rank": spec.node_rank, "timeout": 900},
             max_restarts=spec.max_restarts,
             monitor_interval=0.1,
             start_method="spawn",
-            local_addr=spec.addr if spec.nnodes == 1 else None,
+            **_rdzv_options(spec, port),
             **_signal_options(),
         )
         _quiet_elastic_logs()
@@ -162,6 +167,39 @@ def _elastic(spec: LaunchSpec, entrypoint: Callable[..., Any] | str, args: tuple
         if sup.signum:
             return sup.stopped()
     return 0
+
+
+#: Set for the workers of an elastic job (``--nnodes MIN:MAX``): ``run id@endpoint``. Its
+#: checkpoint lock keys on it (rank 0 may move to another node), and ``dtrain train`` resumes
+#: from its checkpoint folder in every attempt (a joining node's agent starts at restart 0).
+ELASTIC_ENV = "DTRAIN_ELASTIC"
+
+
+def _rdzv_options(spec: LaunchSpec, port: int) -> dict[str, Any]:
+    if spec.elastic:
+        # torch's dynamic rendezvous: the agent on the node whose address is the endpoint hosts
+        # the store (the others connect); nodes may leave and join between MIN and MAX.
+        # Who hosts is decided here, not by torch's guess from host names: two launchers on one
+        # host (or a host name that resolves to the endpoint) both guessed "host", and the second
+        # one's store took half of the connections (a 60 s role_info timeout, seen on 127.0.0.1).
+        return {"run_id": spec.rdzv_id, "rdzv_backend": "c10d", "rdzv_endpoint": f"{spec.addr}:{port}",
+                "rdzv_configs": {"join_timeout": int(spec.join_timeout), "last_call_timeout": int(spec.last_call_s),
+                                 "close_timeout": 30, "is_host": _can_bind(spec.addr, port)}}
+    return {"run_id": f"dtrain-{uuid.uuid4().hex[:8]}" if spec.nnodes == 1 else "dtrain", "rdzv_backend": "static",
+            "rdzv_endpoint": f"{spec.addr}:{port}", "rdzv_configs": {"rank": spec.node_rank, "timeout": 900},
+            "local_addr": spec.addr if spec.nnodes == 1 else None}
+
+
+def _can_bind(addr: str, port: int) -> bool:
+    """Whether this node can listen on ``addr:port``: it is the endpoint's node and nobody hosts yet."""
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in addr else socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((addr, port))
+        return True
+    except OSError:
+        return False
 
 
 def _signal_options() -> dict[str, str]:

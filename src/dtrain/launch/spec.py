@@ -23,12 +23,23 @@ class LaunchSpec:
     launcher: str = "torchrun"
     max_restarts: int = 0
     """How often torch's elastic agent restarts failed workers (torchrun launcher only)."""
+    max_nodes: int | None = None
+    """``--nnodes MIN:MAX``: the job runs on ``nnodes`` (MIN) to ``max_nodes`` nodes, joining and
+    leaving through torch's c10d rendezvous hosted on ``master_addr`` (None: a fixed set of nodes)."""
+    rdzv_id: str = "dtrain"
+    """The job's name in the rendezvous (``--rdzv-id``): nodes with the same id and endpoint form one job."""
+    join_timeout: float = 600.0
+    """Seconds a rendezvous waits for at least MIN nodes before it fails (``--rdzv-timeout``)."""
+    last_call_s: float = 5.0
+    """Once MIN nodes are in, seconds to wait for more (up to MAX) before starting (``--rdzv-last-call``)."""
 
     def __post_init__(self) -> None:
         if self.nproc < 1:
             raise ConfigError(f"-n/--nproc must be >= 1, got {self.nproc}; give the number of processes per node, e.g. -n 2.")
         if self.nnodes < 1:
             raise ConfigError(f"--nnodes must be >= 1, got {self.nnodes}.")
+        if self.max_nodes is not None:
+            self._check_elastic()
         if not 0 <= self.node_rank < self.nnodes:
             raise ConfigError(f"--node-rank {self.node_rank} is outside 0..{self.nnodes - 1} for --nnodes {self.nnodes}.")
         if self.launcher not in LAUNCHERS:
@@ -42,6 +53,26 @@ class LaunchSpec:
         if self.nnodes > 1 and not self.master_addr:
             raise ConfigError(f"--nnodes {self.nnodes} needs --master-addr, the address of node 0 that every node can reach.")
 
+    def _check_elastic(self) -> None:
+        if self.max_nodes < self.nnodes:
+            raise ConfigError(f"--nnodes {self.nnodes}:{self.max_nodes} has MAX below MIN; write MIN:MAX, e.g. 1:3.")
+        if not self.master_addr:
+            raise ConfigError(f"--nnodes {self.nnodes}:{self.max_nodes} needs --master-addr, the address of the first node "
+                              "(it hosts the rendezvous and must stay up); give the same one on every node.")
+        if self.node_rank != 0:
+            raise ConfigError(f"--node-rank {self.node_rank} does not go with --nnodes MIN:MAX; the rendezvous numbers the "
+                              "nodes, leave --node-rank out.")
+        if self.launcher != "torchrun":
+            raise ConfigError("--nnodes MIN:MAX needs --launcher torchrun (torch's elastic agent).")
+        if self.join_timeout <= 0 or self.last_call_s < 0:
+            raise ConfigError(f"--rdzv-timeout must be > 0 and --rdzv-last-call >= 0, got {self.join_timeout:g} and "
+                              f"{self.last_call_s:g}.")
+
+    @property
+    def elastic(self) -> bool:
+        """Nodes may leave and join (``--nnodes MIN:MAX``)."""
+        return self.max_nodes is not None
+
     @property
     def world_size(self) -> int:
         return self.nproc * self.nnodes
@@ -54,8 +85,10 @@ class LaunchSpec:
     def port(self) -> int:
         if self.master_port is not None:
             return self.master_port
+        if self.elastic:
+            return DEFAULT_MULTINODE_PORT
         return 0 if self.nnodes == 1 else DEFAULT_MULTINODE_PORT
 
     @property
     def needs_launch(self) -> bool:
-        return self.world_size > 1 or self.max_restarts > 0
+        return self.world_size > 1 or self.max_restarts > 0 or self.elastic

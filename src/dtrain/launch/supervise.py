@@ -25,6 +25,7 @@ from typing import Any
 
 from ..options import LAUNCH_DIR_ENV, LAUNCHER_PID_ENV
 from .lifecycle import STOP_MARKER, read_errors
+from .reaper import StallReaper
 
 #: Signals the launcher forwards to its workers, and how long it then waits before killing them
 #: (SIGTERM/SIGUSR1 leave time for a checkpoint; a scheduler kills after ~30 s anyway).
@@ -51,6 +52,7 @@ class Supervisor:
         self._done = False
         self._previous: dict[int, Any] = {}
         self._env: dict[str, str | None] = {}
+        self._reaper: StallReaper | None = None
 
     def __enter__(self) -> Supervisor:
         _remove_stale_dirs()
@@ -61,10 +63,13 @@ class Supervisor:
         if threading.current_thread() is threading.main_thread():
             for sig in GRACE_S:
                 self._previous[sig] = signal.signal(sig, self._on_signal)
+        self._reaper = StallReaper(self.dir, self.workers).start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._armed = False
+        if self._reaper is not None:
+            self._reaper.stop()
         for sig, prev in self._previous.items():
             signal.signal(sig, prev)
         self.kill_workers()

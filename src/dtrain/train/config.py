@@ -61,6 +61,12 @@ class TrainConfig:
     """Recompute each block's activations in backward (``--activation-checkpointing``)."""
     parallel: str | None = None
     """How ranks split (``--parallel dp_shard=2,tp=2``; see ``dtrain.parallel``); replaces ``strategy``."""
+    global_batch: int | None = None
+    """Keep this global batch whatever the world size (``--elastic-batch global``): each process
+    takes its share and accumulates micro-batches of ``batch_size`` (``train/elastic.py``)."""
+    ledger: str | None = None
+    """Folder of the samples ledger (``--ledger``): every rank appends the samples of each step
+    it commits, for ``dtrain ckpt ledger`` to check exactly-once (``dtrain.data.ledger``)."""
 
     def __post_init__(self) -> None:
         positive = {"--epochs": self.epochs, "--max-steps": self.max_steps, "--batch-size": self.batch_size,
@@ -81,6 +87,8 @@ class TrainConfig:
             raise ConfigError("--save-every needs --checkpoint-dir, the folder to write checkpoints to.")
         if self.resume and not self.checkpoint_dir:
             raise ConfigError("--resume needs --checkpoint-dir, the folder holding the checkpoints to resume from.")
+        if self.ledger is not None:
+            check.output_dir("--ledger", self.ledger)
         if self.keep < 1:
             raise ConfigError(f"--keep must be >= 1, got {self.keep}.")
         if self.comm is not None or self.comm_warmup is not None:

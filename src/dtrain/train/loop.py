@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -18,12 +19,14 @@ from .._log import configure_cli_logging, logger
 from ..context import Context
 from ..strategies import Strategy
 from ..data import default_num_workers, loader_options
+from ..data.ledger import SampleLedger
 from ..errors import ConfigError, DtrainError
 from ..options import Options
 from ..metrics import DataWait, JsonlSink, ProgressSink, Throughput, render_summary
 from ..tasks import Task, load_task, make_optimizer
 from ..world import World
 from .config import TrainConfig, check_accum
+from .elastic import split
 
 
 def worker_main(cfg: TrainConfig, *, world: World | None = None, strategy: Strategy | None = None,
@@ -67,6 +70,9 @@ def _run(cfg: TrainConfig, world: World | None, strategy: Strategy | None, task:
         task = load_task(cfg.task, data_dir=cfg.data_dir, options=cfg.task_args)  # bad input fails before any rendezvous
     batch = cfg.batch_size or task.batch_size
     check_accum(batch, cfg.grad_accum)
+    if cfg.global_batch:  # --elastic-batch global: this world size's share, in micro-batches
+        batch, accum = split(cfg.global_batch, world.size if world is not None else World.detect().size, batch)
+        cfg = dataclasses.replace(cfg, batch_size=batch, grad_accum=accum)
     # A strategy built already carries its options and --comm.
     built = {"strategy": strategy} if strategy is not None else {
         "strategy": cfg.strategy, "comm": cfg.comm, **cfg.strategy_options}  # a CommSpec holds its warm-up
@@ -116,6 +122,9 @@ def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) ->
         f"batch {batch}/process, {total} steps on {ctx.device}, {workers} data worker(s)/process"
     )
     fault = _fault_injection(ctx.rank, restarts)
+    ledger = SampleLedger(cfg.ledger, loader, ctx) if cfg.ledger else None
+    if ledger is not None:
+        ledger.begin(step)  # after the resume: the steps after `step` of earlier attempts no longer count
     progress = ProgressSink(total, start=step) if ctx.is_main else None
     sink = JsonlSink(cfg.metrics_file) if cfg.metrics_file and ctx.is_main else None
     meter = Throughput()
@@ -146,6 +155,8 @@ def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) ->
             optimizer.zero_grad(set_to_none=True)
             step += 1
             window_steps += 1
+            if ledger is not None:
+                ledger.commit(step)
             if fault is not None and step == fault:
                 os.kill(os.getpid(), signal.SIGKILL)  # DTRAIN_FAULT_INJECT: a crash, for fault-tolerance tests
             if step % cfg.log_every == 0 or step == total:

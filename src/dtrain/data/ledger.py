@@ -1,0 +1,210 @@
+"""The samples ledger: which samples each committed step trained on, so that exactly-once can be
+checked across crashes, restarts and changes of world size (``dtrain train --ledger DIR``,
+``dtrain ckpt ledger DIR``).
+
+    ledger = SampleLedger(DIR, loader, ctx)   # loader: what ctx.setup_dataloader returned
+    ledger.begin(step)                        # collective; after the resume (0 on a fresh start)
+    for x, y in loader:
+        ...; optimizer.step(); step += 1
+        ledger.commit(step)                   # the step's samples, this rank's part
+
+Each attempt of the job is a *generation* (rank 0 numbers it, one more than the ledger's
+newest) and each rank appends to a file of its own, ``gen{G}-rank{R}.jsonl``: a header line
+``{"begin": S, ...}`` (the step the attempt resumed from), then one line per step with the step
+number, the epoch, the sample indices and the time it was committed (plus the indices ``drop_last`` left out, on an
+epoch's last batch).
+
+The rule that makes a redone step count once: a record of step ``s`` written by generation
+``g`` stands unless a later generation began at a step below ``s``. A later generation begins
+at the step of the checkpoint it resumed, so every step after that checkpoint, which the crash
+lost and the new attempt redoes, is dropped from the older generation, on every rank of it,
+whatever the world size was. Lines a kill cut in half are ignored (their step was lost too).
+The folder must be one every node can write, like the checkpoint folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import ConfigError
+
+_FILE = re.compile(r"^gen(\d+)-rank(\d+)\.jsonl$")
+
+
+class SampleLedger:
+    """Appends this rank's committed steps to its ledger file (see the module's docstring)."""
+
+    def __init__(self, folder: str, loader: Any, ctx: Any) -> None:
+        self.folder = folder
+        self.loader = loader
+        self.ctx = ctx
+        self.generation: int | None = None
+        self._file: Any = None
+
+    def begin(self, step: int) -> None:
+        """Open this attempt's file, saying it resumed from ``step``. Collective: call on every rank."""
+        gen = None
+        if self.ctx.is_main:
+            os.makedirs(self.folder, exist_ok=True)
+            gen = newest_generation(self.folder) + 1
+        self.generation = gen = self.ctx.broadcast_object(gen)
+        os.makedirs(self.folder, exist_ok=True)
+        path = os.path.join(self.folder, f"gen{gen:05d}-rank{self.ctx.rank:05d}.jsonl")
+        self._file = open(path, "a", buffering=1)  # one line, one write: a kill leaves at most half a line
+        header = {"begin": int(step), "gen": gen, "rank": self.ctx.rank, "world_size": self.ctx.world_size,
+                  "n": len(self.loader.dataset)}
+        self._file.write(json.dumps(header) + "\n")
+
+    def commit(self, step: int) -> None:
+        """Record the samples of the batch the loader handed out last, as step ``step`` (done)."""
+        if self._file is None:
+            raise RuntimeError("SampleLedger.commit before begin")  # our own misuse
+        epoch, indices, dropped = self.loader.last_batch
+        rec: dict[str, Any] = {"s": int(step), "e": int(epoch), "i": indices, "t": round(time.time(), 3)}
+        if dropped is not None:  # the epoch's last batch: what drop_last left out of it
+            rec["d"] = dropped
+        self._file.write(json.dumps(rec, separators=(",", ":")) + "\n")
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+def newest_generation(folder: str) -> int:
+    """The highest generation number in ``folder``'s ledger files (0 when there is none)."""
+    gens = [int(m.group(1)) for name in _listdir(folder) if (m := _FILE.match(name))]
+    return max(gens, default=0)
+
+
+def _listdir(folder: str) -> list[str]:
+    try:
+        return os.listdir(folder)
+    except OSError:
+        return []
+
+
+# -- the check ---------------------------------------------------------------------------------
+
+@dataclass
+class EpochReport:
+    epoch: int
+    n: int
+    seen: int = 0
+    duplicated: int = 0
+    """Extra trainings of samples seen more than once (a sample seen 3 times counts 2)."""
+    missing: int = 0
+    dropped: int = 0
+    """Samples ``drop_last`` left out by design (fewer than one batch per rank at the epoch's end)."""
+    complete: bool = False
+    """The epoch's last batch was committed (an epoch still in progress may miss samples)."""
+    examples: list[int] = field(default_factory=list)
+
+    @property
+    def exactly_once(self) -> bool:
+        return self.duplicated == 0 and (self.missing == 0 or not self.complete)
+
+
+@dataclass
+class LedgerReport:
+    epochs: list[EpochReport]
+    generations: int
+    steps_kept: int
+    steps_discarded: int
+    torn_lines: int
+
+    @property
+    def ok(self) -> bool:
+        return all(e.exactly_once for e in self.epochs)
+
+
+def check_ledger(folder: str) -> LedgerReport:
+    """Read every ledger file in ``folder`` and count, per epoch, the samples of committed steps."""
+    files = sorted((int(m.group(1)), int(m.group(2)), name) for name in _listdir(folder) if (m := _FILE.match(name)))
+    if not files:
+        raise ConfigError(f"{folder} holds no ledger files (gen*-rank*.jsonl); give the folder passed to --ledger.")
+    begins: dict[int, int] = {}
+    records: list[tuple[int, dict[str, Any]]] = []
+    n, torn = 0, 0
+    for gen, _rank, name in files:
+        lines, cut = _read_lines(os.path.join(folder, name))
+        torn += cut
+        for rec in lines:
+            if "begin" in rec:
+                begins[gen] = min(begins.get(gen, rec["begin"]), int(rec["begin"]))
+                n = max(n, int(rec.get("n", 0)))
+            else:
+                records.append((gen, rec))
+    stands = [(gen, rec) for gen, rec in records if _stands(gen, rec["s"], begins)]
+    lost = {(gen, rec["s"]) for gen, rec in records} - {(gen, rec["s"]) for gen, rec in stands}
+    return LedgerReport(epochs=_count([rec for _, rec in stands], n), generations=len({g for g, _, _ in files}),
+                        steps_kept=len({rec["s"] for _, rec in stands}), steps_discarded=len(lost), torn_lines=torn)
+
+
+def _stands(gen: int, step: int, begins: dict[int, int]) -> bool:
+    """A step stands unless a later generation began before it (and so redid it, or dropped it)."""
+    return all(begin >= step for g, begin in begins.items() if g > gen)
+
+
+def _read_lines(path: str) -> tuple[list[dict[str, Any]], int]:
+    out, torn = [], 0
+    with open(path) as f:
+        for line in f:
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                torn += 1  # cut by a kill in the middle of the write
+                continue
+            if isinstance(rec, dict) and ("begin" in rec or {"s", "e", "i"} <= rec.keys()):
+                out.append(rec)
+            else:
+                torn += 1
+    return out, torn
+
+
+def _count(kept: list[dict[str, Any]], n: int) -> list[EpochReport]:
+    by_epoch: dict[int, list[dict[str, Any]]] = {}
+    for rec in kept:
+        by_epoch.setdefault(int(rec["e"]), []).append(rec)
+    out = []
+    for epoch in sorted(by_epoch):
+        counts: Counter[int] = Counter()
+        dropped: set[int] = set()
+        complete = False
+        for rec in by_epoch[epoch]:
+            counts.update(int(i) for i in rec["i"])
+            if "d" in rec:
+                complete = True
+                dropped.update(int(i) for i in rec["d"])
+        dups = sorted(i for i, c in counts.items() if c > 1)
+        left = set(range(n)) - set(counts) - dropped
+        rep = EpochReport(epoch=epoch, n=n, seen=len(counts), duplicated=sum(counts[i] - 1 for i in dups),
+                          missing=len(left), dropped=len(dropped - set(counts)), complete=complete)
+        rep.examples = (dups or sorted(left))[:5]
+        out.append(rep)
+    return out
+
+
+def render(report: LedgerReport) -> str:
+    lines = [f"{'epoch':>5} {'samples':>8} {'seen':>8} {'duplicated':>10} {'missing':>8} {'dropped':>8}  status"]
+    for e in report.epochs:
+        if e.duplicated:
+            status = f"FAIL: duplicated, e.g. {', '.join(map(str, e.examples))}"
+        elif e.missing and e.complete:
+            status = f"FAIL: missing, e.g. {', '.join(map(str, e.examples))}"
+        elif e.missing:
+            status = "in progress (no duplicate so far)"
+        else:
+            status = "exactly once"
+        lines.append(f"{e.epoch:>5} {e.n:>8} {e.seen:>8} {e.duplicated:>10} {e.missing:>8} {e.dropped:>8}  {status}")
+    lines.append(f"{report.generations} generation(s), {report.steps_kept} committed step(s) counted, "
+                 f"{report.steps_discarded} step record(s) of lost work left out (redone after a resume)"
+                 + (f", {report.torn_lines} torn line(s) ignored" if report.torn_lines else ""))
+    lines.append("dropped: left out by drop_last at an epoch's end (by design, not an error)")
+    return "\n".join(lines)

@@ -1,0 +1,101 @@
+"""End a stalled or frozen worker at once, rather than after torch's 30 s shutdown grace.
+
+When one worker fails, torch's elastic agent stops the others with SIGTERM and waits
+30 s (``PContext.close``'s default, which ``LocalElasticAgent._stop_workers`` does not let a
+caller change) before SIGKILL. A worker frozen with SIGSTOP (or in a stopped state for any
+reason) never acts on the SIGTERM, so a 15 s stall timeout ended the job after ~52 s. Two rules,
+checked by a thread of the launcher every ``POLL_S``:
+
+* a worker that is stopped (state ``T``) while a SIGTERM waits for it is killed now: the
+  agent has asked it to end and it cannot;
+* once the stall watchdog of any worker of this node has reported and exited (it leaves the
+  ``STALL_MARKER`` file in the launch folder), the workers of this node still alive ``GRACE_S``
+  later are killed: they are the stalled ones (a worker blocked in native code that holds the
+  GIL never runs its SIGTERM handler either).
+
+Only the workers alive when the marker was seen are killed, so the workers of a restart (new
+processes) are never touched.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+
+from ..diag.watchdog import STALL_MARKER
+
+POLL_S = 0.2
+GRACE_S = 1.0
+_SIGTERM_BIT = 1 << (signal.SIGTERM - 1)
+
+
+class StallReaper:
+    """The launcher's thread that applies the two rules above to ``workers()`` of ``launch_dir``."""
+
+    def __init__(self, launch_dir: str, workers: Callable[[], list[int]]) -> None:
+        self.launch_dir = launch_dir
+        self.workers = workers
+        self.killed: list[int] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="dtrain-stall-reaper", daemon=True)
+
+    def start(self) -> StallReaper:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def _run(self) -> None:
+        marker = os.path.join(self.launch_dir, STALL_MARKER)
+        doomed: list[int] = []
+        deadline = 0.0
+        while not self._stop.wait(POLL_S):
+            for pid in self.workers():
+                if stopped_with_sigterm_pending(pid):
+                    self._kill(pid)
+            if not doomed and os.path.exists(marker):
+                doomed, deadline = self.workers(), time.monotonic() + GRACE_S
+                _remove(marker)
+            if doomed and time.monotonic() >= deadline:
+                alive = set(self.workers())
+                for pid in doomed:
+                    if pid in alive:
+                        self._kill(pid)
+                doomed = []
+
+    def _kill(self, pid: int) -> None:
+        try:
+            os.kill(pid, signal.SIGKILL)
+            self.killed.append(pid)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def stopped_with_sigterm_pending(pid: int) -> bool:
+    """``pid`` is stopped (SIGSTOP, SIGTSTP, ...) and a SIGTERM waits for it."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            fields = dict(line.split(":", 1) for line in f if ":" in line)
+    except OSError:
+        return False
+    if not fields.get("State", "").strip().startswith("T"):
+        return False
+    pending = 0
+    for key in ("SigPnd", "ShdPnd"):
+        try:
+            pending |= int(fields.get(key, "0").strip(), 16)
+        except ValueError:
+            continue
+    return bool(pending & _SIGTERM_BIT)
+
+
+def _remove(path: str) -> None:
+    try:
+        os.remove(path)
+    except OSError:
+        pass

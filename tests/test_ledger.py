@@ -1,0 +1,101 @@
+"""The samples ledger (`dtrain train --ledger`, `dtrain ckpt ledger`): the rule that counts a redone
+step once, a normal run, a run killed with -9 and resumed (also on another world size), a forged
+duplicate."""
+
+from __future__ import annotations
+
+import collections
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from dtrain.data.ledger import check_ledger, render
+from dtrain.testing import run_cli
+
+ROOT = Path(__file__).resolve().parent.parent
+TASK = "tests.user_task:make_dropout"  # 256 samples, batch 16, 2 epochs: 8 steps an epoch on 2 processes
+
+
+def _write(folder: Path, gen: int, rank: int, begin: int, steps: dict[int, tuple[int, list[int]]], *, n: int = 8,
+           last: set[int] = frozenset()) -> None:
+    lines = [json.dumps({"begin": begin, "gen": gen, "rank": rank, "world_size": 2, "n": n})]
+    for s, (e, idx) in steps.items():
+        rec = {"s": s, "e": e, "i": idx}
+        if s in last:
+            rec["d"] = []
+        lines.append(json.dumps(rec))
+    (folder / f"gen{gen:05d}-rank{rank:05d}.jsonl").write_text("\n".join(lines) + "\n")
+
+
+def test_steps_after_the_resumed_checkpoint_count_once(tmp_path):
+    """Generation 1 did steps 1-3 (2 ranks), crashed; generation 2 (1 rank) resumed from the
+    checkpoint of step 2 and redid step 3 with another split. Step 3 of generation 1 is left out."""
+    _write(tmp_path, 1, 0, 0, {1: (0, [0]), 2: (0, [2]), 3: (0, [4])})
+    _write(tmp_path, 1, 1, 0, {1: (0, [1]), 2: (0, [3]), 3: (0, [5])})
+    _write(tmp_path, 2, 0, 2, {3: (0, [4, 5]), 4: (0, [6, 7])}, last={4})
+    with open(tmp_path / "gen00002-rank00000.jsonl", "a") as f:
+        f.write('{"s":5,"e":1,"i":[1')  # torn by a kill
+    report = check_ledger(str(tmp_path))
+    assert report.ok, render(report)
+    [e0] = report.epochs
+    assert (e0.seen, e0.duplicated, e0.missing, e0.complete) == (8, 0, 0, True)
+    assert (report.steps_discarded, report.torn_lines, report.generations) == (1, 1, 2)
+
+
+def test_a_duplicate_or_a_missing_sample_fails(tmp_path):
+    _write(tmp_path, 1, 0, 0, {1: (0, [0, 1]), 2: (0, [2, 3])})
+    _write(tmp_path, 1, 1, 0, {1: (0, [4, 5]), 2: (0, [6, 1])}, last={2})  # 1 twice, 7 never
+    report = check_ledger(str(tmp_path))
+    assert not report.ok
+    assert (report.epochs[0].duplicated, report.epochs[0].missing) == (1, 1)
+    assert "FAIL: duplicated, e.g. 1" in render(report)
+
+
+def _ledger(folder: Path):
+    r = run_cli(["ckpt", "ledger", str(folder)], timeout=60)
+    return r.returncode, r.stdout + r.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_normal_run_is_exactly_once_and_a_forged_duplicate_fails(tmp_path):
+    led, log = tmp_path / "ledger", tmp_path / "served"
+    log.mkdir()
+    r = run_cli(["train", "--task", "tests.user_task:make_logged", "--task-arg", f"log_dir={log}", "-n", "2",
+                 "--ledger", str(led)], cwd=str(ROOT), timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    code, out = _ledger(led)
+    assert code == 0 and out.count("exactly once") == 2, out
+    # The ledger names the samples the data set actually served, no more, no less.
+    served = collections.Counter(int(v) for f in log.iterdir() for v in f.read_text().split())
+    recorded = collections.Counter(i for f in led.iterdir() for line in f.read_text().splitlines()
+                                   if '"i"' in line for i in json.loads(line)["i"])
+    assert served == recorded
+    rank1 = led / "gen00001-rank00001.jsonl"
+    step = json.loads(rank1.read_text().splitlines()[3])
+    with open(rank1, "a") as f:  # a forged record: step 3's samples again, as epoch 0 of a step 99
+        f.write(json.dumps({"s": 99, "e": step["e"], "i": step["i"]}) + "\n")
+    code, out = _ledger(led)
+    assert code == 1 and "FAIL: duplicated" in out, out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_kill_9_under_max_restarts_then_resume_on_one_process_is_exactly_once(tmp_path):
+    rank, step = random.randrange(2), random.randrange(1, 10)  # any draw must pass; printed on failure
+    where = f"rank {rank} killed after step {step}"
+    ck, led = tmp_path / "ck", tmp_path / "ledger"
+    r = run_cli(["train", "--task", TASK, "-n", "2", "--checkpoint-dir", str(ck), "--save-every", "3", "--max-steps", "10",
+                 "--max-restarts", "2", "--ledger", str(led)], cwd=str(ROOT), timeout=300,
+                env={"DTRAIN_FAULT_INJECT": f"{rank}:{step}"})
+    assert r.returncode == 0, f"{where}\n{r.stderr[-3000:]}"
+    r = run_cli(["train", "--task", TASK, "-n", "1", "--checkpoint-dir", str(ck), "--resume", "--ledger", str(led)],
+                cwd=str(ROOT), timeout=300)
+    assert r.returncode == 0, f"{where}\n{r.stderr[-3000:]}"
+    report = check_ledger(str(led))
+    assert report.ok and len(report.epochs) == 2 and all(e.complete for e in report.epochs), f"{where}\n{render(report)}"
+    # The kill comes after step's ledger record and before its save: the steps after the last save are redone.
+    assert report.steps_discarded == step - 3 * ((step - 1) // 3), f"{where}\n{render(report)}"
+    assert report.generations == 3, f"{where}\n{render(report)}"
