@@ -20,8 +20,8 @@ def test_every_strategy_meets_the_contract(name):
 
 def test_capabilities_answer_what_callers_ask():
     caps = {name: strategies.build(name).capabilities for name in strategies.available()}
-    assert [n for n, c in caps.items() if c.sharded_state] == ["fsdp", "hsdp", "pipeline"]
-    assert [n for n, c in caps.items() if c.collective_forward] == ["fsdp", "hsdp"]
+    assert [n for n, c in caps.items() if c.sharded_state] == ["composed", "fsdp", "hsdp", "pipeline"]
+    assert [n for n, c in caps.items() if c.collective_forward] == ["composed", "fsdp", "hsdp"]
     assert [n for n, c in caps.items() if c.staged_step] == ["pipeline"]
     assert [n for n, c in caps.items() if c.supports_comm] == ["ddp"]
 

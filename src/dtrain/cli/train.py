@@ -90,6 +90,8 @@ def validate(cfg: TrainConfig, world: World, *, distributed: bool) -> tuple[Stra
     from ..transforms import check_options
 
     comm = cfg.comm if isinstance(cfg.comm, CommSpec) else None  # TrainConfig parsed --comm
+    if comm is not None and cfg.strategy != "auto":  # a strategy named with a --comm it cannot take is a
+        strategies.comm_options(cfg.strategy, comm, distributed=True)  # mistake at any size: the rule's error
     # --parallel: the layout was checked against the job's size; each process builds its strategy.
     strategy = None if cfg.parallel else strategies.build(cfg.strategy, comm=comm, distributed=distributed, **cfg.strategy_options)
     if cfg.channels_last and strategy is not None:
