@@ -27,6 +27,8 @@ import dtrain
 from dtrain.errors import ConfigError
 from dtrain.strategies.hvd import GradientAllReduceOptimizer, HvdConfig
 
+__version__ = "0.28.1+dtrain"  # the Horovod API level this follows
+
 Average = "average"
 Sum = "sum"
 Adasum = "adasum"
