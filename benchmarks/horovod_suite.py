@@ -189,6 +189,8 @@ def main() -> int:
     p.add_argument("--timeout", type=float, default=1500, help="seconds one world size may take (default 1500)")
     p.add_argument("--gloo-timeout", type=int, default=60,
                    help="HOROVOD_GLOO_TIMEOUT_SECONDS: how long a collective waits for a missing rank (default 60)")
+    p.add_argument("--rerun-failed", action="store_true",
+                   help="run each failed test again alone, in a fresh job, and report that outcome")
     p.add_argument("--show-skips", action="store_true", help="list each skipped test and its reason")
     p.add_argument("--json", type=Path, default=None, help="write every test's verdict here")
     args = p.parse_args()
@@ -200,7 +202,21 @@ def main() -> int:
     report = []
     for n in args.nproc:
         results, elapsed, _ = run_once(args.test_file, n, args.timeout, extra, args.gloo_timeout)
-        report.append(summarize(n, results, elapsed))
+        summary = summarize(n, results, elapsed)
+        if args.rerun_failed:
+            # A test that fails on some ranks only (e.g. an assertion on one rank's slice) leaves
+            # the others waiting in a collective: the next tests then fail by timeout. Each failed
+            # test alone, in a fresh job, says whether it fails by itself.
+            failed = sorted(k for k, e in results.items() if e["verdict"] == "failed")
+            start = time.perf_counter()
+            for name in failed:
+                alone, _, _ = run_once(args.test_file, n, 300, ["-k", name], args.gloo_timeout)
+                if name in alone:
+                    results[name] = dict(alone[name], rerun=True)
+            print(f"-- re-ran {len(failed)} failed test(s) one job each ({time.perf_counter() - start:.0f} s):")
+            summary = summarize(n, results, elapsed)
+            summary["rerun"] = failed
+        report.append(summary)
         if args.show_skips:
             for name, e in sorted(results.items()):
                 if e["verdict"] == "skipped":

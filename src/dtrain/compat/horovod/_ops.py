@@ -321,7 +321,9 @@ class _ReducescatterFn(torch.autograd.Function):
     def backward(ctx, grad):
         op, ps = ctx.args
         full, _ = synchronize(_submit(lambda: C.allgather_body(grad.contiguous(), ps), None))
-        return (full / ps.size() if op == Average else full), None, None, None, None, None
+        # Horovod's convention (its tests hold it): Sum's gradient is the gathered gradient times
+        # the set's size, Average's the gathered gradient itself.
+        return (full * ps.size() if op == Sum else full), None, None, None, None, None
 
 
 def reducescatter(tensor, name=None, compression=Compression.none, op=Average, prescale_factor=1.0,

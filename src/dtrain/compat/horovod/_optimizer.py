@@ -121,7 +121,6 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
     """The user's optimizer, whose ``step()`` first reduces every gradient over the ranks
     (``synchronize()``). ``backward_passes_per_step``: gradients accumulate locally over that many
     backward passes; the script calls ``step()`` after them, as with Horovod."""
-    _basics._world()
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise ConfigError(f"hvd.DistributedOptimizer got {type(optimizer).__name__} {optimizer!r:.40}; "
                           "give a torch.optim.Optimizer (e.g. torch.optim.SGD(model.parameters(), lr=0.1)).")
