@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from dtrain.errors import ConfigError
+from dtrain import ConfigError
 
 
 def to_python_float(t: Any) -> float:

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from dtrain.errors import ConfigError
+from dtrain import ConfigError
 
 from torch.optim.optimizer import required as _required  # noqa: E402 - torch's "lr is required" marker
 

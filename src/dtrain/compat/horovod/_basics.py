@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 import dtrain
-from dtrain.errors import ConfigError
+from dtrain import ConfigError
 
 from ._engine import Engine
 

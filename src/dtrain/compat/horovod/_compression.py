@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from dtrain.errors import ConfigError
+from dtrain import ConfigError
 
 
 class Compressor:

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from dtrain.errors import ConfigError
+from dtrain import ConfigError
 
 from . import _basics
 from . import _collectives as C

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from dtrain.errors import ConfigError
+from dtrain import ConfigError
 
 from . import _basics
 from . import _ops as ops
