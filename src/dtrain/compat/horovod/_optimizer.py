@@ -70,16 +70,23 @@ class _DistributedMixin:
         op = self._op
         if op == ops.Average and self._predivide != 1.0:
             op, pre, post = ops.Sum, 1.0 / self._predivide, self._predivide / self._process_set.size()
+        # Horovod's tensor fusion: gradients of one dtype and device travel as flat buffers of
+        # up to FUSION_BYTES, one collective (and one negotiation) each.
         handles = []
-        for g in grads:
-            wire, cctx = self._compression.compress(g)
-            handles.append((g, wire, cctx, ops.allreduce_async_(wire, op=op, prescale_factor=pre,
-                                                                 postscale_factor=post, process_set=self._process_set)))
+        for bucket in _buckets(grads):
+            flat = torch.cat([g.reshape(-1) for g in bucket]) if len(bucket) > 1 else bucket[0].reshape(-1)
+            wire, cctx = self._compression.compress(flat)
+            handles.append((bucket, flat, wire, cctx, ops.allreduce_async_(
+                wire, op=op, prescale_factor=pre, postscale_factor=post, process_set=self._process_set)))
         with torch.no_grad():
-            for g, wire, cctx, h in handles:
+            for bucket, flat, wire, cctx, h in handles:
                 ops.synchronize(h)
-                if wire is not g:
-                    g.copy_(self._compression.decompress(wire, cctx))
+                reduced = self._compression.decompress(wire, cctx) if wire is not flat else flat
+                at = 0
+                for g in bucket:
+                    if reduced.data_ptr() != g.data_ptr():
+                        g.copy_(reduced[at: at + g.numel()].view_as(g))
+                    at += g.numel()
 
     @contextlib.contextmanager
     def skip_synchronize(self) -> Iterator[None]:
@@ -104,6 +111,25 @@ class _DistributedMixin:
     def zero_grad(self, set_to_none: bool = True) -> None:
         self._synchronized = False
         return super().zero_grad(set_to_none)  # type: ignore[misc]
+
+
+FUSION_BYTES = 64 * 1024 * 1024  # Horovod's default HOROVOD_FUSION_THRESHOLD
+
+
+def _buckets(grads: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+    """Consecutive gradients of one dtype and device, up to ``FUSION_BYTES`` a bucket."""
+    out: list[list[torch.Tensor]] = []
+    size = 0
+    for g in grads:
+        last = out[-1] if out else None
+        nbytes = g.numel() * g.element_size()
+        if last and last[0].dtype == g.dtype and last[0].device == g.device and size + nbytes <= FUSION_BYTES:
+            last.append(g)
+            size += nbytes
+        else:
+            out.append([g])
+            size = nbytes
+    return out
 
 
 def DistributedOptimizer(  # noqa: N802 - Horovod's name
