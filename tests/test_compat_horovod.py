@@ -38,6 +38,8 @@ def async_grouped_and_barrier() -> dict:
     return out
 
 
+@pytest.mark.slow  # ~10 s alone; 2 processes, each with 3 process groups
+@pytest.mark.timeout(150)
 def test_async_grouped_ops_dtypes_and_reinit():
     res = run_distributed(async_grouped_and_barrier, world_size=2, timeout=90)
     for r, out in enumerate(res):
@@ -83,6 +85,8 @@ def movement_sets_join_and_grads() -> dict:
     return out
 
 
+@pytest.mark.slow  # ~10 s alone; 2 processes, each with 3 process groups
+@pytest.mark.timeout(150)
 def test_alltoall_reducescatter_process_sets_join_autograd_compression():
     res = run_distributed(movement_sets_join_and_grads, world_size=2, timeout=90)
     assert res[0]["alltoall"].tolist() == [0.0, 10.0] and res[0]["splits"].tolist() == [1, 1]
@@ -114,6 +118,8 @@ def mismatch_then_recover() -> list[str]:
     return seen
 
 
+@pytest.mark.slow  # ~10 s alone; 2 processes, each with 3 process groups
+@pytest.mark.timeout(150)
 def test_mismatch_raises_on_every_rank_and_the_job_goes_on():
     res = run_distributed(mismatch_then_recover, world_size=2, timeout=90)
     for seen in res:
