@@ -4,7 +4,6 @@ differentiable (the blocking out-of-place forms carry gradients, as in Horovod).
 from __future__ import annotations
 
 import pickle
-from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -367,6 +366,3 @@ def join(device: int = -1) -> int:
     ps = _basics.global_process_set
     return synchronize(_submit(lambda: C.join_body(ps), None))
 
-
-def _sequence(xs: Sequence[Any]) -> list[Any]:
-    return list(xs)
