@@ -144,8 +144,8 @@ def test_horovod_unsupported_features_name_themselves():
     hvd.init()
     try:
         opt = torch.optim.SGD(_model().parameters(), lr=0.1)
-        with pytest.raises(dtrain.ConfigError, match="Adasum"):
-            hvd.DistributedOptimizer(opt, op=hvd.Adasum)
+        with pytest.raises(dtrain.ConfigError, match="timeline"):
+            hvd.start_timeline("t.json")
         with pytest.raises(dtrain.ConfigError, match="process_set"):
             hvd.allreduce(torch.ones(1), process_set=object())
         with pytest.raises(dtrain.ConfigError, match="unknown compression"):

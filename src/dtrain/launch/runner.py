@@ -49,7 +49,10 @@ def launch_script(spec: LaunchSpec, script: str, argv: list[str]) -> int:
 
 def run_script(script: str, argv: list[str]) -> None:
     """Execute ``script`` as ``__main__`` with ``argv`` (how a spawned worker runs a script)."""
-    sys.argv = [script, *argv]
+    from .dropin import guard_own_world, script_argv
+
+    guard_own_world()
+    sys.argv = [script, *script_argv(argv)]
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
     runpy.run_path(script, run_name="__main__")
 

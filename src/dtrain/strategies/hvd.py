@@ -6,8 +6,8 @@ one flat buffer (Horovod's "tensor fusion"), and ``step()`` waits for the buffer
 averaged gradients back and steps. No process of its own, no MPI: the collectives are
 torch.distributed's, on the process group ``dtrain.init`` joined.
 
-``GradientAllReduceOptimizer`` is what ``dtrain.compat.horovod.DistributedOptimizer`` returns;
-the ``hvd`` strategy uses the same class behind ``ctx.setup``.
+The ``hvd`` strategy uses ``GradientAllReduceOptimizer`` behind ``ctx.setup``.
+(``dtrain.compat.horovod`` is built on the public API and has its own optimizer wrapper.)
 """
 
 from __future__ import annotations

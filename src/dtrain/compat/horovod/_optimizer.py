@@ -1,0 +1,202 @@
+"""``hvd.DistributedOptimizer`` and the broadcasts a Horovod script starts with."""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from dtrain import ConfigError
+
+from . import _basics
+from . import _ops as ops
+from ._compression import Compression, check_compressor
+
+
+class _DistributedMixin:
+    """Methods added to the user's optimizer class (the result is still e.g. a ``torch.optim.SGD``)."""
+
+    def _hvd_setup(self, named_parameters, compression, backward_passes_per_step, op, predivide, process_set):
+        params = [p for group in self.param_groups for p in group["params"]]
+        if named_parameters is not None:
+            named = list(named_parameters)
+            names = [n for n, _ in named]
+            dupes = sorted({n for n in names if names.count(n) > 1})
+            if dupes:
+                raise ValueError(f"named_parameters has duplicate names {dupes}; give each parameter its own name.")
+            by_param = {p: n for n, p in named}
+            missing = [i for i, p in enumerate(params) if p not in by_param]
+            if missing:
+                raise ValueError(f"named_parameters misses {len(missing)} of the optimizer's parameters; pass "
+                                 "model.named_parameters() for every parameter the optimizer holds, or None.")
+        else:
+            by_param = {p: f"allreduce.noname.{i}" for i, p in enumerate(params)}
+        self._parameter_names = {p: by_param[p] for p in params}
+        self._compression = compression
+        self._op = op
+        self._predivide = predivide
+        self._process_set = process_set
+        self.backward_passes_per_step = backward_passes_per_step
+        self._synchronized = False
+        self._should_synchronize = True
+
+    def synchronize(self) -> None:
+        """Reduce every gradient over the set, in the optimizer's parameter order (ranks whose
+        graphs differ still agree: a parameter without a gradient contributes zeros)."""
+        ps = self._process_set
+        if ps.included() and ps.size() > 1 or ps.ranks is None:
+            grads, sparse = [], []
+            for group in self.param_groups:
+                for p in group["params"]:
+                    if not p.requires_grad:
+                        continue
+                    if p.grad is None:
+                        p.grad = torch.zeros_like(p)
+                    if p.grad.is_sparse:
+                        sparse.append(p)
+                        p.grad = p.grad.to_dense()
+                    grads.append(p.grad)
+            self._reduce(grads)
+            for p in sparse:
+                p.grad = p.grad.to_sparse()
+        self._synchronized = True
+
+    def _reduce(self, grads: list[torch.Tensor]) -> None:
+        pre, post = 1.0, 1.0
+        op = self._op
+        if op == ops.Average and self._predivide != 1.0:
+            op, pre, post = ops.Sum, 1.0 / self._predivide, self._predivide / self._process_set.size()
+        # Horovod's tensor fusion: gradients of one dtype and device travel as flat buffers of
+        # up to FUSION_BYTES, one collective (and one negotiation) each.
+        handles = []
+        for bucket in _buckets(grads):
+            flat = torch.cat([g.reshape(-1) for g in bucket]) if len(bucket) > 1 else bucket[0].reshape(-1)
+            wire, cctx = self._compression.compress(flat)
+            handles.append((bucket, flat, wire, cctx, ops.allreduce_async_(
+                wire, op=op, prescale_factor=pre, postscale_factor=post, process_set=self._process_set)))
+        with torch.no_grad():
+            for bucket, flat, wire, cctx, h in handles:
+                ops.synchronize(h)
+                reduced = self._compression.decompress(wire, cctx) if wire is not flat else flat
+                at = 0
+                for g in bucket:
+                    if reduced.data_ptr() != g.data_ptr():
+                        g.copy_(reduced[at: at + g.numel()].view_as(g))
+                    at += g.numel()
+
+    @contextlib.contextmanager
+    def skip_synchronize(self) -> Iterator[None]:
+        """``step()`` inside uses the gradients as they are (after an explicit ``synchronize()``)."""
+        self._should_synchronize = False
+        try:
+            yield
+        finally:
+            self._should_synchronize = True
+
+    def step(self, closure=None):
+        if self._should_synchronize:
+            if self._synchronized:
+                warnings.warn("optimizer.step() called without optimizer.skip_synchronize() context after "
+                              "optimizer.synchronize(). This can cause training slowdown. You may want to consider "
+                              "using optimizer.skip_synchronize() context if you use optimizer.synchronize() in "
+                              "your code.", stacklevel=2)
+            self.synchronize()
+        self._synchronized = False
+        return super().step(closure)  # type: ignore[misc]
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self._synchronized = False
+        return super().zero_grad(set_to_none)  # type: ignore[misc]
+
+
+FUSION_BYTES = 64 * 1024 * 1024  # Horovod's default HOROVOD_FUSION_THRESHOLD
+
+
+def _buckets(grads: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+    """Consecutive gradients of one dtype and device, up to ``FUSION_BYTES`` a bucket."""
+    out: list[list[torch.Tensor]] = []
+    size = 0
+    for g in grads:
+        last = out[-1] if out else None
+        nbytes = g.numel() * g.element_size()
+        if last and last[0].dtype == g.dtype and last[0].device == g.device and size + nbytes <= FUSION_BYTES:
+            last.append(g)
+            size += nbytes
+        else:
+            out.append([g])
+            size = nbytes
+    return out
+
+
+def DistributedOptimizer(  # noqa: N802 - Horovod's name
+    optimizer: torch.optim.Optimizer,
+    named_parameters: Iterable[tuple[str, nn.Parameter]] | None = None,
+    compression: Any = Compression.none,
+    backward_passes_per_step: int = 1,
+    op: int = ops.Average,
+    gradient_predivide_factor: float = 1.0,
+    num_groups: int = 0,
+    groups: Any = None,
+    sparse_as_dense: bool = False,
+    process_set: Any = None,
+) -> torch.optim.Optimizer:
+    """The user's optimizer, whose ``step()`` first reduces every gradient over the ranks
+    (``synchronize()``). ``backward_passes_per_step``: gradients accumulate locally over that many
+    backward passes; the script calls ``step()`` after them, as with Horovod."""
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise ConfigError(f"hvd.DistributedOptimizer got {type(optimizer).__name__} {optimizer!r:.40}; "
+                          "give a torch.optim.Optimizer (e.g. torch.optim.SGD(model.parameters(), lr=0.1)).")
+    compression = check_compressor(compression)
+    op = ops._op(None, op)
+    if op not in (ops.Average, ops.Sum, ops.Adasum):
+        raise ConfigError(f"DistributedOptimizer op must be hvd.Average, hvd.Sum or hvd.Adasum, got {op!r}.")
+    if backward_passes_per_step < 1:
+        raise ConfigError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}.")
+    if gradient_predivide_factor != 1.0 and op != ops.Average:
+        raise ConfigError("gradient_predivide_factor needs op=hvd.Average; drop one of them.")
+    cls = type(type(optimizer).__name__, (_DistributedMixin, type(optimizer)), {})
+    dist_opt = cls.__new__(cls)
+    dist_opt.__dict__.update(optimizer.__dict__)  # the same param_groups and state, shared
+    dist_opt._hvd_setup(named_parameters, compression, backward_passes_per_step, op, gradient_predivide_factor,
+                        _basics.resolve(process_set))
+    return dist_opt
+
+
+# -- broadcasts -----------------------------------------------------------------------------
+def broadcast_parameters(params: Any, root_rank: int, process_set: Any = None) -> None:
+    """Copy ``root_rank``'s tensors to every rank, in place. ``params`` is a ``state_dict()`` or
+    an iterable of ``(name, tensor)`` such as ``model.named_parameters()``.
+
+    Collective: call on every rank."""
+    items = sorted(params.items()) if isinstance(params, dict) else list(params)
+    handles = [ops.broadcast_async_(t.data if isinstance(t, nn.Parameter) else t, root_rank, process_set=process_set)
+               for _, t in items if torch.is_tensor(t)]
+    for h in handles:
+        ops.synchronize(h)
+
+
+def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int, process_set: Any = None) -> None:
+    """Give every rank ``root_rank``'s optimizer state (hyper-parameters and buffers). An
+    optimizer that has not stepped gets its state made first by a step on zero gradients (the
+    parameters are put back afterwards), as Horovod does.
+
+    Collective: call on every rank."""
+    if not optimizer.state_dict()["state"]:
+        params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
+        saved = [p.detach().clone() for p in params]
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        step = super(_DistributedMixin, optimizer).step if isinstance(optimizer, _DistributedMixin) else optimizer.step
+        step()
+        with torch.no_grad():
+            for p, s in zip(params, saved):
+                p.copy_(s)
+    state = ops.broadcast_object(optimizer.state_dict() if _basics.rank() == root_rank else None, root_rank,
+                                 process_set=process_set)
+    if _basics.rank() != root_rank:
+        optimizer.load_state_dict(state)
