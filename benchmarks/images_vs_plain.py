@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -27,11 +29,19 @@ def last_json(out: str) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
+def _children_cpu_s() -> float:
+    u = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return u.ru_utime + u.ru_stime
+
+
 def run(cmd: list[str]) -> dict:
+    """Run one side; its result line plus ``cpu_s`` (user+sys seconds of all its processes,
+    start-up included) and the 1-minute load average when it ended."""
+    before = _children_cpu_s()
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         raise SystemExit(f"failed: {' '.join(cmd)}\n{r.stderr[-3000:]}")
-    return last_json(r.stdout)
+    return {**last_json(r.stdout), "cpu_s": round(_children_cpu_s() - before, 1), "load1": os.getloadavg()[0]}
 
 
 def folder(a: argparse.Namespace) -> Path:
@@ -57,16 +67,20 @@ def commands(a: argparse.Namespace, source: str, data: Path) -> dict[str, list[s
 
 
 def compare(a: argparse.Namespace, data: Path) -> None:
-    for source in ("synthetic", "folder"):
+    for source in a.sources.split(","):
         cmds = commands(a, source, data)
         rates: dict[str, list[float]] = {k: [] for k in cmds}
+        cpu: dict[str, list[float]] = {k: [] for k in cmds}
         for i in range(a.rounds):
             for name in (list(cmds) if i % 2 == 0 else list(reversed(cmds))):  # alternate who goes first
-                rates[name].append(run(cmds[name])["samples_per_s"])
-                print(f"{source} round {i + 1} {name:6s} {rates[name][-1]:8.2f} images/s", flush=True)
+                r = run(cmds[name])
+                rates[name].append(r["samples_per_s"])
+                cpu[name].append(r["cpu_s"])
+                print(f"{source} round {i + 1} {name:6s} {rates[name][-1]:8.2f} images/s, cpu {r['cpu_s']:6.1f} s, "
+                      f"load {r['load1']:.1f}", flush=True)
         med = {k: statistics.median(v) for k, v in rates.items()}
         paired = [d / p for d, p in zip(rates["dtrain"], rates["plain"])]
-        print(json.dumps({"source": source, "rates": rates, "median_images_per_s": med,
+        print(json.dumps({"source": source, "rates": rates, "cpu_s": cpu, "median_images_per_s": med,
                           "ratio_of_medians": round(med["dtrain"] / med["plain"], 4),
                           "median_of_paired_ratios": round(statistics.median(paired), 4), **_setup(a)}), flush=True)
 
@@ -81,7 +95,7 @@ def sweep(a: argparse.Namespace, data: Path) -> None:
             r = run(base + ([] if s == "default" else ["--num-workers", s]))
             rows[s].append(r)
             print(f"round {i + 1} workers={s:7s} ({r['num_workers']}) {r['samples_per_s']:8.2f} images/s, "
-                  f"data wait {r['data_wait_share']:.1%}, median {r['data_wait_ms']} ms/step", flush=True)
+                  f"data wait {r['data_wait_share']:.1%}, median {r['data_wait_ms']} ms/step, load {r['load1']:.1f}", flush=True)
     summary = {s: {"num_workers": v[0]["num_workers"], "median_images_per_s": statistics.median(r["samples_per_s"] for r in v),
                    "median_data_wait_share": statistics.median(r["data_wait_share"] for r in v)} for s, v in rows.items()}
     best = max(summary[s]["median_images_per_s"] for s in settings[1:])
@@ -103,6 +117,7 @@ def main() -> None:
     p.add_argument("--max-steps", type=int, default=30)
     p.add_argument("--workers", type=int, default=0, help="DataLoader workers per process, both sides")
     p.add_argument("-n", "--nproc", type=int, default=2)
+    p.add_argument("--sources", default="synthetic,folder", help="comma-separated: synthetic, folder")
     p.add_argument("--sweep", default=None, help="comma-separated worker counts: run the sweep instead of the comparison")
     p.add_argument("--work", default="/tmp/dtrain-images-bench")
     a = p.parse_args()

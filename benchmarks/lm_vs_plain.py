@@ -3,8 +3,11 @@
 Both sides train the same model (dtrain's GPT-style decoder, built by the same task function),
 on the same windows of the same corpus, with the same per-process batch, context, optimizer
 (AdamW, lr 1e-3), step count and thread count (OMP_NUM_THREADS, set for both). The plain side
-is nanoGPT's train.py loop reduced to its DDP core: DistributedSampler, DDP with torch's
-defaults, forward, loss, backward, step, zero_grad(set_to_none=True). Both time the training
+is nanoGPT's train.py loop reduced to its DDP core: DistributedSampler, DDP, forward, loss,
+backward, step, zero_grad(set_to_none=True). DDP gets dtrain's DDP options (an explicit
+``bucket_cap_mb=25``, which also sizes the first bucket, and ``gradient_as_bucket_view=True``)
+so that the two sides differ only by dtrain; ``--plain-torch-defaults`` gives it torch's
+defaults instead (nanoGPT's ``DDP(model)``: a 1 MB first bucket, gradients copied into buckets). Both time the training
 loop only (from the first step to the last; no data loading, no evaluation): dtrain reports
 tokens/s = samples/s x context over that window, the plain loop the same.
 
@@ -42,7 +45,8 @@ def plain_worker(args: argparse.Namespace) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     task = load_task("lm", options=dict(kv.split("=", 1) for kv in args.task_arg))
     torch.manual_seed(args.seed)
-    model = DDP(task.build_model())
+    options = {} if args.plain_torch_defaults else {"bucket_cap_mb": 25, "gradient_as_bucket_view": True}  # dtrain's DDPConfig
+    model = DDP(task.build_model(), **options)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     sampler = DistributedSampler(task.train_set, shuffle=True, seed=args.seed, drop_last=True)
     loader = DataLoader(task.train_set, batch_size=args.batch_size, sampler=sampler, drop_last=True)
@@ -77,7 +81,7 @@ def run_side(side: str, args: argparse.Namespace, env: dict[str, str]) -> float:
                "--strategy", "ddp", "--max-steps", str(args.steps), "--log-every", str(args.steps)]
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(args.nproc), os.path.abspath(__file__),
-               "--worker", *task_args, *common, "--steps", str(args.steps)]
+               "--worker", *task_args, *common, "--steps", str(args.steps), *(["--plain-torch-defaults"] if args.plain_torch_defaults else [])]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1200, stdin=subprocess.DEVNULL)
     if proc.returncode != 0:
         raise SystemExit(f"{side} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
@@ -95,6 +99,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of every process (both sides)")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--out", default=None, help="append one JSON line per round here")
+    p.add_argument("--plain-torch-defaults", action="store_true", help="plain side: DDP(model) with torch's defaults, not dtrain's options")
     args = p.parse_args()
     if args.worker:
         plain_worker(args)
@@ -108,7 +113,7 @@ def main() -> None:
         for side, rate in got.items():
             rates[side].append(rate)
         ratios.append(got["dtrain"] / got["plain"])
-        line = {"round": rnd, "order": order, **{f"{s}_tokens_per_s": r for s, r in got.items()}, "ratio": round(ratios[-1], 4)}
+        line = {"round": rnd, "order": order, "load1": os.getloadavg()[0], "plain_torch_defaults": args.plain_torch_defaults, **{f"{s}_tokens_per_s": r for s, r in got.items()}, "ratio": round(ratios[-1], 4)}
         print(json.dumps(line), flush=True)
         if args.out:
             with open(args.out, "a") as fh:

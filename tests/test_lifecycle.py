@@ -89,6 +89,23 @@ def test_sigterm_saves_a_checkpoint_and_stops(tmp_path):
 
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_each_worker_leads_a_session_of_its_own(tmp_path, launcher):
+    # As torchrun's workers do: the scheduler's autogroups then give each worker a session's
+    # share of a loaded machine, not one share for all of them (lifecycle.own_session).
+    script = tmp_path / "session.py"
+    script.write_text(
+        "import os, sys\n"
+        f"open(os.path.join({str(tmp_path)!r}, 'sid-' + os.environ['RANK']), 'w').write(f'{{os.getsid(0)}} {{os.getpid()}}')\n"
+    )
+    out = run_cli(["run", "-n", "2", "--launcher", launcher, str(script)], timeout=150)
+    assert out.returncode == 0, out.stderr
+    pairs = [(tmp_path / f"sid-{r}").read_text().split() for r in range(2)]
+    assert all(sid == pid for sid, pid in pairs), pairs
+    assert pairs[0][0] != pairs[1][0]
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("launcher", LAUNCHERS)
 def test_worker_exception_is_shown_once_with_its_rank(tmp_path, launcher):
     script = tmp_path / "boom.py"
     script.write_text(

@@ -39,6 +39,7 @@ _stop_signal = 0
 def run_worker(fn: Callable[..., Any], *args: Any) -> Any:
     """Run ``fn(*args)`` as a launched worker (see the module's docstring)."""
     bind_to_launcher()
+    own_session()
     _install_sigint()
     try:
         result = fn(*args)
@@ -92,6 +93,28 @@ def bind_to_launcher() -> None:
     if launch_dir:
         with open(os.path.join(launch_dir, f"pid-{os.getpid()}"), "w") as f:
             f.write(os.environ.get("RANK", "?"))
+
+
+def own_session() -> None:
+    """Put a launched worker in a session of its own, as torchrun's workers are (its agent starts
+    each with ``start_new_session``; torch's agent does not for a function entry point such as
+    ``dtrain train``'s, nor does ``torch.multiprocessing.spawn``).
+
+    Why it matters: Linux's scheduler autogroups (``kernel.sched_autogroup_enabled``, on by
+    default in most distributions) share the CPU between sessions first, then between the
+    processes of a session. Workers left in the launcher's session share one session's share,
+    where torchrun's get one each: on a machine that other sessions also load, ResNet-18 on 2
+    workers ran at 0.6x the images/s of plain torchrun with the same CPU seconds (measured,
+    benchmarks/README.md, issue 17), and 1.0x on an idle machine. Stop signals still arrive:
+    the launcher forwards them to every worker (supervise.py); the worker still dies with its
+    launcher (PR_SET_PDEATHSIG and the watch thread do not depend on the session)."""
+    if not os.environ.get(LAUNCHER_PID_ENV) or not hasattr(os, "setsid"):
+        return
+    try:
+        if os.getsid(0) != os.getpid():
+            os.setsid()
+    except OSError:
+        pass  # already a process-group leader: keep the session it has
 
 
 def _set_pdeathsig(sig: int) -> bool:
