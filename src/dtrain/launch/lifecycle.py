@@ -108,7 +108,7 @@ def own_session() -> None:
     benchmarks/README.md, issue 17), and 1.0x on an idle machine. Stop signals still arrive:
     the launcher forwards them to every worker (supervise.py); the worker still dies with its
     launcher (PR_SET_PDEATHSIG and the watch thread do not depend on the session)."""
-    if not os.environ.get(LAUNCHER_PID_ENV) or not hasattr(os, "setsid"):
+    if not launcher_link()[0] or not hasattr(os, "setsid"):
         return
     try:
         if os.getsid(0) != os.getpid():
