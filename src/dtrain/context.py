@@ -38,6 +38,7 @@ from .diag import Tracker, Watchdog
 from .diag.checker import check_call, check_same
 from .errors import CheckpointError, ConfigError, DtrainError
 from .metrics.memory import MemoryReport, memory_report
+from .metrics.breakdown import StepBreakdown
 from .convnets import apply_channels_last, apply_sync_bn, to_channels_last
 from .precision import Precision
 from .strategies.base import ForwardingOptimizer, Strategy
@@ -240,6 +241,7 @@ class DtrainOptimizer(ForwardingOptimizer):
             return None
         tracker = self._ctx.tracker
         tracker.beat(tracker.step + 1)
+        self._ctx.breakdown.lap("rest")
         scaler = self._ctx.scaler
         if scaler is not None:
             # An optimizer that communicates (hvd) must finish before the scaler unscales.
@@ -253,6 +255,7 @@ class DtrainOptimizer(ForwardingOptimizer):
         after = getattr(self._ctx.strategy, "after_optimizer_step", None)
         if after is not None:  # e.g. local SGD averages the parameters every H steps (a collective)
             after(self.optimizer)
+        self._ctx.breakdown.lap("optimizer")
         return out
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -271,6 +274,8 @@ class Context:
         self.world = world
         self.debug = debug
         self.tracker = Tracker()
+        self.breakdown = StepBreakdown(world.device)
+        """Where this rank's step time goes (dtrain.metrics.breakdown); the loop marks the step's start and its batch."""
         """Heartbeat and recent collectives of this rank (read by the stall watchdog)."""
         self._watchdog: Watchdog | None = None
         self.strategy = strategy
@@ -471,6 +476,7 @@ class Context:
             loss = loss / self._accum_steps
         if self.scaler is not None:
             loss = self.scaler.scale(loss)
+        self.breakdown.backward_starts(loss)
         if self.world.distributed and self._sync:
             # Gradients are communicated inside backward (DDP buckets, hvd hooks): record it as
             # a collective for the watchdog, and check it against the other ranks in debug mode.
@@ -480,6 +486,7 @@ class Context:
             self.tracker.beat()
             loss.backward(**kwargs)
             self.tracker.beat()
+        self.breakdown.backward_done()
 
     def heartbeat(self) -> None:
         """Tell the stall watchdog that this rank is making progress. dtrain's own calls (batches

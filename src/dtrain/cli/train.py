@@ -10,6 +10,7 @@ from ..launch import launch_function
 from ..tasks import load_task
 from ..train import TrainConfig, worker_main
 from ..world import World
+from .observe import add_observe_args, observe_options
 from .common import add_comm_args, add_launch_args, export_diagnostics, launch_spec
 from .sharding import add_sharding_args, strategy_options
 
@@ -43,6 +44,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--compile", action="store_true", help="torch.compile the model (per block when the task has blocks; slow first steps)")
     g.add_argument("--activation-checkpointing", action="store_true",
                    help="recompute each block's activations in backward: less memory, ~1/3 more compute (tasks with blocks, e.g. lm)")
+    add_observe_args(p)
     add_sharding_args(p)
     add_comm_args(p)
     add_launch_args(p)
@@ -68,7 +70,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         checkpoint_dir=args.checkpoint_dir, save_every=args.save_every, device=args.device,
         num_workers=args.num_workers, channels_last=args.channels_last, sync_bn=args.sync_bn, keep=args.keep, resume=args.resume, async_save=args.async_save,
         comm=args.comm, comm_warmup=args.comm_warmup, compile=args.compile,
-        activation_checkpointing=args.activation_checkpointing,
+        activation_checkpointing=args.activation_checkpointing, **observe_options(args),
     )
 
 

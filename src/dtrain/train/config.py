@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from .. import _check as check
 from ..errors import ConfigError
+from ..metrics.stragglers import StragglerConfig
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,6 +58,10 @@ class TrainConfig:
     """``torch.compile`` the model (``--compile``; per block when the task declares blocks)."""
     activation_checkpointing: bool = False
     """Recompute each block's activations in backward (``--activation-checkpointing``)."""
+    breakdown: bool = True
+    """Time each step's phases on every rank (``--no-breakdown`` turns it off)."""
+    stragglers: StragglerConfig = field(default_factory=StragglerConfig)
+    """When a rank is named a straggler (``--straggler-window``, ``--straggler-threshold``)."""
 
     def __post_init__(self) -> None:
         positive = {"--epochs": self.epochs, "--max-steps": self.max_steps, "--batch-size": self.batch_size,

@@ -22,6 +22,7 @@ from ..metrics import DataWait, JsonlSink, ProgressSink, Throughput, render_summ
 from ..tasks import Task, load_task, make_optimizer
 from ..world import World
 from .config import TrainConfig, check_accum
+from .observe import Observer
 
 
 def worker_main(cfg: TrainConfig) -> None:
@@ -109,7 +110,8 @@ def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) ->
     progress = ProgressSink(total, start=step) if ctx.is_main else None
     sink = JsonlSink(cfg.metrics_file) if cfg.metrics_file and ctx.is_main else None
     meter = Throughput()
-    wait = DataWait()
+    wait = ctx.breakdown.data  # the breakdown's data wait (the loop marks each step's start and batch)
+    obs = Observer(ctx, model, cfg.stragglers, enabled=cfg.breakdown)
     window_loss = torch.zeros((), device=ctx.device)
     window_steps, last_loss, start_step, save_block_s = 0, float("nan"), step, 0.0
     k = cfg.grad_accum
@@ -120,12 +122,13 @@ def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) ->
     preempted = False
     model.train()
     meter.start()
-    wait.ready()
+    ctx.breakdown.step_starts()
     epoch = loader.next_epoch
     while step < total and not preempted:
         epoch = loader.next_epoch
         for x, y in loader:
-            wait.got_batch()
+            obs.slow.input()
+            ctx.breakdown.got_batch()
             for xm, ym in zip(x.chunk(k), y.chunk(k)):
                 with ctx.accumulate(model, steps=k):
                     loss = ctx.forward_backward(model, xm, ym, task.loss_fn)  # pipeline: micro-batches through the stages
@@ -146,6 +149,7 @@ def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) ->
                 record = {"step": step, "epoch": epoch, "train_loss": last_loss, "samples_per_s": _rate(meter, step - start_step, batch, ctx),
                           "data_wait_ms": wait.window_median_ms(), "wall_s": round(time.perf_counter() - t0, 3)}
                 record.update(_tokens(task, record["samples_per_s"]))
+                record.update(obs.interval(step))
                 if progress:
                     progress.update(step, {"loss": last_loss, "samples_per_s": record["samples_per_s"]})
                 if sink:
@@ -158,12 +162,15 @@ def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) ->
                     _stop_if_diverged(ctx.all_reduce(window_loss.clone(), op="max").item(), step, cfg, task)
                 ckpt.save(step, model=model, optimizer=optimizer, loader=loader)
                 save_block_s += ckpt.last_blocking_s or 0.0
+                ctx.breakdown.lap("checkpoint")
             if step >= total:
                 break
-            wait.ready()
+            ctx.breakdown.step_starts()
     if ctx.device.type == "cuda":
         torch.cuda.synchronize(ctx.device)
     meter.stop((step - start_step) * batch * ctx.data_parallel_size)
+    ctx.breakdown.finish()  # closes the last step
+    obs.close()
     preempt.uninstall()
     if progress:
         progress.close()
@@ -181,6 +188,7 @@ def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) ->
     if sink:
         sink.close()
     data = _data_record(ctx, task, wait, meter, workers)
+    observed = obs.result()
     sps = round(meter.samples_per_s, 2) if meter.samples_per_s else None
     return {
         "task": task.name,
@@ -194,6 +202,7 @@ def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) ->
         "train_loss": round(last_loss, 6),
         **_scores(task, score),
         **data,
+        **observed,
         "wall_s": round(time.perf_counter() - t0, 3),
     }
 

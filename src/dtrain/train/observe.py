@@ -1,0 +1,110 @@
+"""What ``dtrain train`` observes beyond the loss: every rank's step breakdown per log interval,
+stragglers named with their cause, and the test hooks that slow one rank down on purpose."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from typing import Any
+
+import torch
+
+from .._log import logger
+from ..errors import ConfigError
+from ..metrics.breakdown import StepBreakdown, pack, unpack
+from ..metrics.stragglers import StragglerConfig, StragglerDetector
+
+
+class Observer:
+    """Reads the Context's breakdown at each log interval (one small all_gather), hands rank 0
+    every rank's figures for the metrics record and the straggler detector."""
+
+    def __init__(self, ctx: Any, model: torch.nn.Module, stragglers: StragglerConfig, *, enabled: bool = True) -> None:
+        self.ctx = ctx
+        self.slow = SlowDown(ctx.rank)
+        self.slow.attach(model)
+        self.bd: StepBreakdown = ctx.breakdown
+        self.bd.enabled = enabled
+        hosts = ctx.gather_object(socket.gethostname())  # collective, once
+        self.detector = StragglerDetector(stragglers, hosts) if ctx.is_main else None
+        self.found: list[dict[str, Any]] = []
+        self._said: set[tuple[int, str]] = set()
+
+    def _gather(self, window: dict[str, Any] | None) -> list[dict[str, Any] | None]:
+        t = torch.tensor(pack(window), dtype=torch.float64, device=self.ctx.device)
+        return [unpack(g.tolist()) for g in self.ctx.all_gather(t)]
+
+    def interval(self, step: int) -> dict[str, Any]:
+        """Fields for this log interval's record: ``breakdown`` (per rank: median and p90 ms of
+        each phase), and ``stragglers`` when some were named. Collective: call on every rank."""
+        if not self.bd.enabled:
+            return {}
+        per_rank = self._gather(self.bd.window())
+        if self.detector is None:
+            return {}
+        record: dict[str, Any] = {"breakdown": per_rank}
+        found = self.detector.add(step, per_rank)
+        for s in found:
+            if (s["rank"], s["cause"]) not in self._said:  # one line per straggler and cause; every one recorded
+                self._said.add((s["rank"], s["cause"]))
+                logger.warning(s["line"])
+        if found:
+            self.found.extend(found)
+            record["stragglers"] = found
+        return record
+
+    def result(self) -> dict[str, Any]:
+        """``breakdown`` over the whole run per rank, and every straggler named. Collective."""
+        if not self.bd.enabled:
+            return {"breakdown": None, "stragglers": []}
+        per_rank = self._gather(self.bd.summary())
+        return {"breakdown": per_rank, "stragglers": self.found}
+
+    def close(self) -> None:
+        self.slow.close()
+
+
+class SlowDown:
+    """``DTRAIN_SLOW_INJECT=RANK:KIND[:MS]`` slows one rank down, for straggler tests and
+    benchmarks: ``input`` sleeps MS before each batch is handed over (data wait), ``compute``
+    sleeps MS in each forward, ``hog`` runs a thread of matrix products on its cores."""
+
+    def __init__(self, rank: int) -> None:
+        self.kind, self.ms = None, 0.0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        spec = os.environ.get("DTRAIN_SLOW_INJECT")
+        if not spec:
+            return
+        parts = spec.split(":")
+        try:
+            r, kind, ms = int(parts[0]), parts[1], float(parts[2]) if len(parts) > 2 else 0.0
+        except (ValueError, IndexError):
+            raise ConfigError(f"DTRAIN_SLOW_INJECT={spec!r} is not RANK:KIND[:MS]; e.g. 1:input:50, 1:compute:20 or 1:hog.") from None
+        if kind not in ("input", "compute", "hog"):
+            raise ConfigError(f"DTRAIN_SLOW_INJECT kind {kind!r} is unknown; choose input, compute or hog.")
+        if r == rank:
+            self.kind, self.ms = kind, ms
+
+    def attach(self, model: torch.nn.Module) -> None:
+        if self.kind == "compute":
+            model.register_forward_pre_hook(lambda *_: time.sleep(self.ms / 1000.0))
+        elif self.kind == "hog":
+            self._thread = threading.Thread(target=self._hog, name="dtrain-slow-inject-hog", daemon=True)
+            self._thread.start()
+
+    def _hog(self) -> None:
+        a = torch.randn(256, 256)
+        while not self._stop.is_set():
+            a = torch.tanh(a @ a)  # releases the GIL: competes for the cores, not the interpreter
+
+    def input(self) -> None:
+        if self.kind == "input":
+            time.sleep(self.ms / 1000.0)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()

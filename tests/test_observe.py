@@ -1,0 +1,139 @@
+"""The step breakdown, stragglers named with their cause, and the run's observability outputs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import dtrain
+from dtrain.errors import ConfigError
+from dtrain.metrics.breakdown import PHASES, StepBreakdown, pack, p90, stats, unpack
+from dtrain.metrics.stragglers import StragglerConfig, StragglerDetector
+from dtrain.testing import run_cli
+
+
+def _window(steps=10, **ms):
+    med = {p: float(ms.get(p, 1.0)) for p in PHASES}
+    med["step"] = sum(med[p] for p in PHASES)
+    med["own"] = med["step"] - med["comm"]
+    return {"steps": steps, "median_ms": med, "p90_ms": dict(med)}
+
+
+def test_breakdown_books_each_lap_to_its_phase_and_folds_checkpoints_into_rest():
+    bd = StepBreakdown("cpu")
+    clock = iter([0.0, 0.002, 0.005, 0.009, 0.010, 0.013, 0.014, 0.020])
+    import dtrain.metrics.breakdown as mod
+
+    real = mod.time.perf_counter
+    mod.time.perf_counter = lambda: next(clock)
+    try:
+        bd._laps = [("start", mod.time.perf_counter(), None)]
+        for phase in ("data_wait", "forward", "backward", "comm", "optimizer", "checkpoint"):
+            bd.lap(phase)
+        bd.finish()
+    finally:
+        mod.time.perf_counter = real
+    w = bd.window()
+    assert w["steps"] == 1
+    assert w["median_ms"] == pytest.approx({"data_wait": 2, "forward": 3, "backward": 4, "comm": 1, "optimizer": 3,
+                                            "rest": 1 + 6, "step": 20, "own": 19})
+    assert bd.window() is None  # a new window after each read
+
+
+def test_breakdown_marks_backward_compute_end_before_backward_returns():
+    ctx = dtrain.init("single")
+    try:
+        net = torch.nn.Linear(4, 2)
+        model, opt = ctx.setup(net, torch.optim.SGD(net.parameters(), lr=0.1))
+        bd = ctx.breakdown
+        for _ in range(3):
+            bd.step_starts()
+            x = torch.randn(8, 4)
+            bd.got_batch()
+            ctx.backward(model(x).sum())
+            opt.step()
+        bd.finish()
+        laps = bd.summary()
+    finally:
+        ctx.close()
+    assert laps["steps"] == 2 and all(laps["median_ms"][p] >= 0 for p in PHASES)
+    assert laps["median_ms"]["backward"] > 0 and laps["median_ms"]["optimizer"] > 0
+
+
+def test_breakdown_off_records_no_phases_but_keeps_data_wait():
+    bd = StepBreakdown("cpu", enabled=False)
+    for _ in range(3):
+        bd.step_starts()
+        bd.got_batch()
+        bd.lap("forward")
+    bd.finish()
+    assert bd.window() is None and bd.data.steps == 2
+
+
+def test_stats_pack_and_p90():
+    assert p90([float(v) for v in range(1, 11)]) == 9.0 and p90([5.0]) == 5.0
+    w = stats([(1, 2, 3, 4, 5, 6), (1, 2, 3, 4, 5, 6)])
+    assert w["median_ms"]["step"] == 21 and w["median_ms"]["own"] == 17
+    assert unpack(pack(w)) == w and unpack(pack(None)) is None
+
+
+@pytest.mark.parametrize("slow, cause", [({"data_wait": 30.0}, "input"), ({"forward": 20.0, "backward": 15.0}, "compute")])
+def test_detector_names_the_slow_rank_and_its_cause(slow, cause):
+    det = StragglerDetector(StragglerConfig(window=20, threshold=1.3), ["a", "b", "c"])
+    healthy, waiting = _window(), _window(comm=30.0)  # the others wait for the straggler in their all-reduce
+    assert det.add(10, [waiting, _window(**slow), waiting]) == []  # the window is not complete yet
+    found = det.add(20, [waiting, _window(**slow), waiting])
+    assert [(s["rank"], s["host"], s["cause"], s["window_steps"]) for s in found] == [(1, "b", cause, 20)]
+    assert found[0]["line"].startswith("straggler: rank 1 (host b) took ") and "the median step for the last 20 steps" in found[0]["line"]
+    assert det.add(30, [healthy] * 3) == [] and det.add(40, [healthy] * 3) == []
+
+
+def test_detector_is_quiet_on_a_healthy_run_with_jitter():
+    det = StragglerDetector(StragglerConfig(window=10, threshold=1.3), ["h", "h"])
+    for i in range(20):
+        assert det.add(10 * i, [_window(forward=1.0 + 0.1 * (i % 3)), _window(forward=1.2)]) == []
+
+
+def test_straggler_config_validates_itself():
+    with pytest.raises(ConfigError, match="--straggler-threshold must be > 1"):
+        StragglerConfig(threshold=0.9)
+    with pytest.raises(ConfigError, match="--straggler-window must be >= 1"):
+        StragglerConfig(window=0)
+
+
+def _train(tmp_path, inject=None, extra=()):
+    metrics = tmp_path / "m.jsonl"
+    env = {"DTRAIN_SLOW_INJECT": inject} if inject else {}
+    r = run_cli(["train", "-n", "2", "--max-steps", "40", "--log-every", "10", "--straggler-window", "20",
+                 "--metrics-file", str(metrics), *extra], timeout=180, env=env)
+    assert r.returncode == 0, r.stderr
+    return r, json.loads(r.stdout.strip().splitlines()[-1]), [json.loads(x) for x in metrics.read_text().splitlines()]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("inject, cause", [("1:input:40", "input"), ("1:compute:40", "compute")])
+def test_two_ranks_name_the_slowed_rank_and_its_cause(tmp_path, inject, cause):
+    r, result, records = _train(tmp_path, inject)
+    lines = [x for x in r.stderr.splitlines() if "straggler:" in x]
+    assert len(lines) == 1 and "straggler: rank 1 " in lines[0], r.stderr
+    assert {(s["rank"], s["cause"]) for s in result["stragglers"]} == {(1, cause)}
+    assert any("stragglers" in rec for rec in records)
+    waited = result["breakdown"][0]["median_ms"]["comm"]  # rank 0 waits for rank 1 in its all-reduce
+    assert waited > 20, result["breakdown"]
+
+
+@pytest.mark.slow
+def test_healthy_two_rank_run_names_no_straggler_and_records_the_breakdown(tmp_path):
+    r, result, records = _train(tmp_path)
+    assert "straggler" not in r.stderr and result["stragglers"] == []
+    assert [len(rec["breakdown"]) for rec in records] == [2, 2, 2, 2]
+    for rank in result["breakdown"]:
+        assert set(rank["median_ms"]) == {*PHASES, "step", "own"} and rank["steps"] == 39
+        assert rank["median_ms"]["backward"] > 0 and rank["p90_ms"]["step"] >= rank["median_ms"]["step"]
+
+
+def test_slow_inject_rejects_a_bad_spec(tmp_path):
+    r = run_cli(["train", "--max-steps", "2"], timeout=120, env={"DTRAIN_SLOW_INJECT": "1:sleepy"})
+    assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].startswith("dtrain: error: DTRAIN_SLOW_INJECT kind 'sleepy'"), r.stderr
