@@ -137,3 +137,36 @@ def test_healthy_two_rank_run_names_no_straggler_and_records_the_breakdown(tmp_p
 def test_slow_inject_rejects_a_bad_spec(tmp_path):
     r = run_cli(["train", "--max-steps", "2"], timeout=120, env={"DTRAIN_SLOW_INJECT": "1:sleepy"})
     assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].startswith("dtrain: error: DTRAIN_SLOW_INJECT kind 'sleepy'"), r.stderr
+
+
+def test_tensorboard_events_read_back_with_tensorboards_reader(tmp_path):
+    pytest.importorskip("tensorboard", reason="the tensorboard package is not installed (the 'tensorboard' extra)")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tb = tmp_path / "tb"
+    r = run_cli(["train", "-n", "2", "--max-steps", "20", "--log-every", "10", "--tensorboard", str(tb)], timeout=180)
+    assert r.returncode == 0, r.stderr
+    acc = EventAccumulator(str(tb))
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    assert {"train/loss", "train/lr", "train/samples_per_s", "comm/bytes_per_step", "breakdown/forward_ms/rank0",
+            "breakdown/comm_ms/rank1", "memory/peak_mib/rank1"} <= tags, tags
+    assert [e.step for e in acc.Scalars("train/loss")] == [10, 20]
+    from dtrain.tasks import load_task
+
+    assert acc.Scalars("train/lr")[0].value == pytest.approx(load_task("digits").lr)  # the task's default
+    assert all(e.value > 0 for e in acc.Scalars("comm/bytes_per_step"))
+
+
+def test_tensorboard_without_the_package_is_one_line(tmp_path, monkeypatch):
+    import importlib.util
+
+    from dtrain.metrics.tensorboard import check_tensorboard
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "tensorboard" else real(name, *a))
+    with pytest.raises(ConfigError, match="needs the tensorboard package"):
+        check_tensorboard(str(tmp_path / "tb"))
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(ConfigError, match="is a file"):
+        check_tensorboard(str(tmp_path / "f"))

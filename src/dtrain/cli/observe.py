@@ -10,6 +10,8 @@ def add_observe_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("observing the run")
     g.add_argument("--no-breakdown", dest="breakdown", action="store_false",
                    help="do not time each step's phases (data wait, forward, backward, exposed communication, optimizer)")
+    g.add_argument("--tensorboard", default=None, metavar="DIR",
+                   help="write TensorBoard event files here: loss, lr, samples/s, each rank's breakdown and memory, bytes communicated")
     g.add_argument("--straggler-window", type=int, default=50, metavar="STEPS",
                    help="steps compared across ranks to name a straggler (default 50; checked at log intervals)")
     g.add_argument("--straggler-threshold", type=float, default=1.3, metavar="RATIO",
@@ -20,5 +22,5 @@ def observe_options(args: argparse.Namespace) -> dict[str, Any]:
     """TrainConfig fields from the flags (the straggler settings validate themselves)."""
     from ..metrics.stragglers import StragglerConfig
 
-    return {"breakdown": args.breakdown,
+    return {"breakdown": args.breakdown, "tensorboard": args.tensorboard,
             "stragglers": StragglerConfig(window=args.straggler_window, threshold=args.straggler_threshold)}

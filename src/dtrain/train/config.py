@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from .. import _check as check
 from ..errors import ConfigError
 from ..metrics.stragglers import StragglerConfig
+from ..metrics.tensorboard import check_tensorboard
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,6 +63,8 @@ class TrainConfig:
     """Time each step's phases on every rank (``--no-breakdown`` turns it off)."""
     stragglers: StragglerConfig = field(default_factory=StragglerConfig)
     """When a rank is named a straggler (``--straggler-window``, ``--straggler-threshold``)."""
+    tensorboard: str | None = None
+    """Write TensorBoard event files to this folder (``--tensorboard DIR``; rank 0)."""
 
     def __post_init__(self) -> None:
         positive = {"--epochs": self.epochs, "--max-steps": self.max_steps, "--batch-size": self.batch_size,
@@ -84,6 +87,8 @@ class TrainConfig:
             raise ConfigError("--resume needs --checkpoint-dir, the folder holding the checkpoints to resume from.")
         if self.keep < 1:
             raise ConfigError(f"--keep must be >= 1, got {self.keep}.")
+        if self.tensorboard is not None:
+            check_tensorboard(self.tensorboard)
 
 
 def check_accum(batch_size: int, grad_accum: int) -> None:

@@ -111,7 +111,7 @@ def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) ->
     sink = JsonlSink(cfg.metrics_file) if cfg.metrics_file and ctx.is_main else None
     meter = Throughput()
     wait = ctx.breakdown.data  # the breakdown's data wait (the loop marks each step's start and batch)
-    obs = Observer(ctx, model, cfg.stragglers, enabled=cfg.breakdown)
+    obs = Observer(ctx, model, optimizer, cfg.stragglers, enabled=cfg.breakdown, tensorboard=cfg.tensorboard)
     window_loss = torch.zeros((), device=ctx.device)
     window_steps, last_loss, start_step, save_block_s = 0, float("nan"), step, 0.0
     k = cfg.grad_accum
@@ -154,6 +154,7 @@ def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) ->
                     progress.update(step, {"loss": last_loss, "samples_per_s": record["samples_per_s"]})
                 if sink:
                     sink.write(record)
+                obs.write(record)
             if step % cfg.log_every == 0 and step < total and preempt.check(ctx):
                 preempted = True
                 break

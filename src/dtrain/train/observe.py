@@ -14,15 +14,21 @@ import torch
 from .._log import logger
 from ..errors import ConfigError
 from ..metrics.breakdown import StepBreakdown, pack, unpack
+from ..metrics.memory import peak_memory
 from ..metrics.stragglers import StragglerConfig, StragglerDetector
+from ..metrics.tensorboard import TensorBoardSink
 
 
 class Observer:
     """Reads the Context's breakdown at each log interval (one small all_gather), hands rank 0
     every rank's figures for the metrics record and the straggler detector."""
 
-    def __init__(self, ctx: Any, model: torch.nn.Module, stragglers: StragglerConfig, *, enabled: bool = True) -> None:
+    def __init__(self, ctx: Any, model: torch.nn.Module, optimizer: Any, stragglers: StragglerConfig, *, enabled: bool = True,
+                 tensorboard: str | None = None) -> None:
         self.ctx = ctx
+        self.optimizer = optimizer
+        self.comm_bytes = comm_bytes_per_step(ctx, model)
+        self.tb = TensorBoardSink(tensorboard) if tensorboard and ctx.is_main else None
         self.slow = SlowDown(ctx.rank)
         self.slow.attach(model)
         self.bd: StepBreakdown = ctx.breakdown
@@ -32,19 +38,23 @@ class Observer:
         self.found: list[dict[str, Any]] = []
         self._said: set[tuple[int, str]] = set()
 
-    def _gather(self, window: dict[str, Any] | None) -> list[dict[str, Any] | None]:
-        t = torch.tensor(pack(window), dtype=torch.float64, device=self.ctx.device)
-        return [unpack(g.tolist()) for g in self.ctx.all_gather(t)]
+    def _gather(self, window: dict[str, Any] | None) -> tuple[list[dict[str, Any] | None], list[float]]:
+        """Every rank's window and peak memory (MiB), in one all_gather of a few numbers."""
+        peak, _ = peak_memory(self.ctx.device)
+        t = torch.tensor([*pack(window), (peak or 0) / 2**20], dtype=torch.float64, device=self.ctx.device)
+        rows = [g.tolist() for g in self.ctx.all_gather(t)]
+        return [unpack(r[:-1]) for r in rows], [round(r[-1], 1) for r in rows]
 
     def interval(self, step: int) -> dict[str, Any]:
         """Fields for this log interval's record: ``breakdown`` (per rank: median and p90 ms of
         each phase), and ``stragglers`` when some were named. Collective: call on every rank."""
+        record: dict[str, Any] = {"lr": self.optimizer.param_groups[0]["lr"], "comm_bytes_per_step": self.comm_bytes}
         if not self.bd.enabled:
-            return {}
-        per_rank = self._gather(self.bd.window())
+            return record
+        per_rank, peak = self._gather(self.bd.window())
         if self.detector is None:
-            return {}
-        record: dict[str, Any] = {"breakdown": per_rank}
+            return record
+        record.update(breakdown=per_rank, peak_mib=peak)
         found = self.detector.add(step, per_rank)
         for s in found:
             if (s["rank"], s["cause"]) not in self._said:  # one line per straggler and cause; every one recorded
@@ -59,11 +69,35 @@ class Observer:
         """``breakdown`` over the whole run per rank, and every straggler named. Collective."""
         if not self.bd.enabled:
             return {"breakdown": None, "stragglers": []}
-        per_rank = self._gather(self.bd.summary())
+        per_rank, _ = self._gather(self.bd.summary())
         return {"breakdown": per_rank, "stragglers": self.found}
+
+    def write(self, record: dict[str, Any]) -> None:
+        """Hand a metrics record to TensorBoard (rank 0, with ``--tensorboard``)."""
+        if self.tb is not None:
+            self.tb.write(record)
 
     def close(self) -> None:
         self.slow.close()
+        if self.tb is not None:
+            self.tb.close()
+            self.tb = None
+
+
+def comm_bytes_per_step(ctx: Any, model: torch.nn.Module) -> float | None:
+    """Bytes one rank hands to gradient communication per synchronised step: the strategy's own
+    count where it has one (zero1, fsdp), else every trainable gradient (DDP's all-reduce); 0
+    with one process; None when unknown."""
+    if not ctx.world.distributed:
+        return 0.0
+    inner = ctx.unwrap(model)
+    own = getattr(ctx.strategy, "comm_payload_bytes", None)
+    if own is not None:
+        value = own(inner)
+        return None if value is None else float(value)
+    if ctx.strategy.name != "ddp":
+        return None
+    return float(sum(p.numel() * p.element_size() for p in inner.parameters() if p.requires_grad))
 
 
 class SlowDown:
