@@ -170,3 +170,16 @@ def test_tensorboard_without_the_package_is_one_line(tmp_path, monkeypatch):
     (tmp_path / "f").write_text("x")
     with pytest.raises(ConfigError, match="is a file"):
         check_tensorboard(str(tmp_path / "f"))
+
+
+def test_flops_are_counted_on_meta_and_mfu_needs_a_peak():
+    from dtrain.metrics.flops import count_step_flops, peak_flops, utilisation
+
+    batch, n_in, n_out = 16, 8, 4
+    x, y = torch.randn(batch, n_in), torch.randint(0, n_out, (batch,))
+    flops = count_step_flops(lambda: torch.nn.Linear(n_in, n_out), x, y, torch.nn.functional.cross_entropy)
+    assert flops == 2 * (2 * batch * n_in * n_out)  # forward matmul + weight gradient (the input needs none)
+    assert x.device.type == "cpu" and count_step_flops(lambda: 1 / 0, x, y, torch.nn.functional.cross_entropy) is None
+    assert peak_flops(torch.device("cpu"), "fp32") == (None, None)
+    assert utilisation(1e9, 100.0, None, 2) == {"achieved_tflops": 0.1, "mfu": None}
+    assert utilisation(1e9, 100.0, 1e12, 2)["mfu"] == 0.05 and utilisation(None, 100.0, 1e12, 2)["mfu"] is None

@@ -136,6 +136,7 @@ def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) ->
             optimizer.step()
             if step == start_step:  # before zero_grad: gradients and optimizer state both exist
                 _log_memory(ctx, model, optimizer)
+                obs.count_flops(task.new_model, x, y, task.loss_fn, batch)
             optimizer.zero_grad(set_to_none=True)
             step += 1
             window_steps += 1
@@ -149,7 +150,7 @@ def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) ->
                 record = {"step": step, "epoch": epoch, "train_loss": last_loss, "samples_per_s": _rate(meter, step - start_step, batch, ctx),
                           "data_wait_ms": wait.window_median_ms(), "wall_s": round(time.perf_counter() - t0, 3)}
                 record.update(_tokens(task, record["samples_per_s"]))
-                record.update(obs.interval(step))
+                record.update(obs.interval(step, record["samples_per_s"]))
                 if progress:
                     progress.update(step, {"loss": last_loss, "samples_per_s": record["samples_per_s"]})
                 if sink:
@@ -189,7 +190,7 @@ def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) ->
     if sink:
         sink.close()
     data = _data_record(ctx, task, wait, meter, workers)
-    observed = obs.result()
+    observed = obs.result(round(meter.samples_per_s, 2) if meter.samples_per_s else None)
     sps = round(meter.samples_per_s, 2) if meter.samples_per_s else None
     return {
         "task": task.name,

@@ -14,6 +14,7 @@ import torch
 from .._log import logger
 from ..errors import ConfigError
 from ..metrics.breakdown import StepBreakdown, pack, unpack
+from ..metrics.flops import count_step_flops, peak_flops, utilisation
 from ..metrics.memory import peak_memory
 from ..metrics.stragglers import StragglerConfig, StragglerDetector
 from ..metrics.tensorboard import TensorBoardSink
@@ -29,6 +30,8 @@ class Observer:
         self.optimizer = optimizer
         self.comm_bytes = comm_bytes_per_step(ctx, model)
         self.tb = TensorBoardSink(tensorboard) if tensorboard and ctx.is_main else None
+        self.flops_per_sample: float | None = None
+        self.peak, self.peak_name = peak_flops(ctx.device, ctx.precision.effective)
         self.slow = SlowDown(ctx.rank)
         self.slow.attach(model)
         self.bd: StepBreakdown = ctx.breakdown
@@ -45,10 +48,16 @@ class Observer:
         rows = [g.tolist() for g in self.ctx.all_gather(t)]
         return [unpack(r[:-1]) for r in rows], [round(r[-1], 1) for r in rows]
 
-    def interval(self, step: int) -> dict[str, Any]:
+    def count_flops(self, make_model: Any, inputs: Any, target: Any, loss_fn: Any, batch: int) -> None:
+        """Count the model's FLOPs per sample once (on the meta device), for MFU."""
+        flops = count_step_flops(make_model, inputs, target, loss_fn)
+        self.flops_per_sample = flops / batch if flops else None
+
+    def interval(self, step: int, samples_per_s: float | None = None) -> dict[str, Any]:
         """Fields for this log interval's record: ``breakdown`` (per rank: median and p90 ms of
         each phase), and ``stragglers`` when some were named. Collective: call on every rank."""
-        record: dict[str, Any] = {"lr": self.optimizer.param_groups[0]["lr"], "comm_bytes_per_step": self.comm_bytes}
+        record: dict[str, Any] = {"lr": self.optimizer.param_groups[0]["lr"], "comm_bytes_per_step": self.comm_bytes,
+                                  **utilisation(self.flops_per_sample, samples_per_s, self.peak, self.ctx.world_size)}
         if not self.bd.enabled:
             return record
         per_rank, peak = self._gather(self.bd.window())
@@ -65,12 +74,19 @@ class Observer:
             record["stragglers"] = found
         return record
 
-    def result(self) -> dict[str, Any]:
-        """``breakdown`` over the whole run per rank, and every straggler named. Collective."""
-        if not self.bd.enabled:
-            return {"breakdown": None, "stragglers": []}
-        per_rank, _ = self._gather(self.bd.summary())
-        return {"breakdown": per_rank, "stragglers": self.found}
+    def result(self, samples_per_s: float | None) -> dict[str, Any]:
+        """MFU, ``breakdown`` over the whole run per rank, and every straggler named. Collective."""
+        use = utilisation(self.flops_per_sample, samples_per_s, self.peak, self.ctx.world_size)
+        if self.ctx.is_main and use["achieved_tflops"] is not None:
+            mfu = (f"MFU {use['mfu']:.1%} of {self.ctx.world_size} x {self.peak_name} peak {self.peak / 1e12:g} TFLOP/s" if self.peak
+                   else f"MFU unknown: no peak FLOP/s known for {self.ctx.device.type}")
+            logger.info(f"compute: {self.flops_per_sample / 1e9:.4g} GFLOP per sample (forward+backward), "
+                        f"achieved {use['achieved_tflops'] * 1e3:.4g} GFLOP/s over all ranks; {mfu}")
+        out = {"flops_per_sample": self.flops_per_sample, **use, "breakdown": None, "stragglers": []}
+        if self.bd.enabled:
+            out["breakdown"], _ = self._gather(self.bd.summary())
+            out["stragglers"] = self.found
+        return out
 
     def write(self, record: dict[str, Any]) -> None:
         """Hand a metrics record to TensorBoard (rank 0, with ``--tensorboard``)."""
