@@ -183,3 +183,28 @@ def test_flops_are_counted_on_meta_and_mfu_needs_a_peak():
     assert peak_flops(torch.device("cpu"), "fp32") == (None, None)
     assert utilisation(1e9, 100.0, None, 2) == {"achieved_tflops": 0.1, "mfu": None}
     assert utilisation(1e9, 100.0, 1e12, 2)["mfu"] == 0.05 and utilisation(None, 100.0, 1e12, 2)["mfu"] is None
+
+
+def test_trace_merges_every_rank_on_rank_zeros_clock(tmp_path):
+    trace = tmp_path / "t" / "trace.json"
+    r = run_cli(["train", "-n", "2", "--max-steps", "8", "--log-every", "4", "--trace", "3:6", "--trace-file", str(trace)], timeout=180)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(trace.read_text())
+    spans = [e for e in doc["traceEvents"] if e["ph"] == "X"]
+    assert {e["pid"] for e in spans} == {0, 1} and {e["args"]["step"] for e in spans} == {3, 4, 5}
+    assert {"data_wait", "forward", "backward", "comm", "optimizer"} <= {e["name"] for e in spans}
+    other = doc["otherData"]
+    assert set(other["clock_offsets_us"]) == {"0", "1"} and other["clock_offsets_us"]["0"] == 0.0
+    assert other["clock_error_bound_us"]["1"] > 0 and "NTP" in other["clock_method"]
+    for pid in (0, 1):  # a rank's spans follow each other on its own (aligned) clock
+        mine = [e for e in spans if e["pid"] == pid]
+        assert all(a["ts"] + a["dur"] <= b["ts"] + 1e-3 for a, b in zip(mine, mine[1:]))
+
+
+@pytest.mark.parametrize("spec", ["5", "6:3", "0:2", "a:b"])
+def test_trace_steps_are_checked(spec):
+    from dtrain.metrics.trace import parse_steps
+
+    with pytest.raises(ConfigError, match="--trace"):
+        parse_steps(spec)
+    assert parse_steps("20:25") == (20, 25)

@@ -111,7 +111,8 @@ def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) ->
     sink = JsonlSink(cfg.metrics_file) if cfg.metrics_file and ctx.is_main else None
     meter = Throughput()
     wait = ctx.breakdown.data  # the breakdown's data wait (the loop marks each step's start and batch)
-    obs = Observer(ctx, model, optimizer, cfg.stragglers, enabled=cfg.breakdown, tensorboard=cfg.tensorboard)
+    obs = Observer(ctx, model, optimizer, cfg.stragglers, enabled=cfg.breakdown, tensorboard=cfg.tensorboard,
+                   trace=cfg.trace, trace_file=cfg.trace_file, first_step=step)
     window_loss = torch.zeros((), device=ctx.device)
     window_steps, last_loss, start_step, save_block_s = 0, float("nan"), step, 0.0
     k = cfg.grad_accum
@@ -156,6 +157,7 @@ def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) ->
                 if sink:
                     sink.write(record)
                 obs.write(record)
+            obs.tick(step)
             if step % cfg.log_every == 0 and step < total and preempt.check(ctx):
                 preempted = True
                 break

@@ -18,6 +18,7 @@ from ..metrics.flops import count_step_flops, peak_flops, utilisation
 from ..metrics.memory import peak_memory
 from ..metrics.stragglers import StragglerConfig, StragglerDetector
 from ..metrics.tensorboard import TensorBoardSink
+from ..metrics.trace import Tracer, parse_steps
 
 
 class Observer:
@@ -25,7 +26,8 @@ class Observer:
     every rank's figures for the metrics record and the straggler detector."""
 
     def __init__(self, ctx: Any, model: torch.nn.Module, optimizer: Any, stragglers: StragglerConfig, *, enabled: bool = True,
-                 tensorboard: str | None = None) -> None:
+                 tensorboard: str | None = None, trace: str | None = None, trace_file: str = "dtrain-trace.json",
+                 first_step: int = 0) -> None:
         self.ctx = ctx
         self.optimizer = optimizer
         self.comm_bytes = comm_bytes_per_step(ctx, model)
@@ -37,6 +39,12 @@ class Observer:
         self.bd: StepBreakdown = ctx.breakdown
         self.bd.enabled = enabled
         hosts = ctx.gather_object(socket.gethostname())  # collective, once
+        self.hosts = hosts
+        self.tracer: Tracer | None = None
+        if trace:
+            self.tracer = Tracer(parse_steps(trace), trace_file, rank=ctx.rank, size=ctx.world_size, device=ctx.device,
+                                 first_step=first_step, first_index=self.bd.steps)  # collective: measures the clock offsets
+            self.bd.listeners.append(self.tracer.on_step)
         self.detector = StragglerDetector(stragglers, hosts) if ctx.is_main else None
         self.found: list[dict[str, Any]] = []
         self._said: set[tuple[int, str]] = set()
@@ -82,11 +90,25 @@ class Observer:
                    else f"MFU unknown: no peak FLOP/s known for {self.ctx.device.type}")
             logger.info(f"compute: {self.flops_per_sample / 1e9:.4g} GFLOP per sample (forward+backward), "
                         f"achieved {use['achieved_tflops'] * 1e3:.4g} GFLOP/s over all ranks; {mfu}")
+        if self.tracer is not None and not self.tracer.done:  # the run ended inside the traced steps
+            self._write_trace()
         out = {"flops_per_sample": self.flops_per_sample, **use, "breakdown": None, "stragglers": []}
         if self.bd.enabled:
             out["breakdown"], _ = self._gather(self.bd.summary())
             out["stragglers"] = self.found
         return out
+
+    def tick(self, step: int) -> None:
+        """After each step: writes the trace once its steps are done. Collective: call on every rank."""
+        if self.tracer is not None and self.tracer.due(step):
+            self._write_trace()
+
+    def _write_trace(self) -> None:
+        assert self.tracer is not None
+        path = self.tracer.write(self.ctx.gather_object, self.hosts)
+        self.bd.listeners.remove(self.tracer.on_step)
+        if path:
+            logger.info(f"trace of steps {self.tracer.start} to {self.tracer.end - 1} on every rank: {path} (open it in https://ui.perfetto.dev)")
 
     def write(self, record: dict[str, Any]) -> None:
         """Hand a metrics record to TensorBoard (rank 0, with ``--tensorboard``)."""
