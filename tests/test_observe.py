@@ -208,3 +208,30 @@ def test_trace_steps_are_checked(spec):
     with pytest.raises(ConfigError, match="--trace"):
         parse_steps(spec)
     assert parse_steps("20:25") == (20, 25)
+
+
+def test_report_renders_plots_and_a_summary_from_a_run_folder(tmp_path):
+    pytest.importorskip("matplotlib", reason="matplotlib is not installed (the 'report' extra)")
+    from dtrain.metrics.report import render
+
+    slow, waiting = _window(data_wait=30.0), _window(comm=30.0)
+    line = "straggler: rank 1 (host b) took 2.0x the median step for the last 20 steps: data wait 30 ms vs 1 ms median (input-bound)"
+    with open(tmp_path / "metrics.jsonl", "w") as fh:
+        for step in (10, 20):
+            rec = {"step": step, "train_loss": 1.0 / step, "samples_per_s": 100.0 + step, "breakdown": [waiting, slow], "peak_mib": [10.0, 11.0]}
+            if step == 20:
+                rec["stragglers"] = [{"step": 20, "rank": 1, "cause": "input", "line": line}]
+            fh.write(json.dumps(rec) + "\n")
+    paths = render(str(tmp_path))
+    assert {"curves", "breakdown", "memory", "markdown"} == set(paths)
+    for key in ("curves", "breakdown", "memory"):
+        with open(paths[key], "rb") as fh:
+            assert fh.read(8) == b"\x89PNG\r\n\x1a\n"
+    md = open(paths["markdown"]).read()
+    assert "- steps: 20" in md and line in md and "| 1 | 30.00 |" in md and "![breakdown](breakdown.png)" in md
+
+
+def test_report_of_a_folder_without_metrics_is_one_line(tmp_path):
+    r = run_cli(["report", str(tmp_path)], timeout=60)
+    assert r.returncode == 2 and r.stderr.strip() == (
+        f"dtrain: error: dtrain report: no metrics records (*.jsonl) in {tmp_path}; train with --metrics-file {tmp_path}/metrics.jsonl.")
