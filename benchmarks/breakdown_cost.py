@@ -61,6 +61,7 @@ def main() -> None:
         ctx.barrier()
         return time.perf_counter() - t0
 
+    mark_us = marks_cost_us(ctx)
     run_block(True)  # warm-up
     on, off = [], []
     for i in range(args.blocks):
@@ -70,9 +71,35 @@ def main() -> None:
     sps = lambda t: args.steps * task.batch_size * ctx.world_size / t  # noqa: E731
     ctx.print(f"MNIST, {ctx.world_size} ranks, {args.blocks} blocks of {args.steps} steps (ABBA): breakdown on "
               f"{statistics.median(sps(t) for t in on):.1f} samples/s, off {statistics.median(sps(t) for t in off):.1f}; "
-              f"on/off median of paired ratios {statistics.median(pairs):.4f} (min {min(pairs):.3f}, max {max(pairs):.3f})")
+              f"on/off median of paired ratios {statistics.median(pairs):.4f} (min {min(pairs):.3f}, max {max(pairs):.3f}); "
+              f"the marks of one step alone cost {mark_us:.1f} us (median step on: {statistics.median(on) / args.steps * 1e3:.2f} ms)")
     obs.close()
     ctx.close()
+
+
+def marks_cost_us(ctx: dtrain.Context, n: int = 2000) -> float:
+    """The breakdown's own cost per step, without the noise of training: a step of marks around a
+    one-element backward, on against off (alternating), median difference in microseconds."""
+    w = torch.ones(1, requires_grad=True)
+    bd = ctx.breakdown
+
+    def once(on: bool) -> float:
+        bd.enabled = on
+        t0 = time.perf_counter()
+        bd.step_starts()
+        bd.got_batch()
+        loss = (w * 2).sum()
+        bd.backward_starts(loss)
+        loss.backward()
+        bd.backward_done()
+        bd.lap("rest")
+        bd.lap("optimizer")
+        bd.step_starts()
+        return time.perf_counter() - t0
+
+    diffs = [(once(True) - once(False)) * 1e6 for _ in range(n)]
+    bd.window()  # drop these steps
+    return statistics.median(diffs)
 
 
 if __name__ == "__main__":

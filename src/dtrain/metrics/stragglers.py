@@ -72,7 +72,9 @@ class StragglerDetector:
 
     def _judge(self, step: int, intervals: list[list[dict[str, Any] | None]], steps: int) -> list[dict[str, Any]]:
         n = len(intervals[0])
-        own = [_median_of(intervals, r, ("own",)) for r in range(n)]
+        # Own time as the sum of the groups' medians (not the median of own times), so that the
+        # groups' excesses add up to the rank's excess and the largest names its cause.
+        own = [sum(_median_of(intervals, r, phases) for phases in CAUSES.values()) for r in range(n)]
         found = []
         for r in range(n):
             others = statistics.median([own[q] for q in range(n) if q != r])
