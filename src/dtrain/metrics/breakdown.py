@@ -153,6 +153,11 @@ class StepBreakdown:
         rows, self._window = self._window, []
         return stats(rows)
 
+    def reset(self) -> None:
+        """Forget the steps closed so far (e.g. warm-up steps)."""
+        self._resolve()
+        self._window, self._all = [], []
+
     def summary(self) -> dict[str, Any] | None:
         """The same figures over every step of the run, the first apart (it starts the loader)."""
         self._resolve()
