@@ -235,3 +235,21 @@ def test_report_of_a_folder_without_metrics_is_one_line(tmp_path):
     r = run_cli(["report", str(tmp_path)], timeout=60)
     assert r.returncode == 2 and r.stderr.strip() == (
         f"dtrain: error: dtrain report: no metrics records (*.jsonl) in {tmp_path}; train with --metrics-file {tmp_path}/metrics.jsonl.")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (CUDA events)")
+def test_breakdown_on_a_gpu_times_phases_with_cuda_events():
+    bd = StepBreakdown("cuda")
+    w = torch.randn(512, 512, device="cuda", requires_grad=True)
+    for _ in range(4):
+        bd.step_starts()
+        bd.got_batch()
+        loss = (w @ w).square().sum()
+        bd.backward_starts(loss)
+        loss.backward()
+        bd.backward_done()
+        bd.lap("optimizer")
+    bd.finish()
+    assert bd._pending and all(laps[-1][2] is not None for laps in bd._pending)  # events, not yet read
+    w = bd.window()
+    assert w["steps"] == 4 and w["median_ms"]["backward"] > 0 and w["median_ms"]["forward"] > 0
