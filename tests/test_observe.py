@@ -253,3 +253,14 @@ def test_breakdown_on_a_gpu_times_phases_with_cuda_events():
     assert bd._pending and all(laps[-1][2] is not None for laps in bd._pending)  # events, not yet read
     w = bd.window()
     assert w["steps"] == 4 and w["median_ms"]["backward"] > 0 and w["median_ms"]["forward"] > 0
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--straggler-threshold", "1"], "dtrain: error: --straggler-threshold must be > 1 (a ratio to the median step), got 1.0; e.g. 1.3."),
+    (["--straggler-window", "0"], "dtrain: error: --straggler-window must be >= 1 step, got 0."),
+    (["--trace", "9:3"], "dtrain: error: --trace 9:3 needs 1 <= START < END; e.g. --trace 20:25 for steps 20 to 24."),
+    (["--trace", "2:4", "--no-breakdown"], "dtrain: error: --trace draws the breakdown's spans; drop --no-breakdown."),
+])
+def test_bad_observe_flags_are_one_line(argv, expected):
+    r = run_cli(["train", "--max-steps", "2", *argv], timeout=60)
+    assert r.returncode == 2 and r.stderr.strip() == expected, r.stderr
