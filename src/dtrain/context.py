@@ -67,6 +67,8 @@ class Context:
         self.collectives = Collectives(world, Tracker(), debug=debug)
         """Every collective this context issues, labelled for the watchdog and the checker."""
         self._step = Step(strategy=strategy, precision=precision, collectives=self.collectives)
+        self.breakdown = self._step.breakdown
+        """Where this rank's step time goes (dtrain.metrics.breakdown); the loop marks the step's start and its batch."""
         self._watchdog: Watchdog | None = None
         self.precision = precision
         self.seed = seed

@@ -19,6 +19,7 @@ from . import _check as check
 from .collectives import Collectives
 from .convnets import to_channels_last
 from .errors import ConfigError
+from .metrics.breakdown import StepBreakdown
 from .precision import Precision
 from .strategies.base import ForwardingOptimizer, Strategy
 
@@ -63,6 +64,7 @@ class DtrainOptimizer(ForwardingOptimizer):
             return None
         tracker = run.collectives.tracker
         tracker.beat(tracker.step + 1)
+        run.breakdown.lap("rest")
         scaler = run.scaler
         if scaler is not None:
             # An optimizer that communicates (hvd) must finish before the scaler unscales.
@@ -74,6 +76,7 @@ class DtrainOptimizer(ForwardingOptimizer):
         else:
             out = self.optimizer.step(closure) if closure else self.optimizer.step()
         run.strategy.after_optimizer_step(self.optimizer)  # e.g. local SGD averages parameters (a collective)
+        run.breakdown.lap("optimizer")
         return out
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -104,6 +107,8 @@ class Step:
         self.end_of_data = False
         self.optimizers: list[DtrainOptimizer] = []
         self.modules: list[weakref.ref[DtrainModule]] = []
+        self.breakdown = StepBreakdown(collectives.world.device)
+        """Where this rank's step time goes: backward and the optimizer mark their phases."""
 
     # -- wrappers ----------------------------------------------------------------------------------
     def wrap_model(self, inner: nn.Module, channels_last: bool) -> DtrainModule:
@@ -163,6 +168,7 @@ class Step:
         if self.scaler is not None:
             loss = self.scaler.scale(loss)
         tracker = self.collectives.tracker
+        self.breakdown.backward_starts(loss)
         if self.collectives.world.distributed and self.sync:
             # Gradients are communicated inside backward (DDP buckets, hvd hooks): record it as
             # a collective for the watchdog, and check it against the other ranks in debug mode.
@@ -172,6 +178,7 @@ class Step:
             tracker.beat()
             loss.backward(**kwargs)
             tracker.beat()
+        self.breakdown.backward_done()
 
     def clip_grad_norm_(self, model: nn.Module, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
         check.instance("ctx.clip_grad_norm_(model, max_norm)", max_norm, (int, float), "give a number > 0")

@@ -46,6 +46,9 @@ class Recorder:
     state_bytes: dict[str, int] | None = None
     """This rank's parameter, gradient and optimizer-state bytes after the first step."""
     mem_kind: str = "rss"
+    breakdown: dict[str, Any] | None = None
+    """dtrain's own step breakdown (``dtrain.metrics.breakdown``) of the measured steps: forward,
+    backward compute and exposed communication apart (dtrain methods only)."""
     threads: int = field(default_factory=torch.get_num_threads)
     start: float = field(default_factory=time.perf_counter)
 

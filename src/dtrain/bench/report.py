@@ -67,6 +67,8 @@ def summarise(run: MethodRun, baseline_sps: float | None) -> dict[str, Any]:
             "exposed_comm": round(max(0.0, fb - compute_ms) + comm_wait, 3),
         },
         peak_mem_mib_per_rank=[round(x, 1) for x in peak[-run.nproc:]],
+        # dtrain's own per-step breakdown, each rank (forward, backward compute, exposed comm apart); None for torch DDP
+        step_breakdown_ms_per_rank=[(r.get("breakdown") or {}).get("median_ms") for r in last],
         state_mib_per_rank=[round(sum(r["state_bytes"].values()) / 2**20, 2) if r.get("state_bytes") else None for r in last],
         mem_kind=last[0]["mem_kind"],
         comm_bytes_per_step=last[0]["comm_bytes_per_step"],

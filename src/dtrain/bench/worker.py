@@ -47,7 +47,9 @@ def measure(ctx: dtrain.Context, task, args) -> Recorder:
 
     def step(measured: bool) -> None:
         t0 = rec.clock()
+        ctx.breakdown.step_starts()
         x, y = next(batches)
+        ctx.breakdown.got_batch()
         t_data = rec.clock()
         loss = ctx.forward_backward(model, x, y, task.loss_fn)  # pipeline: micro-batches through the stages
         t_fb = rec.clock()
@@ -64,12 +66,16 @@ def measure(ctx: dtrain.Context, task, args) -> Recorder:
     for _ in range(args.warmup):
         step(False)
     rec.steps_per_repeat = args.steps
+    ctx.breakdown.finish()
+    ctx.breakdown.reset()  # the breakdown of the measured steps only
     for _ in range(args.repeats):
         ctx.barrier()  # every rank starts the repeat together
         start = rec.clock()
         for _ in range(args.steps):
             step(True)
         rec.repeats.append(rec.clock() - start)
+    ctx.breakdown.finish()
+    rec.breakdown = ctx.breakdown.summary()
     # forward+backward alone: the same steps without gradient communication, no update.
     # (Not for pipeline: a stage cannot run forward and backward alone.)
     staged = ctx.strategy.capabilities.staged_step and ctx.world.distributed

@@ -13,6 +13,7 @@ from ..strategies import Strategy
 from ..tasks import Task, load_task
 from ..train import TrainConfig, worker_main
 from ..world import World
+from .observe import add_observe_args, observe_options
 from .common import add_comm_args, add_launch_args, export_diagnostics, launch_spec
 from .parallel import add_parallel_arg, check_layout
 from .sharding import add_sharding_args, strategy_options
@@ -53,6 +54,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--activation-checkpointing", action="store_true",
                    help="recompute each block's activations in backward: less memory, ~1/3 more compute (tasks with blocks, e.g. lm)")
     add_parallel_arg(g)
+    add_observe_args(p)
     add_sharding_args(p)
     add_comm_args(p)
     add_launch_args(p)
@@ -78,7 +80,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         checkpoint_dir=args.checkpoint_dir, save_every=args.save_every, device=args.device,
         num_workers=args.num_workers, channels_last=args.channels_last, sync_bn=args.sync_bn, keep=args.keep, resume=args.resume, async_save=args.async_save,
         comm=args.comm, comm_warmup=args.comm_warmup, compile=args.compile,
-        activation_checkpointing=args.activation_checkpointing, parallel=args.parallel, ledger=args.ledger,
+        activation_checkpointing=args.activation_checkpointing, parallel=args.parallel, ledger=args.ledger, **observe_options(args),
     )
 
 

@@ -7,6 +7,9 @@ from dataclasses import dataclass, field
 from .. import _check as check
 from ..comm import CommSpec
 from ..errors import ConfigError
+from ..metrics.stragglers import StragglerConfig
+from ..metrics.tensorboard import check_tensorboard
+from ..metrics.trace import parse_steps
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,6 +70,16 @@ class TrainConfig:
     ledger: str | None = None
     """Folder of the samples ledger (``--ledger``): every rank appends the samples of each step
     it commits, for ``dtrain ckpt ledger`` to check exactly-once (``dtrain.data.ledger``)."""
+    breakdown: bool = True
+    """Time each step's phases on every rank (``--no-breakdown`` turns it off)."""
+    stragglers: StragglerConfig = field(default_factory=StragglerConfig)
+    """When a rank is named a straggler (``--straggler-window``, ``--straggler-threshold``)."""
+    tensorboard: str | None = None
+    """Write TensorBoard event files to this folder (``--tensorboard DIR``; rank 0)."""
+    trace: str | None = None
+    """Steps START:END (END not included) to write as one Chrome/Perfetto trace of every rank (``--trace``)."""
+    trace_file: str = "dtrain-trace.json"
+    """Where rank 0 writes that trace (``--trace-file``)."""
 
     def __post_init__(self) -> None:
         positive = {"--epochs": self.epochs, "--max-steps": self.max_steps, "--batch-size": self.batch_size,
@@ -93,6 +106,13 @@ class TrainConfig:
             raise ConfigError(f"--keep must be >= 1, got {self.keep}.")
         if self.comm is not None or self.comm_warmup is not None:
             object.__setattr__(self, "comm", CommSpec.parse(self.comm, warmup=self.comm_warmup))
+        if self.tensorboard is not None:
+            check_tensorboard(self.tensorboard)
+        if self.trace is not None:
+            parse_steps(self.trace)
+            check.output_file("--trace-file", self.trace_file)
+            if not self.breakdown:
+                raise ConfigError("--trace draws the breakdown's spans; drop --no-breakdown.")
 
 
 def check_accum(batch_size: int, grad_accum: int) -> None:

@@ -27,6 +27,7 @@ from ..tasks import Task, load_task, make_optimizer
 from ..world import World
 from .config import TrainConfig, check_accum
 from .elastic import split
+from .observe import Observer
 
 
 def worker_main(cfg: TrainConfig, *, world: World | None = None, strategy: Strategy | None = None,
@@ -128,7 +129,9 @@ def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) ->
     progress = ProgressSink(total, start=step) if ctx.is_main else None
     sink = JsonlSink(cfg.metrics_file) if cfg.metrics_file and ctx.is_main else None
     meter = Throughput()
-    wait = DataWait()
+    wait = ctx.breakdown.data  # the breakdown's data wait (the loop marks each step's start and batch)
+    obs = Observer(ctx, model, optimizer, cfg.stragglers, enabled=cfg.breakdown, tensorboard=cfg.tensorboard,
+                   trace=cfg.trace, trace_file=cfg.trace_file, first_step=step)
     window_loss = torch.zeros((), device=ctx.device)
     window_steps, last_loss, start_step, save_block_s = 0, float("nan"), step, 0.0
     k = cfg.grad_accum
@@ -139,12 +142,13 @@ def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) ->
     preempted = False
     model.train()
     meter.start()
-    wait.ready()
+    ctx.breakdown.step_starts()
     epoch = loader.next_epoch
     while step < total and not preempted:
         epoch = loader.next_epoch
         for x, y in loader:
-            wait.got_batch()
+            obs.slow.input()
+            ctx.breakdown.got_batch()
             for xm, ym in zip(x.chunk(k), y.chunk(k)):
                 with ctx.accumulate(model, steps=k):
                     loss = ctx.forward_backward(model, xm, ym, task.loss_fn)  # pipeline: micro-batches through the stages
@@ -152,6 +156,7 @@ def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) ->
             optimizer.step()
             if step == start_step:  # before zero_grad: gradients and optimizer state both exist
                 _log_memory(ctx, model, optimizer)
+                obs.count_flops(task.new_model, x, y, task.loss_fn, batch)
             optimizer.zero_grad(set_to_none=True)
             step += 1
             window_steps += 1
@@ -167,10 +172,13 @@ def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) ->
                 record = {"step": step, "epoch": epoch, "train_loss": last_loss, "samples_per_s": _rate(meter, step - start_step, batch, ctx),
                           "data_wait_ms": wait.window_median_ms(), "wall_s": round(time.perf_counter() - t0, 3)}
                 record.update(_tokens(task, record["samples_per_s"]))
+                record.update(obs.interval(step, record["samples_per_s"]))
                 if progress:
                     progress.update(step, {"loss": last_loss, "samples_per_s": record["samples_per_s"]})
                 if sink:
                     sink.write(record)
+                obs.write(record)
+            obs.tick(step)
             if step % cfg.log_every == 0 and step < total and preempt.check(ctx):
                 preempted = True
                 break
@@ -179,12 +187,15 @@ def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) ->
                     _stop_if_diverged(ctx.all_reduce(window_loss.clone(), op="max").item(), step, cfg, task)
                 ckpt.save(step, model=model, optimizer=optimizer, loader=loader)
                 save_block_s += ckpt.last_blocking_s or 0.0
+                ctx.breakdown.lap("checkpoint")
             if step >= total:
                 break
-            wait.ready()
+            ctx.breakdown.step_starts()
     if ctx.device.type == "cuda":
         torch.cuda.synchronize(ctx.device)
     meter.stop((step - start_step) * batch * ctx.data_parallel_size)
+    ctx.breakdown.finish()  # closes the last step
+    obs.close()
     preempt.uninstall()
     if progress:
         progress.close()
@@ -202,6 +213,7 @@ def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) ->
     if sink:
         sink.close()
     data = _data_record(ctx, task, wait, meter, workers)
+    observed = obs.result(round(meter.samples_per_s, 2) if meter.samples_per_s else None)
     sps = round(meter.samples_per_s, 2) if meter.samples_per_s else None
     return {
         "task": task.name,
@@ -215,6 +227,7 @@ def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) ->
         "train_loss": round(last_loss, 6),
         **_scores(task, score),
         **data,
+        **observed,
         "wall_s": round(time.perf_counter() - t0, 3),
     }
 

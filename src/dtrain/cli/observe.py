@@ -1,0 +1,29 @@
+"""The flags of ``dtrain train`` that say what to observe: the step breakdown, stragglers."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def add_observe_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("observing the run")
+    g.add_argument("--no-breakdown", dest="breakdown", action="store_false",
+                   help="do not time each step's phases (data wait, forward, backward, exposed communication, optimizer)")
+    g.add_argument("--tensorboard", default=None, metavar="DIR",
+                   help="write TensorBoard event files here: loss, lr, samples/s, each rank's breakdown and memory, bytes communicated")
+    g.add_argument("--trace", default=None, metavar="START:END",
+                   help="write steps START to END-1 of every rank as one Chrome/Perfetto trace JSON, on rank 0's clock")
+    g.add_argument("--trace-file", default="dtrain-trace.json", metavar="PATH", help="where --trace writes (default dtrain-trace.json)")
+    g.add_argument("--straggler-window", type=int, default=50, metavar="STEPS",
+                   help="steps compared across ranks to name a straggler (default 50; checked at log intervals)")
+    g.add_argument("--straggler-threshold", type=float, default=1.3, metavar="RATIO",
+                   help="name a rank whose own step time is this many times the others' median (default 1.3)")
+
+
+def observe_options(args: argparse.Namespace) -> dict[str, Any]:
+    """TrainConfig fields from the flags (the straggler settings validate themselves)."""
+    from ..metrics.stragglers import StragglerConfig
+
+    return {"breakdown": args.breakdown, "tensorboard": args.tensorboard, "trace": args.trace, "trace_file": args.trace_file,
+            "stragglers": StragglerConfig(window=args.straggler_window, threshold=args.straggler_threshold)}

@@ -1,0 +1,201 @@
+"""Where each step's time goes on this rank: data wait, forward, backward compute, exposed
+communication, optimizer step, and the rest.
+
+A lap timer: each mark ends the running lap and books its time to a phase; a step is the laps
+from one wait for data to the next. The marks come from the loop (``step_starts``,
+``got_batch``) and from the Context's step (``backward_starts``/``backward_done`` around
+``loss.backward()``, ``lap`` around ``optimizer.step()``), so a script that uses ``ctx.backward``
+gets the same breakdown as ``dtrain train``.
+
+Exposed communication is the time ``backward()`` still runs after the last gradient was
+computed. A hook on the loss queues an autograd final callback as backward starts; final
+callbacks run in the order queued, after every node of the graph, so it runs before the one DDP
+queues when its last bucket is ready (DDP's waits for every bucket's all-reduce). Its time is
+the end of backward's compute; what follows is communication that overlap did not hide, plus
+DDP's copy of the reduced buckets into the gradients. On gloo (CPU) the clock gives it; on a
+GPU, a CUDA event recorded there and one after backward returns. It also holds the time a
+faster rank waits for a slower one: that is how stragglers show (``stragglers.py``). Strategies
+that communicate elsewhere (hvd in the optimizer step, fsdp's reduce-scatter also in
+backward's final callback) book it there; with one process ``comm`` is 0.
+
+On a GPU every lap also records a CUDA event, resolved when a window is read (the loop reads
+one per log interval, after its loss all-reduce has synchronised anyway): no synchronisation is
+added per step. Data wait stays on the host clock there (the GPU does not see the loader).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from .meters import DataWait
+
+PHASES = ("data_wait", "forward", "backward", "comm", "optimizer", "rest")
+"""The phases of a step, in order; ``step`` is their sum."""
+_FOLDED = {"checkpoint": "rest", "start": "rest"}
+"""Laps with their own name (for traces) that the breakdown counts as ``rest``."""
+
+
+class StepBreakdown:
+    """This rank's per-step phase times (ms). ``enabled=False`` makes every mark a no-op
+    (data wait is still measured: the result record has always carried it)."""
+
+    def __init__(self, device: torch.device | str = "cpu", *, enabled: bool = True) -> None:
+        self.enabled = enabled
+        self.data = DataWait()
+        self._cuda = torch.device(device).type == "cuda"
+        self._laps: list[tuple[str, float, Any]] | None = None
+        self._compute_ended = False
+        self._pending: list[list[tuple[str, float, Any]]] = []
+        self._window: list[tuple[float, ...]] = []
+        self._all: list[tuple[float, ...]] = []
+        self.steps = 0
+        """Steps closed so far."""
+        self.listeners: list[Callable[[int, list[tuple[str, float, float]]], None]] = []
+        """Called with (step index, host spans [(phase, start s, end s)]) as each step closes (traces)."""
+
+    # -- marks ------------------------------------------------------------------------------
+    def step_starts(self) -> None:
+        """The previous step (if any) ends; this one starts by waiting for its batch."""
+        self.data.ready()
+        if not self.enabled:
+            self._laps = None
+            return
+        if self._laps is not None:
+            self.lap("rest")
+            self._close()
+        self._laps = [("start", time.perf_counter(), self._event())]
+
+    def finish(self) -> None:
+        """The last step ends (no new one starts)."""
+        if self._laps is not None:
+            self.lap("rest")
+            self._close()
+
+    def got_batch(self) -> None:
+        self.data.got_batch()
+        self.lap("data_wait")
+
+    def lap(self, phase: str) -> None:
+        """The running lap ends now and counts as ``phase``."""
+        if self._laps is not None:
+            self._laps.append((phase, time.perf_counter(), self._event()))
+
+    def backward_starts(self, loss: torch.Tensor) -> None:
+        """Forward ends; arranges for the end of backward's compute to be marked."""
+        if self._laps is None:
+            return
+        self.lap("forward")
+        self._compute_ended = False
+        if loss.requires_grad and loss.grad_fn is not None:
+            loss.register_hook(self._queue_compute_end)
+
+    def backward_done(self) -> None:
+        if self._laps is None:
+            return
+        self.lap("comm" if self._compute_ended else "backward")
+        self._compute_ended = False
+
+    def _queue_compute_end(self, grad: torch.Tensor) -> None:
+        # Runs as backward starts; the callback runs after every node of the graph, before
+        # DDP's (queued later, when its last bucket is ready).
+        torch.autograd.Variable._execution_engine.queue_callback(self._compute_end)
+
+    def _compute_end(self) -> None:
+        self.lap("backward")
+        self._compute_ended = True
+
+    def _event(self) -> Any:
+        if not self._cuda:
+            return None
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        return ev
+
+    def _close(self) -> None:
+        laps, self._laps = self._laps, None
+        if laps is None or len(laps) < 2:
+            return
+        if self.listeners:
+            spans = [(laps[i][0], laps[i - 1][1], laps[i][1]) for i in range(1, len(laps))]
+            for fn in self.listeners:
+                fn(self.steps, spans)
+        self.steps += 1
+        self._pending.append(laps)
+
+    # -- reading ----------------------------------------------------------------------------
+    def _resolve(self) -> None:
+        """Turn closed steps' laps into rows of phase times (waits for their CUDA events)."""
+        for laps in self._pending:
+            if self._cuda and laps[-1][2] is not None:
+                laps[-1][2].synchronize()
+            ms = dict.fromkeys(PHASES, 0.0)
+            for (_, t0, e0), (phase, t1, e1) in zip(laps, laps[1:]):
+                if e0 is not None and phase != "data_wait":
+                    d = e0.elapsed_time(e1)
+                else:
+                    d = (t1 - t0) * 1e3
+                ms[_FOLDED.get(phase, phase)] += d
+            row = tuple(ms[p] for p in PHASES)
+            self._window.append(row)
+            self._all.append(row)
+        self._pending = []
+
+    def window(self) -> dict[str, Any] | None:
+        """Median and p90 (ms) of each phase, of the step and of the step's own time (the step
+        less exposed communication, which holds the waits for other ranks), over the steps closed
+        since the last call; then a new window. None when no step closed."""
+        self._resolve()
+        rows, self._window = self._window, []
+        return stats(rows)
+
+    def reset(self) -> None:
+        """Forget the steps closed so far (e.g. warm-up steps)."""
+        self._resolve()
+        self._window, self._all = [], []
+
+    def summary(self) -> dict[str, Any] | None:
+        """The same figures over every step of the run, the first apart (it starts the loader)."""
+        self._resolve()
+        return stats(self._all[1:] or self._all)
+
+
+def stats(rows: list[tuple[float, ...]]) -> dict[str, Any] | None:
+    """``{"steps": n, "median_ms": {phase: ...}, "p90_ms": {phase: ...}}`` with ``step`` and ``own``."""
+    if not rows:
+        return None
+    cols = {p: [r[i] for r in rows] for i, p in enumerate(PHASES)}
+    cols["step"] = [sum(r) for r in rows]
+    cols["own"] = [sum(r) - r[PHASES.index("comm")] for r in rows]
+    return {"steps": len(rows),
+            "median_ms": {k: round(statistics.median(v), 3) for k, v in cols.items()},
+            "p90_ms": {k: round(p90(v), 3) for k, v in cols.items()}}
+
+
+def p90(values: list[float]) -> float:
+    """The 90th percentile (nearest rank)."""
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, -(-9 * len(s) // 10) - 1))]
+
+
+STAT_KEYS = (*PHASES, "step", "own")
+
+
+def pack(window: dict[str, Any] | None) -> list[float]:
+    """A window as a flat list (medians, then p90s, then the step count) for one all_gather."""
+    if window is None:
+        return [float("nan")] * (2 * len(STAT_KEYS)) + [0.0]
+    return [window["median_ms"][k] for k in STAT_KEYS] + [window["p90_ms"][k] for k in STAT_KEYS] + [float(window["steps"])]
+
+
+def unpack(values: list[float]) -> dict[str, Any] | None:
+    n = len(STAT_KEYS)
+    if not values[-1]:
+        return None
+    return {"steps": int(values[-1]),
+            "median_ms": {k: round(values[i], 3) for i, k in enumerate(STAT_KEYS)},
+            "p90_ms": {k: round(values[n + i], 3) for i, k in enumerate(STAT_KEYS)}}

@@ -1,0 +1,138 @@
+"""``dtrain report RUN_DIR``: a run's metrics as PNG plots and a short markdown summary.
+
+RUN_DIR holds what ``dtrain train`` wrote there: the metrics file (``--metrics-file
+RUN_DIR/metrics.jsonl``, one record per log interval) and, when saved, the result record
+(``dtrain train ... > RUN_DIR/result.json``; its last line). Plots: loss and throughput over
+steps, each rank's breakdown as a stacked bar, each rank's peak memory over steps.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import statistics
+from typing import Any
+
+from ..errors import ConfigError
+from .breakdown import PHASES
+
+COLOURS = {"data_wait": "#e15759", "forward": "#4e79a7", "backward": "#76b7b2", "comm": "#f28e2b", "optimizer": "#59a14f", "rest": "#bab0ac"}
+
+
+def load_run(run_dir: str) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """(metrics records in step order, the result record or None)."""
+    if not os.path.isdir(run_dir):
+        raise ConfigError(f"dtrain report: {run_dir} is not a folder; give the folder holding the run's metrics.jsonl.")
+    records: list[dict[str, Any]] = []
+    for path in sorted(glob.glob(os.path.join(run_dir, "*.jsonl"))):
+        with open(path, encoding="utf-8") as fh:
+            records += [r for r in (_parse(line) for line in fh) if r is not None and "step" in r]
+    if not records:
+        raise ConfigError(f"dtrain report: no metrics records (*.jsonl) in {run_dir}; train with --metrics-file {run_dir}/metrics.jsonl.")
+    result = None
+    path = os.path.join(run_dir, "result.json")
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as fh:
+            parsed = [r for r in (_parse(line) for line in fh) if r is not None]
+        result = parsed[-1] if parsed else None
+    return sorted(records, key=lambda r: r["step"]), result
+
+
+def _parse(line: str) -> dict[str, Any] | None:
+    try:
+        value = json.loads(line)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def rank_breakdown(records: list[dict[str, Any]], result: dict[str, Any] | None) -> list[dict[str, float]]:
+    """Each rank's median ms per phase: the result's whole-run figures, else the median of the intervals'."""
+    if result and result.get("breakdown"):
+        return [w["median_ms"] if w else {} for w in result["breakdown"]]
+    windows = [r["breakdown"] for r in records if r.get("breakdown")]
+    if not windows:
+        return []
+    ranks = len(windows[0])
+    return [{p: statistics.median(w[k]["median_ms"][p] for w in windows if w[k]) for p in PHASES} for k in range(ranks)]
+
+
+def render(run_dir: str, out: str | None = None) -> dict[str, str]:
+    """Writes the PNGs and ``report.md`` into ``out`` (default RUN_DIR/report); returns their paths."""
+    records, result = load_run(run_dir)
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ConfigError("dtrain report needs matplotlib; pip install 'dtrain[report]' (or matplotlib).") from None
+    out = out or os.path.join(run_dir, "report")
+    os.makedirs(out, exist_ok=True)
+    paths: dict[str, str] = {}
+    steps = [r["step"] for r in records]
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.5))
+    a.plot(steps, [r.get("train_loss") for r in records], marker=".")
+    a.set(xlabel="step", ylabel="training loss", title="loss")
+    b.plot(steps, [r.get("samples_per_s") for r in records], marker=".", color="#59a14f")
+    b.set(xlabel="step", ylabel="samples/s", title="throughput")
+    paths["curves"] = _save(fig, plt, out, "curves.png")
+
+    ranks = rank_breakdown(records, result)
+    if ranks:
+        fig, ax = plt.subplots(figsize=(max(4, 1.2 * len(ranks) + 2), 3.5))
+        bottom = [0.0] * len(ranks)
+        for p in PHASES:
+            vals = [r.get(p, 0.0) for r in ranks]
+            ax.bar([f"rank {k}" for k in range(len(ranks))], vals, bottom=bottom, label=p, color=COLOURS[p])
+            bottom = [x + v for x, v in zip(bottom, vals)]
+        ax.set(ylabel="ms per step (median)", title="where each rank's step goes")
+        ax.legend(fontsize="small", bbox_to_anchor=(1.02, 1), loc="upper left")
+        paths["breakdown"] = _save(fig, plt, out, "breakdown.png")
+
+    mem = [(r["step"], r["peak_mib"]) for r in records if r.get("peak_mib")]
+    if mem:
+        fig, ax = plt.subplots(figsize=(5, 3.5))
+        for k in range(len(mem[0][1])):
+            ax.plot([s for s, _ in mem], [m[k] for _, m in mem], marker=".", label=f"rank {k}")
+        ax.set(xlabel="step", ylabel="peak MiB", title="memory")
+        ax.legend(fontsize="small")
+        paths["memory"] = _save(fig, plt, out, "memory.png")
+
+    paths["markdown"] = os.path.join(out, "report.md")
+    with open(paths["markdown"], "w", encoding="utf-8") as fh:
+        fh.write(markdown(records, result, ranks, paths))
+    return paths
+
+
+def _save(fig: Any, plt: Any, out: str, name: str) -> str:
+    path = os.path.join(out, name)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def markdown(records: list[dict[str, Any]], result: dict[str, Any] | None, ranks: list[dict[str, float]], paths: dict[str, str]) -> str:
+    last = records[-1]
+    rates = [r["samples_per_s"] for r in records if r.get("samples_per_s")]
+    lines = ["# Run report", "", f"- steps: {last['step']}, last training loss {last.get('train_loss', float('nan')):.4g}"]
+    if rates:
+        lines.append(f"- samples/s: median {statistics.median(rates):.1f} over {len(rates)} log intervals")
+    if result:
+        if result.get("achieved_tflops") is not None:
+            mfu = f", MFU {result['mfu']:.1%}" if result.get("mfu") is not None else " (MFU: no peak known for the device)"
+            lines.append(f"- achieved {result['achieved_tflops'] * 1e3:.4g} GFLOP/s over all ranks{mfu}")
+        metric = [k for k in ("test_acc", "val_loss") if result.get(k) is not None]
+        lines += [f"- {k}: {result[k]}" for k in metric]
+    stragglers = [s for r in records for s in r.get("stragglers") or []]
+    lines.append(f"- stragglers: {len(stragglers)} named" if stragglers else "- stragglers: none named")
+    lines += [f"  - step {s['step']}: {s['line']}" for s in stragglers]
+    if ranks:
+        lines += ["", "## Breakdown (median ms per step)", "", "| rank | " + " | ".join(PHASES) + " |",
+                  "|---" * (len(PHASES) + 1) + "|"]
+        lines += [f"| {k} | " + " | ".join(f"{r.get(p, 0.0):.2f}" for p in PHASES) + " |" for k, r in enumerate(ranks)]
+    lines += ["", *[f"![{name}]({os.path.basename(p)})" for name, p in paths.items() if p.endswith(".png")], ""]
+    return "\n".join(lines)

@@ -1,0 +1,182 @@
+"""What ``dtrain train`` observes beyond the loss: every rank's step breakdown per log interval,
+stragglers named with their cause, and the test hooks that slow one rank down on purpose."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from typing import Any
+
+import torch
+
+from .._log import logger
+from ..errors import ConfigError
+from ..metrics.breakdown import StepBreakdown, pack, unpack
+from ..metrics.flops import count_step_flops, peak_flops, utilisation
+from ..metrics.memory import peak_memory
+from ..metrics.stragglers import StragglerConfig, StragglerDetector
+from ..metrics.tensorboard import TensorBoardSink
+from ..metrics.trace import Tracer, parse_steps
+
+
+class Observer:
+    """Reads the Context's breakdown at each log interval (one small all_gather), hands rank 0
+    every rank's figures for the metrics record and the straggler detector."""
+
+    def __init__(self, ctx: Any, model: torch.nn.Module, optimizer: Any, stragglers: StragglerConfig, *, enabled: bool = True,
+                 tensorboard: str | None = None, trace: str | None = None, trace_file: str = "dtrain-trace.json",
+                 first_step: int = 0) -> None:
+        self.ctx = ctx
+        self.optimizer = optimizer
+        self.comm_bytes = comm_bytes_per_step(ctx, model)
+        self.tb = TensorBoardSink(tensorboard) if tensorboard and ctx.is_main else None
+        self.flops_per_sample: float | None = None
+        self.peak, self.peak_name = peak_flops(ctx.device, ctx.precision.effective)
+        self.slow = SlowDown(ctx.rank)
+        self.slow.attach(model)
+        self.bd: StepBreakdown = ctx.breakdown
+        self.bd.enabled = enabled
+        hosts = ctx.gather_object(socket.gethostname())  # collective, once
+        self.hosts = hosts
+        self.tracer: Tracer | None = None
+        if trace:
+            self.tracer = Tracer(parse_steps(trace), trace_file, rank=ctx.rank, size=ctx.world_size, device=ctx.device,
+                                 first_step=first_step, first_index=self.bd.steps)  # collective: measures the clock offsets
+            self.bd.listeners.append(self.tracer.on_step)
+        self.detector = StragglerDetector(stragglers, hosts) if ctx.is_main else None
+        self.found: list[dict[str, Any]] = []
+        self._said: set[tuple[int, str]] = set()
+
+    def _gather(self, window: dict[str, Any] | None) -> tuple[list[dict[str, Any] | None], list[float]]:
+        """Every rank's window and peak memory (MiB), in one all_gather of a few numbers."""
+        peak, _ = peak_memory(self.ctx.device)
+        t = torch.tensor([*pack(window), (peak or 0) / 2**20], dtype=torch.float64, device=self.ctx.device)
+        rows = [g.tolist() for g in self.ctx.all_gather(t)]
+        return [unpack(r[:-1]) for r in rows], [round(r[-1], 1) for r in rows]
+
+    def count_flops(self, make_model: Any, inputs: Any, target: Any, loss_fn: Any, batch: int) -> None:
+        """Count the model's FLOPs per sample once (on the meta device), for MFU."""
+        flops = count_step_flops(make_model, inputs, target, loss_fn)
+        self.flops_per_sample = flops / batch if flops else None
+
+    def interval(self, step: int, samples_per_s: float | None = None) -> dict[str, Any]:
+        """Fields for this log interval's record: ``breakdown`` (per rank: median and p90 ms of
+        each phase), and ``stragglers`` when some were named. Collective: call on every rank."""
+        record: dict[str, Any] = {"lr": self.optimizer.param_groups[0]["lr"], "comm_bytes_per_step": self.comm_bytes,
+                                  **utilisation(self.flops_per_sample, samples_per_s, self.peak, self.ctx.world_size)}
+        if not self.bd.enabled:
+            return record
+        per_rank, peak = self._gather(self.bd.window())
+        if self.detector is None:
+            return record
+        record.update(breakdown=per_rank, peak_mib=peak)
+        found = self.detector.add(step, per_rank)
+        for s in found:
+            if (s["rank"], s["cause"]) not in self._said:  # one line per straggler and cause; every one recorded
+                self._said.add((s["rank"], s["cause"]))
+                logger.warning(s["line"])
+        if found:
+            self.found.extend(found)
+            record["stragglers"] = found
+        return record
+
+    def result(self, samples_per_s: float | None) -> dict[str, Any]:
+        """MFU, ``breakdown`` over the whole run per rank, and every straggler named. Collective."""
+        use = utilisation(self.flops_per_sample, samples_per_s, self.peak, self.ctx.world_size)
+        if self.ctx.is_main and use["achieved_tflops"] is not None:
+            mfu = (f"MFU {use['mfu']:.1%} of {self.ctx.world_size} x {self.peak_name} peak {self.peak / 1e12:g} TFLOP/s" if self.peak
+                   else f"MFU unknown: no peak FLOP/s known for {self.ctx.device.type}")
+            logger.info(f"compute: {self.flops_per_sample / 1e9:.4g} GFLOP per sample (forward+backward), "
+                        f"achieved {use['achieved_tflops'] * 1e3:.4g} GFLOP/s over all ranks; {mfu}")
+        if self.tracer is not None and not self.tracer.done:  # the run ended inside the traced steps
+            self._write_trace()
+        out = {"flops_per_sample": self.flops_per_sample, **use, "breakdown": None, "stragglers": []}
+        if self.bd.enabled:
+            out["breakdown"], _ = self._gather(self.bd.summary())
+            out["stragglers"] = self.found
+        return out
+
+    def tick(self, step: int) -> None:
+        """After each step: writes the trace once its steps are done. Collective: call on every rank."""
+        if self.tracer is not None and self.tracer.due(step):
+            self._write_trace()
+
+    def _write_trace(self) -> None:
+        assert self.tracer is not None
+        path = self.tracer.write(self.ctx.gather_object, self.hosts)
+        self.bd.listeners.remove(self.tracer.on_step)
+        if path:
+            logger.info(f"trace of steps {self.tracer.start} to {self.tracer.end - 1} on every rank: {path} (open it in https://ui.perfetto.dev)")
+
+    def write(self, record: dict[str, Any]) -> None:
+        """Hand a metrics record to TensorBoard (rank 0, with ``--tensorboard``)."""
+        if self.tb is not None:
+            self.tb.write(record)
+
+    def close(self) -> None:
+        self.slow.close()
+        if self.tb is not None:
+            self.tb.close()
+            self.tb = None
+
+
+def comm_bytes_per_step(ctx: Any, model: torch.nn.Module) -> float | None:
+    """Bytes one rank hands to gradient communication per synchronised step: the strategy's own
+    count where it has one (zero1, fsdp), else every trainable gradient (DDP's all-reduce); 0
+    with one process; None when unknown."""
+    if not ctx.world.distributed:
+        return 0.0
+    inner = ctx.unwrap(model)
+    own = getattr(ctx.strategy, "comm_payload_bytes", None)
+    if own is not None:
+        value = own(inner)
+        return None if value is None else float(value)
+    if ctx.strategy.name != "ddp":
+        return None
+    return float(sum(p.numel() * p.element_size() for p in inner.parameters() if p.requires_grad))
+
+
+class SlowDown:
+    """``DTRAIN_SLOW_INJECT=RANK:KIND[:MS]`` slows one rank down, for straggler tests and
+    benchmarks: ``input`` sleeps MS before each batch is handed over (data wait), ``compute``
+    sleeps MS in each forward, ``hog`` runs a thread of matrix products on its cores."""
+
+    def __init__(self, rank: int) -> None:
+        self.kind, self.ms = None, 0.0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        spec = os.environ.get("DTRAIN_SLOW_INJECT")
+        if not spec:
+            return
+        parts = spec.split(":")
+        try:
+            r, kind, ms = int(parts[0]), parts[1], float(parts[2]) if len(parts) > 2 else 0.0
+        except (ValueError, IndexError):
+            raise ConfigError(f"DTRAIN_SLOW_INJECT={spec!r} is not RANK:KIND[:MS]; e.g. 1:input:50, 1:compute:20 or 1:hog.") from None
+        if kind not in ("input", "compute", "hog"):
+            raise ConfigError(f"DTRAIN_SLOW_INJECT kind {kind!r} is unknown; choose input, compute or hog.")
+        if r == rank:
+            self.kind, self.ms = kind, ms
+
+    def attach(self, model: torch.nn.Module) -> None:
+        if self.kind == "compute":
+            model.register_forward_pre_hook(lambda *_: time.sleep(self.ms / 1000.0))
+        elif self.kind == "hog":
+            self._thread = threading.Thread(target=self._hog, name="dtrain-slow-inject-hog", daemon=True)
+            self._thread.start()
+
+    def _hog(self) -> None:
+        a = torch.randn(256, 256)
+        while not self._stop.is_set():
+            a = torch.tanh(a @ a)  # releases the GIL: competes for the cores, not the interpreter
+
+    def input(self) -> None:
+        if self.kind == "input":
+            time.sleep(self.ms / 1000.0)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()

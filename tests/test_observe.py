@@ -1,0 +1,266 @@
+"""The step breakdown, stragglers named with their cause, and the run's observability outputs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import dtrain
+from dtrain.errors import ConfigError
+from dtrain.metrics.breakdown import PHASES, StepBreakdown, pack, p90, stats, unpack
+from dtrain.metrics.stragglers import StragglerConfig, StragglerDetector
+from dtrain.testing import run_cli
+
+
+def _window(steps=10, **ms):
+    med = {p: float(ms.get(p, 1.0)) for p in PHASES}
+    med["step"] = sum(med[p] for p in PHASES)
+    med["own"] = med["step"] - med["comm"]
+    return {"steps": steps, "median_ms": med, "p90_ms": dict(med)}
+
+
+def test_breakdown_books_each_lap_to_its_phase_and_folds_checkpoints_into_rest():
+    bd = StepBreakdown("cpu")
+    clock = iter([0.0, 0.002, 0.005, 0.009, 0.010, 0.013, 0.014, 0.020])
+    import dtrain.metrics.breakdown as mod
+
+    real = mod.time.perf_counter
+    mod.time.perf_counter = lambda: next(clock)
+    try:
+        bd._laps = [("start", mod.time.perf_counter(), None)]
+        for phase in ("data_wait", "forward", "backward", "comm", "optimizer", "checkpoint"):
+            bd.lap(phase)
+        bd.finish()
+    finally:
+        mod.time.perf_counter = real
+    w = bd.window()
+    assert w["steps"] == 1
+    assert w["median_ms"] == pytest.approx({"data_wait": 2, "forward": 3, "backward": 4, "comm": 1, "optimizer": 3,
+                                            "rest": 1 + 6, "step": 20, "own": 19})
+    assert bd.window() is None  # a new window after each read
+
+
+def test_breakdown_marks_backward_compute_end_before_backward_returns():
+    ctx = dtrain.init("single")
+    try:
+        net = torch.nn.Linear(4, 2)
+        model, opt = ctx.setup(net, torch.optim.SGD(net.parameters(), lr=0.1))
+        bd = ctx.breakdown
+        for _ in range(3):
+            bd.step_starts()
+            x = torch.randn(8, 4)
+            bd.got_batch()
+            ctx.backward(model(x).sum())
+            opt.step()
+        bd.finish()
+        laps = bd.summary()
+    finally:
+        ctx.close()
+    assert laps["steps"] == 2 and all(laps["median_ms"][p] >= 0 for p in PHASES)
+    assert laps["median_ms"]["backward"] > 0 and laps["median_ms"]["optimizer"] > 0
+
+
+def test_breakdown_off_records_no_phases_but_keeps_data_wait():
+    bd = StepBreakdown("cpu", enabled=False)
+    for _ in range(3):
+        bd.step_starts()
+        bd.got_batch()
+        bd.lap("forward")
+    bd.finish()
+    assert bd.window() is None and bd.data.steps == 2
+
+
+def test_stats_pack_and_p90():
+    assert p90([float(v) for v in range(1, 11)]) == 9.0 and p90([5.0]) == 5.0
+    w = stats([(1, 2, 3, 4, 5, 6), (1, 2, 3, 4, 5, 6)])
+    assert w["median_ms"]["step"] == 21 and w["median_ms"]["own"] == 17
+    assert unpack(pack(w)) == w and unpack(pack(None)) is None
+
+
+@pytest.mark.parametrize("slow, cause", [({"data_wait": 30.0}, "input"), ({"forward": 20.0, "backward": 15.0}, "compute")])
+def test_detector_names_the_slow_rank_and_its_cause(slow, cause):
+    det = StragglerDetector(StragglerConfig(window=20, threshold=1.3), ["a", "b", "c"])
+    healthy, waiting = _window(), _window(comm=30.0)  # the others wait for the straggler in their all-reduce
+    assert det.add(10, [waiting, _window(**slow), waiting]) == []  # the window is not complete yet
+    found = det.add(20, [waiting, _window(**slow), waiting])
+    assert [(s["rank"], s["host"], s["cause"], s["window_steps"]) for s in found] == [(1, "b", cause, 20)]
+    assert found[0]["line"].startswith("straggler: rank 1 (host b) took ") and "the median step for the last 20 steps" in found[0]["line"]
+    assert det.add(30, [healthy] * 3) == [] and det.add(40, [healthy] * 3) == []
+
+
+def test_detector_is_quiet_on_a_healthy_run_with_jitter():
+    det = StragglerDetector(StragglerConfig(window=10, threshold=1.3), ["h", "h"])
+    for i in range(20):
+        assert det.add(10 * i, [_window(forward=1.0 + 0.1 * (i % 3)), _window(forward=1.2)]) == []
+
+
+def test_straggler_config_validates_itself():
+    with pytest.raises(ConfigError, match="--straggler-threshold must be > 1"):
+        StragglerConfig(threshold=0.9)
+    with pytest.raises(ConfigError, match="--straggler-window must be >= 1"):
+        StragglerConfig(window=0)
+
+
+def _train(tmp_path, inject=None, extra=()):
+    metrics = tmp_path / "m.jsonl"
+    env = {"DTRAIN_SLOW_INJECT": inject} if inject else {}
+    r = run_cli(["train", "-n", "2", "--max-steps", "40", "--log-every", "10", "--straggler-window", "20",
+                 "--metrics-file", str(metrics), *extra], timeout=180, env=env)
+    assert r.returncode == 0, r.stderr
+    return r, json.loads(r.stdout.strip().splitlines()[-1]), [json.loads(x) for x in metrics.read_text().splitlines()]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("inject, cause", [("1:input:40", "input"), ("1:compute:40", "compute")])
+def test_two_ranks_name_the_slowed_rank_and_its_cause(tmp_path, inject, cause):
+    r, result, records = _train(tmp_path, inject)
+    lines = [x for x in r.stderr.splitlines() if "straggler:" in x]
+    assert len(lines) == 1 and "straggler: rank 1 " in lines[0], r.stderr
+    assert {(s["rank"], s["cause"]) for s in result["stragglers"]} == {(1, cause)}
+    assert any("stragglers" in rec for rec in records)
+    waited = result["breakdown"][0]["median_ms"]["comm"]  # rank 0 waits for rank 1 in its all-reduce
+    assert waited > 20, result["breakdown"]
+
+
+@pytest.mark.slow
+def test_healthy_two_rank_run_names_no_straggler_and_records_the_breakdown(tmp_path):
+    r, result, records = _train(tmp_path)
+    assert "straggler" not in r.stderr and result["stragglers"] == []
+    assert [len(rec["breakdown"]) for rec in records] == [2, 2, 2, 2]
+    for rank in result["breakdown"]:
+        assert set(rank["median_ms"]) == {*PHASES, "step", "own"} and rank["steps"] == 39
+        assert rank["median_ms"]["backward"] > 0 and rank["p90_ms"]["step"] >= rank["median_ms"]["step"]
+
+
+def test_slow_inject_rejects_a_bad_spec(tmp_path):
+    r = run_cli(["train", "--max-steps", "2"], timeout=120, env={"DTRAIN_SLOW_INJECT": "1:sleepy"})
+    assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].startswith("dtrain: error: DTRAIN_SLOW_INJECT kind 'sleepy'"), r.stderr
+
+
+def test_tensorboard_events_read_back_with_tensorboards_reader(tmp_path):
+    pytest.importorskip("tensorboard", reason="the tensorboard package is not installed (the 'tensorboard' extra)")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tb = tmp_path / "tb"
+    r = run_cli(["train", "-n", "2", "--max-steps", "20", "--log-every", "10", "--tensorboard", str(tb)], timeout=180)
+    assert r.returncode == 0, r.stderr
+    acc = EventAccumulator(str(tb))
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    assert {"train/loss", "train/lr", "train/samples_per_s", "comm/bytes_per_step", "breakdown/forward_ms/rank0",
+            "breakdown/comm_ms/rank1", "memory/peak_mib/rank1"} <= tags, tags
+    assert [e.step for e in acc.Scalars("train/loss")] == [10, 20]
+    from dtrain.tasks import load_task
+
+    assert acc.Scalars("train/lr")[0].value == pytest.approx(load_task("digits").lr)  # the task's default
+    assert all(e.value > 0 for e in acc.Scalars("comm/bytes_per_step"))
+
+
+def test_tensorboard_without_the_package_is_one_line(tmp_path, monkeypatch):
+    import importlib.util
+
+    from dtrain.metrics.tensorboard import check_tensorboard
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "tensorboard" else real(name, *a))
+    with pytest.raises(ConfigError, match="needs the tensorboard package"):
+        check_tensorboard(str(tmp_path / "tb"))
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(ConfigError, match="is a file"):
+        check_tensorboard(str(tmp_path / "f"))
+
+
+def test_flops_are_counted_on_meta_and_mfu_needs_a_peak():
+    from dtrain.metrics.flops import count_step_flops, peak_flops, utilisation
+
+    batch, n_in, n_out = 16, 8, 4
+    x, y = torch.randn(batch, n_in), torch.randint(0, n_out, (batch,))
+    flops = count_step_flops(lambda: torch.nn.Linear(n_in, n_out), x, y, torch.nn.functional.cross_entropy)
+    assert flops == 2 * (2 * batch * n_in * n_out)  # forward matmul + weight gradient (the input needs none)
+    assert x.device.type == "cpu" and count_step_flops(lambda: 1 / 0, x, y, torch.nn.functional.cross_entropy) is None
+    assert peak_flops(torch.device("cpu"), "fp32") == (None, None)
+    assert utilisation(1e9, 100.0, None, 2) == {"achieved_tflops": 0.1, "mfu": None}
+    assert utilisation(1e9, 100.0, 1e12, 2)["mfu"] == 0.05 and utilisation(None, 100.0, 1e12, 2)["mfu"] is None
+
+
+def test_trace_merges_every_rank_on_rank_zeros_clock(tmp_path):
+    trace = tmp_path / "t" / "trace.json"
+    r = run_cli(["train", "-n", "2", "--max-steps", "8", "--log-every", "4", "--trace", "3:6", "--trace-file", str(trace)], timeout=180)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(trace.read_text())
+    spans = [e for e in doc["traceEvents"] if e["ph"] == "X"]
+    assert {e["pid"] for e in spans} == {0, 1} and {e["args"]["step"] for e in spans} == {3, 4, 5}
+    assert {"data_wait", "forward", "backward", "comm", "optimizer"} <= {e["name"] for e in spans}
+    other = doc["otherData"]
+    assert set(other["clock_offsets_us"]) == {"0", "1"} and other["clock_offsets_us"]["0"] == 0.0
+    assert other["clock_error_bound_us"]["1"] > 0 and "NTP" in other["clock_method"]
+    for pid in (0, 1):  # a rank's spans follow each other on its own (aligned) clock
+        mine = [e for e in spans if e["pid"] == pid]
+        assert all(a["ts"] + a["dur"] <= b["ts"] + 1e-3 for a, b in zip(mine, mine[1:]))
+
+
+@pytest.mark.parametrize("spec", ["5", "6:3", "0:2", "a:b"])
+def test_trace_steps_are_checked(spec):
+    from dtrain.metrics.trace import parse_steps
+
+    with pytest.raises(ConfigError, match="--trace"):
+        parse_steps(spec)
+    assert parse_steps("20:25") == (20, 25)
+
+
+def test_report_renders_plots_and_a_summary_from_a_run_folder(tmp_path):
+    pytest.importorskip("matplotlib", reason="matplotlib is not installed (the 'report' extra)")
+    from dtrain.metrics.report import render
+
+    slow, waiting = _window(data_wait=30.0), _window(comm=30.0)
+    line = "straggler: rank 1 (host b) took 2.0x the median step for the last 20 steps: data wait 30 ms vs 1 ms median (input-bound)"
+    with open(tmp_path / "metrics.jsonl", "w") as fh:
+        for step in (10, 20):
+            rec = {"step": step, "train_loss": 1.0 / step, "samples_per_s": 100.0 + step, "breakdown": [waiting, slow], "peak_mib": [10.0, 11.0]}
+            if step == 20:
+                rec["stragglers"] = [{"step": 20, "rank": 1, "cause": "input", "line": line}]
+            fh.write(json.dumps(rec) + "\n")
+    paths = render(str(tmp_path))
+    assert {"curves", "breakdown", "memory", "markdown"} == set(paths)
+    for key in ("curves", "breakdown", "memory"):
+        with open(paths[key], "rb") as fh:
+            assert fh.read(8) == b"\x89PNG\r\n\x1a\n"
+    md = open(paths["markdown"]).read()
+    assert "- steps: 20" in md and line in md and "| 1 | 30.00 |" in md and "![breakdown](breakdown.png)" in md
+
+
+def test_report_of_a_folder_without_metrics_is_one_line(tmp_path):
+    r = run_cli(["report", str(tmp_path)], timeout=60)
+    assert r.returncode == 2 and r.stderr.strip() == (
+        f"dtrain: error: dtrain report: no metrics records (*.jsonl) in {tmp_path}; train with --metrics-file {tmp_path}/metrics.jsonl.")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (CUDA events)")
+def test_breakdown_on_a_gpu_times_phases_with_cuda_events():
+    bd = StepBreakdown("cuda")
+    w = torch.randn(512, 512, device="cuda", requires_grad=True)
+    for _ in range(4):
+        bd.step_starts()
+        bd.got_batch()
+        loss = (w @ w).square().sum()
+        bd.backward_starts(loss)
+        loss.backward()
+        bd.backward_done()
+        bd.lap("optimizer")
+    bd.finish()
+    assert bd._pending and all(laps[-1][2] is not None for laps in bd._pending)  # events, not yet read
+    w = bd.window()
+    assert w["steps"] == 4 and w["median_ms"]["backward"] > 0 and w["median_ms"]["forward"] > 0
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--straggler-threshold", "1"], "dtrain: error: --straggler-threshold must be > 1 (a ratio to the median step), got 1.0; e.g. 1.3."),
+    (["--straggler-window", "0"], "dtrain: error: --straggler-window must be >= 1 step, got 0."),
+    (["--trace", "9:3"], "dtrain: error: --trace 9:3 needs 1 <= START < END; e.g. --trace 20:25 for steps 20 to 24."),
+    (["--trace", "2:4", "--no-breakdown"], "dtrain: error: --trace draws the breakdown's spans; drop --no-breakdown."),
+])
+def test_bad_observe_flags_are_one_line(argv, expected):
+    r = run_cli(["train", "--max-steps", "2", *argv], timeout=60)
+    assert r.returncode == 2 and r.stderr.strip() == expected, r.stderr
