@@ -14,7 +14,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 
 CASES = {"input": "input", "hog": "compute", "healthy": None}
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader
 
 import dtrain
 from dtrain.testing import run_distributed

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import dtrain
-from dtrain import CollectiveMismatch, LaunchError
+from dtrain import LaunchError
 from dtrain.diag.watchdog import STALL_EXIT, merge_report
 from dtrain.launch.preflight import _compare
 from dtrain.testing import DistributedTestError, run_cli, run_distributed
