@@ -135,7 +135,7 @@ def test_user_error_in_a_worker_stays_one_line(tmp_path):
     out = run_cli(["run", "-n", "2", str(script)], timeout=150)
     assert out.returncode == 2, out.stderr
     assert out.stderr.strip().splitlines() == [
-        "dtrain: error: unknown strategy 'fdsp'; choose one of: ddp, dp, fsdp, hsdp, hvd, pipeline, single, zero1."
+        "dtrain: error: unknown strategy 'fdsp'; choose one of: composed, ddp, dp, fsdp, hsdp, hvd, pipeline, single, zero1."
     ]
 
 
