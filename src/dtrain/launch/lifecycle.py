@@ -110,6 +110,11 @@ def own_session() -> None:
     launcher (PR_SET_PDEATHSIG and the watch thread do not depend on the session)."""
     if not launcher_link()[0] or not hasattr(os, "setsid"):
         return
+    if os.environ.get("SLURM_JOB_ID"):
+        # Inside a SLURM job the node's CPUs are the job's (cgroups share them, not autogroups),
+        # and Slurm's proctrack/pgid finds, signals and cleans up a step's processes by their
+        # process group: a worker that left it would escape Slurm's signals and cleanup.
+        return
     try:
         if os.getsid(0) != os.getpid():
             os.setsid()
