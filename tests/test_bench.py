@@ -56,6 +56,17 @@ def test_summarise_uses_slowest_rank_and_exposed_comm():
     assert row["peak_mem_mib_per_rank"] == [100.0, 101.0]
 
 
+def test_epoch_time_is_the_training_set_over_the_rate():
+    rec = [_record(0, [1.0], 5.0, 4.0) | {"train_samples": 1000}, _record(1, [1.0], 5.0, 4.0) | {"train_samples": 1000}]
+    row = summarise(MethodRun(method=METHODS["ddp"], nproc=2, records=[rec]), baseline_sps=None)
+    assert row["samples_per_s"] == 80.0 and row["epoch_s"] == 12.5  # 1000 samples at 80/s
+    report = {"config": vars(BenchConfig()) | {"task": "digits"}, "environment": {"date": "d", "torch": "t", "backend": "gloo",
+              "cpu": "c", "cpu_count": 2, "gpu": None}, "methods": [row]}
+    assert "| epoch s |" in markdown(report) and "| 12.5 |" in markdown(report)
+    old = summarise(MethodRun(method=METHODS["ddp"], nproc=2, records=[[_record(0, [1.0], 5.0, 4.0), _record(1, [1.0], 5.0, 4.0)]]), None)
+    assert old["epoch_s"] is None  # records from before the field: no column, no error
+
+
 def test_failed_method_is_reported_not_hidden():
     cfg = BenchConfig()
     runs = [MethodRun(method=METHODS["single"], nproc=1, records=[[_record(0, [1.0], 5.0, 5.0)]]),

@@ -41,6 +41,8 @@ class Recorder:
     tokens_per_sample: int | None = None
     """Tokens per sample of a sequence task (lm): the report adds tokens/s."""
     peak_mem_mib: float | None = None
+    train_samples: int | None = None
+    """Samples in the task's training set: the report turns samples/s into seconds per epoch."""
     replicas: int | None = None
     """Ranks that read their own samples (the world size, but 1 under pipeline)."""
     state_bytes: dict[str, int] | None = None

@@ -44,6 +44,7 @@ def main(argv: list[str] | None = None) -> None:
     loader = DataLoader(task.train_set, batch_size=batch, sampler=sampler, drop_last=True, **loader_options(workers, device))
     rec = Recorder(rank=rank, world_size=world, method=args.method, batch_size=batch, device=str(device))
     rec.metric_name, rec.tokens_per_sample = task.metric_name, task.tokens_per_sample
+    rec.train_samples = len(task.train_set)
     epoch = 0
 
     def batches():

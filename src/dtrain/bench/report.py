@@ -76,6 +76,8 @@ def summarise(run: MethodRun, baseline_sps: float | None) -> dict[str, Any]:
         metric_name=last[0].get("metric_name", "test_acc"),
         **{last[0].get("metric_name", "test_acc"): round(last[0]["test_acc"], 4) if last[0]["test_acc"] is not None else None},
         tokens_per_s=round(sps * last[0]["tokens_per_sample"], 1) if last[0].get("tokens_per_sample") else None,
+        # The seed project's figure: one pass over the training set at this rate (drop_last aside)
+        epoch_s=round(last[0]["train_samples"] / sps, 2) if last[0].get("train_samples") and sps > 0 else None,
         threads_per_process=last[0]["threads"],
         loss_curve=last[0]["loss_curve"],
     )
@@ -113,6 +115,10 @@ def build_report(cfg: BenchConfig, runs: list[MethodRun]) -> dict[str, Any]:
             "methods": [summarise(r, base_sps) for r in runs]}
 
 
+def _num(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1f}"
+
+
 def _mib(x: float | None) -> str:
     return "-" if x is None else f"{x / 2**20:.2f}"
 
@@ -126,7 +132,8 @@ def markdown(report: dict[str, Any]) -> str:
     ok = [m for m in report["methods"] if "error" not in m]
     metric = ok[0]["metric_name"] if ok else "test_acc"
     tokens = any(m.get("tokens_per_s") for m in ok)  # sequence tasks (lm): tokens/s beside samples/s
-    cols = ["method", "procs", "samples/s", *(["tokens/s"] if tokens else []), "scaling eff.", "step p50 ms", "step p90 ms",
+    epoch = any(m.get("epoch_s") for m in ok)
+    cols = ["method", "procs", "samples/s", *(["tokens/s"] if tokens else []), *(["epoch s"] if epoch else []), "scaling eff.", "step p50 ms", "step p90 ms",
             "data ms", "fwd+bwd ms", "optim ms", "exposed comm ms", "peak mem MiB/rank", "state MiB/rank", "comm MiB/step",
             "final loss", metric.replace("_", " ")]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
@@ -138,12 +145,13 @@ def markdown(report: dict[str, Any]) -> str:
         eff = "-" if m["scaling_efficiency"] is None else f"{m['scaling_efficiency']:.2f}"
         lines.append("| " + " | ".join(str(x) for x in (
             m["method"], m["processes"], f"{m['samples_per_s']:.1f}", *([f"{m['tokens_per_s']:.0f}"] if tokens else []),
-            eff, f"{m['step_time_ms_p50']:.2f}",
+            *([_num(m.get("epoch_s"))] if epoch else []), eff, f"{m['step_time_ms_p50']:.2f}",
             f"{m['step_time_ms_p90']:.2f}", f"{b['data_wait']:.2f}", f"{b['forward_backward']:.2f}", f"{b['optimizer']:.2f}",
             f"{b['exposed_comm']:.2f}", "/".join(f"{x:.0f}" for x in m["peak_mem_mib_per_rank"]),
             "/".join("-" if x is None else f"{x:.2f}" for x in m.get("state_mib_per_rank", [])),
             _mib(m["comm_bytes_per_step"]), m["final_loss"], m.get(metric))) + " |")
-    notes = ("\nsamples/s: median over repeats of (samples of all ranks / slowest rank's time). Scaling efficiency: "
+    notes = ("\nsamples/s: median over repeats of (samples of all ranks / slowest rank's time). Epoch s: the training "
+             "set's samples / samples/s (the seed project's time per epoch). Scaling efficiency: "
              "samples/s / (processes x samples/s of `single`). Exposed comm: backward's extra time over the same step "
              "without gradient sync, plus time waiting for gradients in the optimizer. Peak memory: "
              f"{'max CUDA memory allocated' if env['gpu'] else 'peak RSS'} per rank. State MiB/rank: parameters + gradients + optimizer state held by each rank after "

@@ -42,6 +42,7 @@ def measure(ctx: dtrain.Context, task, args) -> Recorder:
     synchronize = getattr(inner, "synchronize", None)  # hvd: gradients are waited for here
     rec = Recorder(rank=ctx.rank, world_size=ctx.world_size, method=args.method, batch_size=batch, device=str(ctx.device))
     rec.metric_name, rec.tokens_per_sample = task.metric_name, task.tokens_per_sample
+    rec.train_samples = len(task.train_set)
     rec.replicas = ctx.data_parallel_size
     model.train()
 
