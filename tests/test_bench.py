@@ -9,7 +9,7 @@ import pytest
 from dtrain import ConfigError
 from dtrain.bench import DEFAULT_METHODS, parse_methods
 from dtrain.bench.report import build_report, markdown, percentile, summarise
-from dtrain.bench.runner import BenchConfig, MethodRun
+from dtrain.bench.runner import BenchConfig, MethodRun, round_order
 from dtrain.bench.methods import METHODS
 from dtrain.testing import run_cli
 
@@ -65,6 +65,21 @@ def test_epoch_time_is_the_training_set_over_the_rate():
     assert "| epoch s |" in markdown(report) and "| 12.5 |" in markdown(report)
     old = summarise(MethodRun(method=METHODS["ddp"], nproc=2, records=[[_record(0, [1.0], 5.0, 4.0), _record(1, [1.0], 5.0, 4.0)]]), None)
     assert old["epoch_s"] is None  # records from before the field: no column, no error
+
+
+def test_rounds_alternate_the_order_of_methods():
+    runs = [MethodRun(method=METHODS[n], nproc=1) for n in ("single", "ddp", "hvd")]
+    names = [[r.method.name for r in round_order(runs, i)] for i in range(3)]
+    assert names == [["single", "ddp", "hvd"], ["hvd", "ddp", "single"], ["single", "ddp", "hvd"]]
+
+
+def test_a_missing_metric_shows_as_a_dash():
+    rec = [_record(0, [1.0], 5.0, 4.0) | {"test_acc": None}]
+    row = summarise(MethodRun(method=METHODS["single"], nproc=1, records=[rec]), baseline_sps=None)
+    report = {"config": vars(BenchConfig()) | {"task": "images"}, "environment": {"date": "d", "torch": "t", "backend": "gloo",
+              "cpu": "c", "cpu_count": 2, "gpu": None}, "methods": [row]}
+    assert markdown(report).splitlines()[6].endswith("| 0.5 | - |")  # synthetic images: no test set
+    assert "None" not in markdown(report)
 
 
 def test_failed_method_is_reported_not_hidden():

@@ -119,6 +119,10 @@ def _num(x: float | None) -> str:
     return "-" if x is None else f"{x:.1f}"
 
 
+def _or_dash(x: Any) -> Any:
+    return "-" if x is None else x
+
+
 def _mib(x: float | None) -> str:
     return "-" if x is None else f"{x / 2**20:.2f}"
 
@@ -149,7 +153,7 @@ def markdown(report: dict[str, Any]) -> str:
             f"{m['step_time_ms_p90']:.2f}", f"{b['data_wait']:.2f}", f"{b['forward_backward']:.2f}", f"{b['optimizer']:.2f}",
             f"{b['exposed_comm']:.2f}", "/".join(f"{x:.0f}" for x in m["peak_mem_mib_per_rank"]),
             "/".join("-" if x is None else f"{x:.2f}" for x in m.get("state_mib_per_rank", [])),
-            _mib(m["comm_bytes_per_step"]), m["final_loss"], m.get(metric))) + " |")
+            _mib(m["comm_bytes_per_step"]), _or_dash(m["final_loss"]), _or_dash(m.get(metric)))) + " |")
     notes = ("\nsamples/s: median over repeats of (samples of all ranks / slowest rank's time). Epoch s: the training "
              "set's samples / samples/s (the seed project's time per epoch). Scaling efficiency: "
              "samples/s / (processes x samples/s of `single`). Exposed comm: backward's extra time over the same step "

@@ -74,12 +74,18 @@ def command(cfg: BenchConfig, method: Method, nproc: int, folder: str) -> list[s
     return [sys.executable, "-m", "dtrain", "run", "-n", str(nproc), "--launcher", method.launcher, worker, *wargs]
 
 
+def round_order(runs: list[MethodRun], rnd: int) -> list[MethodRun]:
+    """The order of round ``rnd``: as given in even rounds, reversed in odd ones, so a drift in
+    the machine's load (or a cache warming) during a round does not always favour the same methods."""
+    return list(runs) if rnd % 2 == 0 else list(reversed(runs))
+
+
 def run_bench(cfg: BenchConfig, methods: list[Method], echo=print) -> list[MethodRun]:
-    """Every method once per round, in the same order each round; records land in ``cfg.out``."""
+    """Every method once per round, the order reversed every other round; records land in ``cfg.out``."""
     runs = [MethodRun(method=m, nproc=1 if m.single_process else cfg.nproc) for m in methods]
     env = {**os.environ, "OMP_NUM_THREADS": str(cfg.threads), "PYTHONUNBUFFERED": "1"}
     for rnd in range(cfg.rounds):
-        for run in runs:
+        for run in round_order(runs, rnd):
             if run.error:
                 continue
             folder = os.path.join(cfg.out, "runs", f"{run.method.name}-round{rnd}")

@@ -19,9 +19,9 @@ from .train import parse_task_args
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="compare the data-parallel methods on your task", description=__doc__)
-    p.add_argument("--task", default="digits", help="digits (default), images, mnist, synthetic, or MODULE:FUNCTION")
+    p.add_argument("--task", default="digits", help="digits (default), images, lm, mnist, synthetic, or MODULE:FUNCTION")
     p.add_argument("--task-arg", action="append", default=[], metavar="KEY=VALUE", help="option for the task function (repeatable)")
-    p.add_argument("--data-dir", default=None, help="folder with the task's data files (mnist: the IDX files)")
+    p.add_argument("--data-dir", default=None, help="folder with the task's data files (mnist: the IDX files; images: DIR/train/CLASS/*.jpg; lm: a text file or folder, default the Python stdlib)")
     p.add_argument("--methods", default=None, help="comma-separated (default: reference,dp,ddp,ddp-spawn,ddp-bf16,ddp-fp16 on GPU,hvd)")
     p.add_argument("--parallel", action="append", default=[], metavar="LAYOUT",
                    help="also measure this --parallel layout (repeatable), e.g. --parallel dp_shard=2,tp=2 --parallel tp=4 (with --methods ddp: a baseline)")
