@@ -97,6 +97,19 @@ def test_folder_task_shape(folder):
     assert task.test_set[0][0].shape == (3, 32, 32)
 
 
+def test_resnets_are_sequential_with_torchvisions_names_and_outputs():
+    """So that pipeline can cut them between stages; the same weights, keys and outputs."""
+    tv = pytest.importorskip("torchvision")
+    from dtrain.tasks.images import resnet_as_sequential
+
+    torch.manual_seed(0)
+    plain = tv.models.resnet18(weights=None, num_classes=4).eval()
+    seq = resnet_as_sequential(plain).eval()
+    assert isinstance(seq, torch.nn.Sequential) and list(seq.state_dict()) == list(plain.state_dict())
+    x = torch.randn(2, 3, 32, 32)
+    assert torch.equal(seq(x), plain(x))
+
+
 # -- bad input ---------------------------------------------------------------------------------
 
 def test_bad_folders_and_model_names_say_what_and_how(folder, tmp_path):
@@ -207,6 +220,16 @@ def test_sync_bn_under_pipeline_is_one_line(tmp_path):
                 cwd=str(ROOT), timeout=180)
     lines = [ln for ln in r.stderr.splitlines() if ln.startswith("dtrain: error:")]
     assert r.returncode == 2 and lines and "--sync-bn shares BatchNorm statistics" in lines[0], r.stderr[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_pipeline_cuts_resnet18_between_its_stages(tmp_path):
+    pytest.importorskip("torchvision")
+    result, err = _train(["--task-arg", "source=synthetic", "--task-arg", f"size={SIZE}", "--task-arg", "classes=4",
+                          "--task-arg", "samples=64", "-n", "2", "--strategy", "pipeline", "--batch-size", "8", "--max-steps", "2",
+                          "--activation-checkpointing"])
+    assert result["steps"] == 2 and result["strategy"] == "pipeline" and result["train_loss"] > 0, result
 
 
 def test_channels_last_under_fsdp_is_one_line_before_any_worker_starts():

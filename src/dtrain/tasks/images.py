@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import difflib
 import os
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -98,7 +99,18 @@ def build_model(tv: Any, name: str, classes: int, size: int) -> nn.Module:
         kwargs["init_weights"] = True
     if name.startswith("vit_"):
         kwargs["image_size"] = size
-    return tv.models.get_model(name, **kwargs)
+    model = tv.models.get_model(name, **kwargs)
+    return resnet_as_sequential(model) if _is_resnet(name) else model
+
+
+def resnet_as_sequential(model: nn.Module) -> nn.Sequential:
+    """The same ResNet as an ``nn.Sequential`` of its children, under their own names, so the
+    pipeline strategy can cut it between stages. torchvision's ``ResNet.forward`` is exactly
+    these children in order with a flatten before ``fc``; ``Flatten`` has no state, so the
+    state dict keys (``conv1.weight``, ``layer1.0.bn1.running_mean``, ...) are unchanged."""
+    names = ("conv1", "bn1", "relu", "maxpool", "layer1", "layer2", "layer3", "layer4", "avgpool")
+    parts = [(n, getattr(model, n)) for n in names] + [("flatten", nn.Flatten(1)), ("fc", model.fc)]
+    return nn.Sequential(OrderedDict(parts))
 
 
 def _is_resnet(name: str) -> bool:
@@ -106,7 +118,8 @@ def _is_resnet(name: str) -> bool:
 
 
 def resnet_stages(model: nn.Module) -> list[nn.Module]:
-    """The four stages of a torchvision ResNet (``layer1``..``layer4``)."""
+    """The four stages of a torchvision ResNet (``layer1``..``layer4``): the units of activation
+    checkpointing and compile, FSDP's wrapping, and where pipeline stages are cut."""
     return [model.layer1, model.layer2, model.layer3, model.layer4]
 
 

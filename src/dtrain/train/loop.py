@@ -21,7 +21,7 @@ from ..strategies import Strategy
 from ..data import default_num_workers, loader_options
 from ..data.ledger import SampleLedger
 from ..errors import ConfigError, DtrainError
-from ..options import Options
+from ..options import Options, launcher_link
 from ..metrics import DataWait, JsonlSink, ProgressSink, Throughput, render_summary
 from ..tasks import Task, load_task, make_optimizer
 from ..world import World
@@ -45,6 +45,10 @@ def worker_main(cfg: TrainConfig, *, world: World | None = None, strategy: Strat
     try:
         result = run(cfg, world=world, strategy=strategy, task=task)
     except DtrainError as exc:
+        if launcher_link()[1]:
+            # Started by dtrain's launcher: it shows the earliest rank's error once (every
+            # rank raises the same one for a setting all of them check, e.g. pipeline's model).
+            raise
         if world.is_main or not isinstance(exc, Diverged):
             print(f"dtrain: error: {exc}", file=sys.stderr, flush=True)
         else:  # every rank raised it alike: rank 0 says it once, and exits first
