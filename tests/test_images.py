@@ -78,6 +78,18 @@ def test_the_summary_says_when_input_was_the_bottleneck():
     assert "input was the bottleneck: waited for data" in r.stderr and "--num-workers" in r.stderr, r.stderr[-3000:]
 
 
+def test_channels_last_changes_conv_weights_and_says_when_there_are_none(monkeypatch):
+    import dtrain.convnets as convnets
+    from dtrain.strategies import build
+
+    said: list[str] = []
+    monkeypatch.setattr(convnets, "note_once", said.append)
+    conv = convnets.apply_channels_last(torch.nn.Conv2d(3, 4, 3), build("single"))
+    assert conv.weight.is_contiguous(memory_format=torch.channels_last) and said == []
+    convnets.apply_channels_last(torch.nn.Linear(3, 4), build("single"))
+    assert len(said) == 1 and "no 4-D (convolution) weights" in said[0], said
+
+
 def test_keyed_sampler_yields_seed_epoch_index():
     s = ShardSampler(10, rank=1, world_size=2, seed=7, keyed=True)
     keys = list(iter(s))

@@ -62,6 +62,9 @@ def test_corpus_smaller_than_a_window_is_one_line(tmp_path):
     (tmp_path / "tiny.txt").write_bytes(b"hello world")
     with pytest.raises(DataError, match=r"has 11 bytes, too few .* context=32"):
         load_task("lm", data_dir=str(tmp_path / "tiny.txt"), options=TINY)
+    (tmp_path / "big.txt").write_bytes(b"x" * 1000)  # enough text, but capped below two windows: say which cap
+    with pytest.raises(DataError, match=r"has 50 bytes \(capped at max_bytes=50\).* raise --task-arg max_bytes="):
+        load_task("lm", data_dir=str(tmp_path / "big.txt"), options={**TINY, "max_bytes": "50"})
 
 
 @pytest.mark.parametrize("args, message", [

@@ -56,6 +56,8 @@ def check_channels_last(strategy: Any) -> None:
 def apply_channels_last(model: nn.Module, strategy: Any) -> nn.Module:
     """Parameters and buffers in channels-last (NHWC) layout; 4-D inputs follow in ``to_channels_last``."""
     check_channels_last(strategy)
+    if not any(p.dim() == 4 for p in model.parameters()):
+        note_once("--channels-last: the model has no 4-D (convolution) weights; nothing changes (it is for conv nets).")
     return model.to(memory_format=torch.channels_last)
 
 

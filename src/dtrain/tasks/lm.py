@@ -110,13 +110,15 @@ def make_task(data_dir: str | None = None, layers: int = 4, heads: int = 4, widt
     tokens = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.zeros(0, dtype=torch.uint8)
     n_val = max(context + 1, int(len(tokens) * val_fraction))
     train, val = tokens[: len(tokens) - n_val], tokens[len(tokens) - n_val:]
+    capped = 0 < max_bytes <= len(tokens)
     if len(train) < context + 1:
         where = data_dir or f"the standard library ({root})"
+        read = f"{len(tokens)} bytes (capped at max_bytes={max_bytes})" if capped else f"{len(tokens)} bytes"
+        more = "raise --task-arg max_bytes= (0 reads all)" if capped else "give more text"
         raise DataError(
-            f"task 'lm': the corpus of {where} has {len(tokens)} bytes, too few for a training and a validation "
-            f"window of context={context} ({2 * (context + 1)} bytes at least); give more text or a smaller --task-arg context=."
+            f"task 'lm': the corpus of {where} has {read}, too few for a training and a validation "
+            f"window of context={context} ({2 * (context + 1)} bytes at least); {more} or a smaller --task-arg context=."
         )
-    capped = 0 < max_bytes <= len(tokens)
     cap = f"; capped at max_bytes={max_bytes:,} (--task-arg max_bytes=0 reads all)" if capped else ""
     logger.info(f"lm: {len(tokens):,} bytes from {used} of {len(files)} file(s) under {root}{cap}; "
                 f"{len(train):,} training and {len(val):,} validation tokens (the last {val_fraction:.0%})")
