@@ -82,6 +82,13 @@ def test_a_missing_metric_shows_as_a_dash():
     assert "None" not in markdown(report)
 
 
+def test_cpu_flags_name_the_low_precision_features():
+    from dtrain.bench.report import cpu_flags
+
+    assert cpu_flags("model name\t: AMD EPYC\nflags\t\t: fpu sse avx512f avx512_bf16 avx512_vnni\n") == ["avx512_bf16"]
+    assert cpu_flags("flags\t\t: fpu sse avx2\n") == [] and cpu_flags("") == []
+
+
 def test_failed_method_is_reported_not_hidden():
     cfg = BenchConfig()
     runs = [MethodRun(method=METHODS["single"], nproc=1, records=[[_record(0, [1.0], 5.0, 5.0)]]),
