@@ -68,13 +68,17 @@ def test_one_kind_layouts_are_todays_strategies(layout, expected):
     assert (options.get("shard_size") == 2) if expected == "hsdp" else True
 
 
-def test_layout_and_strategy_together_or_pp_with_dp_are_one_line():
+def test_layout_and_strategy_together_or_pp_with_tp_are_one_line():
     with pytest.raises(ConfigError, match="both say how to split"):
         strategy_for("ddp", "tp=2", 2, {}, compile=False, activation_checkpointing=False)
     with pytest.raises(ConfigError, match="drop bucket_cap_mb"):
         strategy_for("auto", "tp=2", 2, {"bucket_cap_mb": 5}, compile=False, activation_checkpointing=False)
-    with pytest.raises(ConfigError, match="pipeline stages combined with other dimensions"):
-        check_supported(ParallelDims(pp=2, dp_shard=2))
+    with pytest.raises(ConfigError, match="pipeline stages with tensor parallelism are not supported yet"):
+        check_supported(ParallelDims(pp=2, tp=2))
+    check_supported(ParallelDims(pp=2, dp_shard=2))  # PP x DP composes
+    name, options = strategy_for("auto", "pp=2,dp_shard=2", 4, {"microbatches": 2, "wrap": "none"},
+                                 compile=False, activation_checkpointing=False)
+    assert name == "composed" and options["pipeline"].microbatches == 2 and options["fsdp"].wrap == "none"
 
 
 def test_tp_plan_splits_each_block_and_refuses_uneven_heads():
@@ -102,10 +106,10 @@ def test_cli_bad_layout_is_one_line():
 
 
 # -- tier 2: 4 ranks against one process ----------------------------------------------------------
-def train(layout: str | None, switches: dict | None = None) -> tuple[dict, dict]:
+def train(layout: str | None, switches: dict | None = None, task_args: dict | None = None) -> tuple[dict, dict]:
     """The same training in fp32, then in bf16 autocast (what ``bf16-mixed`` does), on one
     context (starting 4 processes is the slow part)."""
-    task = load_task("lm", options=TINY)
+    task = load_task("lm", options={**TINY, **(task_args or {})})
     extra = {"parallel": layout, "tp_plan": task.tp_plan} if layout else {}
     ctx = dtrain.init("auto" if layout else "single", seed=0, **extra, **(switches or {}))
     out = _steps(ctx, task, torch.float32), _steps(ctx, task, torch.bfloat16)
@@ -131,6 +135,8 @@ def _steps(ctx, task, dtype: torch.dtype) -> dict:
         losses.append(ctx.all_reduce(loss.float().clone(), op="mean").item())
     state = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone()
              for k, v in ctx.unwrap(model).state_dict().items()}
+    if ctx.strategy.capabilities.staged_step:  # pipeline stages: each rank holds its stage's layers
+        state = {k: v for part in ctx.gather_object(state) for k, v in part.items()}
     return {"losses": losses, "norms": norms, "state": state, "strategy": ctx.strategy.name}
 
 
@@ -143,10 +149,10 @@ def _assert_close(got: dict, ref: dict, tol: float) -> None:
         assert diff <= tol, f"{k}: max |diff| {diff:.3g} > {tol}"
 
 
-def _check(layout: str, world_size: int, switches: dict | None = None) -> None:
-    ref32, ref16 = train(None)
+def _check(layout: str, world_size: int, switches: dict | None = None, task_args: dict | None = None) -> None:
+    ref32, ref16 = train(None, None, task_args)
     assert ref32["norms"][0] > CLIP  # clipping acts
-    for fp32, bf16 in run_distributed(train, layout, switches, world_size=world_size, timeout=450):
+    for fp32, bf16 in run_distributed(train, layout, switches, task_args, world_size=world_size, timeout=450):
         assert fp32["strategy"] == "composed"
         _assert_close(fp32, ref32, TOL)
         _assert_close(bf16, ref16, TOL_BF16)
@@ -162,6 +168,15 @@ def test_fsdp_x_tp_matches_one_process_with_clipping_in_fp32_and_bf16():
 @pytest.mark.timeout(500)
 def test_ddp_x_tp_matches_one_process_with_clipping_in_fp32_and_bf16():
     _check("dp_replicate=2,tp=2", 4)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(500)
+@pytest.mark.parametrize("layout", ["pp=2,dp_shard=2", "pp=2,dp_replicate=2"])
+def test_pp_x_dp_matches_one_process_with_clipping_in_fp32_and_bf16(layout):
+    # Two stages (embedding + block0 | block1 + head: tied weights cannot span stages), each
+    # sharded (FSDP2) or replicated over 2 data-parallel ranks; 4 micro-batches of 2 per rank.
+    _check(layout, 4, task_args={"tie": "false"})
 
 
 @pytest.mark.slow

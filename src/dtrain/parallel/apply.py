@@ -1,14 +1,20 @@
 """Each parallelism as one short function, applied by ``compose`` in one fixed order:
 
-1. pipeline split (``pp``: not composed yet; see ``check_supported``),
+1. ``apply_pp``: pipeline split (``pp``): this rank keeps its stage's layers, and every later
+   step applies to that stage alone (the composed strategy calls it before ``compose``),
 2. ``apply_tp``: tensor parallelism (the task's plan, through ``parallelize_module``),
 3. ``apply_ac``: activation checkpointing of each block,
 4. ``apply_compile``: ``torch.compile`` of each block,
 5. ``apply_fsdp`` (``dp_shard``, with ``dp_replicate``: HSDP) or ``apply_ddp`` (``dp_replicate``).
 
-The order is torchtitan's (``parallelize_llama``): TP rewrites the layers' parameters into
-DTensors first, so checkpointing recomputes and compile traces the split layers, and FSDP,
-last, shards what TP left on each rank over the data-parallel ranks (a 2-D DTensor).
+The order is torchtitan's (``pipeline_llama`` then ``parallelize_llama``): the pipeline cut
+first, so each stage is parallelised on its own; TP rewrites the layers' parameters into
+DTensors, so checkpointing recomputes and compile traces the split layers, and FSDP, last,
+shards what TP left on each rank over the data-parallel ranks (a 2-D DTensor). A sharded or
+replicated stage works inside a pipeline schedule because torch's ``PipelineStage`` drives
+FSDP2's (and ``replicate``'s) gradient sync itself: held back on every micro-batch's backward,
+reduced once after the last (``torch/distributed/pipelining/stage.py``,
+``backward_maybe_with_nosync`` and ``perform_reduce_grad``).
 """
 
 from __future__ import annotations
@@ -22,7 +28,19 @@ from torch import nn
 from .. import transforms
 from ..errors import ConfigError
 from ..strategies.fsdp import FSDPConfig, apply_fully_shard
+from ..strategies.pipeline import PipelineConfig, split_stage
+from ..strategies.stages import Stages
 from .dims import ParallelDims
+
+
+def apply_pp(model: nn.Module, pp_mesh: Any, config: PipelineConfig, blocks: Sequence[nn.Module] | None
+             ) -> tuple[nn.Module, list[nn.Module], Stages]:
+    """Cut ``model`` (an ``nn.Sequential``) into ``pp`` stages between its blocks; returns this
+    rank's stage (original layer names kept), the blocks in it, and its place in the pipeline."""
+    stages = Stages.of_mesh(pp_mesh)
+    stage = split_stage(model, stages.index, stages.count, config, list(blocks or []) or None)
+    inside = {id(m) for m in stage.modules()}
+    return stage, [b for b in blocks or [] if id(b) in inside], stages
 
 
 def apply_tp(model: nn.Module, tp_mesh: Any, plan: dict[str, Any]) -> nn.Module:
@@ -70,16 +88,17 @@ def apply_ddp(model: nn.Module, dp_mesh: Any, device: torch.device) -> nn.Module
 
 def check_supported(dims: ParallelDims) -> None:
     """One-line errors for the layouts dtrain does not compose (yet), before anything is built."""
-    if dims.pp > 1 and dims.world_size > dims.pp:
-        raise ConfigError(f"--parallel {dims}: pipeline stages combined with other dimensions are not supported yet; "
-                          f"use --parallel pp={dims.world_size} (or --strategy pipeline), or drop pp.")
+    if dims.pp > 1 and dims.tp > 1:
+        raise ConfigError(f"--parallel {dims}: pipeline stages with tensor parallelism are not supported yet; "
+                          f"use pp with dp_shard/dp_replicate (e.g. pp={dims.pp},dp_shard={dims.tp * dims.dp}), or drop pp.")
 
 
 def compose(model: nn.Module, dims: ParallelDims, mesh: Any, device: torch.device, *,
             blocks: Sequence[nn.Module] | None = None, plan: Callable[[nn.Module, int], dict[str, Any]] | None = None,
             activation_checkpointing: bool = False, compile: bool = False,
             fsdp: FSDPConfig | None = None) -> nn.Module:
-    """Apply every parallelism of ``dims`` to ``model`` in the documented order.
+    """Apply every parallelism of ``dims`` but the pipeline cut (``apply_pp``, before: then
+    ``model`` is this rank's stage) to ``model``, in the documented order.
     Collective: call on every rank."""
     check_supported(dims)
     if dims.tp > 1:
