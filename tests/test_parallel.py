@@ -11,7 +11,7 @@ import json
 
 import pytest
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Subset
 
 import dtrain
 from dtrain.errors import ConfigError
@@ -81,10 +81,15 @@ def test_layout_and_strategy_together_or_pp_with_tp_are_one_line():
     assert name == "composed" and options["pipeline"].microbatches == 2 and options["fsdp"].wrap == "none"
 
 
-def test_tp_plan_splits_each_block_and_refuses_uneven_heads():
+def test_tp_plan_splits_each_block_the_embeddings_and_head_and_refuses_uneven_heads():
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel
+
     model = gpt(vocab=64, context=8, layers=2, heads=4, width=32)
     plan = gpt_tp_plan(model, 2)
-    assert sorted(plan) == sorted(f"block{i}.{s}" for i in range(2) for s in ("attn.q", "attn.k", "attn.v", "attn.proj", "mlp.0", "mlp.2"))
+    split = sorted(n for n, s in plan.items() if isinstance(s, (ColwiseParallel, RowwiseParallel)))
+    assert split == sorted(["embed.tok", "embed.pos", "head.out"] + [f"block{i}.{s}" for i in range(2)
+                                                                      for s in ("attn.q", "attn.k", "attn.v", "attn.proj", "mlp.0", "mlp.2")])
+    assert sorted(n for n, s in plan.items() if isinstance(s, SequenceParallel)) == ["block0.ln1", "block0.ln2", "block1.ln1", "block1.ln2", "head.ln"]
     with pytest.raises(ConfigError, match="heads=4 cannot be split over tp=3"):
         gpt_tp_plan(model, 3)
 
@@ -137,10 +142,16 @@ def _steps(ctx, task, dtype: torch.dtype) -> dict:
              for k, v in ctx.unwrap(model).state_dict().items()}
     if ctx.strategy.capabilities.staged_step:  # pipeline stages: each rank holds its stage's layers
         state = {k: v for part in ctx.gather_object(state) for k, v in part.items()}
-    return {"losses": losses, "norms": norms, "state": state, "strategy": ctx.strategy.name}
+    # 123 windows in batches of 61: data-parallel rank 0 scores 62 (2 batches), rank 1 61 (1
+    # batch, then a padding forward through every stage); TP ranks score the same windows once.
+    scored = ctx.evaluate(model, Subset(task.test_set, range(123)), task.metric, batch_size=61, loss_fn=task.loss_fn)
+    return {"losses": losses, "norms": norms, "state": state, "strategy": ctx.strategy.name, "eval": scored}
 
 
 def _assert_close(got: dict, ref: dict, tol: float) -> None:
+    assert got["eval"]["count"] == ref["eval"]["count"] == 123, (got["eval"], ref["eval"])
+    for name in ("metric", "loss"):
+        assert abs(got["eval"][name] - ref["eval"][name]) <= tol, (got["eval"], ref["eval"])
     for name in ("losses", "norms"):
         assert all(abs(a - b) <= tol for a, b in zip(got[name], ref[name], strict=True)), f"{name}: {got[name]} vs {ref[name]}"
     assert got["state"].keys() == ref["state"].keys()
