@@ -196,11 +196,11 @@ def test_tp_with_activation_checkpointing_matches_one_process():
     _check("tp=2", 2, {"activation_checkpointing": True})
 
 
-def _train_cli(ckpt, layout: str | None, nproc: int, steps: int, batch: int) -> tuple[dict, str]:
+def _train_cli(ckpt, layout: str | None, nproc: int, steps: int, batch: int, *extra: str, task_args: dict | None = None) -> tuple[dict, str]:
     args = ["train", "--task", "lm", "--max-steps", str(steps), "--batch-size", str(batch), "--log-every", "1",
-            "--checkpoint-dir", str(ckpt), "--resume", "-n", str(nproc)]
+            "--checkpoint-dir", str(ckpt), "--resume", "-n", str(nproc), *extra]
     args += ["--parallel", layout] if layout else []
-    for key, value in TINY.items():
+    for key, value in {**TINY, **(task_args or {})}.items():
         args += ["--task-arg", f"{key}={value}"]
     r = run_cli(args, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -219,6 +219,23 @@ def test_checkpoint_of_fsdp_x_tp_resumes_under_fsdp_and_one_process(tmp_path):
     third, log = _train_cli(ckpt, None, 1, 4, 16)
     assert "at step 3 (saved by 4 process(es))" in log, log[-2000:]
     assert third["steps"] == 4 and third["train_loss"] == third["train_loss"]  # one more step ran (not NaN)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_checkpoint_of_pp_x_dp_resumes_in_one_process_where_an_unbroken_run_would_be(tmp_path):
+    untied = {"tie": "false"}  # tied weights cannot span pipeline stages
+    # 2 steps under pp=2,dp_shard=2 (2 data-parallel ranks x 8 = the global batch of 16, in 2
+    # micro-batches each), then step 3 in one process from that checkpoint ...
+    first, _ = _train_cli(tmp_path / "ck", "pp=2,dp_shard=2", 4, 2, 8, "--microbatches", "2", task_args=untied)
+    assert first["strategy"] == "composed" and first["steps"] == 2
+    resumed, log = _train_cli(tmp_path / "ck", None, 1, 3, 16, task_args=untied)
+    assert "at step 2 (saved by 4 process(es))" in log, log[-2000:]
+    # ... gives what 3 unbroken steps in one process give: the same weights, optimizer state and
+    # data position (the third batch), so the same training loss and validation loss.
+    unbroken, _ = _train_cli(tmp_path / "ck1", None, 1, 3, 16, task_args=untied)
+    for key in ("train_loss", "val_loss"):
+        assert abs(resumed[key] - unbroken[key]) <= 1e-4, (key, resumed[key], unbroken[key])
 
 
 def test_tp_without_a_plan_is_one_line_before_any_collective():

@@ -44,7 +44,8 @@ def apply_pp(model: nn.Module, pp_mesh: Any, config: PipelineConfig, blocks: Seq
 
 
 def apply_tp(model: nn.Module, tp_mesh: Any, plan: dict[str, Any]) -> nn.Module:
-    """Split the plan's layers over ``tp_mesh`` (their weights become DTensors); in place."""
+    """Split the plan's layers over ``tp_mesh`` (their weights become DTensors); in place.
+    Parameters the model shares between layers (a head tied to the embedding) stay shared."""
     from torch.distributed.tensor.parallel import parallelize_module
 
     if not plan:
@@ -54,7 +55,41 @@ def apply_tp(model: nn.Module, tp_mesh: Any, plan: dict[str, Any]) -> nn.Module:
     if missing:
         raise ConfigError(f"the tensor-parallel plan names {', '.join(missing[:3])}, which the model does not have; "
                           f"plan keys are submodule names such as {next(iter(n for n in names if n), 'block0.mlp')}.")
-    return parallelize_module(model, tp_mesh, plan)
+    ties = _ties(model)
+    model = parallelize_module(model, tp_mesh, plan)
+    _retie(model, ties)
+    return model
+
+
+def _ties(model: nn.Module) -> list[list[str]]:
+    """Names of the parameters that are one tensor (weight tying), grouped."""
+    groups: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        groups.setdefault(id(p), []).append(name)
+    return [names for names in groups.values() if len(names) > 1]
+
+
+def _retie(model: nn.Module, ties: list[list[str]]) -> None:
+    """``parallelize_module`` gives each layer its own new parameter, which would train a tied
+    pair as two tensors: point every name of a tie at the first one's again, if the plan split
+    them alike (an embedding split by rows and a head by columns hold the same rows)."""
+    for names in ties:
+        first = model.get_parameter(names[0])
+        for name in names[1:]:
+            other = model.get_parameter(name)
+            if other is first:
+                continue
+            if _layout(other) != _layout(first):
+                raise ConfigError(f"the tensor-parallel plan splits the tied parameters {names[0]} ({_layout(first)}) and {name} "
+                                  f"({_layout(other)}) differently; split both alike (vocabulary rows: RowwiseParallel embedding, "
+                                  "ColwiseParallel head) or untie them (task lm: --task-arg tie=false).")
+            owner, _, attr = name.rpartition(".")
+            setattr(model.get_submodule(owner), attr, first)
+
+
+def _layout(p: torch.Tensor) -> str:
+    placements = getattr(p, "placements", None)
+    return "whole" if placements is None else ",".join(map(str, placements))
 
 
 def apply_ac(blocks: Sequence[nn.Module]) -> int:

@@ -35,9 +35,27 @@ def _splits(placement: object) -> bool:
 
 
 def _local(grad: torch.Tensor) -> torch.Tensor:
-    """This rank's piece (a view: scaling it scales the gradient). Gradients here are never
-    Partial DTensors: FSDP reduce-scatters and TP's layers reduce them in backward."""
+    """This rank's piece (a view: scaling it scales the gradient)."""
     return grad.to_local() if hasattr(grad, "to_local") else grad
+
+
+def settle_grads(parameters: Iterable[torch.Tensor]) -> list[torch.Tensor]:
+    """Every gradient laid out as its parameter (returned in order). Under sequence parallelism
+    a LayerNorm's weight is whole on every TP rank but each rank saw only its part of the
+    sequence, so its gradient is a Partial DTensor (a sum still to be taken over the TP ranks);
+    FSDP2 redistributes such gradients itself, plain TP leaves them to the optimizer's DTensor
+    ops. Redistributing here (an all-reduce over the TP ranks) gives the norm and the clipped
+    gradient their true values. Collective over each parameter's mesh: call on every rank."""
+    grads = []
+    for p in parameters:
+        g = p.grad
+        if g is None:
+            continue
+        want = getattr(p, "placements", None)
+        if want is not None and getattr(g, "placements", want) != want:
+            p.grad = g = g.redistribute(g.device_mesh, want)
+        grads.append(g)
+    return grads
 
 
 def clip_grad_norm_(parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0, *,
@@ -46,7 +64,7 @@ def clip_grad_norm_(parameters: Iterable[torch.Tensor], max_norm: float, norm_ty
     all gradients of the model across every rank (and every one of ``stages`` pipeline stages,
     each holding its own parameters); returns ``total``.
     Collective: call on every rank."""
-    grads = [p.grad for p in parameters if p.grad is not None]
+    grads = settle_grads(parameters)
     world = dist.get_world_size() if dist.is_initialized() else 1
     holders = world // stages
     device = _local(grads[0]).device if grads else torch.device("cpu")
