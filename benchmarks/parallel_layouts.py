@@ -1,9 +1,10 @@
 """Per-rank training-state memory and tokens/s of `lm` under composed --parallel layouts vs ddp.
 
-Runs `dtrain bench` twice (2 processes: ddp, tp=2; 4 processes: ddp, dp_shard=2,tp=2 and
-more layouts) and prints, per layout, the parameter + gradient + optimizer MiB each rank holds,
+Runs `dtrain bench` three times (2 processes: ddp, tp=2; 4 processes: ddp, dp_shard=2,tp=2 and
+more layouts; 4 processes, untied head: ddp and the PP x DP layouts) and prints, per layout, the parameter + gradient + optimizer MiB each rank holds,
 its ratio to ddp's, the goal (1/tp, 1/(dp_shard x tp)), and the share of parameters that TP
-leaves whole on every rank (LayerNorms, row-wise biases), by which a layout exceeds its goal. Usage (from the repository root):
+leaves whole on every rank (LayerNorms, row-wise biases), by which a layout exceeds its goal
+(pipeline layouts: the largest stage, as stages are cut between blocks). Usage (from the repository root):
 
     PYTHONPATH=src flock /tmp/dtrain-bench.lock nice -n 5 python3 benchmarks/parallel_layouts.py [--out DIR]
 """
@@ -17,13 +18,15 @@ import subprocess
 import sys
 
 TASK_ARGS = ["layers=4", "heads=4", "width=128", "context=64", "max_bytes=400000"]
-RUNS = [(2, ["tp=2"]), (4, ["dp_shard=2,tp=2", "tp=4", "dp_shard=4", "dp_replicate=2,tp=2"])]
+RUNS = [(2, ["tp=2"], []), (4, ["dp_shard=2,tp=2", "tp=4", "dp_shard=4", "dp_replicate=2,tp=2"], []),
+        # pipeline stages cannot share the tied head and embedding: these and their ddp baseline untied
+        (4, ["pp=2,dp_shard=2", "pp=2,dp_replicate=2"], ["tie=false"])]
 
 
-def bench(nproc: int, layouts: list[str], out: str, steps: int) -> dict:
+def bench(nproc: int, layouts: list[str], out: str, steps: int, extra: list[str]) -> dict:
     cmd = [sys.executable, "-m", "dtrain", "bench", "--task", "lm", "-n", str(nproc), "--methods", "ddp",
            "--steps", str(steps), "--repeats", "3", "--warmup", "2", "--batch-size", "8", "--out", out]
-    for a in TASK_ARGS:
+    for a in TASK_ARGS + extra:
         cmd += ["--task-arg", a]
     for layout in layouts:
         cmd += ["--parallel", layout]
@@ -49,6 +52,18 @@ def tp_whole_share() -> float:
     return whole / total
 
 
+def largest_stage_share(pp: int) -> float:
+    """The largest pipeline stage's share of the untied model's parameters (stages are cut
+    between blocks, so they are not all the same size)."""
+    from dtrain.strategies.pipeline import block_bounds
+    from dtrain.tasks.gpt import gpt, gpt_blocks
+
+    kw = dict(a.split("=") for a in TASK_ARGS if not a.startswith("max_bytes"))
+    model = gpt(vocab=256, tie=False, **{k: int(v) for k, v in kw.items()})
+    sizes = [sum(p.numel() for p in c.parameters()) for c in model.children()]
+    return max(sum(sizes[a:b]) for a, b in block_bounds(model, pp, gpt_blocks(model))) / sum(sizes)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="bench-parallel")
@@ -58,8 +73,8 @@ def main() -> None:
     print(f"lm {' '.join(TASK_ARGS)}: {share:.1%} of parameters stay whole under TP (LayerNorms, row-wise biases)")
     print("| procs | layout | state MiB/rank | vs ddp | goal | TP-aware expectation | tokens/s |")
     print("|---|---|---|---|---|---|---|")
-    for nproc, layouts in RUNS:
-        report = bench(nproc, layouts, os.path.join(args.out, f"n{nproc}"), args.steps)
+    for i, (nproc, layouts, extra) in enumerate(RUNS):
+        report = bench(nproc, layouts, os.path.join(args.out, f"run{i}-n{nproc}"), args.steps, extra)
         rows = {m["method"]: m for m in report["methods"] if "error" not in m}
         base = max(rows["ddp"]["state_mib_per_rank"])
         for name in ["ddp", *layouts]:
@@ -68,11 +83,12 @@ def main() -> None:
                 print(f"| {nproc} | {name} | failed | | | | |")
                 continue
             dims = dict((k, int(v)) for k, v in (p.split("=") for p in name.split(","))) if name != "ddp" else {}
-            tp, shard = dims.get("tp", 1), dims.get("dp_shard", 1)
-            goal = 1 / (tp * shard)
-            expect = ((1 - share) / tp + share) / shard  # TP splits only the planned layers; FSDP all
+            tp, shard, pp = dims.get("tp", 1), dims.get("dp_shard", 1), dims.get("pp", 1)
+            goal = 1 / (tp * shard * pp)
+            # TP splits only the planned layers; FSDP all; the largest stage sets the pipeline's
+            expect = ((1 - share) / tp + share) / shard * (largest_stage_share(pp) if pp > 1 else 1)
             state = max(m["state_mib_per_rank"])
-            print(f"| {nproc} | {name} | {state:.2f} | {state / base:.3f} | {goal:.3f} | {expect:.3f} | {m['tokens_per_s']:.0f} |")
+            print(f"| {nproc} | {name}{' (untied)' if extra else ''} | {state:.2f} | {state / base:.3f} | {goal:.3f} | {expect:.3f} | {m['tokens_per_s']:.0f} |")
 
 
 if __name__ == "__main__":
