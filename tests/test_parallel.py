@@ -16,7 +16,6 @@ from torch.utils.data import DataLoader, Subset
 import dtrain
 from dtrain.errors import ConfigError
 from dtrain.parallel import ParallelDims, parse, resolve
-from dtrain.parallel.apply import check_supported
 from dtrain.strategies.composed import strategy_for
 from dtrain.tasks import load_task
 from dtrain.tasks.gpt import CausalSelfAttention, gpt, gpt_tp_plan
@@ -68,14 +67,11 @@ def test_one_kind_layouts_are_todays_strategies(layout, expected):
     assert (options.get("shard_size") == 2) if expected == "hsdp" else True
 
 
-def test_layout_and_strategy_together_or_pp_with_tp_are_one_line():
+def test_layout_and_strategy_together_are_one_line_and_pp_composes():
     with pytest.raises(ConfigError, match="both say how to split"):
         strategy_for("ddp", "tp=2", 2, {}, compile=False, activation_checkpointing=False)
     with pytest.raises(ConfigError, match="drop bucket_cap_mb"):
         strategy_for("auto", "tp=2", 2, {"bucket_cap_mb": 5}, compile=False, activation_checkpointing=False)
-    with pytest.raises(ConfigError, match="pipeline stages with tensor parallelism are not supported yet"):
-        check_supported(ParallelDims(pp=2, tp=2))
-    check_supported(ParallelDims(pp=2, dp_shard=2))  # PP x DP composes
     name, options = strategy_for("auto", "pp=2,dp_shard=2", 4, {"microbatches": 2, "wrap": "none"},
                                  compile=False, activation_checkpointing=False)
     assert name == "composed" and options["pipeline"].microbatches == 2 and options["fsdp"].wrap == "none"

@@ -121,13 +121,6 @@ def apply_ddp(model: nn.Module, dp_mesh: Any, device: torch.device) -> nn.Module
     return model
 
 
-def check_supported(dims: ParallelDims) -> None:
-    """One-line errors for the layouts dtrain does not compose (yet), before anything is built."""
-    if dims.pp > 1 and dims.tp > 1:
-        raise ConfigError(f"--parallel {dims}: pipeline stages with tensor parallelism are not supported yet; "
-                          f"use pp with dp_shard/dp_replicate (e.g. pp={dims.pp},dp_shard={dims.tp * dims.dp}), or drop pp.")
-
-
 def compose(model: nn.Module, dims: ParallelDims, mesh: Any, device: torch.device, *,
             blocks: Sequence[nn.Module] | None = None, plan: Callable[[nn.Module, int], dict[str, Any]] | None = None,
             activation_checkpointing: bool = False, compile: bool = False,
@@ -135,7 +128,6 @@ def compose(model: nn.Module, dims: ParallelDims, mesh: Any, device: torch.devic
     """Apply every parallelism of ``dims`` but the pipeline cut (``apply_pp``, before: then
     ``model`` is this rank's stage) to ``model``, in the documented order.
     Collective: call on every rank."""
-    check_supported(dims)
     if dims.tp > 1:
         if plan is None:
             raise ConfigError(f"--parallel {dims}: the task has no tensor-parallel plan; set Task.tp_plan "

@@ -43,7 +43,6 @@ class ComposedStrategy(Strategy):
                  compile: bool = False, activation_checkpointing: bool = False, fsdp: FSDPConfig | None = None,
                  pipeline: PipelineConfig | None = None) -> None:
         self.dims = resolve(parallel)
-        par.check_supported(self.dims)
         if tp_plan is not None and not callable(tp_plan):
             raise ConfigError(f"tp_plan is a {type(tp_plan).__name__}; give a function (model, tp) -> {{name: ParallelStyle}}.")
         self.tp_plan, self.compile, self.activation_checkpointing = tp_plan, compile, activation_checkpointing
