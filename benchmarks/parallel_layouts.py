@@ -65,6 +65,8 @@ def largest_stage_share(pp: int) -> float:
 
 
 def main() -> None:
+    from dtrain.parallel import parse
+
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="bench-parallel")
     ap.add_argument("--steps", type=int, default=4)
@@ -78,7 +80,7 @@ def main() -> None:
         rows = {m["method"]: m for m in report["methods"] if "error" not in m}
         base = max(rows["ddp"]["state_mib_per_rank"])
         for name in ["ddp", *layouts]:
-            m = rows.get(name)
+            m = rows.get(name if name == "ddp" else str(parse(name)))  # the report names a layout canonically
             if m is None:
                 print(f"| {nproc} | {name} | failed | | | | |")
                 continue

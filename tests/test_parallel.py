@@ -1,7 +1,8 @@
-"""Composed parallelisms (``--parallel``): ParallelDims, tensor parallelism on ``lm``, FSDP x TP
-and DDP x TP against one process, checkpoints that load into another layout.
+"""Composed parallelisms (``--parallel``): ParallelDims, tensor parallelism on ``lm``, FSDP x TP,
+DDP x TP, PP x DP, PP x TP and HSDP x TP against one process, checkpoints that load into another
+layout.
 
-Tier 1: the layout value and its errors, the TP plan, the norm's bookkeeping. Tier 2: 4 ranks on
+Tier 1: the layout value and its errors, the TP plan, the norm's bookkeeping. Tier 2: 2-8 ranks on
 gloo (slow on 2 cores: one run per composition, each with a timeout).
 """
 
@@ -159,7 +160,7 @@ def _assert_close(got: dict, ref: dict, tol: float) -> None:
 def _check(layout: str, world_size: int, switches: dict | None = None, task_args: dict | None = None) -> None:
     ref32, ref16 = train(None, None, task_args)
     assert ref32["norms"][0] > CLIP  # clipping acts
-    for fp32, bf16 in run_distributed(train, layout, switches, task_args, world_size=world_size, timeout=450):
+    for fp32, bf16 in run_distributed(train, layout, switches, task_args, world_size=world_size, timeout=550):
         assert fp32["strategy"] == "composed"
         _assert_close(fp32, ref32, TOL)
         _assert_close(bf16, ref16, TOL_BF16)
@@ -179,11 +180,20 @@ def test_ddp_x_tp_matches_one_process_with_clipping_in_fp32_and_bf16():
 
 @pytest.mark.slow
 @pytest.mark.timeout(500)
-@pytest.mark.parametrize("layout", ["pp=2,dp_shard=2", "pp=2,dp_replicate=2"])
-def test_pp_x_dp_matches_one_process_with_clipping_in_fp32_and_bf16(layout):
+@pytest.mark.parametrize("layout", ["pp=2,dp_shard=2", "pp=2,dp_replicate=2", "pp=2,tp=2"])
+def test_pp_x_dp_or_tp_matches_one_process_with_clipping_in_fp32_and_bf16(layout):
     # Two stages (embedding + block0 | block1 + head: tied weights cannot span stages), each
-    # sharded (FSDP2) or replicated over 2 data-parallel ranks; 4 micro-batches of 2 per rank.
+    # sharded (FSDP2), replicated, or split by TP (sequence-sharded activations pass between the
+    # stages of each TP rank) over 2 ranks; 4 micro-batches per data-parallel rank.
     _check(layout, 4, task_args={"tie": "false"})
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_hsdp_x_tp_on_8_processes_matches_one_process():
+    # Each parameter split over 2 TP ranks, that piece sharded over 2 ranks and replicated twice
+    # (a 3-D mesh; ~45 s on 2 cores: 8 processes).
+    _check("dp_replicate=2,dp_shard=2,tp=2", 8)
 
 
 @pytest.mark.slow
