@@ -7,7 +7,7 @@
 4. ``apply_compile``: ``torch.compile`` of each block,
 5. ``apply_fsdp`` (``dp_shard``, with ``dp_replicate``: HSDP) or ``apply_ddp`` (``dp_replicate``).
 
-The order is torchtitan's (``pipeline_llama`` then ``parallelize_llama``): the pipeline cut
+The order is torchtitan's (its pipeline split, then ``parallelize_llama``): the pipeline cut
 first, so each stage is parallelised on its own; TP rewrites the layers' parameters into
 DTensors, so checkpointing recomputes and compile traces the split layers, and FSDP, last,
 shards what TP left on each rank over the data-parallel ranks (a 2-D DTensor). A sharded or

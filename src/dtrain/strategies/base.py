@@ -51,7 +51,9 @@ class Strategy(abc.ABC):
     """
 
     name: ClassVar[str] = ""
-    capabilities: ClassVar[Capabilities] = Capabilities()
+    capabilities: Capabilities = Capabilities()
+    """Declared on the class; a strategy whose answers depend on how it was built sets its own
+    in ``__init__`` (composed: ``staged_step`` when its layout has pipeline stages)."""
 
     # -- wrapping --------------------------------------------------------------------------------
     @abc.abstractmethod
