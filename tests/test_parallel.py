@@ -1,7 +1,8 @@
-"""Composed parallelisms (``--parallel``): ParallelDims, tensor parallelism on ``lm``, FSDP x TP
-and DDP x TP against one process, checkpoints that load into another layout.
+"""Composed parallelisms (``--parallel``): ParallelDims, tensor parallelism on ``lm``, FSDP x TP,
+DDP x TP, PP x DP, PP x TP and HSDP x TP against one process, checkpoints that load into another
+layout.
 
-Tier 1: the layout value and its errors, the TP plan, the norm's bookkeeping. Tier 2: 4 ranks on
+Tier 1: the layout value and its errors, the TP plan, the norm's bookkeeping. Tier 2: 2-8 ranks on
 gloo (slow on 2 cores: one run per composition, each with a timeout).
 """
 
@@ -11,12 +12,11 @@ import json
 
 import pytest
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Subset
 
 import dtrain
 from dtrain.errors import ConfigError
 from dtrain.parallel import ParallelDims, parse, resolve
-from dtrain.parallel.apply import check_supported
 from dtrain.strategies.composed import strategy_for
 from dtrain.tasks import load_task
 from dtrain.tasks.gpt import CausalSelfAttention, gpt, gpt_tp_plan
@@ -68,19 +68,25 @@ def test_one_kind_layouts_are_todays_strategies(layout, expected):
     assert (options.get("shard_size") == 2) if expected == "hsdp" else True
 
 
-def test_layout_and_strategy_together_or_pp_with_dp_are_one_line():
+def test_layout_and_strategy_together_are_one_line_and_pp_composes():
     with pytest.raises(ConfigError, match="both say how to split"):
         strategy_for("ddp", "tp=2", 2, {}, compile=False, activation_checkpointing=False)
     with pytest.raises(ConfigError, match="drop bucket_cap_mb"):
         strategy_for("auto", "tp=2", 2, {"bucket_cap_mb": 5}, compile=False, activation_checkpointing=False)
-    with pytest.raises(ConfigError, match="pipeline stages combined with other dimensions"):
-        check_supported(ParallelDims(pp=2, dp_shard=2))
+    name, options = strategy_for("auto", "pp=2,dp_shard=2", 4, {"microbatches": 2, "wrap": "none"},
+                                 compile=False, activation_checkpointing=False)
+    assert name == "composed" and options["pipeline"].microbatches == 2 and options["fsdp"].wrap == "none"
 
 
-def test_tp_plan_splits_each_block_and_refuses_uneven_heads():
+def test_tp_plan_splits_each_block_the_embeddings_and_head_and_refuses_uneven_heads():
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel
+
     model = gpt(vocab=64, context=8, layers=2, heads=4, width=32)
     plan = gpt_tp_plan(model, 2)
-    assert sorted(plan) == sorted(f"block{i}.{s}" for i in range(2) for s in ("attn.q", "attn.k", "attn.v", "attn.proj", "mlp.0", "mlp.2"))
+    split = sorted(n for n, s in plan.items() if isinstance(s, (ColwiseParallel, RowwiseParallel)))
+    assert split == sorted(["embed.tok", "embed.pos", "head.out"] + [f"block{i}.{s}" for i in range(2)
+                                                                      for s in ("attn.q", "attn.k", "attn.v", "attn.proj", "mlp.0", "mlp.2")])
+    assert sorted(n for n, s in plan.items() if isinstance(s, SequenceParallel)) == ["block0.ln1", "block0.ln2", "block1.ln1", "block1.ln2", "head.ln"]
     with pytest.raises(ConfigError, match="heads=4 cannot be split over tp=3"):
         gpt_tp_plan(model, 3)
 
@@ -102,10 +108,10 @@ def test_cli_bad_layout_is_one_line():
 
 
 # -- tier 2: 4 ranks against one process ----------------------------------------------------------
-def train(layout: str | None, switches: dict | None = None) -> tuple[dict, dict]:
+def train(layout: str | None, switches: dict | None = None, task_args: dict | None = None) -> tuple[dict, dict]:
     """The same training in fp32, then in bf16 autocast (what ``bf16-mixed`` does), on one
     context (starting 4 processes is the slow part)."""
-    task = load_task("lm", options=TINY)
+    task = load_task("lm", options={**TINY, **(task_args or {})})
     extra = {"parallel": layout, "tp_plan": task.tp_plan} if layout else {}
     ctx = dtrain.init("auto" if layout else "single", seed=0, **extra, **(switches or {}))
     out = _steps(ctx, task, torch.float32), _steps(ctx, task, torch.bfloat16)
@@ -131,10 +137,18 @@ def _steps(ctx, task, dtype: torch.dtype) -> dict:
         losses.append(ctx.all_reduce(loss.float().clone(), op="mean").item())
     state = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone()
              for k, v in ctx.unwrap(model).state_dict().items()}
-    return {"losses": losses, "norms": norms, "state": state, "strategy": ctx.strategy.name}
+    if ctx.strategy.capabilities.staged_step:  # pipeline stages: each rank holds its stage's layers
+        state = {k: v for part in ctx.gather_object(state) for k, v in part.items()}
+    # 123 windows in batches of 61: data-parallel rank 0 scores 62 (2 batches), rank 1 61 (1
+    # batch, then a padding forward through every stage); TP ranks score the same windows once.
+    scored = ctx.evaluate(model, Subset(task.test_set, range(123)), task.metric, batch_size=61, loss_fn=task.loss_fn)
+    return {"losses": losses, "norms": norms, "state": state, "strategy": ctx.strategy.name, "eval": scored}
 
 
 def _assert_close(got: dict, ref: dict, tol: float) -> None:
+    assert got["eval"]["count"] == ref["eval"]["count"] == 123, (got["eval"], ref["eval"])
+    for name in ("metric", "loss"):
+        assert abs(got["eval"][name] - ref["eval"][name]) <= tol, (got["eval"], ref["eval"])
     for name in ("losses", "norms"):
         assert all(abs(a - b) <= tol for a, b in zip(got[name], ref[name], strict=True)), f"{name}: {got[name]} vs {ref[name]}"
     assert got["state"].keys() == ref["state"].keys()
@@ -143,10 +157,10 @@ def _assert_close(got: dict, ref: dict, tol: float) -> None:
         assert diff <= tol, f"{k}: max |diff| {diff:.3g} > {tol}"
 
 
-def _check(layout: str, world_size: int, switches: dict | None = None) -> None:
-    ref32, ref16 = train(None)
+def _check(layout: str, world_size: int, switches: dict | None = None, task_args: dict | None = None) -> None:
+    ref32, ref16 = train(None, None, task_args)
     assert ref32["norms"][0] > CLIP  # clipping acts
-    for fp32, bf16 in run_distributed(train, layout, switches, world_size=world_size, timeout=450):
+    for fp32, bf16 in run_distributed(train, layout, switches, task_args, world_size=world_size, timeout=550):
         assert fp32["strategy"] == "composed"
         _assert_close(fp32, ref32, TOL)
         _assert_close(bf16, ref16, TOL_BF16)
@@ -165,16 +179,34 @@ def test_ddp_x_tp_matches_one_process_with_clipping_in_fp32_and_bf16():
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(500)
+@pytest.mark.parametrize("layout", ["pp=2,dp_shard=2", "pp=2,dp_replicate=2", "pp=2,tp=2"])
+def test_pp_x_dp_or_tp_matches_one_process_with_clipping_in_fp32_and_bf16(layout):
+    # Two stages (embedding + block0 | block1 + head: tied weights cannot span stages), each
+    # sharded (FSDP2), replicated, or split by TP (sequence-sharded activations pass between the
+    # stages of each TP rank) over 2 ranks; 4 micro-batches per data-parallel rank.
+    _check(layout, 4, task_args={"tie": "false"})
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_hsdp_x_tp_on_8_processes_matches_one_process():
+    # Each parameter split over 2 TP ranks, that piece sharded over 2 ranks and replicated twice
+    # (a 3-D mesh; ~45 s on 2 cores: 8 processes).
+    _check("dp_replicate=2,dp_shard=2,tp=2", 8)
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_tp_with_activation_checkpointing_matches_one_process():
     _check("tp=2", 2, {"activation_checkpointing": True})
 
 
-def _train_cli(ckpt, layout: str | None, nproc: int, steps: int, batch: int) -> tuple[dict, str]:
+def _train_cli(ckpt, layout: str | None, nproc: int, steps: int, batch: int, *extra: str, task_args: dict | None = None) -> tuple[dict, str]:
     args = ["train", "--task", "lm", "--max-steps", str(steps), "--batch-size", str(batch), "--log-every", "1",
-            "--checkpoint-dir", str(ckpt), "--resume", "-n", str(nproc)]
+            "--checkpoint-dir", str(ckpt), "--resume", "-n", str(nproc), *extra]
     args += ["--parallel", layout] if layout else []
-    for key, value in TINY.items():
+    for key, value in {**TINY, **(task_args or {})}.items():
         args += ["--task-arg", f"{key}={value}"]
     r = run_cli(args, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -193,6 +225,23 @@ def test_checkpoint_of_fsdp_x_tp_resumes_under_fsdp_and_one_process(tmp_path):
     third, log = _train_cli(ckpt, None, 1, 4, 16)
     assert "at step 3 (saved by 4 process(es))" in log, log[-2000:]
     assert third["steps"] == 4 and third["train_loss"] == third["train_loss"]  # one more step ran (not NaN)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_checkpoint_of_pp_x_dp_resumes_in_one_process_where_an_unbroken_run_would_be(tmp_path):
+    untied = {"tie": "false"}  # tied weights cannot span pipeline stages
+    # 2 steps under pp=2,dp_shard=2 (2 data-parallel ranks x 8 = the global batch of 16, in 2
+    # micro-batches each), then step 3 in one process from that checkpoint ...
+    first, _ = _train_cli(tmp_path / "ck", "pp=2,dp_shard=2", 4, 2, 8, "--microbatches", "2", task_args=untied)
+    assert first["strategy"] == "composed" and first["steps"] == 2
+    resumed, log = _train_cli(tmp_path / "ck", None, 1, 3, 16, task_args=untied)
+    assert "at step 2 (saved by 4 process(es))" in log, log[-2000:]
+    # ... gives what 3 unbroken steps in one process give: the same weights, optimizer state and
+    # data position (the third batch), so the same training loss and validation loss.
+    unbroken, _ = _train_cli(tmp_path / "ck1", None, 1, 3, 16, task_args=untied)
+    for key in ("train_loss", "val_loss"):
+        assert abs(resumed[key] - unbroken[key]) <= 1e-4, (key, resumed[key], unbroken[key])
 
 
 def test_tp_without_a_plan_is_one_line_before_any_collective():

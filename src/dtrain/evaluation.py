@@ -40,8 +40,9 @@ def evaluate(net: nn.Module, dataset: Dataset, metric: Metric, *, batch_size: in
     sampler = EvalShardSampler(len(dataset), rank=rank, world_size=size)
     loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler)
     totals = torch.zeros(3, dtype=torch.float64, device=device)  # metric, loss, count
-    # fsdp/hsdp: every forward all-gathers parameters, so every rank must run as many; a
-    # rank with fewer batches runs a one-sample batch whose output is not scored.
+    # fsdp/hsdp/composed: every forward communicates, so every rank must run as many; a rank
+    # with fewer batches runs a one-sample batch (through the strategy: under pp, every stage)
+    # whose output is not scored.
     collective = strategy.capabilities.collective_forward and world.distributed
     rounds = int(collectives.all_reduce(torch.tensor(len(loader), device=device), op="max").item()) if collective else 0
     for x, y in loader:
@@ -49,7 +50,7 @@ def evaluate(net: nn.Module, dataset: Dataset, metric: Metric, *, batch_size: in
         collectives.tracker.beat()
         x, y = to_device(x, device), to_device(y, device)
         with precision.autocast():
-            out = strategy.forward_only(net, x)  # pipeline: only the last stage has outputs to score
+            out = strategy.forward_only(net, x)  # None where another rank scores it (pipeline, TP)
         if out is None:
             continue
         out = out.float()
@@ -61,7 +62,7 @@ def evaluate(net: nn.Module, dataset: Dataset, metric: Metric, *, batch_size: in
         pad = to_device(next(iter(DataLoader(dataset, batch_size=1)))[0], device)
         for _ in range(rounds):
             with precision.autocast():
-                net(pad)
+                strategy.forward_only(net, pad)
     net.train(was_training)
     collectives.all_reduce(totals, op="sum")
     count = totals[2].item()

@@ -34,14 +34,28 @@ def add_sharding_args(parser: argparse.ArgumentParser) -> None:
 
 
 def strategy_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The options given for ``args.strategy``; ConfigError for a flag of another strategy."""
+    """The options given for ``args.strategy`` (or the ``--parallel`` layout); ConfigError for
+    a flag of another strategy."""
     options: dict[str, Any] = {}
+    layout = getattr(args, "parallel", None)
+    present = _layout_kinds(layout) if layout else {args.strategy}
     for attr, (name, owners) in _FLAGS.items():
         value = getattr(args, attr, None)
         if value is None:
             continue
-        if args.strategy not in owners:
+        if not present & set(owners) or (layout and name == "shard_size"):
             flag = "--" + attr.replace("_", "-")
+            if layout:
+                raise ConfigError(f"{flag} does not apply to --parallel {layout} (fsdp flags need dp_shard, pipeline flags pp; "
+                                  "the layout sets the shard size); drop it or change the layout.")
             raise ConfigError(f"{flag} applies to --strategy {' or '.join(owners)}, not {args.strategy!r}; drop it or change the strategy.")
         options[name] = value
     return options
+
+
+def _layout_kinds(layout: str) -> set[str]:
+    """The strategies whose flags a layout takes: fsdp's with dp_shard, pipeline's with pp."""
+    from ..parallel import parse
+
+    dims = parse(layout)
+    return ({"fsdp", "hsdp"} if dims.dp_shard > 1 else set()) | ({"pipeline"} if dims.pp > 1 else set())

@@ -1,14 +1,20 @@
 """Each parallelism as one short function, applied by ``compose`` in one fixed order:
 
-1. pipeline split (``pp``: not composed yet; see ``check_supported``),
+1. ``apply_pp``: pipeline split (``pp``): this rank keeps its stage's layers, and every later
+   step applies to that stage alone (the composed strategy calls it before ``compose``),
 2. ``apply_tp``: tensor parallelism (the task's plan, through ``parallelize_module``),
 3. ``apply_ac``: activation checkpointing of each block,
 4. ``apply_compile``: ``torch.compile`` of each block,
 5. ``apply_fsdp`` (``dp_shard``, with ``dp_replicate``: HSDP) or ``apply_ddp`` (``dp_replicate``).
 
-The order is torchtitan's (``parallelize_llama``): TP rewrites the layers' parameters into
-DTensors first, so checkpointing recomputes and compile traces the split layers, and FSDP,
-last, shards what TP left on each rank over the data-parallel ranks (a 2-D DTensor).
+The order is torchtitan's (its pipeline split, then ``parallelize_llama``): the pipeline cut
+first, so each stage is parallelised on its own; TP rewrites the layers' parameters into
+DTensors, so checkpointing recomputes and compile traces the split layers, and FSDP, last,
+shards what TP left on each rank over the data-parallel ranks (a 2-D DTensor). A sharded or
+replicated stage works inside a pipeline schedule because torch's ``PipelineStage`` drives
+FSDP2's (and ``replicate``'s) gradient sync itself: held back on every micro-batch's backward,
+reduced once after the last (``torch/distributed/pipelining/stage.py``,
+``backward_maybe_with_nosync`` and ``perform_reduce_grad``).
 """
 
 from __future__ import annotations
@@ -22,11 +28,24 @@ from torch import nn
 from .. import transforms
 from ..errors import ConfigError
 from ..strategies.fsdp import FSDPConfig, apply_fully_shard
+from ..strategies.pipeline import PipelineConfig, split_stage
+from ..strategies.stages import Stages
 from .dims import ParallelDims
 
 
+def apply_pp(model: nn.Module, pp_mesh: Any, config: PipelineConfig, blocks: Sequence[nn.Module] | None
+             ) -> tuple[nn.Module, list[nn.Module], Stages]:
+    """Cut ``model`` (an ``nn.Sequential``) into ``pp`` stages between its blocks; returns this
+    rank's stage (original layer names kept), the blocks in it, and its place in the pipeline."""
+    stages = Stages.of_mesh(pp_mesh)
+    stage = split_stage(model, stages.index, stages.count, config, list(blocks or []) or None)
+    inside = {id(m) for m in stage.modules()}
+    return stage, [b for b in blocks or [] if id(b) in inside], stages
+
+
 def apply_tp(model: nn.Module, tp_mesh: Any, plan: dict[str, Any]) -> nn.Module:
-    """Split the plan's layers over ``tp_mesh`` (their weights become DTensors); in place."""
+    """Split the plan's layers over ``tp_mesh`` (their weights become DTensors); in place.
+    Parameters the model shares between layers (a head tied to the embedding) stay shared."""
     from torch.distributed.tensor.parallel import parallelize_module
 
     if not plan:
@@ -36,7 +55,41 @@ def apply_tp(model: nn.Module, tp_mesh: Any, plan: dict[str, Any]) -> nn.Module:
     if missing:
         raise ConfigError(f"the tensor-parallel plan names {', '.join(missing[:3])}, which the model does not have; "
                           f"plan keys are submodule names such as {next(iter(n for n in names if n), 'block0.mlp')}.")
-    return parallelize_module(model, tp_mesh, plan)
+    ties = _ties(model)
+    model = parallelize_module(model, tp_mesh, plan)
+    _retie(model, ties)
+    return model
+
+
+def _ties(model: nn.Module) -> list[list[str]]:
+    """Names of the parameters that are one tensor (weight tying), grouped."""
+    groups: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        groups.setdefault(id(p), []).append(name)
+    return [names for names in groups.values() if len(names) > 1]
+
+
+def _retie(model: nn.Module, ties: list[list[str]]) -> None:
+    """``parallelize_module`` gives each layer its own new parameter, which would train a tied
+    pair as two tensors: point every name of a tie at the first one's again, if the plan split
+    them alike (an embedding split by rows and a head by columns hold the same rows)."""
+    for names in ties:
+        first = model.get_parameter(names[0])
+        for name in names[1:]:
+            other = model.get_parameter(name)
+            if other is first:
+                continue
+            if _layout(other) != _layout(first):
+                raise ConfigError(f"the tensor-parallel plan splits the tied parameters {names[0]} ({_layout(first)}) and {name} "
+                                  f"({_layout(other)}) differently; split both alike (vocabulary rows: RowwiseParallel embedding, "
+                                  "ColwiseParallel head) or untie them (task lm: --task-arg tie=false).")
+            owner, _, attr = name.rpartition(".")
+            setattr(model.get_submodule(owner), attr, first)
+
+
+def _layout(p: torch.Tensor) -> str:
+    placements = getattr(p, "placements", None)
+    return "whole" if placements is None else ",".join(map(str, placements))
 
 
 def apply_ac(blocks: Sequence[nn.Module]) -> int:
@@ -68,20 +121,13 @@ def apply_ddp(model: nn.Module, dp_mesh: Any, device: torch.device) -> nn.Module
     return model
 
 
-def check_supported(dims: ParallelDims) -> None:
-    """One-line errors for the layouts dtrain does not compose (yet), before anything is built."""
-    if dims.pp > 1 and dims.world_size > dims.pp:
-        raise ConfigError(f"--parallel {dims}: pipeline stages combined with other dimensions are not supported yet; "
-                          f"use --parallel pp={dims.world_size} (or --strategy pipeline), or drop pp.")
-
-
 def compose(model: nn.Module, dims: ParallelDims, mesh: Any, device: torch.device, *,
             blocks: Sequence[nn.Module] | None = None, plan: Callable[[nn.Module, int], dict[str, Any]] | None = None,
             activation_checkpointing: bool = False, compile: bool = False,
             fsdp: FSDPConfig | None = None) -> nn.Module:
-    """Apply every parallelism of ``dims`` to ``model`` in the documented order.
+    """Apply every parallelism of ``dims`` but the pipeline cut (``apply_pp``, before: then
+    ``model`` is this rank's stage) to ``model``, in the documented order.
     Collective: call on every rank."""
-    check_supported(dims)
     if dims.tp > 1:
         if plan is None:
             raise ConfigError(f"--parallel {dims}: the task has no tensor-parallel plan; set Task.tp_plan "

@@ -4,7 +4,9 @@
 hold DTensors on the ``tp`` mesh, FSDP's on ``(dp_shard, tp)`` or ``dp_shard`` alone, and
 replicated layers plain tensors, and ``_foreach_norm`` refuses such a mix ("got mixed
 torch.Tensor and DTensor"). Here every rank sums |g|^p over its local pieces, each divided by
-how many ranks hold that same piece, and one all-reduce over the world adds them up.
+how many ranks hold that same piece, and one all-reduce over the world adds them up. Under
+pipeline parallelism a parameter lives on the ranks of its stage only (``holders``: the world
+over ``pp``), and the stages' parameters are disjoint, so the same sum covers every stage.
 """
 
 from __future__ import annotations
@@ -16,13 +18,14 @@ import torch
 import torch.distributed as dist
 
 
-def _copies(grad: torch.Tensor, world_size: int) -> int:
-    """How many ranks of the world hold this same local piece of the gradient."""
+def _copies(grad: torch.Tensor, holders: int) -> int:
+    """How many of the ``holders`` (the ranks that hold this parameter) hold this same local
+    piece of its gradient."""
     spec = getattr(grad, "_spec", None)
     if spec is None:
-        return world_size  # a plain tensor: whole, and the same, on every rank
+        return holders  # a plain tensor: whole, and the same, on every holder
     pieces = math.prod(spec.mesh.size(i) for i, p in enumerate(spec.placements) if _splits(p))
-    return world_size // pieces
+    return holders // pieces
 
 
 def _splits(placement: object) -> bool:
@@ -32,17 +35,38 @@ def _splits(placement: object) -> bool:
 
 
 def _local(grad: torch.Tensor) -> torch.Tensor:
-    """This rank's piece (a view: scaling it scales the gradient). Gradients here are never
-    Partial DTensors: FSDP reduce-scatters and TP's layers reduce them in backward."""
+    """This rank's piece (a view: scaling it scales the gradient)."""
     return grad.to_local() if hasattr(grad, "to_local") else grad
 
 
-def clip_grad_norm_(parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+def settle_grads(parameters: Iterable[torch.Tensor]) -> list[torch.Tensor]:
+    """Every gradient laid out as its parameter (returned in order). Under sequence parallelism
+    a LayerNorm's weight is whole on every TP rank but each rank saw only its part of the
+    sequence, so its gradient is a Partial DTensor (a sum still to be taken over the TP ranks);
+    FSDP2 redistributes such gradients itself, plain TP leaves them to the optimizer's DTensor
+    ops. Redistributing here (an all-reduce over the TP ranks) gives the norm and the clipped
+    gradient their true values. Collective over each parameter's mesh: call on every rank."""
+    grads = []
+    for p in parameters:
+        g = p.grad
+        if g is None:
+            continue
+        want = getattr(p, "placements", None)
+        if want is not None and getattr(g, "placements", want) != want:
+            p.grad = g = g.redistribute(g.device_mesh, want)
+        grads.append(g)
+    return grads
+
+
+def clip_grad_norm_(parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0, *,
+                    stages: int = 1) -> torch.Tensor:
     """Scale every gradient by ``min(1, max_norm / total)``, ``total`` the ``norm_type`` norm of
-    all gradients of the model across every rank; returns ``total``.
+    all gradients of the model across every rank (and every one of ``stages`` pipeline stages,
+    each holding its own parameters); returns ``total``.
     Collective: call on every rank."""
-    grads = [p.grad for p in parameters if p.grad is not None]
+    grads = settle_grads(parameters)
     world = dist.get_world_size() if dist.is_initialized() else 1
+    holders = world // stages
     device = _local(grads[0]).device if grads else torch.device("cpu")
     acc = torch.zeros((), dtype=torch.float64, device=device)
     for g in grads:
@@ -50,7 +74,7 @@ def clip_grad_norm_(parameters: Iterable[torch.Tensor], max_norm: float, norm_ty
         if math.isinf(norm_type):
             acc = torch.maximum(acc, local.abs().max() if local.numel() else acc)
         else:
-            acc += local.abs().pow(norm_type).sum() / _copies(g, world)
+            acc += local.abs().pow(norm_type).sum() / _copies(g, holders)
     if world > 1:
         dist.all_reduce(acc, op=dist.ReduceOp.MAX if math.isinf(norm_type) else dist.ReduceOp.SUM)
     total = acc if math.isinf(norm_type) else acc.pow(1.0 / norm_type)

@@ -51,7 +51,9 @@ class Strategy(abc.ABC):
     """
 
     name: ClassVar[str] = ""
-    capabilities: ClassVar[Capabilities] = Capabilities()
+    capabilities: Capabilities = Capabilities()
+    """Declared on the class; a strategy whose answers depend on how it was built sets its own
+    in ``__init__`` (composed: ``staged_step`` when its layout has pipeline stages)."""
 
     # -- wrapping --------------------------------------------------------------------------------
     @abc.abstractmethod
@@ -90,8 +92,9 @@ class Strategy(abc.ABC):
         raise NotImplementedError(f"strategy {self.name!r} has no staged step (capabilities.staged_step is False)")
 
     def forward_only(self, model: nn.Module, inputs: torch.Tensor) -> torch.Tensor | None:
-        """The model's output for evaluation; None on ranks that hold no output (pipeline's
-        earlier stages). Collective for staged strategies: call on every rank with the same batch."""
+        """The model's output for evaluation; None on ranks whose output is not scored (pipeline's
+        earlier stages hold none; under TP only the first rank of each TP group scores, as its
+        peers compute the same). Collective for staged and composed strategies: call on every rank."""
         return model(inputs)
 
     def clip_grad_norm_(self, parameters: Iterable[nn.Parameter], max_norm: float, norm_type: float = 2.0) -> torch.Tensor:

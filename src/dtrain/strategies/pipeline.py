@@ -29,6 +29,7 @@ from ..errors import ConfigError
 from ..world import World
 from . import register
 from .base import Capabilities, Strategy
+from .stages import Pipe, Stages
 
 if TYPE_CHECKING:
     from ..collectives import Collectives
@@ -104,19 +105,34 @@ def block_bounds(model: nn.Sequential, stages: int, blocks: list[nn.Module]) -> 
 
 
 def build_stage(model: nn.Module, world: World, config: PipelineConfig, blocks: list[nn.Module] | None = None) -> nn.Sequential:
-    """This rank's stage: the children of its range, under their original names (so state dict
-    keys match the whole model's and checkpoints load on any layout)."""
+    """This rank's stage of one pipeline over the whole world, on the world's device."""
+    return split_stage(model, world.rank, world.size, config, blocks).to(world.device)
+
+
+def split_stage(model: nn.Module, index: int, count: int, config: PipelineConfig,
+                blocks: list[nn.Module] | None = None) -> nn.Sequential:
+    """Stage ``index`` of ``count``: the children of its range, under their original names (so
+    state dict keys match the whole model's and checkpoints load on any layout)."""
     if not isinstance(model, nn.Sequential):
         raise ConfigError(
             f"pipeline: the model is a {type(model).__name__}, not an nn.Sequential; "
             "write it as nn.Sequential(layer, ...) so it can be cut into stages."
         )
-    bounds = block_bounds(model, world.size, blocks) if blocks and config.split_points is None else None
-    bounds = bounds or stage_bounds(model, world.size, config.split_points)
-    start, end = bounds[world.rank]
+    bounds = block_bounds(model, count, blocks) if blocks and config.split_points is None else None
+    bounds = bounds or stage_bounds(model, count, config.split_points)
+    start, end = bounds[index]
     children = list(model.named_children())
     _check_untied(children, bounds)
-    return nn.Sequential(OrderedDict(children[start:end])).to(world.device)
+    return nn.Sequential(OrderedDict(children[start:end]))
+
+
+def keep_params(optimizer: torch.optim.Optimizer, mine: set[int], name: str) -> torch.optim.Optimizer:
+    """Drop from ``optimizer`` (built on the whole model) the parameters of other stages."""
+    if any(optimizer.state.values()):
+        raise ConfigError(f"{name}: the {type(optimizer).__name__} already holds state; build it fresh, call ctx.setup, then load a checkpoint.")
+    for group in optimizer.param_groups:
+        group["params"] = [p for p in group["params"] if id(p) in mine]
+    return optimizer
 
 
 def _check_untied(children: list[tuple[str, nn.Module]], bounds: list[tuple[int, int]]) -> None:
@@ -145,8 +161,7 @@ class PipelineStrategy(Strategy):
         self.config = config or PipelineConfig(**options)
         self._world: World | None = None
         self._stage_module: nn.Module | None = None
-        self._schedules: dict[int, Any] = {}
-        self._loss_fn: Callable | None = None
+        self._pipe: Pipe | None = None
 
     # -- the strategy protocol ---------------------------------------------------------------
     def setup_model(self, model: nn.Module, world: World, blocks: list[nn.Module] | None = None) -> nn.Module:
@@ -154,17 +169,14 @@ class PipelineStrategy(Strategy):
         if not world.distributed:
             note_once("pipeline with one process: one stage, the whole model; no micro-batch schedule.")
         self._stage_module = build_stage(model, world, self.config, blocks)
+        self._pipe = Pipe(Stages.of_world(world), self.config, world.device)
         return self._stage_module
 
     def setup_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module | None) -> torch.optim.Optimizer:
         # The optimizer was built on the whole model; keep only this stage's parameters, so the
         # other stages' layers (and their optimizer state) are not held on this rank.
         mine = {id(p) for p in self._stage_module.parameters()} if self._stage_module is not None else set()
-        if any(optimizer.state.values()):
-            raise ConfigError(f"pipeline: the {type(optimizer).__name__} already holds state; build it fresh, call ctx.setup, then load a checkpoint.")
-        for group in optimizer.param_groups:
-            group["params"] = [p for p in group["params"] if id(p) in mine]
-        return optimizer
+        return keep_params(optimizer, mine, "pipeline")
 
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()  # no data parallelism: gradients are never all-reduced
@@ -187,59 +199,13 @@ class PipelineStrategy(Strategy):
         """Forward and backward of one (micro-)batch through every stage; the mean loss, on every rank.
 
         Collective: call on every rank with the same batch."""
-        world = self._world
-        if precision.scale_loss:
-            raise ConfigError("pipeline does not support fp16-mixed (loss scaling); use --precision bf16-mixed or fp32.")
-        accum = accumulation_steps
-        n = self.config.microbatches
-        if len(inputs) % n:
-            raise ConfigError(f"pipeline: a batch of {len(inputs)} samples cannot be split into {n} micro-batches; use a batch size that is a multiple of {n}.")
-        self._loss_fn = loss_fn  # read by the schedule's loss function (built once per window size)
-        schedule = self._schedule(model, accum, inputs.device)
-        losses: list[torch.Tensor] = []
-        rank, last = world.rank, world.size - 1
-        with precision.autocast(), collectives.labelled(f"pipeline step ({self.config.schedule})", inputs):
-            if rank == 0:
-                schedule.step(inputs)
-            elif rank == last:
-                schedule.step(target=target, losses=losses)
-            else:
-                schedule.step()
-        # Each micro-batch loss was divided by (micro-batches x accumulation window): undo it.
-        mean = torch.stack([l.detach().float() for l in losses]).sum() * accum if losses else torch.zeros((), device=inputs.device)
-        return collectives.broadcast(mean, src=last)
+        return self._pipe.forward_backward(model, inputs, target, loss_fn, accumulation_steps=accumulation_steps,
+                                           precision=precision, collectives=collectives)
 
-    def _schedule(self, stage_module: nn.Module, accum: int, device: torch.device) -> Any:
-        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
-
-        key = accum
-        if key not in self._schedules:
-            n = self.config.microbatches
-            stage = PipelineStage(stage_module, self._world.rank, self._world.size, device)
-            cls = ScheduleGPipe if self.config.schedule == "gpipe" else Schedule1F1B
-
-            def scaled(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-                # torch's scale_grads divides *all* .grad by the micro-batch count after each
-                # step, which would shrink gradients accumulated over earlier steps; scale the
-                # loss instead so accumulation windows stay exact.
-                return self._loss_fn(out, y) / (n * accum)
-
-            self._schedules[key] = cls(stage, n_microbatches=n, loss_fn=scaled, scale_grads=False)
-        return self._schedules[key]
-
-    @torch.no_grad()
     def forward_only(self, model: nn.Module, inputs: torch.Tensor) -> torch.Tensor | None:
-        """The whole model's output for ``inputs``, on the last stage (None on the others):
-        each stage receives its input from the previous one and sends its output on. For
-        evaluation, whatever the batch size. Collective: call on every rank with the same batch."""
-        world = self._world
-        rank, last = world.rank, world.size - 1
-        x = inputs if rank == 0 else _recv_tensor(rank - 1, inputs.device)
-        out = model(x)
-        if rank != last:
-            _send_tensor(out, rank + 1)
-            return None
-        return out
+        """The whole model's output on the last stage (None on the others). Collective: call on
+        every rank with the same batch."""
+        return self._pipe.forward_only(model, inputs)
 
     def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
         """Clip by the norm over every stage's gradients. Collective: call on every rank."""
@@ -258,25 +224,3 @@ class PipelineStrategy(Strategy):
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
         return total
 
-
-_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.int32)
-_HEADER = 8  # dtype code, number of dims, up to 6 sizes
-
-
-def _send_tensor(t: torch.Tensor, dst: int) -> None:
-    if t.dtype not in _DTYPES or t.dim() > _HEADER - 2:
-        raise ConfigError(f"pipeline: a stage output of dtype {t.dtype} and {t.dim()} dims cannot be passed on; use a float tensor of at most {_HEADER - 2} dims.")
-    header = torch.zeros(_HEADER, dtype=torch.int64)
-    header[0], header[1] = _DTYPES.index(t.dtype), t.dim()
-    header[2:2 + t.dim()] = torch.tensor(t.shape, dtype=torch.int64)
-    dist.send(header.to(t.device), dst)
-    dist.send(t.contiguous(), dst)
-
-
-def _recv_tensor(src: int, device: torch.device) -> torch.Tensor:
-    header = torch.zeros(_HEADER, dtype=torch.int64, device=device)
-    dist.recv(header, src)
-    header = header.tolist()
-    t = torch.empty(header[2:2 + header[1]], dtype=_DTYPES[header[0]], device=device)
-    dist.recv(t, src)
-    return t

@@ -117,26 +117,48 @@ def gpt_blocks(model: nn.Module) -> list[nn.Module]:
 
 
 def gpt_tp_plan(model: nn.Module, tp: int) -> dict[str, object]:
-    """The tensor-parallel plan of a ``gpt`` model (Shoeybi et al., "Megatron-LM", 2019): in
-    each block q, k, v and the MLP's first layer split column-wise (a rank computes heads/tp
-    whole heads and 1/tp of the hidden units, with no communication), the attention output and
-    the MLP's second layer row-wise (their partial sums all-reduced once each). Embeddings,
-    LayerNorms and the tied head stay whole on every rank."""
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+    """The tensor-parallel plan of a ``gpt`` model: Megatron-LM's split of each block (Shoeybi et
+    al., 2019) with sequence parallelism between them (Korthikanti et al., "Reducing Activation
+    Recomputation in Large Transformer Models", 2022), as torchtitan's plan for Llama.
+
+    * In each block q, k, v and the MLP's first layer split column-wise (a rank computes
+      heads/tp whole heads and 1/tp of the hidden units, with no communication), the attention
+      output and the MLP's second layer row-wise, their partial sums reduce-scattered along the
+      sequence.
+    * Between the blocks the residual stream is split along the sequence (each rank holds T/tp
+      positions), so the LayerNorms and dropouts run on 1/tp of the activations
+      (``SequenceParallel``); each block's attention and MLP all-gather their input first
+      (``PrepareModuleInput``).
+    * The token embedding is vocabulary-parallel (a rank holds vocab/tp rows; the looked-up
+      vectors are reduce-scattered along the sequence), the position embedding split by position
+      the same way, and the output head column-wise over the vocabulary: it holds the same rows as
+      the embedding, so a tied head stays tied. Its logits are gathered whole for the loss.
+
+    Only the LayerNorms' weights and the row-wise layers' biases stay whole on every rank."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel
 
     from ..errors import ConfigError
 
     plan: dict[str, object] = {}
-    for name, block in model.named_modules():
-        if not isinstance(block, Block):
-            continue
-        if block.attn.heads % tp:
-            raise ConfigError(f"task 'lm': heads={block.attn.heads} cannot be split over tp={tp} ranks; "
-                              f"use a head count divisible by {tp} (e.g. --task-arg heads={tp * max(1, block.attn.heads // tp)}).")
-        for sub in ("attn.q", "attn.k", "attn.v", "mlp.0"):
-            plan[f"{name}.{sub}"] = ColwiseParallel()
-        for sub in ("attn.proj", "mlp.2"):
-            plan[f"{name}.{sub}"] = RowwiseParallel()
+    for name, module in model.named_modules():
+        if isinstance(module, Embedding):
+            plan[f"{name}.tok"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1))
+            plan[f"{name}.pos"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(0))
+        elif isinstance(module, Head):
+            plan[f"{name}.ln"] = SequenceParallel()
+            plan[f"{name}.out"] = ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate())
+        elif isinstance(module, Block):
+            if module.attn.heads % tp:
+                raise ConfigError(f"task 'lm': heads={module.attn.heads} cannot be split over tp={tp} ranks; "
+                                  f"use a head count divisible by {tp} (e.g. --task-arg heads={tp * max(1, module.attn.heads // tp)}).")
+            for norm, branch in (("ln1", "attn"), ("ln2", "mlp")):
+                plan[f"{name}.{norm}"] = SequenceParallel()
+                plan[f"{name}.{branch}"] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+            for sub in ("attn.q", "attn.k", "attn.v", "mlp.0"):
+                plan[f"{name}.{sub}"] = ColwiseParallel()
+            for sub in ("attn.proj", "mlp.2"):
+                plan[f"{name}.{sub}"] = RowwiseParallel(output_layouts=Shard(1))
     return plan
 
 
