@@ -348,3 +348,35 @@ def test_breakdown_on_a_gpu_times_phases_with_cuda_events():
 def test_bad_observe_flags_are_one_line(argv, expected):
     r = run_cli(["train", "--max-steps", "2", *argv], timeout=60)
     assert r.returncode == 2 and r.stderr.strip() == expected, r.stderr
+
+
+def _bed_reason():
+    from dtrain.testing import netbed
+
+    return netbed.unavailable_reason()
+
+
+_BED = _bed_reason()
+
+
+@pytest.mark.skipif(_BED is not None, reason=f"network test bed unavailable: {_BED}")
+@pytest.mark.timeout(240)
+def test_three_hosts_name_the_host_whose_link_is_slow_with_cause_network(tmp_path):
+    import os
+    import sys
+
+    from dtrain.testing import netbed
+
+    src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH")) if p)}
+    env.pop("DTRAIN_SLOW_INJECT", None)
+    with netbed.NetBed(hosts=3, links={2: netbed.Link(rate_mbit=20)}) as bed:
+        outs = bed.run_nodes(lambda rank, master: [
+            sys.executable, "-m", "dtrain", "train", "--task", "digits", "--max-steps", "20", "--log-every", "5",
+            "--straggler-window", "10", "--nnodes", "3", "--node-rank", str(rank), "--master-addr", master,
+            "--master-port", "29531"], timeout=200, env=env)
+    assert [o.returncode for o in outs] == [0, 0, 0], "\n".join(o.output[-3000:] for o in outs)
+    result = json.loads(next(line for line in reversed(outs[0].output.splitlines()) if line.startswith("{")))
+    network = [s for s in result["stragglers"] if s["cause"] == "network"]
+    assert network and {(s["rank"], s["host"]) for s in network} == {(2, "n2")}, result["stragglers"]
+    assert "straggler: rank 2 (host n2): every rank spent" in outs[0].output

@@ -168,7 +168,7 @@ def comm_bytes_per_step(ctx: Any, model: torch.nn.Module) -> float | None:
 class SlowDown:
     """``DTRAIN_SLOW_INJECT=RANK:KIND[:MS]`` slows one rank down, for straggler tests and
     benchmarks: ``input`` sleeps MS before each batch is handed over (data wait), ``compute``
-    sleeps MS in each forward, ``hog`` runs a thread of matrix products on its cores."""
+    sleeps MS in each forward, ``hog`` runs a thread of pure-Python work in its process."""
 
     def __init__(self, rank: int) -> None:
         self.kind, self.ms = None, 0.0
@@ -195,9 +195,15 @@ class SlowDown:
             self._thread.start()
 
     def _hog(self) -> None:
-        a = torch.randn(256, 256)
+        # Pure Python, as a busy helper thread of a training script would be (logging, parsing):
+        # it takes a core, and the interpreter every switch interval (sys.getswitchinterval,
+        # 5 ms), so this rank's forward and optimizer step, which need the interpreter, slow
+        # down and the other ranks' do not. (A thread of matrix products releases the GIL and,
+        # on a machine whose ranks share cores, slows every rank alike.)
+        x = 0
         while not self._stop.is_set():
-            a = torch.tanh(a @ a)  # releases the GIL: competes for the cores, not the interpreter
+            for i in range(10_000):
+                x = (x + i * i) % 1_000_003
 
     def input(self) -> None:
         if self.kind == "input":
