@@ -114,7 +114,8 @@ def main() -> None:
                     t["first_step"].append(mine[0]["step"])
             print(json.dumps({"trial": trial, "case": case, "slow_rank": slow if cause else None,
                               "stragglers": [(s["rank"], s["host"], s["cause"], s["ratio"], s["step"]) for s in found],
-                              "samples_per_s": result.get("samples_per_s"), "load": os.getloadavg()[0]}), flush=True)
+                              "samples_per_s": result.get("samples_per_s"), "load": os.getloadavg()[0],
+                              "first_line": found[0]["line"] if found else None}), flush=True)
     where = f"{args.ranks} hosts on the network test bed ({args.rate_mbit:g} Mbit/s on the slowed one)" if args.bed else "one machine"
     print(f"{args.ranks} ranks, {where}, {args.task}, {args.steps} steps, log every {args.log_every}, window {args.window}, "
           f"threshold {args.threshold}, loader sleep {args.sleep_ms:g} ms:")
