@@ -7,9 +7,11 @@ rank does not spend waiting, its *own* time (the step less exposed communication
 phases where its own time exceeds the others' median most: input (data wait), compute
 (forward, backward, optimizer step) or other (the rest of the loop).
 
-A slow link is not named per rank: a ring all-reduce waits for its slowest link on every rank
-alike, so it shows as exposed communication on all ranks (the breakdown's ``comm``), not as one
-rank's own time.
+A slow link shows differently: a ring all-reduce waits for its slowest link on every rank alike,
+so it shows as exposed communication on all ranks (the breakdown's ``comm``), not as one rank's
+own time. When that dominates every rank's step for a window and no rank's own time stands out,
+the detector asks for a link probe (``probe_due``; ``links.py`` times transfers between pairs of
+ranks) and names the ranks of the host whose link is slow, with cause network (``name_links``).
 
 Pure logic: rank 0 feeds it every rank's breakdown window (``breakdown.window``), gathered once
 per log interval by the loop.
@@ -22,6 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConfigError
+from .breakdown import PHASES
+from .links import slow_hosts
 
 CAUSES = {"input": ("data_wait",), "compute": ("forward", "backward", "optimizer"), "other": ("rest",)}
 LABELS = {"input": "data wait", "compute": "compute (forward+backward+optimizer)", "other": "time outside the phases"}
@@ -29,6 +33,7 @@ HINTS = {
     "input": "input-bound; more --num-workers or faster storage",
     "compute": "compute-bound; a slower or busier device: other processes on its cores, clocks, thermal limits",
     "other": "the loop's own work: logging, checkpoint saves, Python overhead",
+    "network": "network: a slower link; check its NIC, cable and switch port, or send less with --comm bf16 or powersgd",
 }
 
 
@@ -40,22 +45,32 @@ class StragglerConfig:
     """A rank whose own step time is this many times the other ranks' median is named (``--straggler-threshold``)."""
     min_excess_ms: float = 1.0
     """...and exceeds it by at least this much (sub-millisecond steps jitter by their whole length)."""
+    comm_share: float = 0.5
+    """When exposed communication is at least this share of every rank's median step over a
+    window (and no rank's own time stands out), the links are probed to name a slow one."""
 
     def __post_init__(self) -> None:
         if self.window < 1:
             raise ConfigError(f"--straggler-window must be >= 1 step, got {self.window}.")
         if not self.threshold > 1.0:
             raise ConfigError(f"--straggler-threshold must be > 1 (a ratio to the median step), got {self.threshold}; e.g. 1.3.")
+        if not 0.0 < self.comm_share <= 1.0:
+            raise ConfigError(f"comm_share must be in (0, 1], got {self.comm_share}; e.g. 0.5.")
 
 
 class StragglerDetector:
-    """Collects per-rank windows; every ``config.window`` steps names the ranks that were slow."""
+    """Collects per-rank windows; every ``config.window`` steps names the ranks that were slow.
+    Deterministic in what it is fed, so every rank can run one and agree on ``probe_due``."""
 
     def __init__(self, config: StragglerConfig, hosts: list[str]) -> None:
         self.config = config
         self.hosts = hosts
+        """Each rank's host (distinct per node)."""
         self._intervals: list[list[dict[str, Any] | None]] = []
         self._steps = 0
+        self.probe_due: tuple[int, int, float] | None = None
+        """(step, window steps, smallest comm share of any rank) when the last complete window
+        was dominated by communication on every rank and named no one: probe the links."""
 
     def add(self, step: int, per_rank: list[dict[str, Any] | None]) -> list[dict[str, Any]]:
         """One log interval's windows (index = rank); the stragglers found when a window of
@@ -68,7 +83,36 @@ class StragglerDetector:
             return []
         intervals, steps = self._intervals, self._steps
         self._intervals, self._steps = [], 0
-        return self._judge(step, intervals, steps)
+        found = self._judge(step, intervals, steps)
+        share = min(_median_of(intervals, r, ("comm",)) / max(_median_of(intervals, r, PHASES), 1e-9) for r in range(len(per_rank)))
+        # With fewer than three hosts a probe could not name one (links.py): it is not run.
+        probe = not found and share >= self.config.comm_share and len(set(self.hosts)) >= 3
+        self.probe_due = (step, steps, share) if probe else None
+        return found
+
+    def name_links(self, ms: list[list[float]], nbytes: int) -> list[dict[str, Any]]:
+        """After a probe asked for by ``probe_due``: the ranks on the host whose link is slow by
+        ``ms[src][dst]`` (``links.probe``), with cause network; empty when none stands out."""
+        assert self.probe_due is not None
+        step, steps, share = self.probe_due
+        self.probe_due = None
+        worst: dict[str, dict[str, Any]] = {}  # per host, its slower direction
+        for slow in slow_hosts(ms, self.hosts, self.config.threshold, self.config.min_excess_ms):
+            slow["ratio"] = slow["ms"] / slow["others_ms"] if slow["others_ms"] > 0 else float("inf")
+            if slow["host"] not in worst or slow["ratio"] > worst[slow["host"]]["ratio"]:
+                worst[slow["host"]] = slow
+        found = []
+        for slow in worst.values():
+            for r in (q for q, h in enumerate(self.hosts) if h == slow["host"]):
+                ratio = slow["ratio"]
+                verb = "sent" if slow["direction"] == "upload" else "received"
+                line = (f"straggler: rank {r} (host {slow['host']}): every rank spent >= {share:.0%} of its step waiting in "
+                        f"communication for the last {steps} steps; this host's link {verb} {nbytes / 1024:.0f} KiB in "
+                        f"{slow['ms']:.1f} ms at best vs {slow['others_ms']:.1f} ms median on the other hosts' ({HINTS['network']})")
+                found.append({"step": step, "rank": r, "host": slow["host"], "ratio": round(ratio, 3), "cause": "network",
+                              "cause_ms": slow["ms"], "median_ms": slow["others_ms"], "direction": slow["direction"],
+                              "window_steps": steps, "line": line})
+        return found
 
     def _judge(self, step: int, intervals: list[list[dict[str, Any] | None]], steps: int) -> list[dict[str, Any]]:
         n = len(intervals[0])

@@ -3,6 +3,7 @@ stragglers named with their cause, and the test hooks that slow one rank down on
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import threading
@@ -15,6 +16,7 @@ from .._log import logger
 from ..errors import ConfigError
 from ..metrics.breakdown import StepBreakdown, pack, unpack
 from ..metrics.flops import count_step_flops, peak_flops, utilisation
+from ..metrics.links import payload_bytes, probe
 from ..metrics.memory import peak_memory
 from ..metrics.stragglers import StragglerConfig, StragglerDetector
 from ..metrics.tensorboard import TensorBoardSink
@@ -38,14 +40,16 @@ class Observer:
         self.slow.attach(model)
         self.bd: StepBreakdown = ctx.breakdown
         self.bd.enabled = enabled
-        hosts = ctx.gather_object(socket.gethostname())  # collective, once
+        hosts = host_names(ctx.gather_object((socket.gethostname(), ctx.world.node_rank)))  # collective, once
         self.hosts = hosts
         self.tracer: Tracer | None = None
         if trace:
             self.tracer = Tracer(parse_steps(trace), trace_file, rank=ctx.rank, size=ctx.world_size, device=ctx.device,
                                  first_step=first_step, first_index=self.bd.steps)  # collective: measures the clock offsets
             self.bd.listeners.append(self.tracer.on_step)
-        self.detector = StragglerDetector(stragglers, hosts) if ctx.is_main else None
+        # On every rank: each one then decides alike, from the same gathered figures, when to
+        # probe the links (a collective); rank 0 alone reports.
+        self.detector = StragglerDetector(stragglers, hosts)
         self.found: list[dict[str, Any]] = []
         self._said: set[tuple[int, str]] = set()
 
@@ -69,10 +73,15 @@ class Observer:
         if not self.bd.enabled:
             return record
         per_rank, peak = self._gather(self.bd.window())
-        if self.detector is None:
+        found = self.detector.add(step, per_rank)
+        links = None
+        if self.detector.probe_due is not None:
+            found, links = self._probe_links()
+        if not self.ctx.is_main:
             return record
         record.update(breakdown=per_rank, peak_mib=peak)
-        found = self.detector.add(step, per_rank)
+        if links is not None:
+            record["link_probe"] = links
         for s in found:
             if (s["rank"], s["cause"]) not in self._said:  # one line per straggler and cause; every one recorded
                 self._said.add((s["rank"], s["cause"]))
@@ -81,6 +90,16 @@ class Observer:
             self.found.extend(found)
             record["stragglers"] = found
         return record
+
+    def _probe_links(self) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """Time transfers between the ranks: the ranks of a host whose link is slow, and the
+        probe's figures for the record (``ms[src][dst]``). Collective: call on every rank."""
+        nbytes = payload_bytes(self.comm_bytes)
+        t0 = time.perf_counter()
+        ms = probe(self.ctx.rank, self.ctx.world_size, self.ctx.device, nbytes)
+        took = (time.perf_counter() - t0) * 1e3
+        found = self.detector.name_links(ms, nbytes)
+        return found, {"bytes": nbytes, "took_ms": round(took, 1), "ms": [[None if math.isnan(v) else round(v, 3) for v in row] for row in ms]}
 
     def result(self, samples_per_s: float | None) -> dict[str, Any]:
         """MFU, ``breakdown`` over the whole run per rank, and every straggler named. Collective."""
@@ -122,6 +141,14 @@ class Observer:
             self.tb = None
 
 
+def host_names(per_rank: list[tuple[str, int]]) -> list[str]:
+    """Each rank's host for reports: its hostname, with ``/node<k>`` added where nodes share a
+    hostname (containers, network namespaces), so a host stays one node."""
+    names = {host for host, _ in per_rank}
+    nodes = {node for _, node in per_rank}
+    return [host if len(names) >= len(nodes) else f"{host}/node{node}" for host, node in per_rank]
+
+
 def comm_bytes_per_step(ctx: Any, model: torch.nn.Module) -> float | None:
     """Bytes one rank hands to gradient communication per synchronised step: the strategy's own
     count where it has one (zero1, fsdp), else every trainable gradient (DDP's all-reduce); 0
@@ -141,7 +168,7 @@ def comm_bytes_per_step(ctx: Any, model: torch.nn.Module) -> float | None:
 class SlowDown:
     """``DTRAIN_SLOW_INJECT=RANK:KIND[:MS]`` slows one rank down, for straggler tests and
     benchmarks: ``input`` sleeps MS before each batch is handed over (data wait), ``compute``
-    sleeps MS in each forward, ``hog`` runs a thread of matrix products on its cores."""
+    sleeps MS in each forward, ``hog`` runs a thread of pure-Python work in its process."""
 
     def __init__(self, rank: int) -> None:
         self.kind, self.ms = None, 0.0
@@ -168,9 +195,15 @@ class SlowDown:
             self._thread.start()
 
     def _hog(self) -> None:
-        a = torch.randn(256, 256)
+        # Pure Python, as a busy helper thread of a training script would be (logging, parsing):
+        # it takes a core, and the interpreter every switch interval (sys.getswitchinterval,
+        # 5 ms), so this rank's forward and optimizer step, which need the interpreter, slow
+        # down and the other ranks' do not. (A thread of matrix products releases the GIL and,
+        # on a machine whose ranks share cores, slows every rank alike.)
+        x = 0
         while not self._stop.is_set():
-            a = torch.tanh(a @ a)  # releases the GIL: competes for the cores, not the interpreter
+            for i in range(10_000):
+                x = (x + i * i) % 1_000_003
 
     def input(self) -> None:
         if self.kind == "input":
