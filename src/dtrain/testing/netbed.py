@@ -1,38 +1,69 @@
-"""A two-host test bed on one machine: two network namespaces joined by a veth pair whose link
-is shaped with ``tc`` (rate with ``tbf``; delay with ``netem`` where the kernel has it).
+"""A test bed of N hosts on one machine: N network namespaces, each joined by its own veth pair to
+a bridge in a namespace of the bed's own (not the machine's), each host's link shaped with ``tc``
+(rate with ``tbf`` in both directions; delay with ``netem`` where the kernel has it).
 
-    with NetBed(rate_mbit=100) as bed:                 # needs root and iproute2
-        outs = bed.run_nodes(lambda rank, master: ["dtrain", "train", "--nnodes", "2",
+    with NetBed(hosts=3, rate_mbit=100, links={2: Link(rate_mbit=20)}) as bed:   # root, iproute2
+        outs = bed.run_nodes(lambda rank, master: ["dtrain", "train", "--nnodes", "3",
                              "--node-rank", str(rank), "--master-addr", master], timeout=600)
+        bed.popen(1, [...]); bed.kill_host(1); bed.restart(1)      # a node lost, then back
 
-From the shell (each ``{node_rank}`` and ``{master_addr}`` in the command is filled in per host):
+Host ``i`` has the address ``SUBNET.(i+1)`` and, where ``unshare`` exists, the host name ``n<i>``
+(a UTS namespace of its own; ``/etc/netns/<namespace>/hosts`` names every host of the bed, as
+iproute2 lets a namespace have its own ``/etc`` files), so what a program learns from its host
+name (torch's elastic agent announces it to its peers) is that host's, as on real machines.
 
-    python -m dtrain.testing.netbed --rate-mbit 100 -- dtrain train --task mnist \\
-        --nnodes 2 --node-rank {node_rank} --master-addr {master_addr} --comm auto
+From the shell (``{node_rank}``, ``{master_addr}``, ``{host_addr}`` and ``{hosts}`` in the
+command are filled in per host):
+
+    python -m dtrain.testing.netbed --hosts 3 --rate-mbit 100 --link 2:20 -- dtrain train \\
+        --task mnist --nnodes {hosts} --node-rank {node_rank} --master-addr {master_addr}
 
 Everything the bed creates is removed again on exit, on an exception, on SIGINT/SIGTERM/SIGHUP,
-and namespaces left by a bed whose process died are removed by the next bed.
+and namespaces (and the processes in them) left by a bed whose process died are removed by the
+next bed.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 PREFIX = "dtbed"
+_OWNED = re.compile(rf"^{PREFIX}(\d+)-\d+-(h\d+|br)$")  # dtbed<pid>-<seq>-h<i> and dtbed<pid>-<seq>-br
+_ETC_NETNS = "/etc/netns"
+_seq = itertools.count()
 
 
 class NetBedUnavailable(RuntimeError):
     """The test bed cannot be built here (not root, no iproute2, no netem for a delay...)."""
+
+
+@dataclass(frozen=True)
+class Link:
+    """How one host's link to the bridge is shaped."""
+
+    rate_mbit: float | None = None
+    """Mbit/s the host can send, and receive (None: unshaped)."""
+    delay_ms: float | None = None
+    """Added to what the host sends (needs netem), so host A to host B takes A's delay one way."""
+
+    def __post_init__(self) -> None:
+        if self.rate_mbit is not None and not (math.isfinite(self.rate_mbit) and self.rate_mbit > 0):
+            raise ValueError(f"rate_mbit must be a finite number > 0, got {self.rate_mbit}")
+        if self.delay_ms is not None and not (math.isfinite(self.delay_ms) and self.delay_ms >= 0):
+            raise ValueError(f"delay_ms must be a finite number >= 0, got {self.delay_ms}")
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -57,16 +88,41 @@ def unavailable_reason() -> str | None:
     return None
 
 
+def namespace_pids(ns: str) -> list[int]:
+    """Every process whose network namespace is ``ns`` (whatever its session or parent)."""
+    return [int(p) for p in _ip("netns", "pids", ns, check=False).stdout.split() if p.isdigit()]
+
+
+def _kill_namespace(ns: str, timeout: float = 10.0) -> list[int]:
+    """SIGKILL every process in ``ns`` until none is left (a dying one may still fork)."""
+    killed: list[int] = []
+    deadline = time.monotonic() + timeout
+    while (pids := namespace_pids(ns)) and time.monotonic() < deadline:
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                continue
+            if pid not in killed:
+                killed.append(pid)
+        time.sleep(0.05)
+    return killed
+
+
+def _delete_namespace(ns: str) -> None:
+    _kill_namespace(ns)
+    _ip("netns", "del", ns, check=False)
+    shutil.rmtree(os.path.join(_ETC_NETNS, ns), ignore_errors=True)
+
+
 def remove_stale() -> list[str]:
-    """Delete namespaces of beds whose process is gone (e.g. killed with SIGKILL)."""
+    """Delete the namespaces (and end their processes) of beds whose process is gone."""
     removed = []
     for line in _ip("netns", "list", check=False).stdout.splitlines():
         name = line.split()[0] if line.split() else ""
-        if not name.startswith(PREFIX) or name.startswith(f"{PREFIX}probe"):
-            continue
-        pid = name[len(PREFIX):].split("h")[0]
-        if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
-            _ip("netns", "del", name, check=False)
+        match = _OWNED.match(name)
+        if match and not os.path.exists(f"/proc/{match.group(1)}"):
+            _delete_namespace(name)
             removed.append(name)
     return removed
 
@@ -80,21 +136,39 @@ class NodeOutput:
 
 
 class NetBed:
-    """Two hosts (namespaces) ``host 0`` at 10.77.0.1 and ``host 1`` at 10.77.0.2 on one shaped link."""
+    """``hosts`` hosts (namespaces): host ``i`` at ``SUBNET.(i+1)``, each on its own link to one bridge.
 
-    def __init__(self, *, rate_mbit: float | None = None, delay_ms: float | None = None, subnet: str = "10.77.0") -> None:
-        if rate_mbit is not None and rate_mbit <= 0:
-            raise ValueError(f"rate_mbit must be > 0, got {rate_mbit}")
+    ``rate_mbit`` / ``delay_ms`` shape every host's link; ``links`` gives some hosts their own
+    :class:`Link` (by host index). With two hosts and ``rate_mbit`` alone, the path between them
+    runs at that rate, as the two-host bed's single link did."""
+
+    def __init__(self, *, hosts: int = 2, rate_mbit: float | None = None, delay_ms: float | None = None,
+                 links: Mapping[int, Link] | None = None, subnet: str = "10.77.0", hostnames: bool = True) -> None:
+        if not 1 <= hosts <= 250:
+            raise ValueError(f"hosts must be 1..250, got {hosts}")
+        default = Link(rate_mbit=rate_mbit, delay_ms=delay_ms)
+        unknown = sorted(set(links or {}) - set(range(hosts)))
+        if unknown:
+            raise ValueError(f"links name host(s) {unknown}, but the bed has hosts 0..{hosts - 1}")
+        self.links = [dict(links or {}).get(i, default) for i in range(hosts)]
         self.rate_mbit = rate_mbit
         self.delay_ms = delay_ms
-        self.addresses = (f"{subnet}.1", f"{subnet}.2")
-        tag = f"{PREFIX}{os.getpid()}h"
-        self.namespaces = (f"{tag}0", f"{tag}1")
-        self._veth = (f"dtb{os.getpid() % 100000}a", f"dtb{os.getpid() % 100000}b")
+        self.addresses = tuple(f"{subnet}.{i + 1}" for i in range(hosts))
+        tag = f"{PREFIX}{os.getpid()}-{next(_seq)}-"
+        self.namespaces = tuple(f"{tag}h{i}" for i in range(hosts))
+        self.bridge_namespace = f"{tag}br"
+        self.names = tuple(f"n{i}" for i in range(hosts))
+        """Each host's host name (when ``hostnames`` and ``unshare`` exists; else the machine's)."""
+        self._hostnames = hostnames and all(shutil.which(t) for t in ("unshare", "hostname"))
         self._procs: list[subprocess.Popen] = []
+        self._last: dict[int, tuple[list[str], dict[str, Any]]] = {}
         self._old_handlers: dict[int, Any] = {}
         self.netem = False
         """Whether this kernel has the netem qdisc (delay); known after entering."""
+
+    @property
+    def hosts(self) -> int:
+        return len(self.namespaces)
 
     # -- life cycle ------------------------------------------------------------------------------
     def __enter__(self) -> NetBed:
@@ -126,19 +200,27 @@ class NetBed:
             self._old_handlers[sig] = signal.signal(sig, stop)
 
     def _build(self) -> None:
-        for ns in self.namespaces:
+        br = self.bridge_namespace
+        _ip("netns", "add", br)
+        _ip("-n", br, "link", "add", "br0", "type", "bridge")
+        _ip("-n", br, "link", "set", "br0", "up")
+        for i, (ns, addr) in enumerate(zip(self.namespaces, self.addresses)):
             _ip("netns", "add", ns)
             _ip("-n", ns, "link", "set", "lo", "up")
-        _ip("link", "add", self._veth[0], "netns", self.namespaces[0], "type", "veth", "peer", "name", self._veth[1], "netns", self.namespaces[1])
-        for ns, dev, addr in zip(self.namespaces, self._veth, self.addresses):
-            _ip("-n", ns, "addr", "add", f"{addr}/24", "dev", dev)
-            _ip("-n", ns, "link", "set", dev, "up")
+            # eth0 in the host, h<i> on the bridge: names are per namespace, so beds never clash.
+            _ip("link", "add", "eth0", "netns", ns, "type", "veth", "peer", "name", f"h{i}", "netns", br)
+            _ip("-n", br, "link", "set", f"h{i}", "master", "br0", "up")
+            _ip("-n", ns, "addr", "add", f"{addr}/24", "dev", "eth0")
+            _ip("-n", ns, "link", "set", "eth0", "up")
+        if self._hostnames:
+            table = "127.0.0.1 localhost\n::1 localhost\n" + "".join(f"{a} {n}\n" for a, n in zip(self.addresses, self.names))
+            for ns in self.namespaces:
+                os.makedirs(os.path.join(_ETC_NETNS, ns), exist_ok=True)
+                with open(os.path.join(_ETC_NETNS, ns, "hosts"), "w") as f:
+                    f.write(table)
         self.netem = self._probe_netem()
-        if self.delay_ms and not self.netem:
-            raise NetBedUnavailable("this kernel has no netem qdisc (sch_netem), so the link cannot be given a delay; "
-                                    "shape the rate only (tbf)")
-        for ns, dev in zip(self.namespaces, self._veth):  # each side shapes what it sends
-            self._shape(ns, dev)
+        for i, link in enumerate(self.links):
+            self.shape(i, link)
 
     def _probe_netem(self) -> bool:
         ns = self.namespaces[0]
@@ -148,14 +230,27 @@ class NetBed:
             subprocess.run(["ip", "netns", "exec", ns, "tc", "qdisc", "del", "dev", "lo", "root"], capture_output=True)
         return ok
 
-    def _shape(self, ns: str, dev: str) -> None:
-        tc = ["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root"]
-        if self.delay_ms:
-            cmd = [*tc, "netem", "delay", f"{self.delay_ms}ms"] + (["rate", f"{self.rate_mbit}mbit"] if self.rate_mbit else [])
-        elif self.rate_mbit:
+    def shape(self, host: int, link: Link) -> None:
+        """Shape ``host``'s link now (also while programs run): what it sends on its own end of
+        the veth, what it receives on the bridge's end (rate only; the delay is the sender's)."""
+        if link.delay_ms and not self.netem:
+            raise NetBedUnavailable("this kernel has no netem qdisc (sch_netem), so the link cannot be given a delay; "
+                                    "shape the rate only (tbf)")
+        self._qdisc(self.namespaces[host], "eth0", link)
+        self._qdisc(self.bridge_namespace, f"h{host}", Link(rate_mbit=link.rate_mbit))
+        self.links[host] = link
+
+    @staticmethod
+    def _qdisc(ns: str, dev: str, link: Link) -> None:
+        tc = ["ip", "netns", "exec", ns, "tc", "qdisc"]
+        subprocess.run([*tc, "del", "dev", dev, "root"], capture_output=True)  # none yet: fine
+        if link.delay_ms:
+            cmd = [*tc, "add", "dev", dev, "root", "netem", "delay", f"{link.delay_ms}ms"] + \
+                (["rate", f"{link.rate_mbit}mbit"] if link.rate_mbit else [])
+        elif link.rate_mbit:
             # burst: ~2 ms at the rate (at least 16 KiB); queue up to 100 ms before dropping.
-            burst = max(16 * 1024, int(self.rate_mbit * 1e6 / 8 * 0.002))
-            cmd = [*tc, "tbf", "rate", f"{self.rate_mbit}mbit", "burst", str(burst), "latency", "100ms"]
+            burst = max(16 * 1024, int(link.rate_mbit * 1e6 / 8 * 0.002))
+            cmd = [*tc, "add", "dev", dev, "root", "tbf", "rate", f"{link.rate_mbit}mbit", "burst", str(burst), "latency", "100ms"]
         else:
             return
         proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -163,46 +258,97 @@ class NetBed:
             raise NetBedUnavailable(f"`{' '.join(cmd[4:])}` failed: {proc.stderr.strip()}")
 
     def close(self) -> None:
-        """Stop every process started in the bed and delete the namespaces (and with them the veth pair)."""
+        """End every process in the bed's hosts (whatever session it made for itself) and delete
+        the namespaces (and with them the veth pairs and the bridge)."""
+        for ns in self.namespaces:
+            _kill_namespace(ns)
         for proc in self._procs:
             if proc.poll() is None:
                 try:
                     os.killpg(proc.pid, signal.SIGKILL)
                 except OSError:
                     pass
-                proc.wait()
+            proc.wait()
         self._procs.clear()
-        for ns in self.namespaces:
-            _ip("netns", "del", ns, check=False)
+        for ns in (*self.namespaces, self.bridge_namespace):
+            _delete_namespace(ns)
         for sig, handler in self._old_handlers.items():
             signal.signal(sig, handler)
         self._old_handlers.clear()
 
     # -- running ---------------------------------------------------------------------------------
     def popen(self, host: int, argv: Sequence[str], **kwargs: Any) -> subprocess.Popen:
-        """Start ``argv`` on ``host`` (0 or 1), in its own process group; output captured."""
+        """Start ``argv`` on ``host``, in its own process group; output captured unless ``stdout``
+        is given. :meth:`restart` starts the host's last command again."""
+        self._last[host] = (list(argv), dict(kwargs))
         kwargs.setdefault("stdout", subprocess.PIPE)
         kwargs.setdefault("stderr", subprocess.STDOUT)
-        proc = subprocess.Popen(["ip", "netns", "exec", self.namespaces[host], *argv], text=True,
-                                start_new_session=True, stdin=subprocess.DEVNULL, **kwargs)
+        prefix = ["ip", "netns", "exec", self.namespaces[host]]
+        if self._hostnames:  # a host name of its own; exec keeps the Popen's pid the program's
+            prefix += ["unshare", "--uts", "--", "sh", "-c", 'hostname "$0" && exec "$@"', self.names[host]]
+        proc = subprocess.Popen([*prefix, *argv], text=True, start_new_session=True, stdin=subprocess.DEVNULL, **kwargs)
         self._procs.append(proc)
         return proc
 
+    def pids(self, host: int) -> list[int]:
+        """The processes running on ``host`` now."""
+        return namespace_pids(self.namespaces[host])
+
+    def kill_host(self, host: int) -> list[int]:
+        """``kill -9`` every process of ``host`` (a node lost for good); returns their pids."""
+        killed = _kill_namespace(self.namespaces[host])
+        for proc in self._procs:
+            if proc.args[3:4] == [self.namespaces[host]]:
+                proc.wait()
+        return killed
+
+    def restart(self, host: int) -> subprocess.Popen:
+        """Start ``host``'s last command again (after :meth:`kill_host`, or once it ended)."""
+        if host not in self._last:
+            raise ValueError(f"nothing was started on host {host} yet")
+        if self.pids(host):
+            self.kill_host(host)
+        argv, kwargs = self._last[host]
+        return self.popen(host, argv, **kwargs)
+
     def run_nodes(self, command: Callable[[int, str], Sequence[str]], *, timeout: float = 600.0,
                   env: dict[str, str] | None = None) -> list[NodeOutput]:
-        """Run ``command(node_rank, master_addr)`` on both hosts at once; each host's output and status."""
-        procs = [self.popen(r, list(command(r, self.addresses[0])), env=env) for r in (0, 1)]
-        deadline = time.monotonic() + timeout
-        outs: list[str] = []
-        for proc in procs:
-            try:
-                out, _ = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                out, _ = proc.communicate()
-                proc.returncode = None  # type: ignore[assignment]
-            outs.append(out or "")
-        return [NodeOutput(r, p.returncode, o) for r, (p, o) in enumerate(zip(procs, outs))]
+        """Run ``command(node_rank, master_addr)`` on every host at once; each host's output and status."""
+        with tempfile.TemporaryDirectory(prefix="dtbed-out-") as tmp:
+            # Files, not pipes: a host whose pipe nobody reads would block in a write (and its peers with it).
+            files = [open(os.path.join(tmp, f"h{r}"), "w+") for r in range(self.hosts)]
+            procs = [self.popen(r, list(command(r, self.addresses[0])), env=env, stdout=f) for r, f in enumerate(files)]
+            deadline = time.monotonic() + timeout
+            codes: list[int | None] = []
+            for proc in procs:
+                try:
+                    codes.append(proc.wait(timeout=max(0.1, deadline - time.monotonic())))
+                except subprocess.TimeoutExpired:
+                    codes.append(None)
+            for r, code in enumerate(codes):
+                if code is None:
+                    _kill_namespace(self.namespaces[r])
+                    procs[r].wait()
+            outs = []
+            for f in files:
+                f.seek(0)
+                outs.append(f.read())
+                f.close()
+        return [NodeOutput(r, c, o) for r, (c, o) in enumerate(zip(codes, outs))]
+
+
+def _link_arg(text: str) -> tuple[int, Link]:
+    """``HOST:RATE_MBIT[:DELAY_MS]`` (``--link 2:20``, ``--link 1:100:5``)."""
+    parts = text.split(":")
+    try:
+        host = int(parts[0])
+        rate = float(parts[1]) if len(parts) > 1 and parts[1] else None
+        delay = float(parts[2]) if len(parts) > 2 and parts[2] else None
+        if len(parts) > 3 or host < 0:
+            raise ValueError
+        return host, Link(rate_mbit=rate, delay_ms=delay)
+    except (ValueError, IndexError):
+        raise argparse.ArgumentTypeError(f"--link {text!r} is not HOST:RATE_MBIT[:DELAY_MS] with a rate > 0, e.g. 2:20") from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -210,24 +356,35 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     parser = Parser(prog="python -m dtrain.testing.netbed", description=__doc__.split("\n\n")[0],
                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rate-mbit", type=float, default=None, help="link rate in Mbit/s (tbf; default: unshaped)")
-    parser.add_argument("--delay-ms", type=float, default=None, help="one-way delay per side (needs netem)")
-    parser.add_argument("--timeout", type=float, default=3600.0, help="kill both nodes after this many seconds")
+    parser.add_argument("--hosts", type=int, default=2, help="how many hosts (namespaces) on the bridge (default 2)")
+    parser.add_argument("--rate-mbit", type=float, default=None, help="every host's link rate in Mbit/s (tbf; default: unshaped)")
+    parser.add_argument("--delay-ms", type=float, default=None, help="delay on what each host sends (needs netem)")
+    parser.add_argument("--link", type=_link_arg, action="append", default=[], metavar="HOST:RATE[:DELAY]",
+                        help="one host's own link (repeatable), e.g. --link 2:20 for host 2 at 20 Mbit/s")
+    parser.add_argument("--timeout", type=float, default=3600.0, help="kill every node after this many seconds")
     parser.add_argument("--check", action="store_true", help="only say whether a bed can be built here, and whether netem exists")
-    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND with {node_rank} and {master_addr}")
+    parser.add_argument("command", nargs=argparse.REMAINDER,
+                        help="-- COMMAND with {node_rank}, {master_addr}, {host_addr} and {hosts}")
     args = parser.parse_args(argv)
     for flag, value in (("--rate-mbit", args.rate_mbit), ("--delay-ms", args.delay_ms), ("--timeout", args.timeout)):
         if value is not None and not (math.isfinite(value) and (value > 0 or flag == "--delay-ms" and value == 0)):
             parser.error(f"{flag} must be a finite number > 0, got {value:g}")
+    if not 1 <= args.hosts <= 250:
+        parser.error(f"--hosts must be 1..250, got {args.hosts}")
+    bad = [h for h, _ in args.link if h >= args.hosts]
+    if bad:
+        parser.error(f"--link names host {bad[0]}, but --hosts {args.hosts} has hosts 0..{args.hosts - 1}")
     cmd = args.command[1:] if args.command[:1] == ["--"] else args.command
     try:
-        with NetBed(rate_mbit=args.rate_mbit, delay_ms=args.delay_ms) as bed:
-            print(f"netbed: hosts {bed.addresses[0]} and {bed.addresses[1]}; rate "
-                  f"{f'{args.rate_mbit:g} Mbit/s (tbf)' if args.rate_mbit else 'unshaped'}; netem "
+        with NetBed(hosts=args.hosts, rate_mbit=args.rate_mbit, delay_ms=args.delay_ms, links=dict(args.link)) as bed:
+            shaped = ", ".join(f"{n} {a} {f'{lk.rate_mbit:g} Mbit/s' if lk.rate_mbit else 'unshaped'}"
+                               + (f" +{lk.delay_ms:g} ms" if lk.delay_ms else "") for n, a, lk in zip(bed.names, bed.addresses, bed.links))
+            print(f"netbed: {bed.hosts} hosts on a bridge: {shaped}; netem "
                   f"{'available' if bed.netem else 'NOT available in this kernel (no delay can be added)'}", flush=True)
             if args.check or not cmd:
                 return 0
-            outs = bed.run_nodes(lambda r, m: [a.format(node_rank=r, master_addr=m) for a in cmd], timeout=args.timeout)
+            outs = bed.run_nodes(lambda r, m: [a.format(node_rank=r, master_addr=m, host_addr=bed.addresses[r], hosts=bed.hosts)
+                                               for a in cmd], timeout=args.timeout)
     except NetBedUnavailable as exc:
         print(f"dtrain: error: netbed: {exc}.", file=sys.stderr)
         return 2
