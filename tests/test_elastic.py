@@ -53,6 +53,39 @@ def test_elastic_spec_uses_the_c10d_rendezvous_on_the_first_node():
     assert _rdzv_options(LaunchSpec(nproc=2), 0)["rdzv_backend"] == "static"
 
 
+def test_a_stopped_node_leaves_the_rendezvous_without_closing_it():
+    """The launcher of a node told to stop replaces the handler's shutdown (which torch's
+    launcher calls on its way out, and which would close the rendezvous for every node) with a
+    leave: torch's own exit op on the shared state, then no more heartbeats."""
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _RendezvousExitOp
+
+    from dtrain.launch import membership
+
+    assert membership.register() == membership.register() == "dtrain-c10d"
+
+    class Handler:
+        def __init__(self):
+            self.ops, self.heartbeats, self.closed = [], True, False
+            self._op_executor = self
+
+        def run(self, op, deadline):
+            self.ops.append(type(op))
+
+        def _stop_heartbeats(self):
+            self.heartbeats = False
+
+        def shutdown(self):
+            self.closed = True
+
+    handler = membership._handler = Handler()
+    try:
+        membership.leave_when_shut_down()
+        assert handler.shutdown() is True
+        assert handler.ops == [_RendezvousExitOp] and not handler.heartbeats and not handler.closed
+    finally:
+        membership.forget()
+
+
 def test_global_batch_keeps_the_optimizer_batch_whatever_the_world_size():
     total = global_batch(16, 1, 1, 2)
     assert total == 32
