@@ -45,7 +45,7 @@ def _command(work: str, port: int, delay: float, epochs: int, master: str) -> li
     return [sys.executable, "-m", "dtrain", "train", "--task", "tests.user_task:make_slow", "--task-arg", f"delay={delay}",
             "--task-arg", f"epochs={epochs}", "--nnodes", "1:3", "--master-addr", master, "--master-port", str(port),
             "--checkpoint-dir", os.path.join(work, "ck"), "--save-every", str(SAVE_EVERY), "--ledger", os.path.join(work, "ledger"),
-            "--log-every", "1", "--rdzv-last-call", "2"]
+            "--log-every", "1"]
 
 
 def _redone(job: BedJob, old: int, new: int) -> int:
