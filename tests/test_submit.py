@@ -72,6 +72,9 @@ def test_process_layout_and_script_command():
     ({"layout": "rack"}, "unknown layout 'rack'; choose one of: node, process"),
     ({"name": "my job"}, "job name 'my job' may hold only"),
     ({"nodes": 0}, "nodes must be >= 1"),
+    ({"nodes": 3, "max_nodes": 1}, 'nodes = "3:1" has MAX below MIN'),
+    ({"nodes": 1, "max_nodes": 3, "layout": "process"}, "needs layout 'node'"),
+    ({"command": ("dtrain", "train", "--rdzv-id", "x")}, "command sets --rdzv-id; the job description owns them"),
 ])
 def test_bad_job_descriptions(values, expect):
     with pytest.raises(ConfigError, match=None) as info:
@@ -176,3 +179,60 @@ def test_cli_bad_jobs_are_one_line(args, expect):
     err = r.stderr.strip()
     assert r.returncode == 2, (r.returncode, err)
     assert len(err.splitlines()) == 1 and err.startswith("dtrain: error: ") and expect in err, err
+
+
+ELASTIC_TOML = JOB_TOML.replace("nodes = 2", 'nodes = "1:3"')
+
+
+def test_elastic_job_as_sbatch_script_runs_the_nodes_slurm_gave(tmp_path):
+    """nodes = "MIN:MAX" on SLURM: --nodes=MIN-MAX and --no-kill; the script, run with stand-ins
+    for srun and scontrol, starts dtrain with --nnodes MIN:MAX on the allocation's first node."""
+    path = tmp_path / "job.toml"
+    path.write_text(ELASTIC_TOML)
+    job = jobspec.load(path)
+    assert job.elastic and (job.nodes, job.max_nodes) == (1, 3)
+    text = sbatch.render(job)
+    lines = text.splitlines()
+    assert "#SBATCH --nodes=1-3" in lines and "#SBATCH --no-kill" in lines
+    assert sbatch.ELASTIC_NOTE in text  # what SLURM cannot do, said in the script
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text('#!/bin/sh\nprintf "%s\\n" "$@"\n')
+    (bin_dir / "scontrol").write_text('#!/bin/sh\necho node07; echo node08\n')
+    for tool in ("srun", "scontrol"):
+        (bin_dir / tool).chmod(0o755)
+    script = text.replace("source .venv/bin/activate", "true")
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_ID": "123", "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "node[07-08]"}
+    r = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env, timeout=30)
+    assert r.returncode == 0, r.stderr
+    argv = r.stdout.splitlines()
+    assert argv[:6] == ["--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--cpus-per-task=16", "--no-kill", "--kill-on-bad-exit=0"]
+    assert argv[6:] == ["dtrain", "train", "-n", "2", "--nnodes", "1:3", "--master-addr", "node07", "--master-port", "15123",
+                        "--rdzv-id", "slurm-123", "--task", "mnist", "--data-dir", "/data/mnist"]
+
+
+def test_elastic_manifest_is_the_operators_elastic_form(tmp_path):
+    jsonschema = pytest.importorskip("jsonschema")
+    path = tmp_path / "job.toml"
+    path.write_text(ELASTIC_TOML.replace('"1:3"', '"2:4"'))
+    manifest = k8s.render(jobspec.load(path))
+    jsonschema.validate(manifest, SCHEMA)
+    assert manifest["spec"]["elasticPolicy"] == {"minReplicas": 2, "maxReplicas": 4, "rdzvBackend": "c10d", "rdzvPort": 29500,
+                                                 "rdzvHost": "mnist-2n-worker-0", "rdzvId": "mnist-2n"}
+    specs = manifest["spec"]["pytorchReplicaSpecs"]
+    assert list(specs) == ["Worker"] and specs["Worker"]["replicas"] == 4 and specs["Worker"]["restartPolicy"] == "OnFailure"
+    line = specs["Worker"]["template"]["spec"]["containers"][0]["command"][2]
+    assert "-n 2 --nnodes 2:4 --master-addr mnist-2n-worker-0 --master-port 29500 --rdzv-id mnist-2n" in line
+    assert "--node-rank" not in line and subprocess.run(["sh", "-n", "-c", line]).returncode == 0
+
+
+def test_elastic_job_file_mistakes_are_one_line(tmp_path):
+    path = tmp_path / "job.toml"
+    path.write_text('command = ["train.py"]\nnnodes = "1:4"\n')
+    with pytest.raises(ConfigError, match='a job file says nodes, not nnodes; write nodes = "1:4"'):
+        jobspec.load(path)
+    path.write_text('command = ["train.py"]\nnodes = "1-4"\n')
+    with pytest.raises(ConfigError, match="is not a number of nodes or \"MIN:MAX\""):
+        jobspec.load(path)
+    r = run_cli(["submit", "--slurm", "--dry-run", "--nodes", "2:4", "--", "train.py"], timeout=60)
+    assert r.returncode == 0 and r.stderr.strip() == f"dtrain: note: {sbatch.ELASTIC_NOTE}.", r.stderr

@@ -77,3 +77,48 @@ def make_slow(delay="0.002", epochs="6", data_dir=None):
     """``make_dropout`` at ``delay`` seconds per sample (16 per batch), for elastic tests."""
     task = make_dropout()
     return {**task, "train_set": SlowDataset(float(delay), *task["train_set"].tensors), "epochs": int(epochs)}
+
+
+class PacedDataset(TensorDataset):
+    """A TensorDataset whose every sample takes the seconds written in ``pace_file`` (0 when the
+    file is missing), re-read at most every 0.2 s: a test holds an elastic job at a slow pace
+    while nodes leave and join, then lets it finish fast."""
+
+    def __init__(self, pace_file, *tensors):
+        super().__init__(*tensors)
+        self.pace_file = pace_file
+        self._pace, self._read_at = 0.0, 0.0
+
+    def __getitem__(self, index):
+        import time
+
+        now = time.monotonic()
+        if now - self._read_at > 0.2:
+            try:
+                with open(self.pace_file) as fh:
+                    self._pace = float(fh.read() or 0)
+            except (OSError, ValueError):
+                self._pace = 0.0
+            self._read_at = now
+        if self._pace:
+            time.sleep(self._pace)
+        return super().__getitem__(index)
+
+
+class _Padded(torch.nn.Sequential):
+    """``make_dropout``'s model with a frozen parameter of ``pad_mb`` MiB: it adds nothing to a
+    step (DDP reduces no gradient for it and broadcasts it once) but makes each checkpoint save
+    take long enough for a test to act while one is being written."""
+
+    def __init__(self, pad_mb, *layers):
+        super().__init__(*layers)
+        self.pad = torch.nn.Parameter(torch.zeros(int(pad_mb * 2**20) // 4), requires_grad=False)
+
+
+def make_paced(pace_file, epochs="12", pad_mb="0", data_dir=None):
+    """``make_dropout`` with a training set paced by ``pace_file`` (seconds per sample) and, with
+    ``pad_mb``, slow checkpoint saves; for the elastic tests on the network test bed."""
+    task = make_dropout()
+    build = task["build_model"]
+    return {**task, "train_set": PacedDataset(pace_file, *task["train_set"].tensors), "epochs": int(epochs),
+            "build_model": (lambda: _Padded(float(pad_mb), *build())) if float(pad_mb) else build}

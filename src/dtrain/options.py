@@ -35,6 +35,8 @@ class Options:
     """``DTRAIN_PARALLEL``: how ranks split (``dtrain run --parallel dp_shard=2,tp=2``)."""
     fault_inject: tuple[int, int] | None = None
     """``DTRAIN_FAULT_INJECT=RANK:STEP``: that rank kills itself after that step (fault-tolerance tests)."""
+    elastic: str | None = None
+    """``DTRAIN_ELASTIC``: ``run id@endpoint`` of an elastic job (``--nnodes MIN:MAX``), set by its launcher."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Options:
@@ -48,6 +50,7 @@ class Options:
             comm_warmup=_steps(env, "DTRAIN_COMM_WARMUP"),
             parallel=env.get("DTRAIN_PARALLEL") or None,
             fault_inject=_fault(env.get("DTRAIN_FAULT_INJECT")),
+            elastic=env.get("DTRAIN_ELASTIC") or None,
         )
 
 

@@ -81,22 +81,30 @@ def received() -> int:
     return _received
 
 
-def check(ctx: Context) -> bool:
+def check(ctx: Context, *, announce: bool = True) -> bool:
     """True on every rank once any rank caught a signal; then the hooks have run on every rank
-    and rank 0 has asked SLURM to requeue the job. Collective: call on every rank."""
+    and rank 0 has asked SLURM to requeue the job. ``announce=False``: the caller says why it
+    stops (an elastic job's membership change), and outside SLURM nothing is logged here.
+    Collective: call on every rank."""
     flag = torch.tensor([float(_received)], device=ctx.device)
     signum = int(ctx.all_reduce(flag, op="max").item())
     if signum == 0:
         return False
     name = signal.Signals(signum).name
-    if ctx.is_main:
+    if ctx.is_main and announce:
         logger.warning(f"preemption: {name} received; running {len(_callbacks)} hook(s), then stopping")
     for fn in list(_callbacks):
         fn()
     ctx.barrier()
-    if ctx.is_main:
+    if ctx.is_main and (announce or ctx.world.slurm_job_id is not None):
         requeue_job(ctx.world.slurm_job_id, signum)
     return True
+
+
+#: Exit status of a worker of an elastic job that saved and stopped because other ranks were
+#: signalled (their node leaves): not a failure, but torch's agent restarts only workers that
+#: failed, and a restart is what puts this node into the next rendezvous round without them.
+REJOIN_EXIT = 75
 
 
 def requeue_job(job_id: int | None, signum: int) -> bool:

@@ -31,7 +31,7 @@ def _add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--wait", action="store_true", help="SLURM: wait for the job to end (sbatch --wait, which may notice the end ~30 s late); exit with its status")
     g = p.add_argument_group("the job (override the JOB file)")
     g.add_argument("--name", default=None)
-    g.add_argument("--nodes", type=int, default=None)
+    g.add_argument("--nodes", default=None, metavar="N|MIN:MAX", help="nodes of the job; MIN:MAX: elastic (dtrain train --nnodes MIN:MAX)")
     g.add_argument("--procs-per-node", type=int, default=None)
     g.add_argument("--gpus-per-node", type=int, default=None)
     g.add_argument("--cpus-per-proc", type=int, default=None)
@@ -84,6 +84,8 @@ def build_job(args: argparse.Namespace) -> tuple[jobspec.JobSpec, str]:
         slurm_partition=args.partition, k8s_image=args.image,
     )
     top = {k: v for k, v in overrides.items() if v is not None and not k.startswith(("slurm_", "k8s_"))}
+    if "nodes" in top:
+        top["nodes"], top["max_nodes"] = jobspec.parse_nodes(top["nodes"], "--nodes")
     job = jobspec.with_overrides(base or jobspec.JobSpec(**top), **overrides)
     return job, job_file or ""
 
@@ -97,6 +99,8 @@ def main(args: argparse.Namespace) -> int:
     if args.slurm:
         text = sbatch.render(job, source=source)
         default_out = f"{job.name}.sbatch"
+        if job.elastic:
+            print(f"dtrain: note: {sbatch.ELASTIC_NOTE}.", file=sys.stderr)
     else:
         manifest = k8s.render(job)
         as_json = bool(args.out and args.out.endswith(".json"))
@@ -115,5 +119,5 @@ def main(args: argparse.Namespace) -> int:
         return 0
     job_id, status = sbatch.submit(out, wait=args.wait)
     print(job_id, flush=True)
-    print(f"dtrain: submitted job {job_id} ({job.nodes} node(s) x {job.procs_per_node} process(es)); script {out}", file=sys.stderr)
+    print(f"dtrain: submitted job {job_id} ({job.nodes_text()} node(s) x {job.procs_per_node} process(es)); script {out}", file=sys.stderr)
     return status if args.wait else 0

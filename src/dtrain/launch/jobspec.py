@@ -3,7 +3,7 @@
     # job.toml
     name = "mnist"
     command = ["dtrain", "train", "--task", "mnist", "--data-dir", "/data/mnist"]   # or ["train.py", "--lr", "0.1"]
-    nodes = 2
+    nodes = 2                  # or "1:4": elastic, from 1 to 4 nodes (see sbatch.py and k8s.py for what each scheduler can do)
     procs_per_node = 4
     gpus_per_node = 4          # 0, or equal to procs_per_node: one process drives one GPU
     cpus_per_proc = 8
@@ -23,6 +23,7 @@ script is the same everywhere.
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import tomllib
@@ -34,7 +35,7 @@ from ..errors import ConfigError
 
 LAYOUTS = ("node", "process")
 #: Launch flags that the job description owns; written in ``command`` they would disagree with it.
-_OWNED_FLAGS = ("-n", "--nproc", "--nnodes", "--node-rank", "--master-addr", "--master-port")
+_OWNED_FLAGS = ("-n", "--nproc", "--nnodes", "--node-rank", "--master-addr", "--master-port", "--rdzv-id")
 _TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
 _MEM = re.compile(r"^(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?$", re.IGNORECASE)
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -73,6 +74,9 @@ class JobSpec:
     command: tuple[str, ...] = ()
     """``dtrain train ...``, ``dtrain run SCRIPT ...`` or ``SCRIPT.py ...``; processes come from the fields below."""
     nodes: int = 1
+    """Nodes of the job; with ``max_nodes``, the fewest it runs on."""
+    max_nodes: int | None = None
+    """``nodes = "MIN:MAX"`` in a job file: an elastic job (``--nnodes MIN:MAX``) of MIN to MAX nodes."""
     procs_per_node: int = 1
     gpus_per_node: int = 0
     cpus_per_proc: int = 1
@@ -95,6 +99,11 @@ class JobSpec:
                 raise ConfigError(f"{key} must be >= 1, got {getattr(self, key)}.")
         if self.gpus_per_node < 0:
             raise ConfigError(f"gpus_per_node must be >= 0, got {self.gpus_per_node}.")
+        if self.max_nodes is not None and self.max_nodes < self.nodes:
+            raise ConfigError(f"nodes = \"{self.nodes}:{self.max_nodes}\" has MAX below MIN; write \"MIN:MAX\", e.g. \"1:4\".")
+        if self.elastic and self.layout != "node":
+            raise ConfigError(f"nodes = \"{self.nodes}:{self.max_nodes}\" needs layout 'node': one dtrain agent per node "
+                              "joins and leaves the job (layout 'process' has no agent).")
         if self.gpus_per_node and self.gpus_per_node != self.procs_per_node:
             raise ConfigError(
                 f"gpus_per_node {self.gpus_per_node} does not match procs_per_node {self.procs_per_node}; dtrain runs one "
@@ -148,6 +157,26 @@ class JobSpec:
     @property
     def world_size(self) -> int:
         return self.nodes * self.procs_per_node
+
+    @property
+    def elastic(self) -> bool:
+        """Nodes may leave and join (``nodes = "MIN:MAX"``)."""
+        return self.max_nodes is not None
+
+    def nodes_text(self) -> str:
+        """``"2"``, or ``"1:4"`` for an elastic job."""
+        return f"{self.nodes}:{self.max_nodes}" if self.elastic else str(self.nodes)
+
+
+def parse_nodes(value: Any, where: str = "nodes") -> tuple[int, int | None]:
+    """``nodes``: a number, or ``"MIN:MAX"`` for an elastic job; returns (MIN, MAX or None)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value, None
+    text = str(value).strip()
+    low, sep, high = text.partition(":")
+    if low.isdigit() and (not sep or high.isdigit()):
+        return int(low), (int(high) if sep else None)
+    raise ConfigError(f"{where} {value!r} is not a number of nodes or \"MIN:MAX\"; write e.g. nodes = 2 or nodes = \"1:4\".")
 
 
 def _script_index(sub: str, args: list[str]) -> int:
@@ -222,7 +251,10 @@ def _section(cls: type, data: Any, where: str) -> Any:
 
 
 def _coerce(cls: type, data: dict[str, Any], where: str) -> dict[str, Any]:
-    known = {f.name for f in fields(cls) if f.name not in ("slurm", "k8s")}
+    known = {f.name for f in fields(cls) if f.name not in ("slurm", "k8s", "max_nodes")}
+    if cls is JobSpec and "nnodes" in data:
+        raise ConfigError(f"{where}: a job file says nodes, not nnodes; write nodes = {json.dumps(data['nnodes'])} "
+                          "(a number, or \"MIN:MAX\" for an elastic job).")
     unknown = sorted(set(data) - known)
     if unknown:
         raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}; known keys: {', '.join(sorted(known))}.")
@@ -239,6 +271,8 @@ def _coerce(cls: type, data: dict[str, Any], where: str) -> dict[str, Any]:
     for key in ("mem_per_proc", "time"):
         if key in out and out[key] is not None:
             out[key] = str(out[key])
+    if cls is JobSpec and "nodes" in out:
+        out["nodes"], out["max_nodes"] = parse_nodes(out["nodes"], f"{where}: nodes")
     for f in fields(cls):
         if f.name in out and f.type in ("int",) and not isinstance(out[f.name], int):
             raise ConfigError(f"{where}: {f.name} must be an integer, got {out[f.name]!r}.")
@@ -246,8 +280,11 @@ def _coerce(cls: type, data: dict[str, Any], where: str) -> dict[str, Any]:
 
 
 def with_overrides(job: JobSpec, **values: Any) -> JobSpec:
-    """``job`` with the given fields replaced (None: keep); section fields as ``slurm_partition=``, ``k8s_image=``."""
+    """``job`` with the given fields replaced (None: keep); section fields as ``slurm_partition=``, ``k8s_image=``;
+    ``nodes`` may be ``"MIN:MAX"``."""
     top = {k: v for k, v in values.items() if v is not None and not k.startswith(("slurm_", "k8s_"))}
+    if "nodes" in top:
+        top["nodes"], top["max_nodes"] = parse_nodes(top["nodes"], "--nodes")
     slurm = {k[6:]: v for k, v in values.items() if v is not None and k.startswith("slurm_")}
     k8s = {k[4:]: v for k, v in values.items() if v is not None and k.startswith("k8s_")}
     return replace(job, **top, slurm=replace(job.slurm, **slurm), k8s=replace(job.k8s, **k8s))

@@ -8,6 +8,13 @@ same static rendezvous as on SLURM: the Master pod (node rank 0) hosts it on its
 environment variables, which differ between its versions.
 
     dtrain submit --k8s job.toml --out job.yaml && kubectl apply -f job.yaml
+
+An elastic job (``nodes = "MIN:MAX"``) is the operator's elastic form: Worker pods only, MAX of
+them (those the cluster can place start the job once MIN run; the others join when placed),
+and an ``elasticPolicy`` with MIN and MAX (``kubectl scale pytorchjob/NAME --replicas=N``
+moves between them). Every pod runs ``dtrain train --nnodes MIN:MAX`` with the rendezvous on
+``<name>-worker-0`` (the pod that must stay up, as in the operator's own elastic jobs); a pod
+that fails is restarted by Kubernetes (``OnFailure``) and joins again.
 """
 
 from __future__ import annotations
@@ -36,10 +43,17 @@ def render(job: JobSpec) -> dict[str, Any]:
         raise ConfigError(f"job name {job.name!r} is not a Kubernetes name; use lower-case letters, digits and '-' (at most 50).")
     if job.layout != "node":
         raise ConfigError("layout 'process' is SLURM's; on Kubernetes each pod is a node running procs_per_node processes (layout 'node').")
-    master = f"{job.name}-master-0"
-    specs: dict[str, Any] = {"Master": _replica(job, 1, rank0=True, master=master)}
-    if job.nodes > 1:
-        specs["Worker"] = _replica(job, job.nodes - 1, rank0=False, master=master)
+    spec: dict[str, Any] = {}
+    if job.elastic:
+        # The operator's elastic form: no Master; its endpoint convention is <name>-worker-0.
+        spec["elasticPolicy"] = {"minReplicas": job.nodes, "maxReplicas": job.max_nodes, "rdzvBackend": "c10d",
+                                 "rdzvPort": job.k8s.port, "rdzvHost": f"{job.name}-worker-0", "rdzvId": job.name}
+        specs: dict[str, Any] = {"Worker": _replica(job, job.max_nodes, rank0=False, master=f"{job.name}-worker-0")}
+    else:
+        master = f"{job.name}-master-0"
+        specs = {"Master": _replica(job, 1, rank0=True, master=master)}
+        if job.nodes > 1:
+            specs["Worker"] = _replica(job, job.nodes - 1, rank0=False, master=master)
     run_policy: dict[str, Any] = {"cleanPodPolicy": "None", "backoffLimit": job.k8s.backoff_limit}
     if job.time:
         run_policy["activeDeadlineSeconds"] = time_seconds(job.time)
@@ -47,7 +61,7 @@ def render(job: JobSpec) -> dict[str, Any]:
         "apiVersion": API_VERSION,
         "kind": "PyTorchJob",
         "metadata": {"name": job.name, "namespace": job.k8s.namespace, "labels": {"app.kubernetes.io/created-by": "dtrain"}},
-        "spec": {"runPolicy": run_policy, "pytorchReplicaSpecs": specs},
+        "spec": {"runPolicy": run_policy, **spec, "pytorchReplicaSpecs": specs},
     }
 
 
@@ -58,8 +72,12 @@ def _replica(job: JobSpec, replicas: int, *, rank0: bool, master: str) -> dict[s
     else:
         node_rank, addr = '"$((DTRAIN_REPLICA_INDEX + 1))"', master
         wait = (f"for i in $(seq {DNS_WAIT_S // 2}); do getent hosts {master} >/dev/null 2>&1 && break; sleep 2; done; ")
-    launch = ["-n", str(job.procs_per_node), "--nnodes", str(job.nodes), "--node-rank", "@RANK@", "--master-addr", "@ADDR@",
-              "--master-port", str(port)]
+    if job.elastic:  # the rendezvous numbers the nodes; every pod names worker-0's service
+        launch = ["-n", str(job.procs_per_node), "--nnodes", job.nodes_text(), "--master-addr", "@ADDR@",
+                  "--master-port", str(port), "--rdzv-id", job.name]
+    else:
+        launch = ["-n", str(job.procs_per_node), "--nnodes", str(job.nodes), "--node-rank", "@RANK@", "--master-addr", "@ADDR@",
+                  "--master-port", str(port)]
     line = shlex.join(job.task_argv(launch)).replace("@RANK@", node_rank).replace("@ADDR@", addr)
     env = [{"name": k, "value": v} for k, v in job_env(job).items()]
     env += [

@@ -154,15 +154,19 @@ def _install_sigint() -> None:
     signal.signal(signal.SIGINT, handler)
 
 
-def _quiet_exit(code: int) -> None:
+def exit_now(code: int) -> None:
     """Leave now: flush what was printed and skip atexit hooks and C++ destructors, which after
-    a failed or interrupted collective only add warnings and can hang."""
+    a failed or interrupted collective only add warnings and can hang. A function worker that
+    returns instead waits for torch's agent to read its return value (see ``train.loop``)."""
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except (OSError, ValueError):
             pass
     os._exit(code)
+
+
+_quiet_exit = exit_now
 
 
 def _report(exc: BaseException, *, user_error: bool) -> None:

@@ -20,8 +20,10 @@ from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 from .._log import logger
 from ..diag.watchdog import STALL_EXIT
 from ..errors import DtrainError, LaunchError
+from ..preempt import REJOIN_EXIT
 from ..world import use_route_interface
 from .preflight import check_nodes, connect_store, wait_for_master
+from . import membership
 from .lifecycle import run_worker
 from .spec import LaunchSpec
 from .store import host_store
@@ -138,8 +140,10 @@ def _elastic(spec: LaunchSpec, entrypoint: Callable[..., Any] | str, args: tuple
     if callable(entrypoint):
         entrypoint, args = run_worker, (entrypoint, *args)
     # torchrun's own rule: one OpenMP thread per worker unless the user says otherwise.
+    # A stop signal on a node of an elastic job: that node leaves, the others go on (membership.py).
+    on_stop = membership.leave_when_shut_down if spec.elastic else None
     with _rendezvous(spec) as port, _env_default("OMP_NUM_THREADS", "1" if spec.nproc > 1 else None), _socket_interface(spec), \
-            Supervisor(interrupt_main=spec.max_restarts > 0) as sup:
+            Supervisor(interrupt_main=spec.max_restarts > 0 or spec.elastic, on_stop=on_stop) as sup:
         config = LaunchConfig(
             min_nodes=spec.nnodes,
             max_nodes=spec.max_nodes or spec.nnodes,
@@ -167,6 +171,8 @@ def _elastic(spec: LaunchSpec, entrypoint: Callable[..., Any] | str, args: tuple
             if name == "SignalException":
                 return 128 + int(getattr(exc, "sigval", 15))
             raise LaunchError(f"the elastic agent failed: {name}: {exc}") from None
+        finally:
+            membership.forget()
         if sup.signum:
             return sup.stopped()
     return 0
@@ -185,7 +191,8 @@ def _rdzv_options(spec: LaunchSpec, port: int) -> dict[str, Any]:
         # Who hosts is decided here, not by torch's guess from host names: two launchers on one
         # host (or a host name that resolves to the endpoint) both guessed "host", and the second
         # one's store took half of the connections (a 60 s role_info timeout, seen on 127.0.0.1).
-        return {"run_id": spec.rdzv_id, "rdzv_backend": "c10d", "rdzv_endpoint": f"{spec.addr}:{port}",
+        # torch's c10d handler, created where the launcher can make a stopped node leave (membership.py).
+        return {"run_id": spec.rdzv_id, "rdzv_backend": membership.register(), "rdzv_endpoint": f"{spec.addr}:{port}",
                 "rdzv_configs": {"join_timeout": int(spec.join_timeout), "last_call_timeout": int(spec.last_call_s),
                                  "close_timeout": 30, "is_host": _can_bind(spec.addr, port)}}
     return {"run_id": f"dtrain-{uuid.uuid4().hex[:8]}" if spec.nnodes == 1 else "dtrain", "rdzv_backend": "static",
@@ -285,6 +292,10 @@ def _report_failure(exit_codes: dict[int, int], sup: Supervisor) -> int:
         sig = -code if code else "?"
         print(f"dtrain: error: worker rank {rank} was killed by signal {sig}; see its output above.", file=sys.stderr)
         return 1
+    if code == REJOIN_EXIT:
+        print(f"dtrain: error: worker rank {rank} saved and stopped for a membership change (status {code}), but this "
+              "node's --max-restarts are used up, so it does not rejoin; raise --max-restarts.", file=sys.stderr)
+        return code
     if code == STALL_EXIT:
         print(f"dtrain: error: worker rank {rank} was stopped by the stall watchdog (status {code}); see the stall report above.", file=sys.stderr)
         return code

@@ -9,6 +9,12 @@ Layout ``node``: ``srun --ntasks-per-node=1 dtrain train -n P ...``: one dtrain 
 starts P processes (the world size is nodes x P). Layout ``process``: ``srun
 --ntasks-per-node=P dtrain train ...`` (no ``-n``): every task is one process and dtrain reads its
 rank from SLURM. Either way the master address is resolved by dtrain through scontrol.
+
+An elastic job (``nodes = "MIN:MAX"``) asks for ``--nodes=MIN-MAX``: SLURM starts it on as many of
+MIN..MAX nodes as it can give, and with ``--no-kill`` (job and step) a node that fails no longer
+ends the job: the other nodes go on, down to MIN (``dtrain train --nnodes MIN:MAX``, the
+rendezvous on the allocation's first node, which must stay up). What SLURM cannot do is grow a
+running job: no node joins it later (``ELASTIC_NOTE``).
 """
 
 from __future__ import annotations
@@ -21,7 +27,11 @@ import subprocess
 from pathlib import Path
 
 from ..errors import ConfigError, LaunchError
+from ..slurm import PORT_BASE
 from .jobspec import JobSpec, mem_mib
+
+ELASTIC_NOTE = ("SLURM starts an elastic job on MIN to MAX nodes and, with --no-kill, goes on when nodes fail (down to "
+                "MIN), but cannot add nodes to a running job: no node joins it later")
 
 
 def job_env(job: JobSpec) -> dict[str, str]:
@@ -41,10 +51,27 @@ def srun_argv(job: JobSpec) -> list[str]:
     t = tasks_per_node(job)
     cpus = job.cpus_per_proc * (job.procs_per_node if job.layout == "node" else 1)
     launch = ["-n", str(job.procs_per_node)] if job.layout == "node" else []
+    if job.elastic:  # the nodes SLURM gave (MIN..MAX); "$..." is expanded by the script's shell
+        launch += ["--nnodes", job.nodes_text(), "--master-addr", _SH_MASTER, "--master-port", _SH_PORT, "--rdzv-id", _SH_JOB]
+        return ["srun", f"--nodes={_SH_NODES}", f"--ntasks={_SH_NODES}", "--ntasks-per-node=1", f"--cpus-per-task={cpus}",
+                "--no-kill", "--kill-on-bad-exit=0", *job.task_argv(launch)]
     return [
         "srun", f"--nodes={job.nodes}", f"--ntasks={job.nodes * t}", f"--ntasks-per-node={t}",
         f"--cpus-per-task={cpus}", "--kill-on-bad-exit=1", *job.task_argv(launch),
     ]
+
+
+#: Placeholders of an elastic srun line, written unquoted as shell expansions (``_shell_line``).
+_SH_NODES, _SH_MASTER, _SH_PORT, _SH_JOB = "@NODES@", "@MASTER@", "@PORT@", "@JOB@"
+_SH = {_SH_NODES: '"$SLURM_JOB_NUM_NODES"', _SH_MASTER: '"$DTRAIN_MASTER"', _SH_PORT: f'"$(({PORT_BASE} + SLURM_JOB_ID % 20000))"',
+       _SH_JOB: '"slurm-$SLURM_JOB_ID"'}
+
+
+def _shell_line(argv: list[str]) -> str:
+    line = shlex.join(argv)
+    for key, value in _SH.items():
+        line = line.replace(key, value)
+    return line
 
 
 def render(job: JobSpec, *, source: str = "") -> str:
@@ -52,7 +79,8 @@ def render(job: JobSpec, *, source: str = "") -> str:
     t = tasks_per_node(job)
     cpus = job.cpus_per_proc * (job.procs_per_node if job.layout == "node" else 1)
     s = job.slurm
-    opts = [f"--job-name={job.name}", f"--nodes={job.nodes}", f"--ntasks-per-node={t}", f"--cpus-per-task={cpus}"]
+    nodes = f"{job.nodes}-{job.max_nodes}" if job.elastic else str(job.nodes)
+    opts = [f"--job-name={job.name}", f"--nodes={nodes}", f"--ntasks-per-node={t}", f"--cpus-per-task={cpus}"]
     if job.mem_per_proc:
         opts.append(f"--mem={mem_mib(job.mem_per_proc) * job.procs_per_node}M")
     if job.gpus_per_node:
@@ -68,18 +96,22 @@ def render(job: JobSpec, *, source: str = "") -> str:
         if getattr(s, key):
             opts.append(f"--{key}={getattr(s, key)}")
     opts.append(f"--chdir={job.workdir or os.getcwd()}")
+    if job.elastic:
+        opts.append("--no-kill")  # a failed node does not end the job
     opts += list(s.extra)
     lines = ["#!/bin/bash", f"# Written by `dtrain submit --slurm{' ' + source if source else ''}`: "
-             f"{job.nodes} node(s) x {job.procs_per_node} process(es), layout '{job.layout}'."]
+             f"{job.nodes_text()} node(s) x {job.procs_per_node} process(es), layout '{job.layout}'."]
+    if job.elastic:
+        lines.append(f"# Elastic: {ELASTIC_NOTE}. The rendezvous runs on the first node of the allocation.")
     lines += [f"#SBATCH {o}" for o in opts]
     lines += ["", "set -euo pipefail"]
     lines += [f"export {k}={shlex.quote(v)}" for k, v in job_env(job).items()]
     lines += list(s.setup)
-    lines += [
-        'echo "dtrain: job ${SLURM_JOB_ID} attempt $(( ${SLURM_RESTART_COUNT:-0} + 1 )) on ${SLURM_JOB_NODELIST}" >&2',
-        shlex.join(srun_argv(job)),
-        "",
-    ]
+    lines.append('echo "dtrain: job ${SLURM_JOB_ID} attempt $(( ${SLURM_RESTART_COUNT:-0} + 1 )) on ${SLURM_JOB_NODELIST}" >&2')
+    if job.elastic:  # every node names the same endpoint: the allocation's first node
+        # sed, not head: head leaves scontrol writing into a closed pipe (SIGPIPE; pipefail ends the script).
+        lines.append('DTRAIN_MASTER="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)"')
+    lines += [_shell_line(srun_argv(job)), ""]
     return "\n".join(lines)
 
 

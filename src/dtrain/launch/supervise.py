@@ -20,7 +20,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..options import LAUNCH_DIR_ENV, LAUNCHER_PID_ENV
@@ -43,11 +43,12 @@ class Supervisor:
     """Context for one launch: the environment and private folder the workers bind to, the
     signal handlers, and no worker left behind on the way out (whatever the way out is)."""
 
-    def __init__(self, *, interrupt_main: bool = False) -> None:
+    def __init__(self, *, interrupt_main: bool = False, on_stop: Callable[[], None] | None = None) -> None:
         self.dir = ""
         self.signum = 0
         self.killed: list[int] = []
         self._interrupt_main = interrupt_main  # the agent may restart stopped workers: end its loop
+        self._on_stop = on_stop  # an elastic node: leave the job rather than end it
         self._armed = False
         self._done = False
         self._previous: dict[int, Any] = {}
@@ -101,6 +102,8 @@ class Supervisor:
                 self.kill_workers()  # a second Ctrl-C: do not wait
             return
         self.signum = signum
+        if self._on_stop is not None:
+            self._on_stop()
         with open(os.path.join(self.dir, STOP_MARKER), "w"):
             pass  # a worker the agent restarts from now on exits at once
         for pid in self.workers():
@@ -120,6 +123,8 @@ class Supervisor:
         """Say why the launch ended (one line) and return the exit status for the signal."""
         name = signal.Signals(self.signum).name
         extra = f"; killed {len(self.killed)} worker(s) still running after {GRACE_S[self.signum]:g} s" if self.killed else ""
+        if self._on_stop is not None:
+            extra += "; this node left the elastic job (the other nodes go on without it)"
         print(f"dtrain: stopped by {name}{extra}.", file=sys.stderr, flush=True)
         return 128 + self.signum
 

@@ -54,8 +54,17 @@ def worker_main(cfg: TrainConfig, *, world: World | None = None, strategy: Strat
         else:  # every rank raised it alike: rank 0 says it once, and exits first
             time.sleep(1.0)
         sys.exit(exc.exit_code)
+    from ..launch.lifecycle import exit_now
+
+    if result.get("rejoin"):  # an elastic job whose other node(s) leave: go on in the next round
+        exit_now(preempt.REJOIN_EXIT)
     if world.is_main:
         print(json.dumps(result), flush=True)
+    if result.get("preempted") and Options.from_env().elastic:
+        # Saved; leave now. Returning would hand the result to torch's agent, which reads it only
+        # while it watches its workers: while it restarts them for a node that joins it does not,
+        # and each worker waited the agent's 30 s grace for SIGKILL (seen on the test bed).
+        exit_now(0)
 
 
 def run(cfg: TrainConfig, world: World | None = None, *, strategy: Strategy | None = None,
@@ -143,7 +152,7 @@ def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) ->
     # then the job is requeued (dtrain.preempt); the hook reads `step` when it runs.
     if ckpt is not None:
         preempt.register(lambda: ckpt.save(step, model=model, optimizer=optimizer, loader=loader))
-    preempted = False
+    preempted, signalled_here, elastic = False, False, Options.from_env().elastic is not None
     model.train()
     meter.start()
     ctx.breakdown.step_starts()
@@ -183,8 +192,8 @@ def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) ->
                     sink.write(record)
                 obs.write(record)
             obs.tick(step)
-            if step % cfg.log_every == 0 and step < total and preempt.check(ctx):
-                preempted = True
+            if step % cfg.log_every == 0 and step < total and preempt.check(ctx, announce=not elastic):
+                preempted, signalled_here = True, preempt.received() != 0
                 break
             if ckpt is not None and cfg.save_every and step % cfg.save_every == 0 and step < total:
                 if window_steps:  # never save a diverged model over the last good checkpoint
@@ -204,7 +213,7 @@ def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) ->
     if progress:
         progress.close()
     if preempted:
-        return _stopped(ctx, task, ckpt, step, meter, last_loss, t0)
+        return _stopped(ctx, task, ckpt, step, meter, last_loss, t0, rejoin=elastic and _peers_leave(ctx, step, signalled_here))
     if ckpt is not None:
         ckpt.save(step, model=model, optimizer=optimizer, loader=loader)
         save_block_s += ckpt.last_blocking_s or 0.0
@@ -317,8 +326,25 @@ def _steps_left(loader: Any, per_epoch: int, epochs: int) -> int:
     return len(loader) + per_epoch * (epochs - loader.next_epoch - 1)
 
 
-def _stopped(ctx: Context, task: Task, ckpt: Any, step: int, meter: Throughput, last_loss: float, t0: float) -> dict[str, Any]:
-    """The result of a run stopped by a preemption signal (no final evaluation)."""
+def _peers_leave(ctx: Context, step: int, here: bool) -> bool:
+    """An elastic job stopped by a signal: True on the ranks that were not signalled themselves
+    (their peers' node leaves; they restart into the next rendezvous round), False on those that
+    were (their node leaves, or every node stops, or torch's agent makes room for a node that
+    joins). Collective: call on every rank."""
+    signalled = int(ctx.all_reduce(torch.tensor(float(here), device=ctx.device), op="sum").item())
+    if ctx.is_main:
+        if signalled == ctx.world_size:
+            logger.info(f"elastic: every rank was told to stop (a node joins, or the job stops); saved step {step}")
+        else:
+            logger.info(f"elastic: {signalled} of {ctx.world_size} rank(s) were told to stop and leave; saved step {step}; "
+                        "the others go on in a new rendezvous round")
+    return not here
+
+
+def _stopped(ctx: Context, task: Task, ckpt: Any, step: int, meter: Throughput, last_loss: float, t0: float, *,
+             rejoin: bool = False) -> dict[str, Any]:
+    """The result of a run stopped by a preemption signal (no final evaluation); ``rejoin``: an
+    elastic job's worker that goes on in the next round (its peers' node left)."""
     if ckpt is None:
         logger.warning("preemption: no --checkpoint-dir, so a requeued job starts again from step 0")
     else:
@@ -327,6 +353,7 @@ def _stopped(ctx: Context, task: Task, ckpt: Any, step: int, meter: Throughput, 
         "task": task.name, "world_size": ctx.world_size, "strategy": ctx.strategy.name, "precision": ctx.precision.effective,
         "steps": step, "samples_per_s": round(meter.samples_per_s, 2) if meter.samples_per_s else None,
         "train_loss": round(last_loss, 6), task.metric_name: None, "wall_s": round(time.perf_counter() - t0, 3), "preempted": True,
+        **({"rejoin": True} if rejoin else {}),
     }
 
 
