@@ -76,6 +76,8 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
             held = preempt.received()
             if installed:
                 preempt.uninstall()
+        if state._commits is not None:
+            state._commits.close()  # the training is over: no restart resumes from here
         if installed and held:
             os.kill(os.getpid(), held)  # a stop signal that came after the last commit still stops
         return result

@@ -16,6 +16,7 @@ One process per node writes (local rank 0); every rank of the node reads the sam
 
 from __future__ import annotations
 
+import atexit
 import os
 import threading
 from typing import Any
@@ -42,6 +43,7 @@ class CommitStore:
         self._error: BaseException | None = None
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
+        self._closing = False
 
     def _path(self, number: int) -> str:
         return os.path.join(self.folder, f"{_PREFIX}{number:09d}{_SUFFIX}")
@@ -64,8 +66,12 @@ class CommitStore:
             self._raise()
             self._pending = (number, {"number": number, "size": size, "state": state})
             if self._thread is None:
+                self._closing = False
                 self._thread = threading.Thread(target=self._run, name="dtrain-hvd-commit", daemon=True)
                 self._thread.start()
+                # A daemon thread still inside torch.save when the interpreter exits is ended
+                # mid-C++ ("terminate called without an active exception", SIGABRT): stop it first.
+                atexit.register(self.close)
             self._cond.notify_all()
 
     def flush(self, timeout: float = 300.0) -> int:
@@ -75,6 +81,17 @@ class CommitStore:
             self._raise()
             return self._written
 
+    def close(self) -> None:
+        """Finish the write in progress (and the newest pending one), then stop the writer."""
+        with self._cond:
+            if self._thread is None:
+                return
+            self._closing = True
+            self._cond.notify_all()
+        self._thread.join()
+        self._thread = None
+        atexit.unregister(self.close)
+
     def _raise(self) -> None:
         if self._error is not None:
             error, self._error = self._error, None
@@ -83,8 +100,10 @@ class CommitStore:
     def _run(self) -> None:
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: self._pending is not None)
-                number, payload = self._pending  # type: ignore[misc]
+                self._cond.wait_for(lambda: self._pending is not None or self._closing)
+                if self._pending is None:
+                    return
+                number, payload = self._pending
             tmp = os.path.join(self.folder, f".tmp-{os.getpid()}{_SUFFIX}")
             try:
                 old = self.latest()
