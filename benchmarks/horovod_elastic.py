@@ -13,6 +13,11 @@ examples import ``horovod.torch``: the thin shim of ``benchmarks/horovod_suite.p
 
 Per example it prints: exit status, seconds from start to the kill, from the kill to the resumed
 workers' first line, and to the end, the commit it resumed from, and the example's last lines.
+
+``--join-and-loss PORT`` runs dtrain's own test script (``tests/scripts/hvd_elastic.py``) on two
+launchers on 127.0.0.1 with ``--nnodes 1:2``: node A starts alone, node B joins (A's worker stops
+at its next commit, both resume from it at size 2), then node B is killed (A resumes alone from
+the newest commit); it checks that every sample of each epoch was trained on exactly once.
 """
 
 from __future__ import annotations
@@ -94,9 +99,43 @@ def run_example(name: str, examples: Path, work: Path, n: int, kill_rank: int, t
     return result
 
 
+def join_and_loss(port: int, work: Path, timeout: float, samples: int = 4096) -> dict:
+    script = SRC.parent / "tests" / "scripts" / "hvd_elastic.py"
+    common = ["run", "--nnodes", "1:2", "-n", "1", "--master-addr", "127.0.0.1", "--master-port", str(port),
+              "--rdzv-last-call", "2", "--rdzv-id", "hvd-elastic", str(script)]
+    (work / "A").mkdir()
+    (work / "B").mkdir()
+    start = time.monotonic()
+    res: dict = {"samples": samples}
+    with LaunchedJob([*common, str(work / "A.json"), "--samples", str(samples)], out_dir=str(work / "A")) as a:
+        time.sleep(20)  # A trains alone for a while
+        with LaunchedJob([*common, str(work / "B.json"), "--samples", str(samples)], out_dir=str(work / "B")) as b:
+            res["join_at_s"] = round(time.monotonic() - start, 1)
+            a.wait_for(lambda: "resumes from commit" in a.stderr(), timeout=timeout)
+            res["size2_after_join_s"] = round(time.monotonic() - start - res["join_at_s"], 1)
+            time.sleep(10)
+            res["loss_at_s"] = round(time.monotonic() - start, 1)
+            b.kill_all()
+        a.wait_for(lambda: a.stderr().count("resumes from commit") >= 2, timeout=timeout)
+        res["size1_after_loss_s"] = round(time.monotonic() - start - res["loss_at_s"], 1)
+        res["exit"], _ = a.wait(timeout)
+        res["total_s"] = round(time.monotonic() - start, 1)
+        res["elastic_lines"] = [line[:200] for line in a.stderr().splitlines() if "hvd.elastic" in line]
+    if res["exit"] == 0:
+        out = json.loads((work / "A.json").read_text())
+        per_epoch = {}
+        for epoch, index in out["steps"]:
+            per_epoch.setdefault(epoch, []).extend(index)
+        res["exactly_once_per_epoch"] = all(sorted(v) == list(range(samples)) for v in per_epoch.values())
+        res["steps_by_world_size"] = {str(w): sum(1 for _, i in out["steps"] if len(i) == 4 * w) for w in (1, 2)}
+    return res
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--examples", required=True, type=Path, help="a copy of Horovod's examples/elastic/pytorch folder")
+    p.add_argument("--examples", type=Path, default=None, help="a copy of Horovod's examples/elastic/pytorch folder")
+    p.add_argument("--join-and-loss", type=int, default=None, metavar="PORT",
+                   help="instead: two launchers on 127.0.0.1:PORT, a node joins then is lost (dtrain's own script)")
     p.add_argument("--mnist-dir", type=Path, default=None, help="MNIST's *-ubyte.gz files (for the mnist example)")
     p.add_argument("--only", choices=sorted(EXAMPLES), action="append", help="run only this example (repeatable)")
     p.add_argument("-n", type=int, default=2)
@@ -104,6 +143,15 @@ def main() -> int:
     p.add_argument("--timeout", type=float, default=900)
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args()
+    if args.join_and_loss is not None:
+        with tempfile.TemporaryDirectory(prefix="hvd-elastic-") as tmp:
+            res = join_and_loss(args.join_and_loss, Path(tmp), args.timeout)
+        print(json.dumps(res, indent=1))
+        if args.json:
+            args.json.write_text(json.dumps(res, indent=1))
+        return 0 if res["exit"] == 0 and res.get("exactly_once_per_epoch") else 1
+    if args.examples is None:
+        p.error("give --examples PATH (or --join-and-loss PORT)")
     names = args.only or sorted(EXAMPLES)
     for name in names:
         if not (args.examples / EXAMPLES[name][0]).is_file():

@@ -72,7 +72,7 @@ def test_killed_worker_resumes_from_the_last_commit(tmp_path):
     out = tmp_path / "out.json"
     r = run_cli(["run", "-n", "2", "--max-restarts", "1", str(SCRIPT), str(out), "--kill", "1:5"], timeout=240)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "rank 0 stops: a collective failed" in r.stderr
+    assert "rank 0 stops at commit 5: a collective failed" in r.stderr
     assert "rank 0 resumes from commit 5" in r.stderr
     res = json.loads(out.read_text())
     assert res["resets"] == 1 and res["size"] == 2  # this process started from a commit

@@ -64,7 +64,7 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
         except HostsUpdatedInterrupt:
             if state._commits is None:
                 raise
-            _stop(state, "the launcher is restarting the workers (a node joins or leaves, or the job is stopping)",
+            _stop(state, "the launcher asked the workers to stop (a node joins or leaves, or the job is stopping)",
                   128 + (preempt.received() or signal.SIGTERM), loud=False)
         except MismatchError:
             raise  # the script's own bug: a restart would meet it again
@@ -112,12 +112,14 @@ def _stop(state: State, why: str, code: int, loud: bool) -> None:
     written = store.flush() if store.writer else state._number
     if loud or _basics.rank() == 0:
         restarts = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) - int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-        if code == RESTART_EXIT and restarts <= 0:
-            after = "no restarts left, so the job ends (dtrain run --max-restarts K allows K)"
+        if code != RESTART_EXIT:
+            after = ""
+        elif restarts <= 0:
+            after = "; no restarts left, so the job ends (dtrain run --max-restarts K allows K)"
         else:
-            after = "the workers start again from there"
-        print(f"dtrain: hvd.elastic: rank {_basics.rank()} stops: {why}; last commit: "
-              f"{written if written > 0 else 'none'}; {after}.", file=sys.stderr, flush=True)
+            after = "; the workers start again from there"
+        print(f"dtrain: hvd.elastic: rank {_basics.rank()} stops at commit {written if written > 0 else 'none'}: "
+              f"{why}{after}.", file=sys.stderr, flush=True)
     sys.stdout.flush()
     # Not sys.exit: after a failed collective the interpreter's exit (process-group destructors,
     # atexit hooks) can hang; the agent only reads the status.
