@@ -23,7 +23,6 @@ import torch.distributed as dist
 from ._basics import (
     ProcessSet,
     add_process_set,
-    barrier,
     cross_rank,
     cross_size,
     get_process_set_ids_and_ranks,
@@ -56,6 +55,7 @@ from ._ops import (
     allreduce_async,
     allreduce_async_,
     alltoall,
+    barrier,
     alltoall_async,
     broadcast,
     broadcast_,

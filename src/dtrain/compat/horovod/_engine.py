@@ -22,7 +22,7 @@ from dtrain import DtrainError
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.uint8, torch.int8,
           torch.int16, torch.int32, torch.int64, torch.bool]
-KINDS = {"allreduce": 1, "allgather": 2, "broadcast": 3, "alltoall": 4, "reducescatter": 5, "join": 6}
+KINDS = {"allreduce": 1, "allgather": 2, "broadcast": 3, "alltoall": 4, "reducescatter": 5, "join": 6, "barrier": 7}
 MAX_DIMS = 10
 WIDTH = 6 + MAX_DIMS
 

@@ -359,6 +359,14 @@ def grouped_reducescatter_async(tensors, name=None, op=Average, prescale_factor=
     return _submit(lambda: [C.reducescatter_body(t, o, prescale_factor, postscale_factor, ps) for t in ts], name)
 
 
+def barrier(process_set=None) -> None:
+    """Collective: call on every rank of the set. Return when all of them have called it (after
+    this rank's queued operations, as in Horovod)."""
+    ps = _basics.resolve(process_set)
+    if ps.included():
+        synchronize(_submit(lambda: C.barrier_body(ps), None))
+
+
 def join(device: int = -1) -> int:
     """Collective: call on every rank. Until every rank has joined, this rank answers the others'
     allreduces with zeros (uneven data: ranks that ran out keep the rest going). Returns the rank
