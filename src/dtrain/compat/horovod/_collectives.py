@@ -135,6 +135,19 @@ def barrier_body(ps) -> None:
             return
 
 
+def allreduce_in_place(t: torch.Tensor, op: int, pre: float, post: float, ps) -> bool:
+    """The common case without copies (DistributedOptimizer's fused buffers): a contiguous
+    float32/float64 tensor, Sum or Average, no scaling, reduced where it is. False: not handled."""
+    if not (pre == post == 1.0 and op in (Sum, Average) and t.dtype in (torch.float32, torch.float64)
+            and t.is_contiguous()):
+        return False
+    negotiate("allreduce", t, ps, op)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM, group=ps.group)
+    if op == Average:
+        t.div_(ps.size())
+    return True
+
+
 def join_body(ps) -> int:
     """Answer other ranks' allreduces with zeros until every rank has joined; the last to join."""
     mine = -2  # negotiate fills in this round's number

@@ -72,7 +72,8 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
 
     def body() -> torch.Tensor:
         with torch.no_grad():
-            t.copy_(C.allreduce_body(t, o, prescale_factor, postscale_factor, ps))
+            if not C.allreduce_in_place(t, o, prescale_factor, postscale_factor, ps):
+                t.copy_(C.allreduce_body(t, o, prescale_factor, postscale_factor, ps))
         return t
 
     return _submit(body, name)
