@@ -82,3 +82,48 @@ def test_killed_worker_resumes_from_the_last_commit(tmp_path):
     model = _replay(res["steps"], 64, 0.01, 2)
     assert torch.allclose(model.weight.flatten(), torch.tensor(res["weight"]), atol=1e-5)
     assert abs(model.bias.item() - res["bias"]) < 1e-5
+
+
+def test_fusion_sends_complete_buckets_in_order_while_backward_runs(monkeypatch):
+    """DistributedOptimizer's overlap (compat/horovod/_fusion.py), without a process group: a
+    fake reduction records what is sent and doubles it."""
+    from dtrain.compat.horovod import _fusion
+
+    monkeypatch.setattr(_fusion, "FIRST_BUCKET_BYTES", 80)  # one Linear(4, 4) a bucket: 20 float32
+    monkeypatch.setattr(_fusion, "BUCKET_BYTES", 80)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh(), torch.nn.Linear(4, 4), torch.nn.Tanh(),
+                                torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))  # the last gets no gradient
+    params = list(model.parameters())
+    sent: list[torch.Tensor] = []
+    fusion = _fusion.GradientFusion(params, 1, launch=lambda flat: sent.append(flat.clone()) or len(sent) - 1,
+                                    finish=lambda flat, i: flat * 2)
+    fusion.register_hooks()
+    first_layer_done: list[int] = []
+    params[0].register_post_accumulate_grad_hook(lambda p: first_layer_done.append(len(sent)))
+    model[:5](torch.randn(8, 4)).square().sum().backward()
+    grads = [p.grad.clone() if p.grad is not None else None for p in params]
+    # Buckets, last layers first: the unused layer, then the third, second and first (bias, weight each).
+    assert [len(b.params) for b in fusion.buckets] == [2, 2, 2, 2]
+    assert fusion.buckets[0].params == [params[7], params[6]] and fusion.buckets[3].params == [params[1], params[0]]
+    assert sent == [] and first_layer_done == [0]  # bucket 0 never completes: nothing may go before it
+    fusion.flush()  # sends all four in order, the unused layer's as zeros
+    assert len(sent) == 4 and torch.equal(sent[0], torch.zeros(20))
+    assert torch.equal(sent[1], torch.cat([grads[5].flatten(), grads[4].flatten()]))
+    for p, g in zip(params[:6], grads[:6]):
+        assert torch.equal(p.grad, 2 * g)
+    assert torch.equal(params[6].grad, torch.zeros(4, 4))  # as Horovod: a zero gradient for the unused layer
+    fusion.remove_hooks()
+
+    sent.clear()
+    used = _fusion.GradientFusion(params[:6], 1, launch=lambda flat: sent.append(flat.clone()) or len(sent) - 1,
+                                  finish=lambda flat, i: flat)
+    used.register_hooks()
+    first_layer_done.clear()
+    model.zero_grad()
+    model[:5](torch.randn(8, 4)).square().sum().backward()
+    assert first_layer_done == [2]  # two buckets went out before backward reached the first layer
+    assert len(sent) == 3 and used.in_flight()
+    used.flush()
+    assert len(sent) == 3 and not used.in_flight()
+    used.remove_hooks()
