@@ -6,7 +6,8 @@
 Fetches nothing: PATH is a copy of Horovod's example the user has. The Horovod side runs through
 the thin ``horovod`` shim of ``benchmarks/horovod_suite.py``; the ddp side is written here (same
 model, batch, SGD, cross-entropy on one fixed random batch, same warm-up and timing). Sides
-alternate; the ratio is of medians.
+alternate; the ratio is of medians (and the median of each round's ratio). ``--src`` runs the
+Horovod side on another dtrain source folder (e.g. an older version's) against this ddp.
 """
 
 from __future__ import annotations
@@ -45,8 +46,8 @@ ctx.close()
 '''
 
 
-def run(script: Path, folder: Path, n: int, extra: list[str]) -> float:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(folder), str(SRC)]), OMP_NUM_THREADS="1")
+def run(script: Path, folder: Path, n: int, extra: list[str], src: Path = SRC) -> float:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(folder), str(src)]), OMP_NUM_THREADS="1")
     cmd = [sys.executable, "-m", "dtrain", "run", "-n", str(n), str(script), *extra]
     proc = subprocess.run(cmd, env=env, cwd=folder, capture_output=True, text=True, timeout=600)
     found = re.search(r"Img/sec per CPU: ([\d.]+)", proc.stdout)
@@ -62,6 +63,9 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--iters", type=int, default=3)
+    p.add_argument("--src", type=Path, default=SRC,
+                   help="the dtrain source folder the Horovod side imports (default this checkout; e.g. another "
+                        "version's src to compare; the ddp side always uses this checkout)")
     args = p.parse_args()
     extra = ["--model", "resnet18", "--batch-size", str(args.batch_size), "--num-warmup-batches", "2",
              "--num-batches-per-iter", "2", "--num-iters", str(args.iters), "--no-cuda"]
@@ -72,12 +76,14 @@ def main() -> int:
         ddp_script.write_text(DDP_SIDE)
         hvd, ddp = [], []
         for r in range(args.rounds):
-            sides = [("hvd", args.script.resolve(), hvd), ("ddp", ddp_script, ddp)]
-            for name, script, out in (sides if r % 2 == 0 else sides[::-1]):
-                out.append(run(script, folder, args.n, extra))
+            sides = [("hvd", args.script.resolve(), hvd, args.src.resolve()), ("ddp", ddp_script, ddp, SRC)]
+            for name, script, out, src in (sides if r % 2 == 0 else sides[::-1]):
+                out.append(run(script, folder, args.n, extra, src))
                 print(f"round {r} {name}: {out[-1]:.2f} images/s per process", flush=True)
     mh, md = statistics.median(hvd), statistics.median(ddp)
-    print(f"median images/s per process: compat.horovod {mh:.2f}, ddp {md:.2f}; ratio {mh / md:.3f}x")
+    paired = statistics.median(h / d for h, d in zip(hvd, ddp))
+    print(f"median images/s per process: compat.horovod {mh:.2f}, ddp {md:.2f}; ratio {mh / md:.3f}x; "
+          f"median of the rounds' ratios {paired:.3f}x")
     return 0
 
 

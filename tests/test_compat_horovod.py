@@ -114,6 +114,12 @@ def mismatch_then_recover() -> list[str]:
     with pytest.raises(RuntimeError):
         hvd.broadcast(torch.ones(2), root_rank=r)
     seen.append(str(hvd.allreduce(torch.ones(2), op=hvd.Sum).tolist()))  # the ranks still agree afterwards
+    if r == 1:  # the ranks go apart (as after a failure on rank 0 only) and meet again at the barrier
+        with pytest.raises(hvd.HorovodInternalError) as info:
+            hvd.allreduce(torch.ones(2))
+        seen.append(str(info.value))
+    hvd.barrier()
+    seen.append(str(hvd.allreduce(torch.ones(2), op=hvd.Sum).tolist()))
     hvd.shutdown()
     return seen
 
@@ -121,8 +127,11 @@ def mismatch_then_recover() -> list[str]:
 @pytest.mark.slow  # ~10 s alone; 2 processes, each with 3 process groups
 @pytest.mark.timeout(150)
 def test_mismatch_raises_on_every_rank_and_the_job_goes_on():
+    """Also: a rank that waits in barrier() fails the others' operations, so they meet there."""
     res = run_distributed(mismatch_then_recover, world_size=2, timeout=90)
     for seen in res:
         assert "rank 0: allreduce(float32[3]" in seen[0] and "rank 1: allreduce(float32[4]" in seen[0]
         assert "int32" in seen[1]
         assert seen[2] == "[2.0, 2.0]"
+        assert seen[-1] == "[2.0, 2.0]"
+    assert "rank(s) [0] wait in hvd.barrier()" in res[1][3]

@@ -9,9 +9,10 @@ Everything of ``horovod.torch`` that runs without MPI is here: init/shutdown (an
 ranks and sizes, the collectives (allreduce, allgather, broadcast, alltoall, reducescatter; in
 place, ``*_async`` with ``poll``/``synchronize``, grouped, differentiable), every reduce op
 (Average, Sum, Adasum, Min, Max, Product) with prescale/postscale, every dtype, process sets,
-``barrier``, ``join``, object collectives, ``DistributedOptimizer`` and the compressors. Ranks
-that submit different shapes, dtypes or roots all raise ``HorovodInternalError``-derived errors
-instead of hanging. Not here: the timeline, MPI, CCL, elastic (raise naming themselves).
+``barrier``, ``join``, object collectives, ``DistributedOptimizer`` and the compressors, and
+Horovod Elastic (``hvd.elastic``: on torch's elastic agent, see its docstring). Ranks that submit
+different shapes, dtypes or roots all raise ``HorovodInternalError``-derived errors instead of
+hanging. Not here: the timeline, MPI, CCL (raise naming themselves).
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ import torch.distributed as dist
 from ._basics import (
     ProcessSet,
     add_process_set,
-    barrier,
     cross_rank,
     cross_size,
     get_process_set_ids_and_ranks,
@@ -39,7 +39,7 @@ from ._basics import (
 )
 from ._basics import _unsupported
 from ._compression import Compression, Compressor
-from ._engine import Handle, HorovodInternalError, MismatchError
+from ._engine import Handle, HorovodInternalError, HostsUpdatedInterrupt, MismatchError
 from ._ops import (
     Adasum,
     Average,
@@ -55,6 +55,7 @@ from ._ops import (
     allreduce_async,
     allreduce_async_,
     alltoall,
+    barrier,
     alltoall_async,
     broadcast,
     broadcast_,
@@ -77,14 +78,11 @@ from ._ops import (
     synchronize,
 )
 from ._optimizer import DistributedOptimizer, broadcast_optimizer_state, broadcast_parameters
+from . import elastic
 
 __version__ = "0.28.1+dtrain"  # the Horovod API level this follows
 
 SyncBatchNorm = torch.nn.SyncBatchNorm
-
-
-class HostsUpdatedInterrupt(RuntimeError):
-    """Horovod Elastic's signal that hosts changed (never raised: dtrain has no elastic hvd)."""
 
 
 def mpi_threads_supported() -> bool:
@@ -145,7 +143,7 @@ __all__ = [
     "add_process_set", "allgather", "allgather_async", "allgather_object", "allreduce", "allreduce_",
     "allreduce_async", "allreduce_async_", "alltoall", "alltoall_async", "barrier", "broadcast", "broadcast_",
     "broadcast_async", "broadcast_async_", "broadcast_object", "broadcast_optimizer_state", "broadcast_parameters",
-    "ccl_built", "cross_rank", "cross_size", "cuda_built", "ddl_built", "get_process_set_ids_and_ranks",
+    "ccl_built", "cross_rank", "cross_size", "cuda_built", "ddl_built", "elastic", "get_process_set_ids_and_ranks",
     "global_process_set", "gloo_built", "gloo_enabled", "grouped_allgather", "grouped_allgather_async",
     "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async", "grouped_allreduce_async_",
     "grouped_reducescatter", "grouped_reducescatter_async", "init", "is_homogeneous", "is_initialized", "join",

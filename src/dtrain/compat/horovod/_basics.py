@@ -1,4 +1,4 @@
-"""``hvd.init``/``shutdown``, ranks and sizes, process sets and ``barrier``."""
+"""``hvd.init``/``shutdown``, ranks and sizes, and process sets."""
 
 from __future__ import annotations
 
@@ -24,7 +24,6 @@ class ProcessSet:
         self.ranks = sorted(int(r) for r in ranks) if ranks is not None else None
         self.process_set_id: int | None = None
         self.group: Any = None  # the process group the data travels on
-        self.control: Any = None  # a second one for barrier, so it never waits behind queued work
 
     def size(self) -> int:
         return len(self.ranks) if self.ranks is not None else size()
@@ -74,7 +73,6 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
             dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
             _State.own_group = True
         global_process_set.group = dist.new_group(backend=None, timeout=_timeout())
-        global_process_set.control = dist.new_group(backend="gloo", timeout=_timeout())
         atexit.register(_close)
     _State.engine = Engine()
     _State.active = True
@@ -103,10 +101,9 @@ def _close() -> None:
         _State.engine = None
     _State.active = False
     if _State.ctx is not None:
-        for g in (global_process_set.group, global_process_set.control):
-            if g is not None and dist.is_initialized():
-                dist.destroy_process_group(g)
-        global_process_set.group = global_process_set.control = None
+        if global_process_set.group is not None and dist.is_initialized():
+            dist.destroy_process_group(global_process_set.group)
+        global_process_set.group = None
         if _State.own_group and dist.is_initialized():
             dist.destroy_process_group()
         _State.own_group = False
@@ -183,7 +180,6 @@ def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
     if distributed():
         engine().drain()
         ps.group = dist.new_group(ps.ranks, timeout=_timeout())
-        ps.control = dist.new_group(ps.ranks, backend="gloo", timeout=_timeout())
     ps.process_set_id = _State.next_id
     _State.next_id += 1
     _State.sets[ps.process_set_id] = ps
@@ -196,11 +192,11 @@ def remove_process_set(process_set: ProcessSet) -> bool:
         return False
     if _State.engine is not None:
         _State.engine.drain()
-    for g in (process_set.group, process_set.control):
-        if g is not None and g != dist.GroupMember.NON_GROUP_MEMBER:
-            dist.destroy_process_group(g)
+    g = process_set.group
+    if g is not None and g != dist.GroupMember.NON_GROUP_MEMBER:
+        dist.destroy_process_group(g)
     del _State.sets[process_set.process_set_id]
-    process_set.process_set_id = process_set.group = process_set.control = None
+    process_set.process_set_id = process_set.group = None
     return True
 
 
@@ -219,13 +215,6 @@ def resolve(process_set: Any) -> ProcessSet:
     if process_set is not global_process_set and process_set.process_set_id not in _State.sets:
         raise ValueError(f"{process_set} has not been added (or was removed); call hvd.add_process_set first.")
     return process_set
-
-
-def barrier(process_set: ProcessSet | None = None) -> None:
-    """Collective: call on every rank of ``process_set``. Return when all of them have called it."""
-    ps = resolve(process_set)
-    if distributed() and ps.included():
-        dist.barrier(group=ps.control)
 
 
 def _unsupported(what: str) -> None:

@@ -44,11 +44,15 @@ def negotiate(kind: str, tensor: torch.Tensor | None, ps, arg: int = 0, joined_a
     if joined_at == -2:
         joined_at = _rounds[key]
     rows = exchange(describe(kind, tensor, arg, joined_at), ps.group, n, _device(tensor))
-    if kind == "join":
+    if kind in ("join", "barrier"):
         return rows
     joined = rows[:, 0] == KINDS["join"]
     active = rows[~joined]
     where = ps.ranks or list(range(n))
+    waiting = [where[i] for i in range(n) if int(rows[i, 0]) == KINDS["barrier"]]
+    if waiting:
+        raise HorovodInternalError(f"hvd.{kind} cannot run: rank(s) {waiting} wait in hvd.barrier(); every rank of "
+                                   "the process set must call the same operations in the same order.")
     if joined.any() and kind != "allreduce":
         gone = [where[i] for i in range(n) if joined[i]]
         raise HorovodInternalError(f"hvd.{kind} needs every rank, but rank(s) {gone} have called hvd.join(); "
@@ -119,6 +123,29 @@ def allreduce_body(tensor: torch.Tensor, op: int, pre: float, post: float, ps) -
         n = ps.size()
         out = out / n if out.is_floating_point() else torch.div(out, n, rounding_mode="trunc")
     return scale(out, post, tensor.dtype)
+
+
+def barrier_body(ps) -> None:
+    """Return once every member has reached ``barrier`` (a rank in ``join`` counts as there).
+    Until then the members still in other operations fail them (each learns who waits here), so
+    ranks that went apart, e.g. after a failure on one rank only, meet again at the barrier."""
+    while True:
+        rows = negotiate("barrier", None, ps)
+        if all(int(k) in (KINDS["barrier"], KINDS["join"]) for k in rows[:, 0]):
+            return
+
+
+def allreduce_in_place(t: torch.Tensor, op: int, pre: float, post: float, ps) -> bool:
+    """The common case without copies (DistributedOptimizer's fused buffers): a contiguous
+    float32/float64 tensor, Sum or Average, no scaling, reduced where it is. False: not handled."""
+    if not (pre == post == 1.0 and op in (Sum, Average) and t.dtype in (torch.float32, torch.float64)
+            and t.is_contiguous()):
+        return False
+    negotiate("allreduce", t, ps, op)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM, group=ps.group)
+    if op == Average:
+        t.div_(ps.size())
+    return True
 
 
 def join_body(ps) -> int:

@@ -18,9 +18,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from dtrain import DtrainError
+
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.uint8, torch.int8,
           torch.int16, torch.int32, torch.int64, torch.bool]
-KINDS = {"allreduce": 1, "allgather": 2, "broadcast": 3, "alltoall": 4, "reducescatter": 5, "join": 6}
+KINDS = {"allreduce": 1, "allgather": 2, "broadcast": 3, "alltoall": 4, "reducescatter": 5, "join": 6, "barrier": 7}
 MAX_DIMS = 10
 WIDTH = 6 + MAX_DIMS
 
@@ -31,6 +33,26 @@ class HorovodInternalError(RuntimeError):
 
 class MismatchError(HorovodInternalError):
     """Ranks submitted different operations, shapes, dtypes or roots; raised on every rank."""
+
+
+class HostsUpdatedInterrupt(RuntimeError):
+    """Horovod Elastic: the set of workers is changing (raised by ``state.commit()`` on every rank
+    once the launcher asked the workers to stop; ``hvd.elastic.run`` handles it)."""
+
+    def __init__(self, skip_sync: bool = False) -> None:
+        super().__init__("the set of workers is changing")
+        self.skip_sync = skip_sync
+
+
+def as_horovod_error(exc: BaseException) -> BaseException:
+    """What a failed operation raises on the caller's thread: our own errors (and ValueError,
+    which Horovod raises for bad arguments) as they are; anything else, e.g. gloo's error when a
+    peer died, as ``HorovodInternalError`` (Horovod's type for a failed collective)."""
+    if isinstance(exc, (HorovodInternalError, ValueError, DtrainError)):
+        return exc
+    error = HorovodInternalError(f"{type(exc).__name__}: {exc}")
+    error.__cause__ = exc
+    return error
 
 
 class Handle:
@@ -100,7 +122,7 @@ class Engine:
             try:
                 handle.result = fn()
             except BaseException as exc:  # handed to whoever synchronizes
-                handle.error = exc if isinstance(exc, (RuntimeError, ValueError)) else HorovodInternalError(str(exc))
+                handle.error = as_horovod_error(exc)
             finally:
                 if handle.name is not None:
                     with self._lock:

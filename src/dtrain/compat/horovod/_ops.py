@@ -72,7 +72,8 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
 
     def body() -> torch.Tensor:
         with torch.no_grad():
-            t.copy_(C.allreduce_body(t, o, prescale_factor, postscale_factor, ps))
+            if not C.allreduce_in_place(t, o, prescale_factor, postscale_factor, ps):
+                t.copy_(C.allreduce_body(t, o, prescale_factor, postscale_factor, ps))
         return t
 
     return _submit(body, name)
@@ -357,6 +358,14 @@ def grouped_reducescatter_async(tensors, name=None, op=Average, prescale_factor=
     for t in ts:
         _rs_check(t, o)
     return _submit(lambda: [C.reducescatter_body(t, o, prescale_factor, postscale_factor, ps) for t in ts], name)
+
+
+def barrier(process_set=None) -> None:
+    """Collective: call on every rank of the set. Return when all of them have called it (after
+    this rank's queued operations, as in Horovod)."""
+    ps = _basics.resolve(process_set)
+    if ps.included():
+        synchronize(_submit(lambda: C.barrier_body(ps), None))
 
 
 def join(device: int = -1) -> int:

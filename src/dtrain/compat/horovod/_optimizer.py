@@ -15,6 +15,7 @@ from dtrain import ConfigError
 from . import _basics
 from . import _ops as ops
 from ._compression import Compression, check_compressor
+from ._fusion import GradientFusion
 
 
 class _DistributedMixin:
@@ -44,49 +45,39 @@ class _DistributedMixin:
         self._synchronized = False
         self._should_synchronize = True
 
-    def synchronize(self) -> None:
-        """Reduce every gradient over the set, in the optimizer's parameter order (ranks whose
-        graphs differ still agree: a parameter without a gradient contributes zeros)."""
+        self._fusion: GradientFusion | None = None
+        if self._communicates():
+            grads = [p for p in params if p.requires_grad]
+            self._fusion = GradientFusion(grads, backward_passes_per_step, self._launch, self._finish)
+            if process_set.size() > 1:
+                self._fusion.register_hooks()  # gradients leave while backward still runs
+
+    def _communicates(self) -> bool:
         ps = self._process_set
-        if ps.included() and ps.size() > 1 or ps.ranks is None:
-            grads, sparse = [], []
-            for group in self.param_groups:
-                for p in group["params"]:
-                    if not p.requires_grad:
-                        continue
-                    if p.grad is None:
-                        p.grad = torch.zeros_like(p)
-                    if p.grad.is_sparse:
-                        sparse.append(p)
-                        p.grad = p.grad.to_dense()
-                    grads.append(p.grad)
-            self._reduce(grads)
-            for p in sparse:
-                p.grad = p.grad.to_sparse()
+        return ps.ranks is None or (ps.included() and ps.size() > 1)
+
+    def synchronize(self) -> None:
+        """Wait for every gradient's all-reduce (those backward did not start are started here,
+        a gradient this rank's graph did not produce as zeros) and write the results into ``.grad``.
+
+        Collective: call on every rank of the optimizer's process set."""
+        if self._fusion is not None:
+            self._fusion.flush()
         self._synchronized = True
 
-    def _reduce(self, grads: list[torch.Tensor]) -> None:
-        pre, post = 1.0, 1.0
-        op = self._op
+    def _launch(self, flat: torch.Tensor) -> tuple:
+        """Start reducing one fused buffer (op, predivide and compression as configured)."""
+        pre, post, op = 1.0, 1.0, self._op
         if op == ops.Average and self._predivide != 1.0:
             op, pre, post = ops.Sum, 1.0 / self._predivide, self._predivide / self._process_set.size()
-        # Horovod's tensor fusion: gradients of one dtype and device travel as flat buffers of
-        # up to FUSION_BYTES, one collective (and one negotiation) each.
-        handles = []
-        for bucket in _buckets(grads):
-            flat = torch.cat([g.reshape(-1) for g in bucket]) if len(bucket) > 1 else bucket[0].reshape(-1)
-            wire, cctx = self._compression.compress(flat)
-            handles.append((bucket, flat, wire, cctx, ops.allreduce_async_(
-                wire, op=op, prescale_factor=pre, postscale_factor=post, process_set=self._process_set)))
-        with torch.no_grad():
-            for bucket, flat, wire, cctx, h in handles:
-                ops.synchronize(h)
-                reduced = self._compression.decompress(wire, cctx) if wire is not flat else flat
-                at = 0
-                for g in bucket:
-                    if reduced.data_ptr() != g.data_ptr():
-                        g.copy_(reduced[at: at + g.numel()].view_as(g))
-                    at += g.numel()
+        wire, cctx = self._compression.compress(flat)
+        handle = ops.allreduce_async_(wire, op=op, prescale_factor=pre, postscale_factor=post, process_set=self._process_set)
+        return wire, cctx, handle
+
+    def _finish(self, flat: torch.Tensor, sent: tuple) -> torch.Tensor:
+        wire, cctx, handle = sent
+        ops.synchronize(handle)
+        return self._compression.decompress(wire, cctx) if wire is not flat else flat
 
     @contextlib.contextmanager
     def skip_synchronize(self) -> Iterator[None]:
@@ -109,27 +100,15 @@ class _DistributedMixin:
         return super().step(closure)  # type: ignore[misc]
 
     def zero_grad(self, set_to_none: bool = True) -> None:
+        if self._fusion is not None:
+            if self._fusion.in_flight():
+                # Horovod's rule (horovod/torch/optimizer.py): the all-reduces would write into
+                # gradients that zero_grad is about to clear.
+                raise AssertionError("optimizer.zero_grad() was called after loss.backward() but before optimizer.step() "
+                                     "or optimizer.synchronize(). This is prohibited as it can cause a race condition.")
+            self._fusion.discard()
         self._synchronized = False
         return super().zero_grad(set_to_none)  # type: ignore[misc]
-
-
-FUSION_BYTES = 64 * 1024 * 1024  # Horovod's default HOROVOD_FUSION_THRESHOLD
-
-
-def _buckets(grads: list[torch.Tensor]) -> list[list[torch.Tensor]]:
-    """Consecutive gradients of one dtype and device, up to ``FUSION_BYTES`` a bucket."""
-    out: list[list[torch.Tensor]] = []
-    size = 0
-    for g in grads:
-        last = out[-1] if out else None
-        nbytes = g.numel() * g.element_size()
-        if last and last[0].dtype == g.dtype and last[0].device == g.device and size + nbytes <= FUSION_BYTES:
-            last.append(g)
-            size += nbytes
-        else:
-            out.append([g])
-            size = nbytes
-    return out
 
 
 def DistributedOptimizer(  # noqa: N802 - Horovod's name
