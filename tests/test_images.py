@@ -196,10 +196,11 @@ def test_resnet18_learns_on_two_ranks_and_reports_data_wait(folder, tmp_path):
     pytest.importorskip("torchvision")
     metrics = tmp_path / "m.jsonl"
     result, err = _train(["--data-dir", str(folder), "--task-arg", f"size={SIZE}", "-n", "2", "--batch-size", "16",
-                          "--optimizer", "adam", "--lr", "0.001", "--max-steps", "24", "--log-every", "8",
+                          "--optimizer", "adam", "--lr", "0.001", "--max-steps", "48", "--log-every", "16",
                           "--metrics-file", str(metrics)])
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
-    assert [r["step"] for r in records] == [8, 16, 24]
+    # 48 steps (~4 epochs of 200 images): on torch 2.14.1, 24 steps left the loss at 2.28 and accuracy at chance.
+    assert [r["step"] for r in records] == [16, 32, 48]
     assert records[-1]["train_loss"] < records[0]["train_loss"], records
     assert result["test_acc"] > 0.2, result  # 10 classes: chance is 0.1
     assert all(isinstance(r["data_wait_ms"], float) and r["data_wait_ms"] >= 0 for r in records), records

@@ -10,7 +10,6 @@ kept in ``state_dict()``; see ``methods`` for what had to be worked around on gl
 
 from __future__ import annotations
 
-import torch
 from torch import nn
 
 from .auto import Auto, LinkMeasurement, choose
