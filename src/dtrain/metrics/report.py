@@ -3,7 +3,9 @@
 RUN_DIR holds what ``dtrain train`` wrote there: the metrics file (``--metrics-file
 RUN_DIR/metrics.jsonl``, one record per log interval) and, when saved, the result record
 (``dtrain train ... > RUN_DIR/result.json``; its last line). Plots: loss and throughput over
-steps, each rank's breakdown as a stacked bar, each rank's peak memory over steps.
+steps, each rank's breakdown as a stacked bar, each rank's peak memory over steps, and, when
+RUN_DIR holds a merged trace (``--trace A:B --trace-file RUN_DIR/trace.json``), its timeline: each
+rank's phases and collectives on one clock, as Perfetto draws them.
 """
 
 from __future__ import annotations
@@ -101,10 +103,42 @@ def render(run_dir: str, out: str | None = None) -> dict[str, str]:
         ax.legend(fontsize="small")
         paths["memory"] = _save(fig, plt, out, "memory.png")
 
+    for trace in sorted(glob.glob(os.path.join(run_dir, "*trace*.json")))[:1]:
+        timeline = trace_timeline(trace, plt)
+        if timeline is not None:
+            paths["timeline"] = _save(timeline, plt, out, "timeline.png")
+
     paths["markdown"] = os.path.join(out, "report.md")
     with open(paths["markdown"], "w", encoding="utf-8") as fh:
         fh.write(markdown(records, result, ranks, paths))
     return paths
+
+
+def trace_timeline(path: str, plt: Any) -> Any:
+    """A figure of a merged trace (``dtrain train --trace``): a row per rank and track, a bar per
+    span, coloured by phase (collectives in one colour); None if the file is not such a trace."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            doc = json.load(fh)
+        spans = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not spans:
+        return None
+    rows = sorted({(e["pid"], e.get("tid", 0)) for e in spans})
+    names = {e["pid"]: e["args"]["name"] for e in doc["traceEvents"] if e.get("name") == "process_name"}
+    fig, ax = plt.subplots(figsize=(11, 0.45 * len(rows) + 1.6))
+    for y, (pid, tid) in enumerate(rows):
+        for e in (e for e in spans if (e["pid"], e.get("tid", 0)) == (pid, tid)):
+            colour = COLOURS.get(e["name"], "#edc948" if tid else "#bab0ac")
+            ax.broken_barh([(e["ts"] / 1e3, max(e["dur"], 1.0) / 1e3)], (y - 0.4, 0.8), facecolors=colour, edgecolor="white", linewidth=0.3)
+    ax.set_yticks(range(len(rows)), [f"{names.get(pid, f'rank {pid}')} {'collectives' if tid else 'phases'}" for pid, tid in rows])
+    ax.invert_yaxis()
+    steps = doc.get("otherData", {}).get("steps", "")
+    ax.set(xlabel="ms (rank 0's clock)", title=f"trace of steps {steps}: phases and each gradient bucket's all-reduce")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in COLOURS.values()] + [plt.Rectangle((0, 0), 1, 1, color="#edc948")]
+    ax.legend(handles, [*COLOURS, "collective"], fontsize="small", bbox_to_anchor=(1.01, 1), loc="upper left")
+    return fig
 
 
 def _save(fig: Any, plt: Any, out: str, name: str) -> str:
