@@ -147,6 +147,18 @@ def test_detector_probes_the_links_only_when_communication_dominates_every_rank(
     assert det.probe_due is None
     det.add(70, [bound, _window(forward=45.0), bound]), det.add(80, [bound, _window(forward=45.0), bound])
     assert det.probe_due is None
+    # A link-bound step (600 ms, 560 of them waiting) where one rank's own time is 1.5x the others'
+    # (6 ms more forward: 1% of the step) names no one from own time; the links are probed instead.
+    link_bound = StragglerDetector(StragglerConfig(window=10), hosts)
+    assert link_bound.add(10, [_window(comm=560.0, forward=12.0), _window(comm=560.0, forward=12.0), _window(comm=560.0, forward=18.0)]) == []
+    assert link_bound.probe_due is not None and link_bound.name_links(_matrix(3), 65536) == []
+    # A rank that does stand out on a link-bound step (48 ms more forward: 8%) waits for the probe:
+    # the slow link is named if there is one, else that rank.
+    uneven = [_window(comm=560.0, forward=12.0), _window(comm=560.0, forward=12.0), _window(comm=560.0, forward=60.0)]
+    assert link_bound.add(20, uneven) == [] and link_bound.probe_due is not None
+    assert [(s["rank"], s["cause"]) for s in link_bound.name_links(_matrix(3, slow=1), 65536)] == [(1, "network")]
+    assert link_bound.add(30, uneven) == []
+    assert [(s["rank"], s["cause"]) for s in link_bound.name_links(_matrix(3), 65536)] == [(2, "compute")]
     two = StragglerDetector(StragglerConfig(window=10), ["a", "b", "b"])
     two.add(10, [bound] * 3)
     assert two.probe_due is None

@@ -3,15 +3,19 @@
 DDP's all-reduce evens out every rank's step time: a rank with slow input or slow compute makes
 the others wait in their gradient communication, so step times alone cannot name it. What a
 rank does not spend waiting, its *own* time (the step less exposed communication, see
-``breakdown.py``), can: the straggler's is long, the others' short. Its cause is the group of
+``breakdown.py``), can: the straggler's is long, the others' short (by the threshold, and by at
+least 5% of the median step: a few milliseconds more on a link-bound step are not named). Its cause is the group of
 phases where its own time exceeds the others' median most: input (data wait), compute
 (forward, backward, optimizer step) or other (the rest of the loop).
 
 A slow link shows differently: a ring all-reduce waits for its slowest link on every rank alike,
 so it shows as exposed communication on all ranks (the breakdown's ``comm``), not as one rank's
-own time. When that dominates every rank's step for a window and no rank's own time stands out,
-the detector asks for a link probe (``probe_due``; ``links.py`` times transfers between pairs of
-ranks) and names the ranks of the host whose link is slow, with cause network (``name_links``).
+own time. When that dominates every rank's step for a window, the detector asks for a link probe
+(``probe_due``; ``links.py`` times transfers between pairs of ranks) and names the ranks of the
+host whose link is slow, with cause network (``name_links``). The window's own-time findings wait
+for the probe and are reported only if it finds no slow link: on a link-bound step the ranks'
+own times differ by what the probe cannot see (ranks that leave the all-reduce together and
+then share cores), and the link is what slows the job.
 
 Pure logic: rank 0 feeds it every rank's breakdown window (``breakdown.window``), gathered once
 per log interval by the loop.
@@ -45,6 +49,9 @@ class StragglerConfig:
     """A rank whose own step time is this many times the other ranks' median is named (``--straggler-threshold``)."""
     min_excess_ms: float = 1.0
     """...and exceeds it by at least this much (sub-millisecond steps jitter by their whole length)."""
+    min_excess_share: float = 0.05
+    """...and by at least this share of the median step: what a rank adds beyond that is not what
+    slows the job (on a link-bound step of 600 ms, 6 ms more forward on one rank is noise)."""
     comm_share: float = 0.5
     """When exposed communication is at least this share of every rank's median step over a
     window (and no rank's own time stands out), the links are probed to name a slow one."""
@@ -70,7 +77,9 @@ class StragglerDetector:
         self._steps = 0
         self.probe_due: tuple[int, int, float] | None = None
         """(step, window steps, smallest comm share of any rank) when the last complete window
-        was dominated by communication on every rank and named no one: probe the links."""
+        was dominated by communication on every rank: probe the links."""
+        self._held: list[dict[str, Any]] = []
+        """That window's own-time findings, for ``name_links`` to return if no link is slow."""
 
     def add(self, step: int, per_rank: list[dict[str, Any] | None]) -> list[dict[str, Any]]:
         """One log interval's windows (index = rank); the stragglers found when a window of
@@ -86,13 +95,16 @@ class StragglerDetector:
         found = self._judge(step, intervals, steps)
         share = min(_median_of(intervals, r, ("comm",)) / max(_median_of(intervals, r, PHASES), 1e-9) for r in range(len(per_rank)))
         # With fewer than three hosts a probe could not name one (links.py): it is not run.
-        probe = not found and share >= self.config.comm_share and len(set(self.hosts)) >= 3
+        probe = share >= self.config.comm_share and len(set(self.hosts)) >= 3
         self.probe_due = (step, steps, share) if probe else None
+        if probe:
+            self._held, found = found, []
         return found
 
     def name_links(self, ms: list[list[float]], nbytes: int) -> list[dict[str, Any]]:
         """After a probe asked for by ``probe_due``: the ranks on the host whose link is slow by
-        ``ms[src][dst]`` (``links.probe``), with cause network; empty when none stands out."""
+        ``ms[src][dst]`` (``links.probe``), with cause network; when none stands out, the
+        window's own-time findings (often none)."""
         assert self.probe_due is not None
         step, steps, share = self.probe_due
         self.probe_due = None
@@ -112,17 +124,20 @@ class StragglerDetector:
                 found.append({"step": step, "rank": r, "host": slow["host"], "ratio": round(ratio, 3), "cause": "network",
                               "cause_ms": slow["ms"], "median_ms": slow["others_ms"], "direction": slow["direction"],
                               "window_steps": steps, "line": line})
-        return found
+        held, self._held = self._held, []
+        return found or held
 
     def _judge(self, step: int, intervals: list[list[dict[str, Any] | None]], steps: int) -> list[dict[str, Any]]:
         n = len(intervals[0])
         # Own time as the sum of the groups' medians (not the median of own times), so that the
         # groups' excesses add up to the rank's excess and the largest names its cause.
         own = [sum(_median_of(intervals, r, phases) for phases in CAUSES.values()) for r in range(n)]
+        step = statistics.median(_median_of(intervals, r, PHASES) for r in range(n))
+        least = max(self.config.min_excess_ms, self.config.min_excess_share * step)
         found = []
         for r in range(n):
             others = statistics.median([own[q] for q in range(n) if q != r])
-            if own[r] < self.config.threshold * others or own[r] - others < self.config.min_excess_ms:
+            if own[r] < self.config.threshold * others or own[r] - others < least:
                 continue
             excess = {}
             for cause, phases in CAUSES.items():
