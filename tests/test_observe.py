@@ -86,7 +86,7 @@ def test_detector_names_the_slow_rank_and_its_cause(slow, cause):
     healthy, waiting = _window(), _window(comm=30.0)  # the others wait for the straggler in their all-reduce
     assert det.add(10, [waiting, _window(**slow), waiting]) == []  # the window is not complete yet
     found = det.add(20, [waiting, _window(**slow), waiting])
-    assert [(s["rank"], s["host"], s["cause"], s["window_steps"]) for s in found] == [(1, "b", cause, 20)]
+    assert [(s["step"], s["rank"], s["host"], s["cause"], s["window_steps"]) for s in found] == [(20, 1, "b", cause, 20)]
     assert found[0]["line"].startswith("straggler: rank 1 (host b) took ") and "the median step for the last 20 steps" in found[0]["line"]
     assert det.add(30, [healthy] * 3) == [] and det.add(40, [healthy] * 3) == []
 

@@ -132,8 +132,8 @@ class StragglerDetector:
         # Own time as the sum of the groups' medians (not the median of own times), so that the
         # groups' excesses add up to the rank's excess and the largest names its cause.
         own = [sum(_median_of(intervals, r, phases) for phases in CAUSES.values()) for r in range(n)]
-        step = statistics.median(_median_of(intervals, r, PHASES) for r in range(n))
-        least = max(self.config.min_excess_ms, self.config.min_excess_share * step)
+        median_step = statistics.median(_median_of(intervals, r, PHASES) for r in range(n))
+        least = max(self.config.min_excess_ms, self.config.min_excess_share * median_step)
         found = []
         for r in range(n):
             others = statistics.median([own[q] for q in range(n) if q != r])
