@@ -149,7 +149,7 @@ def main() -> None:
         with open(args.out, "w") as fh:
             fh.writelines(json.dumps(r) + "\n" for r in rows)
     ok = sum(r["resume_rc"] == 0 and r["resumed"] is not None for r in rows)
-    print(f"\n| kind | trials | killed | step-* folders failing verify | resumed | stale lock taken over | dot-leftovers after resume |")
+    print("\n| kind | trials | killed | step-* folders failing verify | resumed | stale lock taken over | dot-leftovers after resume |")
     print("|---|---|---|---|---|---|---|")
     for kind in KINDS:
         rs = [r for r in rows if r["kind"] == kind]

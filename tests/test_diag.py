@@ -36,7 +36,7 @@ def test_sleeping_rank_is_named_with_its_line(tmp_path):
     slept = float(re.search(r"sleeping since ([0-9.]+)", r.stdout).group(1))
     assert ended - slept <= timeout + 15, f"report took {ended - slept:.1f} s"
     assert f"rank 1 at stall.py:{_line_of('THE STALL LINE')}" in r.stderr
-    assert f"rank 0 waiting in all_reduce(mean)" in r.stderr and f"stall.py:{_line_of('THE ALL-REDUCE LINE')}" in r.stderr
+    assert "rank 0 waiting in all_reduce(mean)" in r.stderr and f"stall.py:{_line_of('THE ALL-REDUCE LINE')}" in r.stderr
     assert "stopped by the stall watchdog" in r.stderr
     report = (tmp_path / "stall-report.txt").read_text()
     assert "rank 1 at stall.py" in report

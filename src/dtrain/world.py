@@ -6,12 +6,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -320,9 +322,21 @@ def _register_exit_cleanup() -> None:
         _exit_cleanup_registered = True
 
 
+_left_groups: list[Any] = []
+
+
 def destroy_process_group() -> None:
-    """Leave the default process group if one exists."""
+    """Leave the default process group if one exists.
+
+    The groups' Python objects are kept until the interpreter ends, so that the last reference
+    to a group is never dropped by one of its backend's own threads (a comm hook's future
+    callback finishing on a gloo worker after the main thread has moved on): the backend's
+    destructor joins its worker threads, and on one of them that join aborts the process
+    ("Resource deadlock avoided"). Each group is shut down here as before; only its memory waits.
+    """
     if dist.is_initialized():
+        with contextlib.suppress(Exception):  # a private map; without it, nothing is kept
+            _left_groups.extend(dist.distributed_c10d._world.pg_map)
         dist.destroy_process_group()
 
 

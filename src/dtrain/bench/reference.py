@@ -20,6 +20,7 @@ from torch.utils.data.distributed import DistributedSampler
 from dtrain.bench.measure import Recorder, grad_payload_bytes, task_options, worker_parser
 from dtrain.data import default_num_workers, loader_options
 from dtrain.tasks import load_task, make_optimizer
+from dtrain.world import destroy_process_group
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -96,7 +97,7 @@ def main(argv: list[str] | None = None) -> None:
     rec.write(args.out)
     del model  # a DDP object outliving its gloo group can abort the process at exit (torch 2.13)
     gc.collect()
-    dist.destroy_process_group()
+    destroy_process_group()
 
 
 @torch.no_grad()

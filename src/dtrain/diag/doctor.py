@@ -20,6 +20,7 @@ import torch.distributed as dist
 from .. import netif
 from .._version import __version__
 from ..errors import DtrainError
+from ..world import destroy_process_group
 
 
 @dataclass(frozen=True)
@@ -224,7 +225,7 @@ def _probe_nodes(cfg: DoctorConfig, store: dist.Store) -> dict[int, float]:
     try:
         return _time_all_reduce(device, _SIZES, 10)
     finally:
-        dist.destroy_process_group()
+        destroy_process_group()
 
 
 def bus_bandwidth(size_bytes: int, seconds: float, n: int) -> float:

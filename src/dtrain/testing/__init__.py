@@ -15,6 +15,7 @@ the ranks that never finished, and all ranks are killed.
 
 from __future__ import annotations
 
+import faulthandler
 import io
 import os
 import queue
@@ -36,6 +37,9 @@ class DistributedTestError(AssertionError):
 
 
 def _child(rank: int, world_size: int, port: int, env: dict[str, str], fn: Callable[..., Any], args: tuple, results: Any) -> None:
+    # A rank killed by a signal (an abort in a backend's C++ thread) prints every Python thread's
+    # stack to stderr, so the failure says where it was.
+    faulthandler.enable()
     os.environ.update(env)
     os.environ.update(
         RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size),
@@ -52,10 +56,9 @@ def _child(rank: int, world_size: int, port: int, env: dict[str, str], fn: Calla
     except BaseException:  # report everything, SystemExit included, to the parent
         results.put((rank, False, traceback.format_exc()))
     finally:
-        import torch.distributed as dist
+        from ..world import destroy_process_group
 
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        destroy_process_group()
 
 
 def run_distributed(

@@ -13,6 +13,7 @@ import torch.distributed as dist
 
 import dtrain
 from dtrain import ConfigError
+from dtrain.world import destroy_process_group
 
 from ._engine import Engine
 
@@ -104,8 +105,8 @@ def _close() -> None:
         if global_process_set.group is not None and dist.is_initialized():
             dist.destroy_process_group(global_process_set.group)
         global_process_set.group = None
-        if _State.own_group and dist.is_initialized():
-            dist.destroy_process_group()
+        if _State.own_group:
+            destroy_process_group()
         _State.own_group = False
         _State.ctx.close()
         _State.ctx = None
