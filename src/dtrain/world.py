@@ -329,10 +329,12 @@ def destroy_process_group() -> None:
     """Leave the default process group if one exists.
 
     The groups' Python objects are kept until the interpreter ends, so that the last reference
-    to a group is never dropped by one of its backend's own threads (a comm hook's future
-    callback finishing on a gloo worker after the main thread has moved on): the backend's
-    destructor joins its worker threads, and on one of them that join aborts the process
-    ("Resource deadlock avoided"). Each group is shut down here as before; only its memory waits.
+    to a group is not dropped by one of its backend's own threads (say, a comm hook's future
+    callback, which holds the group, finishing on a gloo worker after the main thread has moved
+    on): the backend's destructor joins its worker threads, and on one of them that join aborts
+    the process ("Resource deadlock avoided"). One CI run saw that abort once, on a rank after
+    a PowerSGD run; 10 reruns did not, so this path is a likely cause, not a proven one. Each
+    group is shut down here as before; only its memory waits.
     """
     if dist.is_initialized():
         with contextlib.suppress(Exception):  # a private map; without it, nothing is kept
