@@ -136,6 +136,8 @@ def main() -> int:
     p.add_argument("--examples", type=Path, default=None, help="a copy of Horovod's examples/elastic/pytorch folder")
     p.add_argument("--join-and-loss", type=int, default=None, metavar="PORT",
                    help="instead: two launchers on 127.0.0.1:PORT, a node joins then is lost (dtrain's own script)")
+    p.add_argument("--samples", type=int, default=4096,
+                   help="with --join-and-loss: samples per epoch (enough that the job outlasts the join and the loss)")
     p.add_argument("--mnist-dir", type=Path, default=None, help="MNIST's *-ubyte.gz files (for the mnist example)")
     p.add_argument("--only", choices=sorted(EXAMPLES), action="append", help="run only this example (repeatable)")
     p.add_argument("-n", type=int, default=2)
@@ -145,7 +147,7 @@ def main() -> int:
     args = p.parse_args()
     if args.join_and_loss is not None:
         with tempfile.TemporaryDirectory(prefix="hvd-elastic-") as tmp:
-            res = join_and_loss(args.join_and_loss, Path(tmp), args.timeout)
+            res = join_and_loss(args.join_and_loss, Path(tmp), args.timeout, args.samples)
         print(json.dumps(res, indent=1))
         if args.json:
             args.json.write_text(json.dumps(res, indent=1))
