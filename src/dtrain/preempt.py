@@ -117,9 +117,12 @@ def requeue_job(job_id: int | None, signum: int) -> bool:
         if state != "RUNNING":
             logger.warning(f"preemption: job {job_id} is {state or 'in an unknown state'}; SIGTERM from a cancel or the time limit is not requeued")
             return False
+    # Said before the call: a requeue ends this attempt at once, often before the call returns
+    # or before a line written after it reaches the job's log.
+    logger.warning(f"preemption: requeueing job {job_id} (scontrol requeue); SLURM ends this attempt and starts it again")
     done, message = requeue(job_id)
     if done:
-        logger.warning(f"preemption: job {job_id} requeued (scontrol requeue)")
+        logger.warning(f"preemption: job {job_id} requeued")
     else:
         logger.error(f"preemption: scontrol requeue {job_id} failed: {message}; submit the job again (sbatch --requeue lets it requeue)")
     return done
