@@ -167,6 +167,16 @@ class NetBed:
         """Whether this kernel has the netem qdisc (delay); known after entering."""
 
     @property
+    def threads_per_host(self) -> int:
+        """This machine's cores divided among the hosts (at least 1): the OMP_NUM_THREADS each
+        host's programs get unless their environment sets it."""
+        try:
+            cores = len(os.sched_getaffinity(0))
+        except AttributeError:
+            cores = os.cpu_count() or 1
+        return max(1, cores // self.hosts)
+
+    @property
     def hosts(self) -> int:
         return len(self.namespaces)
 
@@ -281,6 +291,13 @@ class NetBed:
         """Start ``argv`` on ``host``, in its own process group; output captured unless ``stdout``
         is given. :meth:`restart` starts the host's last command again."""
         self._last[host] = (list(argv), dict(kwargs))
+        # The hosts share this machine's cores; a real host would have its own. Unless the caller
+        # says otherwise, each host's programs get its share of the cores as torch threads (one
+        # process per host sees every core, and N hosts x all cores oversubscribe them: compute on
+        # a healthy 3-host bed ran ~10x slower than on one machine, and unevenly).
+        env = dict(kwargs.get("env") or os.environ)
+        env.setdefault("OMP_NUM_THREADS", str(self.threads_per_host))
+        kwargs["env"] = env
         kwargs.setdefault("stdout", subprocess.PIPE)
         kwargs.setdefault("stderr", subprocess.STDOUT)
         prefix = ["ip", "netns", "exec", self.namespaces[host]]
