@@ -54,6 +54,12 @@ def reshard(loader: DataLoader, *, rank: int, world_size: int, seed: int, shuffl
     )
 
 
+def usable_cores() -> int:
+    """The cores this process may use: its CPU affinity (which respects taskset and cgroup
+    cpusets) where the platform has one, else the machine's count."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def default_num_workers(dataset: Dataset, local_size: int, cpus: int | None = None) -> int:
     """DataLoader workers per process when none are asked for.
 
@@ -68,7 +74,7 @@ def default_num_workers(dataset: Dataset, local_size: int, cpus: int | None = No
     if isinstance(dataset, TensorDataset) or getattr(dataset, "in_memory", False):
         return 0
     if cpus is None:
-        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        cpus = usable_cores()
     spare = cpus // max(1, local_size) - 1
     return min(8, spare) if spare >= 1 else 0
 

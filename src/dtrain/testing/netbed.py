@@ -170,11 +170,9 @@ class NetBed:
     def threads_per_host(self) -> int:
         """This machine's cores divided among the hosts (at least 1): the OMP_NUM_THREADS each
         host's programs get unless their environment sets it."""
-        try:
-            cores = len(os.sched_getaffinity(0))
-        except AttributeError:
-            cores = os.cpu_count() or 1
-        return max(1, cores // self.hosts)
+        from ..data import usable_cores
+
+        return max(1, usable_cores() // self.hosts)
 
     @property
     def hosts(self) -> int:

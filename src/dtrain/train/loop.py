@@ -18,7 +18,7 @@ from .. import init, preempt
 from .._log import configure_cli_logging, logger
 from ..context import Context
 from ..strategies import Strategy
-from ..data import default_num_workers, loader_options
+from ..data import default_num_workers, loader_options, usable_cores
 from ..data.ledger import SampleLedger
 from ..errors import ConfigError, DtrainError
 from ..options import Options, launcher_link
@@ -284,7 +284,7 @@ INPUT_BOUND_SHARE = 0.10
 
 
 def _worker_hint(workers: int) -> str:
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cpus = usable_cores()
     more = max(2, workers * 2)
     if more > cpus:
         return f"--num-workers is {workers} and this machine has {cpus} cores: more decoding cores (or a smaller --task-arg size) would help"
