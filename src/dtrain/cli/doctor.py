@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from ..diag.doctor import DoctorConfig, environment_report, run_doctor
 from .. import _check as check
+from ..diag.doctor import DoctorConfig, environment_report, run_doctor
 from ..errors import ConfigError
 
 

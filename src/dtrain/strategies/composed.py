@@ -16,10 +16,10 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError
-from ..precision import Precision
 from ..parallel import apply as par
 from ..parallel.clip import clip_grad_norm_
 from ..parallel.dims import ParallelDims, resolve
+from ..precision import Precision
 from ..world import World
 from . import register
 from .base import Capabilities, Strategy

@@ -24,8 +24,8 @@ import torch.distributed as dist
 from torch import nn
 
 from .._log import note_once
-from ..precision import Precision
 from ..errors import ConfigError
+from ..precision import Precision
 from ..world import World
 from . import register
 from .base import Capabilities, Strategy

@@ -17,12 +17,12 @@ from torch.utils.data import DataLoader
 from .. import init, preempt
 from .._log import configure_cli_logging, logger
 from ..context import Context
-from ..strategies import Strategy
 from ..data import default_num_workers, loader_options, usable_cores
 from ..data.ledger import SampleLedger
 from ..errors import ConfigError, DtrainError
-from ..options import Options, launcher_link
 from ..metrics import DataWait, JsonlSink, ProgressSink, Throughput, render_summary
+from ..options import Options, launcher_link
+from ..strategies import Strategy
 from ..tasks import Task, load_task, make_optimizer
 from ..world import World
 from .config import TrainConfig, check_accum
