@@ -36,7 +36,7 @@ from .step import DtrainModule, DtrainOptimizer, Step
 from .strategies.base import Strategy
 from .world import World, destroy_process_group
 
-__all__ = ["Context", "DtrainModule", "DtrainOptimizer", "comm_options", "init", "seed_everything"]
+__all__ = ["Context", "DtrainModule", "DtrainOptimizer"]
 
 
 def _check_model(what: str, model: Any) -> None:
@@ -409,6 +409,3 @@ def _state_of(value: Any) -> Any:
         return value.state_dict()
     return value
 
-
-# dtrain.init builds a Context (dtrain.startup); importable from here as before.
-from .startup import comm_options, init, seed_everything  # noqa: E402
