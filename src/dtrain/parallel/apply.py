@@ -27,10 +27,10 @@ from torch import nn
 
 from .. import transforms
 from ..errors import ConfigError
-from ..strategies.fsdp import FSDPConfig, apply_fully_shard
-from ..strategies.pipeline import PipelineConfig, split_stage
-from ..strategies.stages import Stages
 from .dims import ParallelDims
+from .fsdp import FSDPConfig, apply_fully_shard
+from .pipeline import PipelineConfig, split_stage
+from .stages import Stages
 
 
 def apply_pp(model: nn.Module, pp_mesh: Any, config: PipelineConfig, blocks: Sequence[nn.Module] | None

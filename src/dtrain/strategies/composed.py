@@ -3,7 +3,7 @@
 cuts the pipeline stages (``pp``), and ``compose`` applies tensor parallelism, activation
 checkpointing, compile and FSDP/DDP to this rank's stage (the whole model without ``pp``), in
 that order. With ``pp`` the step runs through a pipeline schedule over the ranks along the
-mesh's ``pp`` dimension (``dtrain.strategies.stages``), one pipeline per data-parallel rank.
+mesh's ``pp`` dimension (``dtrain.parallel.stages``), one pipeline per data-parallel rank.
 """
 
 from __future__ import annotations
@@ -19,13 +19,13 @@ from ..errors import ConfigError
 from ..parallel import apply as par
 from ..parallel.clip import clip_grad_norm_
 from ..parallel.dims import ParallelDims, resolve
+from ..parallel.fsdp import FSDPConfig
+from ..parallel.pipeline import PipelineConfig, keep_params
+from ..parallel.stages import Pipe
 from ..precision import Precision
 from ..world import World
 from . import register
 from .base import Capabilities, Strategy
-from .fsdp import FSDPConfig
-from .pipeline import PipelineConfig, keep_params
-from .stages import Pipe
 
 if TYPE_CHECKING:
     from ..collectives import Collectives
