@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 
 from .. import _check as check
-from ..diag.doctor import DoctorConfig, environment_report, run_doctor
 from ..errors import ConfigError
+from .doctor_checks import DoctorConfig, environment_report, run_doctor
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
