@@ -18,10 +18,11 @@ from collections.abc import Iterator
 
 import torch
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 
 from .._log import note_once
 from ..errors import ConfigError
+from ..parallel.dims import ParallelDims
 from ..parallel.fsdp import FSDPConfig, apply_fully_shard, parse_wrap, units
 from ..world import World
 from . import register
@@ -99,7 +100,7 @@ class FSDPStrategy(Strategy):
         if not world.distributed:
             note_once("fsdp with one process: nothing to shard; running the model as it is.")
             return model.to(world.device)
-        mesh = init_device_mesh(world.device.type, (world.size,), mesh_dim_names=("shard",))
+        mesh = ParallelDims(dp_shard=world.size).build_mesh(world.device.type)["dp_shard"]
         return self._impl.setup(model, world, mesh, blocks)
 
     def setup_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module | None) -> torch.optim.Optimizer:
@@ -140,7 +141,8 @@ class HSDPStrategy(Strategy):
             return model.to(world.device)
         shape = self.mesh_shape(world)
         try:
-            mesh = init_device_mesh(world.device.type, shape, mesh_dim_names=("replicate", "shard"))
+            dims = ParallelDims(dp_replicate=shape[0], dp_shard=shape[1])
+            mesh = dims.build_mesh(world.device.type)["dp_replicate", "dp_shard"]
         except (RuntimeError, NotImplementedError, ValueError) as exc:  # a backend without 2-D meshes
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise ConfigError(f"hsdp: torch cannot build a {shape[0]}x{shape[1]} device mesh on backend {world.backend} ({first}); use --strategy fsdp.") from None
