@@ -55,7 +55,7 @@ def tp_whole_share() -> float:
 def largest_stage_share(pp: int) -> float:
     """The largest pipeline stage's share of the untied model's parameters (stages are cut
     between blocks, so they are not all the same size)."""
-    from dtrain.strategies.pipeline import block_bounds
+    from dtrain.parallel.pipeline import block_bounds
     from dtrain.tasks.gpt import gpt, gpt_blocks
 
     kw = dict(a.split("=") for a in TASK_ARGS if not a.startswith("max_bytes"))

@@ -8,9 +8,9 @@ import pytest
 
 from dtrain import ConfigError
 from dtrain.bench import DEFAULT_METHODS, parse_methods
+from dtrain.bench.methods import METHODS
 from dtrain.bench.report import build_report, markdown, percentile, summarise
 from dtrain.bench.runner import BenchConfig, MethodRun, round_order
-from dtrain.bench.methods import METHODS
 from dtrain.testing import run_cli
 
 

@@ -183,7 +183,7 @@ def test_one_node_run_listens_on_loopback_only(tmp_path, launcher):
 
 
 def test_doctor_hosts_its_store_on_loopback_only():
-    from dtrain.diag.doctor import DoctorConfig, check_rendezvous
+    from dtrain.cli.doctor_checks import DoctorConfig, check_rendezvous
 
     check, store, _ = check_rendezvous(DoctorConfig(probe=False, timeout_s=10))
     try:

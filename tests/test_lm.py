@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader
 
 import dtrain
 from dtrain.errors import ConfigError, DataError
-from dtrain.strategies.pipeline import PipelineConfig, block_bounds, build_stage
+from dtrain.parallel.pipeline import PipelineConfig, block_bounds, build_stage
 from dtrain.tasks import load_task
 from dtrain.tasks.lm import corpus_files, read_corpus
 from dtrain.testing import run_cli, run_distributed

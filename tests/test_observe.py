@@ -10,7 +10,7 @@ import torch
 
 import dtrain
 from dtrain.errors import ConfigError
-from dtrain.metrics.breakdown import PHASES, StepBreakdown, pack, p90, stats, unpack
+from dtrain.metrics.breakdown import PHASES, StepBreakdown, p90, pack, stats, unpack
 from dtrain.metrics.stragglers import StragglerConfig, StragglerDetector
 from dtrain.testing import run_cli
 

@@ -63,18 +63,17 @@ def test_tp_ranks_read_the_same_data_and_tp_is_fastest():
     ("pp=4", "pipeline"), ("dp_shard=2,tp=2", "composed"), ("tp=4", "composed"),
 ])
 def test_one_kind_layouts_are_todays_strategies(layout, expected):
-    name, options = strategy_for("auto", layout, 4, {}, compile=False, activation_checkpointing=False)
+    name, options = strategy_for("auto", layout, 4, {})
     assert name == expected
     assert (options.get("shard_size") == 2) if expected == "hsdp" else True
 
 
 def test_layout_and_strategy_together_are_one_line_and_pp_composes():
     with pytest.raises(ConfigError, match="both say how to split"):
-        strategy_for("ddp", "tp=2", 2, {}, compile=False, activation_checkpointing=False)
+        strategy_for("ddp", "tp=2", 2, {})
     with pytest.raises(ConfigError, match="drop bucket_cap_mb"):
-        strategy_for("auto", "tp=2", 2, {"bucket_cap_mb": 5}, compile=False, activation_checkpointing=False)
-    name, options = strategy_for("auto", "pp=2,dp_shard=2", 4, {"microbatches": 2, "wrap": "none"},
-                                 compile=False, activation_checkpointing=False)
+        strategy_for("auto", "tp=2", 2, {"bucket_cap_mb": 5})
+    name, options = strategy_for("auto", "pp=2,dp_shard=2", 4, {"microbatches": 2, "wrap": "none"})
     assert name == "composed" and options["pipeline"].microbatches == 2 and options["fsdp"].wrap == "none"
 
 
@@ -245,10 +244,10 @@ def test_checkpoint_of_pp_x_dp_resumes_in_one_process_where_an_unbroken_run_woul
 
 
 def test_tp_without_a_plan_is_one_line_before_any_collective():
-    from dtrain.parallel.apply import compose
+    from dtrain.parallel.apply import apply_layout_tp
 
     with pytest.raises(ConfigError, match="has no tensor-parallel plan; set Task.tp_plan"):
-        compose(torch.nn.Linear(2, 2), ParallelDims(tp=2), None, torch.device("cpu"))
+        apply_layout_tp(torch.nn.Linear(2, 2), ParallelDims(tp=2), None, torch.device("cpu"), None)
 
 
 def test_run_checks_the_layout_before_starting_workers(tmp_path):

@@ -15,9 +15,9 @@ from torch.utils.data import DataLoader, TensorDataset
 import dtrain
 from dtrain.cli import main as cli_main
 from dtrain.errors import ConfigError
+from dtrain.parallel.fsdp import units
+from dtrain.parallel.pipeline import PipelineConfig, stage_bounds
 from dtrain.strategies import build
-from dtrain.strategies.fsdp import units
-from dtrain.strategies.pipeline import PipelineConfig, stage_bounds
 from dtrain.testing import run_distributed
 
 STEPS = 6

@@ -1,6 +1,9 @@
-"""The strategy contract, the --comm rule and the DTRAIN_* options (tier 1: no process group)."""
+"""The strategy contract, the --comm rule, the DTRAIN_* options and the import map (tier 1: no process group)."""
 
 from __future__ import annotations
+
+import ast
+import pathlib
 
 import pytest
 
@@ -47,3 +50,124 @@ def test_options_read_every_dtrain_setting_once():
         Options.from_env({"DTRAIN_FAULT_INJECT": "x"})
     with pytest.raises(ConfigError, match=r"DTRAIN_STALL_TIMEOUT='soon' is not a number of seconds"):
         Options.from_env({"DTRAIN_STALL_TIMEOUT": "soon"})
+
+
+# -- the map holds (../shared/STYLE.md): imports flow one way, no cycles --------------------------------------------
+
+SRC = pathlib.Path(__file__).resolve().parents[1] / "src" / "dtrain"
+
+LAYERS = {
+    # 0: the command and its entry point
+    "cli": 0, "__main__": 0,
+    # 1: the faces: the ready job, tasks, bench, launcher, legacy APIs, the test harness, the public package root
+    "train": 1, "tasks": 1, "bench": 1, "launch": 1, "compat": 1, "testing": 1, "dtrain": 1,
+    # 2: what a training script holds (the context and its parts)
+    "context": 2, "startup": 2, "step": 2, "evaluation": 2, "preempt": 2,
+    # 3: the mechanisms
+    "strategies": 3, "parallel": 3, "precision": 3, "comm": 3, "data": 3, "checkpoint": 3, "metrics": 3, "diag": 3,
+    "collectives": 3, "options": 3, "transforms": 3, "convnets": 3,
+    # 4: the ground
+    "world": 4, "netif": 4, "slurm": 4, "errors": 4, "_log": 4, "_version": 4, "_check": 4,
+}
+"""Each top-level module or folder of dtrain and its floor; a module may import its own floor and those below."""
+
+
+def _modules() -> dict[str, pathlib.Path]:
+    out = {}
+    for path in SRC.rglob("*.py"):
+        parts = ("dtrain", *path.relative_to(SRC).with_suffix("").parts)
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def _imports(name: str, path: pathlib.Path, modules: dict[str, pathlib.Path], *, top_level: bool) -> set[str]:
+    """The dtrain modules ``name`` imports (TYPE_CHECKING imports too; inside functions unless ``top_level``),
+    without its own parent packages (Python imports those first anyway), except the package root."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if top_level and isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                continue
+            if isinstance(child, ast.Import):
+                found.update(a.name for a in child.names)
+            elif isinstance(child, ast.ImportFrom):
+                base = child.module or ""
+                if child.level:
+                    up = package.split(".")[: len(package.split(".")) - child.level + 1]
+                    base = ".".join([*up, base] if base else up)
+                found.update(f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in child.names)
+            visit(child)
+
+    visit(ast.parse(path.read_text()))
+    out = set()
+    for target in found:
+        while target and target not in modules:
+            target = target.rpartition(".")[0]
+        if target and target != name and (target == "dtrain" or not name.startswith(target + ".")):
+            out.add(target)
+    return out
+
+
+def _unit(name: str) -> str:
+    parts = name.split(".")
+    return parts[1] if len(parts) > 1 else "dtrain"
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out: list[list[str]] = []
+
+    def connect(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while not component or component[-1] != v:
+                component.append(stack.pop())
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in graph:
+        if v not in index:
+            connect(v)
+    return out
+
+
+def test_no_import_cycles():
+    modules = _modules()
+    graph = {name: _imports(name, path, modules, top_level=True) for name, path in modules.items()}
+    assert _cycles(graph) == []
+
+
+def test_every_module_has_a_floor():
+    assert sorted({_unit(name) for name in _modules()} - set(LAYERS)) == []
+
+
+def test_imports_point_down_the_floors():
+    modules = _modules()
+    upward = []
+    for name, path in sorted(modules.items()):
+        for target in sorted(_imports(name, path, modules, top_level=False)):
+            if _unit(target) != _unit(name) and LAYERS[_unit(target)] < LAYERS[_unit(name)]:
+                upward.append(f"{name} -> {target}")
+    assert upward == []
+
+
+def test_no_two_folders_import_each_other():
+    modules = _modules()
+    uses: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        uses.setdefault(_unit(name), set()).update(_unit(t) for t in _imports(name, path, modules, top_level=False))
+    mutual = sorted(f"{a} <-> {b}" for a in uses for b in uses[a] if a < b and a in uses.get(b, ()) and "dtrain" not in (a, b))
+    assert mutual == []

@@ -6,10 +6,12 @@ argparse types, the config dataclasses' ``__post_init__`` and the public API sha
 
 from __future__ import annotations
 
+import argparse
 import math
 import os
 import re
 import socket
+import sys
 from typing import Any
 
 from .errors import ConfigError
@@ -128,3 +130,15 @@ def _short(value: Any) -> str:
     text = repr(value)
     text = text if len(text) <= 60 else text[:57] + "..."
     return text.replace("\n", " ")
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line and exit status 2, and flags are never abbreviated."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        print(f"dtrain: error: {message}; see `{self.prog} --help`.", file=sys.stderr)
+        sys.exit(2)

@@ -31,12 +31,13 @@ from .data.loader import DeviceLoader, reshard
 from .diag import Tracker, Watchdog
 from .errors import CheckpointError, ConfigError
 from .metrics.memory import MemoryReport, memory_report
+from .parallel.apply import parallelize
 from .precision import Precision
 from .step import DtrainModule, DtrainOptimizer, Step
 from .strategies.base import Strategy
 from .world import World, destroy_process_group
 
-__all__ = ["Context", "DtrainModule", "DtrainOptimizer", "comm_options", "init", "seed_everything"]
+__all__ = ["Context", "DtrainModule", "DtrainOptimizer"]
 
 
 def _check_model(what: str, model: Any) -> None:
@@ -161,23 +162,18 @@ class Context:
             model = apply_channels_last(model, self.strategy)
         blocks = list(blocks) if blocks is not None else []
         transforms.check_options(compile=self.compile, activation_checkpointing=self.activation_checkpointing, has_blocks=bool(blocks))
-        if self.activation_checkpointing:
-            transforms.apply_activation_checkpointing(blocks)
-        if self.compile and blocks:
-            transforms.compile_blocks(blocks)
         if self.debug and self.world.distributed:
             with torch.no_grad():
                 checksum = float(sum(p.detach().double().sum().item() for p in model.parameters()))
             self.collectives.check_same("parameter checksum at setup", round(checksum, 6),
                                         fix="build the model after dtrain.init(seed=...) so every rank starts alike")
-        # fsdp/hsdp wrap, pipeline splits at the blocks when the user chose no policy of their own.
-        if self.world.distributed:  # DDP broadcasts rank 0's parameters: a rank can wait here
-            with self.collectives.labelled("setup (parameter broadcast)"):
-                inner = self.strategy.setup_model(model, self.world, blocks=blocks or None)
-        else:
-            inner = self.strategy.setup_model(model, self.world, blocks=blocks or None)
-        if self.compile and not blocks:
-            inner.compile()  # the wrapped model whole (DDP: its graph split at buckets by DDPOptimizer)
+        # One order for every strategy (dtrain.parallel.apply.parallelize): its cuts, activation
+        # checkpointing, compile, its wrap (fsdp/hsdp wrap and pipeline splits at the blocks when
+        # the user chose no policy of their own).
+        setup = self.collectives.labelled("setup (parameter broadcast)") if self.world.distributed else contextlib.nullcontext()
+        with setup:  # DDP broadcasts rank 0's parameters: a rank can wait here
+            inner = parallelize(model, self.strategy, self.world, blocks=blocks,
+                                activation_checkpointing=self.activation_checkpointing, compile=self.compile)
         return self._step.wrap_model(inner, channels_last)
 
     def setup_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module | None = None) -> DtrainOptimizer:
@@ -409,6 +405,3 @@ def _state_of(value: Any) -> Any:
         return value.state_dict()
     return value
 
-
-# dtrain.init builds a Context (dtrain.startup); importable from here as before.
-from .startup import comm_options, init, seed_everything  # noqa: E402

@@ -70,10 +70,7 @@ def init(
                           warmup=comm_warmup if comm_warmup is not None else env.comm_warmup)  # fails on every strategy
     parallel = parallel if parallel is not None else env.parallel
     if parallel is not None:  # a layout: today's strategy when it is one, else the composed one
-        strategy, strategy_options = strategy_for(strategy, parallel, world.size, strategy_options, compile=compile,
-                                                  activation_checkpointing=activation_checkpointing)
-        compile = compile and strategy != "composed"  # composed applies both itself, after TP
-        activation_checkpointing = activation_checkpointing and strategy != "composed"
+        strategy, strategy_options = strategy_for(strategy, parallel, world.size, strategy_options)
     else:
         strategy_options.pop("tp_plan", None)  # a plan is used by layouts with tp only
     strat = strategies.build(strategy, comm=spec, distributed=world.distributed, **strategy_options)

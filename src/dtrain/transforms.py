@@ -24,6 +24,7 @@ from torch.utils.checkpoint import checkpoint
 
 from .errors import ConfigError
 
+
 def apply_activation_checkpointing(blocks: Sequence[nn.Module]) -> int:
     """Recompute each block's forward in backward; returns how many blocks were changed."""
     done = 0

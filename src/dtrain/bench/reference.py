@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> None:
         rec.test_acc = _accuracy(net, task, device)  # the whole test set on every rank
     rec.finish()
     rec.write(args.out)
-    del model  # a DDP object outliving its gloo group can abort the process at exit (torch 2.13)
+    model = None  # drop the last reference: a DDP object outliving its gloo group can abort the process at exit (torch 2.13)
     gc.collect()
     destroy_process_group()
 

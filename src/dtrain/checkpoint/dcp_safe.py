@@ -57,7 +57,12 @@ def read_metadata(folder: str) -> tuple[Any, list[str]]:
     """The DCP ``Metadata`` of ``folder``, and the shard files it names (sorted).
 
     CheckpointError (one line, naming the file) for anything but metadata as torch writes it."""
-    from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata, MetadataIndex, TensorStorageMetadata
+    from torch.distributed.checkpoint.metadata import (
+        BytesStorageMetadata,
+        Metadata,
+        MetadataIndex,
+        TensorStorageMetadata,
+    )
 
     path = os.path.join(folder, METADATA_FILE)
     refused = f"{path} is refused"

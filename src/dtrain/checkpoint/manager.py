@@ -29,6 +29,7 @@ from ..errors import CheckpointError
 from . import lock
 from .sharded import SHARDED_DIR, load_sharded, save_sharded, sharded_names
 from .store import STATE_FILE, clean_leftovers, prune, set_latest, step_name, write_checkpoint
+from .validate import newest_valid, read_checkpoint, state_problem
 
 if TYPE_CHECKING:
     from ..collectives import Collectives
@@ -45,7 +46,6 @@ class RunState:
     strategy: Strategy
     scaler: torch.amp.GradScaler | None = None
     seed: int = 0
-from .validate import newest_valid, read_checkpoint, state_problem
 
 
 def rng_state() -> dict[str, Any]:

@@ -2,26 +2,14 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Sequence
 
+from .._check import Parser
 from ..errors import DtrainError
 
 #: Subcommand modules, each with ``add_parser(subparsers)`` that sets ``func``.
 COMMANDS = ("run", "train", "bench", "ckpt", "doctor", "submit", "report")
-
-
-class Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line and exit status 2, and flags are never abbreviated."""
-
-    def __init__(self, *args, **kwargs) -> None:
-        kwargs.setdefault("allow_abbrev", False)
-        super().__init__(*args, **kwargs)
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        print(f"dtrain: error: {message}; see `{self.prog} --help`.", file=sys.stderr)
-        sys.exit(2)
 
 
 def build_parser() -> Parser:

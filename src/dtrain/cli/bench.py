@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 import os
 
+from .. import _check as check
 from .._log import configure_cli_logging
 from ..bench import parse_methods
 from ..bench.methods import layout_methods
 from ..bench.report import build_report, markdown, write_report
 from ..bench.runner import BenchConfig, run_bench
-from .. import _check as check
 from ..errors import ConfigError
 from ..tasks import load_task
 from ..world import check_device

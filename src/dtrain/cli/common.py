@@ -7,7 +7,6 @@ import os
 
 from .. import _check as check
 from ..errors import ConfigError
-
 from ..launch import LaunchSpec
 from ..launch.srun import spec_for_step
 from ..slurm import SlurmStep

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from ..diag.doctor import DoctorConfig, environment_report, run_doctor
 from .. import _check as check
 from ..errors import ConfigError
+from .doctor_checks import DoctorConfig, environment_report, run_doctor
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

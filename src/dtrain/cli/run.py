@@ -10,8 +10,8 @@ from .._log import configure_cli_logging
 from ..errors import ConfigError
 from ..launch import launch_script
 from ..launch.runner import run_script
-from .parallel import add_parallel_arg, export_parallel
 from .common import add_comm_args, add_launch_args, export_comm, export_diagnostics, launch_spec, slurm_step
+from .parallel import add_parallel_arg, export_parallel
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

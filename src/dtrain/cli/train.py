@@ -13,8 +13,8 @@ from ..strategies import Strategy
 from ..tasks import Task, load_task
 from ..train import TrainConfig, worker_main
 from ..world import World
-from .observe import add_observe_args, observe_options
 from .common import add_comm_args, add_launch_args, export_diagnostics, launch_spec
+from .observe import add_observe_args, observe_options
 from .parallel import add_parallel_arg, check_layout
 from .sharding import add_sharding_args, strategy_options
 

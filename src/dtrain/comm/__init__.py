@@ -13,10 +13,10 @@ from __future__ import annotations
 from torch import nn
 
 from .auto import Auto, LinkMeasurement, choose
-from .methods import Compressed, LocalSGD, Plain, PowerSGD
+from .methods import AllReduce, Compressed, LocalSGD, Plain, PowerSGD
 from .spec import CHOICES, KINDS, CommSpec
 
-Method = Plain | Compressed | PowerSGD | LocalSGD | Auto
+Method = AllReduce | PowerSGD | LocalSGD | Auto
 
 
 def _hook(method, bucket):  # type: ignore[no-untyped-def]
@@ -53,5 +53,5 @@ def attach(ddp: nn.parallel.DistributedDataParallel, spec: CommSpec) -> Method |
     return method
 
 
-__all__ = ["CHOICES", "KINDS", "Auto", "CommSpec", "Compressed", "LinkMeasurement", "LocalSGD", "Method", "Plain",
+__all__ = ["CHOICES", "KINDS", "AllReduce", "Auto", "CommSpec", "Compressed", "LinkMeasurement", "LocalSGD", "Method", "Plain",
            "PowerSGD", "attach", "choose", "needs_one_bucket", "one_bucket_mb"]

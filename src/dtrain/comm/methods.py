@@ -28,34 +28,15 @@ def allreduce(bucket: dist.GradBucket) -> Future:
     return default_hooks._allreduce_fut(dist.group.WORLD, bucket.buffer())
 
 
-class Plain:
-    """All-reduce every step, as DDP does without a hook (what ``auto`` runs when it picks ``none``)."""
+class AllReduce:
+    """All-reduce every step: plain (``none``: as DDP does without a hook; what ``auto`` runs when
+    it picks ``none``), or in 16 bits (``fp16``/``bf16``: torch's ``fp16_compress_hook`` /
+    ``bf16_compress_hook``): half the bytes; bf16 keeps fp32's range, fp16 keeps 3 more mantissa bits."""
 
-    def __init__(self) -> None:
-        self.steps = 0
-
-    def communicate(self, bucket: dist.GradBucket) -> Future:
-        if bucket.is_last():
-            self.steps += 1
-        return allreduce(bucket)
-
-    def after_step(self, optimizer: torch.optim.Optimizer) -> None:
-        pass
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"shared": {"steps": self.steps}, "local": {}}
-
-    def load_state_dict(self, state: dict[str, Any], *, same_ranks: bool = True) -> None:
-        self.steps = int(state["shared"]["steps"])
-
-
-class Compressed:
-    """All-reduce in 16 bits (torch's ``fp16_compress_hook`` / ``bf16_compress_hook``): half the
-    bytes; bf16 keeps fp32's range, fp16 keeps 3 more mantissa bits."""
-
-    def __init__(self, kind: str) -> None:
+    def __init__(self, kind: str = "none") -> None:
         self.kind = kind
-        self._hook = default_hooks.fp16_compress_hook if kind == "fp16" else default_hooks.bf16_compress_hook
+        hooks = {"fp16": default_hooks.fp16_compress_hook, "bf16": default_hooks.bf16_compress_hook}
+        self._hook = hooks.get(kind, lambda _, bucket: allreduce(bucket))
         self.steps = 0
 
     def communicate(self, bucket: dist.GradBucket) -> Future:
@@ -71,6 +52,12 @@ class Compressed:
 
     def load_state_dict(self, state: dict[str, Any], *, same_ranks: bool = True) -> None:
         self.steps = int(state["shared"]["steps"])
+
+
+Plain = AllReduce
+"""All-reduce every step (``AllReduce("none")``)."""
+Compressed = AllReduce
+"""All-reduce in 16 bits (``AllReduce("fp16")``, ``AllReduce("bf16")``)."""
 
 
 class PowerSGD:
@@ -233,11 +220,9 @@ def _clone(tensors: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
     return {int(k): v.detach().clone() for k, v in tensors.items()}
 
 
-def build(kind: str, *, rank: int = 2, period: int = 16, warmup: int = 0) -> Plain | Compressed | PowerSGD | LocalSGD:
-    if kind == "none":
-        return Plain()
-    if kind in ("fp16", "bf16"):
-        return Compressed(kind)
+def build(kind: str, *, rank: int = 2, period: int = 16, warmup: int = 0) -> AllReduce | PowerSGD | LocalSGD:
+    if kind in ("none", "fp16", "bf16"):
+        return AllReduce(kind)
     if kind == "powersgd":
         return PowerSGD(rank, warmup)
     if kind == "localsgd":

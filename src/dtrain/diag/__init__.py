@@ -1,5 +1,6 @@
-"""Diagnostics: the stall watchdog, the collective checker and the preflight checks of
-``dtrain doctor``. They turn a silent hang or a misconfigured cluster into a clear report."""
+"""Diagnostics: the stall watchdog, the collective checker and the all-reduce probe of
+``dtrain doctor`` (whose checks live with its command, ``dtrain.cli.doctor_checks``). They turn
+a silent hang or a misconfigured cluster into a clear report."""
 
 from .tracker import Tracker
 from .watchdog import STALL_EXIT, Watchdog

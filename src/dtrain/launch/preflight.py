@@ -20,8 +20,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from .._version import __version__
 from .._log import logger
+from .._version import __version__
 from ..errors import ConfigError, LaunchError
 from .spec import LaunchSpec
 

@@ -22,9 +22,9 @@ from ..diag.watchdog import STALL_EXIT
 from ..errors import DtrainError, LaunchError
 from ..preempt import REJOIN_EXIT
 from ..world import use_route_interface
-from .preflight import check_nodes, connect_store, wait_for_master
 from . import membership
 from .lifecycle import run_worker
+from .preflight import check_nodes, connect_store, wait_for_master
 from .spec import LaunchSpec
 from .store import host_store
 from .supervise import AGENT_SIGNALS, Stopped, Supervisor

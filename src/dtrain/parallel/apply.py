@@ -1,11 +1,15 @@
-"""Each parallelism as one short function, applied by ``compose`` in one fixed order:
+"""Each parallelism as one short function, applied by ``parallelize`` in one fixed order for
+every strategy:
 
 1. ``apply_pp``: pipeline split (``pp``): this rank keeps its stage's layers, and every later
-   step applies to that stage alone (the composed strategy calls it before ``compose``),
+   step applies to that stage alone,
 2. ``apply_tp``: tensor parallelism (the task's plan, through ``parallelize_module``),
+   (1 and 2 are the strategy's ``split``: the composed strategy's layout),
 3. ``apply_ac``: activation checkpointing of each block,
 4. ``apply_compile``: ``torch.compile`` of each block,
-5. ``apply_fsdp`` (``dp_shard``, with ``dp_replicate``: HSDP) or ``apply_ddp`` (``dp_replicate``).
+5. ``apply_fsdp`` (``dp_shard``, with ``dp_replicate``: HSDP) or ``apply_ddp`` (``dp_replicate``),
+   or a named strategy's own wrap (DDP with ``--comm``, ``fully_shard``, ...): ``setup_model``,
+6. ``torch.compile`` of the whole wrapped model when no blocks were given.
 
 The order is torchtitan's (its pipeline split, then ``parallelize_llama``): the pipeline cut
 first, so each stage is parallelised on its own; TP rewrites the layers' parameters into
@@ -20,17 +24,17 @@ reduced once after the last (``torch/distributed/pipelining/stage.py``,
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 
 from .. import transforms
 from ..errors import ConfigError
-from ..strategies.fsdp import FSDPConfig, apply_fully_shard
-from ..strategies.pipeline import PipelineConfig, split_stage
-from ..strategies.stages import Stages
 from .dims import ParallelDims
+from .fsdp import FSDPConfig, apply_fully_shard
+from .pipeline import PipelineConfig, split_stage
+from .stages import Stages
 
 
 def apply_pp(model: nn.Module, pp_mesh: Any, config: PipelineConfig, blocks: Sequence[nn.Module] | None
@@ -121,25 +125,50 @@ def apply_ddp(model: nn.Module, dp_mesh: Any, device: torch.device) -> nn.Module
     return model
 
 
-def compose(model: nn.Module, dims: ParallelDims, mesh: Any, device: torch.device, *,
-            blocks: Sequence[nn.Module] | None = None, plan: Callable[[nn.Module, int], dict[str, Any]] | None = None,
-            activation_checkpointing: bool = False, compile: bool = False,
-            fsdp: FSDPConfig | None = None) -> nn.Module:
-    """Apply every parallelism of ``dims`` but the pipeline cut (``apply_pp``, before: then
-    ``model`` is this rank's stage) to ``model``, in the documented order.
-    Collective: call on every rank."""
-    if dims.tp > 1:
-        if plan is None:
-            raise ConfigError(f"--parallel {dims}: the task has no tensor-parallel plan; set Task.tp_plan "
-                              "(e.g. the lm task's gpt_tp_plan), or drop tp.")
-        apply_tp(model.to(device), mesh["tp"], plan(model, dims.tp))
+class Wrapping(Protocol):
+    """What ``parallelize`` asks of a strategy (``dtrain.strategies.base.Strategy`` declares both)."""
+
+    def split(self, model: nn.Module, world: Any, blocks: list[nn.Module]) -> tuple[nn.Module, list[nn.Module]]: ...
+
+    def setup_model(self, model: nn.Module, world: Any, blocks: list[nn.Module] | None = None) -> nn.Module: ...
+
+
+def parallelize(model: nn.Module, strategy: Wrapping, world: Any, *, blocks: Sequence[nn.Module] = (),
+                activation_checkpointing: bool = False, compile: bool = False) -> nn.Module:
+    """The one order every strategy goes through: its cuts (pipeline stage, TP), activation
+    checkpointing and compile of each block, its data-parallel wrap, then compile of the whole
+    wrapped model when no blocks were given (as torch's documentation does for DDP: the compiled
+    DDP module splits its graph at bucket boundaries, DDPOptimizer). Collective: call on every rank."""
+    model, blocks = strategy.split(model, world, list(blocks))
     if activation_checkpointing:
-        apply_ac(blocks or [])
+        apply_ac(blocks)
     if compile and blocks:
         apply_compile(blocks)
+    inner = strategy.setup_model(model, world, blocks=blocks or None)
+    if compile and not blocks:
+        inner.compile()
+    return inner
+
+
+def compose(model: nn.Module, dims: ParallelDims, mesh: Any, device: torch.device, *,
+            blocks: Sequence[nn.Module] | None = None, fsdp: FSDPConfig | None = None) -> nn.Module:
+    """The data-parallel step of ``dims`` (after ``apply_pp``, ``apply_tp`` and ``parallelize``'s
+    per-block steps): FSDP over ``dp_shard`` (HSDP with ``dp_replicate``), else DDP over
+    ``dp_replicate``, else the model on the device. Collective: call on every rank."""
     if dims.dp_shard > 1:
         dp_mesh = mesh["dp_replicate", "dp_shard"] if dims.dp_replicate > 1 else mesh["dp_shard"]
         return apply_fsdp(model, dp_mesh, device, blocks, fsdp)
     if dims.dp_replicate > 1:
         return apply_ddp(model, mesh["dp_replicate"], device)
     return model.to(device)
+
+
+def apply_layout_tp(model: nn.Module, dims: ParallelDims, mesh: Any, device: torch.device,
+                    plan: Callable[[nn.Module, int], dict[str, Any]] | None) -> nn.Module:
+    """TP of ``dims`` (none when ``tp`` is 1), with the task's plan for this model."""
+    if dims.tp > 1:
+        if plan is None:
+            raise ConfigError(f"--parallel {dims}: the task has no tensor-parallel plan; set Task.tp_plan "
+                              "(e.g. the lm task's gpt_tp_plan), or drop tp.")
+        apply_tp(model.to(device), mesh["tp"], plan(model, dims.tp))
+    return model

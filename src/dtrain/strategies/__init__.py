@@ -83,7 +83,7 @@ def comm_options(strategy: str | Strategy, comm: CommSpec | None, *, distributed
 
 
 # Importing the modules registers them.
-from . import ddp, dp, fsdp, hvd, pipeline, single, zero1  # noqa: E402,F401
-from . import composed  # noqa: E402,F401  (after fsdp: it reuses fsdp's functions)
+from . import ddp, dp, fsdp, hvd, pipeline, single, zero1  # noqa: E402,F401  # isort: skip
+from . import composed  # noqa: E402,F401  # isort: skip  (after fsdp: it reuses fsdp's functions)
 
 __all__ = ["Capabilities", "Strategy", "available", "build", "comm_options", "register", "resolve_name"]

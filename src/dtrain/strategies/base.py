@@ -63,6 +63,14 @@ class Strategy(abc.ABC):
 
         Collective: call on every rank."""
 
+    def split(self, model: nn.Module, world: World, blocks: list[nn.Module]) -> tuple[nn.Module, list[nn.Module]]:
+        """The cuts made before activation checkpointing and compile (``dtrain.parallel.apply.parallelize``):
+        this rank's pipeline stage and tensor-parallel layers, and the blocks left in them. By default
+        the model and its blocks as they are; ``setup_model`` then does the data-parallel wrap.
+
+        Collective where a strategy cuts: call on every rank."""
+        return model, blocks
+
     def setup_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module | None) -> torch.optim.Optimizer:
         """Wrap or re-point ``optimizer`` if the strategy communicates through it or replaced the
         parameters it was built on (identity by default)."""

@@ -1,9 +1,10 @@
 """Several parallelisms at once, from one ``ParallelDims`` (``dtrain.init(parallel=...)``,
-``--parallel dp_shard=2,tp=2``): the mesh is built once, ``dtrain.parallel.apply.apply_pp``
-cuts the pipeline stages (``pp``), and ``compose`` applies tensor parallelism, activation
-checkpointing, compile and FSDP/DDP to this rank's stage (the whole model without ``pp``), in
-that order. With ``pp`` the step runs through a pipeline schedule over the ranks along the
-mesh's ``pp`` dimension (``dtrain.strategies.stages``), one pipeline per data-parallel rank.
+``--parallel dp_shard=2,tp=2``): the mesh is built once; ``split`` cuts this rank's pipeline
+stage (``pp``, ``dtrain.parallel.apply.apply_pp``) and applies tensor parallelism to it, then
+``dtrain.parallel.apply.parallelize`` checkpoints and compiles its blocks, and ``setup_model``
+applies FSDP/DDP (``compose``), in that order. With ``pp`` the step runs through a pipeline
+schedule over the ranks along the mesh's ``pp`` dimension (``dtrain.parallel.stages``), one
+pipeline per data-parallel rank.
 """
 
 from __future__ import annotations
@@ -16,16 +17,16 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError
-from ..precision import Precision
 from ..parallel import apply as par
 from ..parallel.clip import clip_grad_norm_
 from ..parallel.dims import ParallelDims, resolve
+from ..parallel.fsdp import FSDPConfig
+from ..parallel.pipeline import PipelineConfig, keep_params
+from ..parallel.stages import Pipe
+from ..precision import Precision
 from ..world import World
 from . import register
 from .base import Capabilities, Strategy
-from .fsdp import FSDPConfig
-from .pipeline import PipelineConfig, keep_params
-from .stages import Pipe
 
 if TYPE_CHECKING:
     from ..collectives import Collectives
@@ -40,29 +41,28 @@ class ComposedStrategy(Strategy):
     capabilities = Capabilities(collective_forward=True, sharded_params=True, sharded_state=True)
 
     def __init__(self, parallel: str | dict | ParallelDims = "dp_replicate=1", *, tp_plan: Callable[[nn.Module, int], dict] | None = None,
-                 compile: bool = False, activation_checkpointing: bool = False, fsdp: FSDPConfig | None = None,
-                 pipeline: PipelineConfig | None = None) -> None:
+                 fsdp: FSDPConfig | None = None, pipeline: PipelineConfig | None = None) -> None:
         self.dims = resolve(parallel)
         if tp_plan is not None and not callable(tp_plan):
             raise ConfigError(f"tp_plan is a {type(tp_plan).__name__}; give a function (model, tp) -> {{name: ParallelStyle}}.")
-        self.tp_plan, self.compile, self.activation_checkpointing = tp_plan, compile, activation_checkpointing
+        self.tp_plan = tp_plan
         self.fsdp, self.pipeline = fsdp, pipeline or PipelineConfig()
         if self.dims.pp > 1:
             self.capabilities = Capabilities(collective_forward=True, sharded_params=True, sharded_state=True, staged_step=True)
         self.mesh: Any = None
         self._pipe: Pipe | None = None
         self._stage_params: set[int] | None = None
+        self._before: dict[str, nn.Parameter] = {}
         self._replaced: dict[int, nn.Parameter] = {}
         self._scores = True
 
     def __repr__(self) -> str:
         return f"ComposedStrategy({self.dims})"
 
-    def setup_model(self, model: nn.Module, world: World, blocks: list[nn.Module] | None = None) -> nn.Module:
-        """Collective: call on every rank."""
+    def split(self, model: nn.Module, world: World, blocks: list[nn.Module]) -> tuple[nn.Module, list[nn.Module]]:
+        """This rank's pipeline stage (pp), its layers split by TP: the steps before activation
+        checkpointing and compile. Collective: call on every rank."""
         self.dims.check_world(world.size)
-        if self.activation_checkpointing and not blocks:
-            raise ConfigError("--activation-checkpointing needs the model's blocks; pass ctx.setup(..., blocks=[...]) or set Task.blocks.")
         if self.mesh is None:
             self.mesh = self.dims.build_mesh(world.device.type)
         # Ranks of one TP group compute the same outputs: only the first scores them in evaluation.
@@ -71,11 +71,16 @@ class ComposedStrategy(Strategy):
             model, blocks, stages = par.apply_pp(model, self.mesh["pp"], self.pipeline, blocks)
             self._pipe = Pipe(stages, self.pipeline, world.device)
             self._stage_params = {id(p) for p in model.parameters()}
-        before = dict(model.named_parameters())
-        model = par.compose(model, self.dims, self.mesh, world.device, blocks=blocks, plan=self.tp_plan,
-                            activation_checkpointing=self.activation_checkpointing, compile=self.compile, fsdp=self.fsdp)
+        self._before = dict(model.named_parameters())
+        return par.apply_layout_tp(model, self.dims, self.mesh, world.device, self.tp_plan), blocks
+
+    def setup_model(self, model: nn.Module, world: World, blocks: list[nn.Module] | None = None) -> nn.Module:
+        """FSDP/DDP over the layout's data-parallel ranks (after ``split``). Collective: call on every rank."""
+        if self.mesh is None:  # called without parallelize: the cuts first
+            model, blocks = self.split(model, world, list(blocks or []))
+        model = par.compose(model, self.dims, self.mesh, world.device, blocks=blocks, fsdp=self.fsdp)
         after = dict(model.named_parameters())
-        self._replaced.update({id(p): after[n] for n, p in before.items() if n in after})
+        self._replaced.update({id(p): after[n] for n, p in self._before.items() if n in after})
         return model
 
     def setup_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module) -> torch.optim.Optimizer:
@@ -143,12 +148,10 @@ def _no_sync(model: nn.Module) -> Iterator[None]:
         setter(True)
 
 
-def strategy_for(strategy: Any, parallel: Any, world_size: int, options: dict[str, Any], *,
-                 compile: bool, activation_checkpointing: bool) -> tuple[str, dict[str, Any]]:
+def strategy_for(strategy: Any, parallel: Any, world_size: int, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     """The strategy (name, options) that runs the layout ``parallel``. A layout of one kind is
     today's strategy (``dp_replicate=N``: ddp, ``dp_shard=N``: fsdp, both: hsdp, ``pp=N``:
-    pipeline), so it runs exactly as before; a layout with tp is the composed strategy, which
-    then applies compile and activation checkpointing itself, in its order."""
+    pipeline), so it runs exactly as before; a layout with tp is the composed strategy."""
     dims = resolve(parallel)
     if strategy not in ("auto", "composed"):
         raise ConfigError(f"parallel={dims} and strategy={strategy!r} both say how to split the ranks; drop one "
@@ -172,8 +175,7 @@ def strategy_for(strategy: Any, parallel: Any, world_size: int, options: dict[st
     except TypeError:
         raise ConfigError(f"parallel={dims} takes the fsdp options (wrap, offload, reshard_after_forward), the pipeline's "
                           f"(schedule, microbatches, split_points) and tp_plan; drop {', '.join(sorted(options))}.") from None
-    return "composed", {"parallel": dims, "tp_plan": plan, "compile": compile, "activation_checkpointing": activation_checkpointing,
-                        "fsdp": fsdp, "pipeline": PipelineConfig(**piped) if piped else None}
+    return "composed", {"parallel": dims, "tp_plan": plan, "fsdp": fsdp, "pipeline": PipelineConfig(**piped) if piped else None}
 
 
 _PIPELINE_OPTIONS = ("schedule", "microbatches", "split_points")

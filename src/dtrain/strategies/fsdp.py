@@ -15,116 +15,18 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 
 from .._log import note_once
 from ..errors import ConfigError
+from ..parallel.dims import ParallelDims
+from ..parallel.fsdp import FSDPConfig, apply_fully_shard, parse_wrap, units
 from ..world import World
 from . import register
 from .base import Capabilities, Strategy
-
-
-@dataclass(frozen=True, kw_only=True)
-class FSDPConfig:
-    wrap: str | None = None
-    """Which submodules become their own FSDP unit (all-gathered one at a time):
-    None (default) -- the model's blocks when ``ctx.setup`` is given them, else ``size:1000000``;
-    ``size:N`` -- every submodule holding at least N parameters not already in a unit;
-    ``CLASS[,CLASS...]`` -- every submodule of these class names (e.g. ``Block`` or ``Linear``);
-    ``none`` -- only the whole model (one all-gather of everything: the least memory saved)."""
-    offload: bool = False
-    """Keep sharded parameters, gradients and optimizer state in CPU memory (``CPUOffloadPolicy``);
-    the optimizer steps on CPU. Only meaningful on a GPU."""
-    reshard_after_forward: bool = True
-    """Free all-gathered parameters after forward (gathered again in backward): less memory,
-    one more all-gather per unit. False keeps them from forward to backward (ZeRO-2-like)."""
-    shard_size: int | None = None
-    """hsdp only: ranks a parameter is sharded over (default: the processes of one node)."""
-
-    def __post_init__(self) -> None:
-        if self.wrap is not None:
-            parse_wrap(self.wrap)
-        if self.shard_size is not None and self.shard_size < 1:
-            raise ConfigError(f"shard_size must be >= 1, got {self.shard_size}.")
-
-
-def parse_wrap(text: str) -> int | tuple[str, ...] | None:
-    """``size:N`` -> N; ``none`` -> None; ``A,B`` -> class names. ConfigError on anything else."""
-    text = text.strip()
-    if text == "none":
-        return None
-    if text.startswith("size:"):
-        try:
-            n = int(float(text[5:]))
-        except ValueError:
-            n = 0
-        if n < 1:
-            raise ConfigError(f"--fsdp-wrap {text!r}: size must be a positive parameter count, e.g. size:1000000.")
-        return n
-    names = tuple(n.strip() for n in text.split(",") if n.strip())
-    if not names or not all(n.isidentifier() for n in names):
-        raise ConfigError(f"--fsdp-wrap {text!r} is not size:N, none, or module class names (e.g. Linear,Block).")
-    return names
-
-
-def units(model: nn.Module, wrap: str) -> list[nn.Module]:
-    """The submodules (children before parents) that become FSDP units, the root excluded."""
-    policy = parse_wrap(wrap)
-    if policy is None:
-        return []
-    if isinstance(policy, tuple):
-        present = {type(m).__name__ for m in model.modules()}
-        missing = [n for n in policy if n not in present]
-        if missing:
-            raise ConfigError(
-                f"--fsdp-wrap names {', '.join(missing)}, but the model has no such module; "
-                f"its module classes are: {', '.join(sorted(present))}."
-            )
-        return [m for m in _post_order(model) if m is not model and type(m).__name__ in policy]
-    chosen: list[nn.Module] = []
-    taken: set[int] = set()
-    for m in _post_order(model):  # like FSDP1's size_based_auto_wrap_policy
-        if m is model:
-            continue
-        free = [p for p in m.parameters() if id(p) not in taken]
-        if sum(p.numel() for p in free) >= policy:
-            chosen.append(m)
-            taken.update(id(p) for p in free)
-    return chosen
-
-
-def _post_order(module: nn.Module) -> Iterator[nn.Module]:
-    for child in module.children():
-        yield from _post_order(child)
-    yield module
-
-
-DEFAULT_WRAP = "size:1000000"
-
-
-def apply_fully_shard(model: nn.Module, mesh: DeviceMesh, config: FSDPConfig, device: torch.device,
-                      blocks: list[nn.Module] | None = None) -> nn.Module:
-    """``fully_shard`` every unit of the wrap policy (no policy: each of ``blocks``, as
-    torchtitan shards each transformer block), then the root; returns the same module."""
-    from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
-
-    if config.offload and device.type == "cpu":
-        note_once("fsdp: --fsdp-offload on a CPU device: parameters already live in CPU memory; offload ignored.")
-    offload = CPUOffloadPolicy(pin_memory=True) if config.offload and device.type != "cpu" else OffloadPolicy()
-    # With offload the model stays in host memory: fully_shard moves one unit's parameters at a
-    # time to the device, shards them and offloads the shards, so the whole model never has to
-    # fit on the device (torch/distributed/fsdp/_fully_shard/_fsdp_init.py, _move_states_to_device).
-    if not config.offload or device.type == "cpu":
-        model = model.to(device)
-    chosen = list(blocks) if config.wrap is None and blocks else units(model, config.wrap or DEFAULT_WRAP)
-    for unit in chosen:
-        fully_shard(unit, mesh=mesh, reshard_after_forward=config.reshard_after_forward, offload_policy=offload)
-    fully_shard(model, mesh=mesh, reshard_after_forward=config.reshard_after_forward, offload_policy=offload)
-    return model
 
 
 def _check_no_buffers_sync(model: nn.Module, name: str) -> None:
@@ -198,7 +100,7 @@ class FSDPStrategy(Strategy):
         if not world.distributed:
             note_once("fsdp with one process: nothing to shard; running the model as it is.")
             return model.to(world.device)
-        mesh = init_device_mesh(world.device.type, (world.size,), mesh_dim_names=("shard",))
+        mesh = ParallelDims(dp_shard=world.size).build_mesh(world.device.type)["dp_shard"]
         return self._impl.setup(model, world, mesh, blocks)
 
     def setup_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module | None) -> torch.optim.Optimizer:
@@ -239,7 +141,8 @@ class HSDPStrategy(Strategy):
             return model.to(world.device)
         shape = self.mesh_shape(world)
         try:
-            mesh = init_device_mesh(world.device.type, shape, mesh_dim_names=("replicate", "shard"))
+            dims = ParallelDims(dp_replicate=shape[0], dp_shard=shape[1])
+            mesh = dims.build_mesh(world.device.type)["dp_replicate", "dp_shard"]
         except (RuntimeError, NotImplementedError, ValueError) as exc:  # a backend without 2-D meshes
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise ConfigError(f"hsdp: torch cannot build a {shape[0]}x{shape[1]} device mesh on backend {world.backend} ({first}); use --strategy fsdp.") from None
@@ -253,3 +156,6 @@ class HSDPStrategy(Strategy):
 
     def unwrap(self, model: nn.Module) -> nn.Module:
         return model
+
+
+__all__ = ["FSDPConfig", "FSDPStrategy", "HSDPStrategy", "apply_fully_shard", "parse_wrap", "units"]

@@ -367,7 +367,7 @@ def _link_arg(text: str) -> tuple[int, Link]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from ..cli import Parser  # one-line usage errors, exit 2, as the dtrain command
+    from .._check import Parser  # one-line usage errors, exit 2, as the dtrain command
 
     parser = Parser(prog="python -m dtrain.testing.netbed", description=__doc__.split("\n\n")[0],
                     formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
-import os
-import signal
 import sys
 import time
 from typing import Any
@@ -17,16 +14,23 @@ from torch.utils.data import DataLoader
 from .. import init, preempt
 from .._log import configure_cli_logging, logger
 from ..context import Context
-from ..strategies import Strategy
 from ..data import default_num_workers, loader_options, usable_cores
 from ..data.ledger import SampleLedger
 from ..errors import ConfigError, DtrainError
-from ..options import Options, launcher_link
 from ..metrics import DataWait, JsonlSink, ProgressSink, Throughput, render_summary
+from ..options import Options, launcher_link
+from ..strategies import Strategy
 from ..tasks import Task, load_task, make_optimizer
 from ..world import World
 from .config import TrainConfig, check_accum
 from .elastic import split
+from .listeners import Listeners, LoopState
+from .listeners.checkpoints import Checkpoints
+from .listeners.divergence import Diverged, DivergenceCheck
+from .listeners.faults import FaultInjection, fault_step
+from .listeners.ledger import LedgerListener
+from .listeners.preemption import Preemption
+from .listeners.report import LossWindow, Report
 from .observe import Observer
 
 
@@ -101,6 +105,60 @@ def _run(cfg: TrainConfig, world: World | None, strategy: Strategy | None, task:
 
 
 def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) -> dict[str, Any]:
+    model, optimizer, loader, workers = _setup(ctx, cfg, task, batch)
+    ckpt = ctx.checkpoints(cfg.checkpoint_dir, keep=cfg.keep, async_save=cfg.async_save) if cfg.checkpoint_dir else None
+    step = _resume(ctx, cfg, ckpt, model, optimizer, loader)
+    # The steps still to run follow from the data position, not from the step count: after a
+    # resume on another world size the steps already done were of another global batch.
+    total = step + _steps_left(loader, loader.full_epoch_len(), cfg.epochs or task.epochs)
+    if cfg.max_steps is not None:
+        total = min(total, max(cfg.max_steps, step))
+    logger.info(
+        f"{task.name}: {ctx.world_size} process(es), strategy {ctx.strategy.name}, precision {ctx.precision.effective}, "
+        f"batch {batch}/process, {total} steps on {ctx.device}, {workers} data worker(s)/process"
+    )
+    state = LoopState(step=step, total=total, start_step=step, window_loss=torch.zeros((), device=ctx.device))
+    meter = Throughput()
+    listeners, report, preemption = _listeners(ctx, cfg, task, batch, t0, state, ckpt, model, optimizer, loader, meter)
+    obs = report.obs
+    listeners.on_start(state)
+    k = cfg.grad_accum
+    model.train()
+    meter.start()
+    ctx.breakdown.step_starts()
+    while state.step < total and not state.stop:
+        state.epoch = loader.next_epoch
+        for x, y in loader:
+            obs.slow.input()
+            ctx.breakdown.got_batch()
+            for xm, ym in zip(x.chunk(k), y.chunk(k)):
+                with ctx.accumulate(model, steps=k):
+                    loss = ctx.forward_backward(model, xm, ym, task.loss_fn)  # pipeline: micro-batches through the stages
+                    state.window_loss += loss.float() / k
+            optimizer.step()
+            if state.step == state.start_step:  # before zero_grad: gradients and optimizer state both exist
+                _log_memory(ctx, model, optimizer)
+                obs.count_flops(task.new_model, x, y, task.loss_fn, batch)
+            optimizer.zero_grad(set_to_none=True)
+            state.step += 1
+            state.window_steps += 1
+            listeners.on_step(state)  # ledger, faults, loss window, divergence, report, preemption, checkpoints
+            if state.stop or state.step >= total:
+                break
+            ctx.breakdown.step_starts()
+    if ctx.device.type == "cuda":
+        torch.cuda.synchronize(ctx.device)
+    meter.stop((state.step - state.start_step) * batch * ctx.data_parallel_size)
+    ctx.breakdown.finish()  # closes the last step
+    listeners.on_end(state)
+    if state.stop:
+        rejoin = preemption.elastic and _peers_leave(ctx, state.step, preemption.signalled_here)
+        return _stopped(ctx, task, state.step, meter, state.last_loss, t0, rejoin=rejoin)
+    return _result(ctx, task, model, state, meter, report, workers, batch, t0)
+
+
+def _setup(ctx: Context, cfg: TrainConfig, task: Task, batch: int) -> tuple[Any, Any, Any, int]:
+    """The task's model and optimizer set up for the strategy, and its sharded loader."""
     model = task.new_model()
     if ctx.is_main:
         print(render_summary(model), flush=True)
@@ -111,122 +169,66 @@ def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) ->
     loader = ctx.setup_dataloader(
         DataLoader(task.train_set, batch_size=batch, shuffle=True, drop_last=True, **loader_options(workers, ctx.device))
     )
-    per_epoch = loader.full_epoch_len()
-    if per_epoch == 0:
+    if loader.full_epoch_len() == 0:
         raise_small(task, batch, ctx.world_size)
-    epochs = cfg.epochs or task.epochs
-    ckpt = ctx.checkpoints(cfg.checkpoint_dir, keep=cfg.keep, async_save=cfg.async_save) if cfg.checkpoint_dir else None
-    step = 0
+    return model, optimizer, loader, workers
+
+
+def _resume(ctx: Context, cfg: TrainConfig, ckpt: Any, model: Any, optimizer: Any, loader: Any) -> int:
+    """The step to start at: the newest checkpoint's with --resume, after an elastic restart or
+    a requeue; else 0."""
     restarts = ctx.world.restart_count
-    if ckpt is not None and (cfg.resume or restarts > 0 or ctx.world.requeue_count > 0):
-        meta = ckpt.resume(model=model, optimizer=optimizer, loader=loader)
-        if meta is not None:
-            step = meta["step"]
-            why = f"; elastic restart {restarts} after a worker failed" if restarts else ""
-            logger.info(f"resumed from {meta['path']} at step {step} (saved by {meta['world_size']} process(es){why})")
-        elif cfg.resume:
-            logger.info(f"--resume: no checkpoint in {cfg.checkpoint_dir} yet; starting from step 0")
-    # The steps still to run follow from the data position, not from the step count: after a
-    # resume on another world size the steps already done were of another global batch.
-    total = step + _steps_left(loader, per_epoch, epochs)
-    if cfg.max_steps is not None:
-        total = min(total, max(cfg.max_steps, step))
-    logger.info(
-        f"{task.name}: {ctx.world_size} process(es), strategy {ctx.strategy.name}, precision {ctx.precision.effective}, "
-        f"batch {batch}/process, {total} steps on {ctx.device}, {workers} data worker(s)/process"
-    )
-    fault = _fault_injection(ctx.rank, restarts)
+    if ckpt is None or not (cfg.resume or restarts > 0 or ctx.world.requeue_count > 0):
+        return 0
+    meta = ckpt.resume(model=model, optimizer=optimizer, loader=loader)
+    if meta is not None:
+        why = f"; elastic restart {restarts} after a worker failed" if restarts else ""
+        logger.info(f"resumed from {meta['path']} at step {meta['step']} (saved by {meta['world_size']} process(es){why})")
+        return meta["step"]
+    if cfg.resume:
+        logger.info(f"--resume: no checkpoint in {cfg.checkpoint_dir} yet; starting from step 0")
+    return 0
+
+
+def _listeners(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float, state: LoopState, ckpt: Any,
+               model: Any, optimizer: Any, loader: Any, meter: Throughput) -> tuple[Listeners, Report, Preemption]:
+    """The loop's listeners, in the order they hear each step (dtrain.train.listeners)."""
+    options = Options.from_env()
+    fault = fault_step(options.fault_inject, ctx.rank, ctx.world.restart_count)
     ledger = SampleLedger(cfg.ledger, loader, ctx) if cfg.ledger else None
-    if ledger is not None:
-        ledger.begin(step)  # after the resume: the steps after `step` of earlier attempts no longer count
-    progress = ProgressSink(total, start=step) if ctx.is_main else None
+    progress = ProgressSink(state.total, start=state.step) if ctx.is_main else None
     sink = JsonlSink(cfg.metrics_file) if cfg.metrics_file and ctx.is_main else None
-    meter = Throughput()
-    wait = ctx.breakdown.data  # the breakdown's data wait (the loop marks each step's start and batch)
     obs = Observer(ctx, model, optimizer, cfg.stragglers, enabled=cfg.breakdown, tensorboard=cfg.tensorboard,
-                   trace=cfg.trace, trace_file=cfg.trace_file, first_step=step)
-    window_loss = torch.zeros((), device=ctx.device)
-    window_steps, last_loss, start_step, save_block_s = 0, float("nan"), step, 0.0
-    k = cfg.grad_accum
-    # SIGUSR1/SIGTERM (caught from run()'s start): every rank saves at the next log interval,
-    # then the job is requeued (dtrain.preempt); the hook reads `step` when it runs.
-    if ckpt is not None:
-        preempt.register(lambda: ckpt.save(step, model=model, optimizer=optimizer, loader=loader))
-    preempted, signalled_here, elastic = False, False, Options.from_env().elastic is not None
-    model.train()
-    meter.start()
-    ctx.breakdown.step_starts()
-    epoch = loader.next_epoch
-    while step < total and not preempted:
-        epoch = loader.next_epoch
-        for x, y in loader:
-            obs.slow.input()
-            ctx.breakdown.got_batch()
-            for xm, ym in zip(x.chunk(k), y.chunk(k)):
-                with ctx.accumulate(model, steps=k):
-                    loss = ctx.forward_backward(model, xm, ym, task.loss_fn)  # pipeline: micro-batches through the stages
-                    window_loss += loss.float() / k
-            optimizer.step()
-            if step == start_step:  # before zero_grad: gradients and optimizer state both exist
-                _log_memory(ctx, model, optimizer)
-                obs.count_flops(task.new_model, x, y, task.loss_fn, batch)
-            optimizer.zero_grad(set_to_none=True)
-            step += 1
-            window_steps += 1
-            if ledger is not None:
-                ledger.commit(step)
-            if fault is not None and step == fault:
-                os.kill(os.getpid(), signal.SIGKILL)  # DTRAIN_FAULT_INJECT: a crash, for fault-tolerance tests
-            if step % cfg.log_every == 0 or step == total:
-                last_loss = ctx.all_reduce(window_loss / window_steps, op="mean").item()
-                _stop_if_diverged(last_loss, step, cfg, task)
-                window_loss.zero_()
-                window_steps = 0
-                record = {"step": step, "epoch": epoch, "train_loss": last_loss, "samples_per_s": _rate(meter, step - start_step, batch, ctx),
-                          "data_wait_ms": wait.window_median_ms(), "wall_s": round(time.perf_counter() - t0, 3)}
-                record.update(_tokens(task, record["samples_per_s"]))
-                record.update(obs.interval(step, record["samples_per_s"]))
-                if progress:
-                    progress.update(step, {"loss": last_loss, "samples_per_s": record["samples_per_s"]})
-                if sink:
-                    sink.write(record)
-                obs.write(record)
-            obs.tick(step)
-            if step % cfg.log_every == 0 and step < total and preempt.check(ctx, announce=not elastic):
-                preempted, signalled_here = True, preempt.received() != 0
-                break
-            if ckpt is not None and cfg.save_every and step % cfg.save_every == 0 and step < total:
-                if window_steps:  # never save a diverged model over the last good checkpoint
-                    _stop_if_diverged(ctx.all_reduce(window_loss.clone(), op="max").item(), step, cfg, task)
-                ckpt.save(step, model=model, optimizer=optimizer, loader=loader)
-                save_block_s += ckpt.last_blocking_s or 0.0
-                ctx.breakdown.lap("checkpoint")
-            if step >= total:
-                break
-            ctx.breakdown.step_starts()
-    if ctx.device.type == "cuda":
-        torch.cuda.synchronize(ctx.device)
-    meter.stop((step - start_step) * batch * ctx.data_parallel_size)
-    ctx.breakdown.finish()  # closes the last step
-    obs.close()
-    preempt.uninstall()
-    if progress:
-        progress.close()
-    if preempted:
-        return _stopped(ctx, task, ckpt, step, meter, last_loss, t0, rejoin=elastic and _peers_leave(ctx, step, signalled_here))
-    if ckpt is not None:
-        ckpt.save(step, model=model, optimizer=optimizer, loader=loader)
-        save_block_s += ckpt.last_blocking_s or 0.0
-        ckpt.wait()
-        if ctx.is_main:
-            logger.info(f"checkpoints: training was held {save_block_s:.3f} s by saves ({'asynchronous' if cfg.async_save else 'synchronous'})")
+                   trace=cfg.trace, trace_file=cfg.trace_file, first_step=state.step)
+    objects = {"model": model, "optimizer": optimizer, "loader": loader}
+    saves = Checkpoints(ckpt, save_every=cfg.save_every, objects=objects, breakdown=ctx.breakdown, is_main=ctx.is_main,
+                        async_save=cfg.async_save) if ckpt is not None else None
+    preemption = Preemption(ctx, cfg.log_every, elastic=options.elastic is not None,
+                            save=(lambda step: ckpt.save(step, **objects)) if ckpt is not None else None)
+    report = Report(observer=obs, wait=ctx.breakdown.data, t0=t0, rate=lambda steps: _rate(meter, steps, batch, ctx),
+                    extra=lambda sps: _tokens(task, sps), progress=progress, sink=sink)
+    listeners = [
+        LedgerListener(ledger) if ledger is not None else None,
+        FaultInjection(fault) if fault is not None else None,
+        LossWindow(ctx, cfg.log_every),
+        DivergenceCheck(ctx, lr=cfg.lr or task.lr, checkpoint_dir=cfg.checkpoint_dir, save_due=saves.due if saves else lambda s: False),
+        report,
+        preemption,
+        saves,
+    ]
+    return Listeners([li for li in listeners if li is not None]), report, preemption
+
+
+def _result(ctx: Context, task: Task, model: Any, state: LoopState, meter: Throughput, report: Report, workers: int,
+            batch: int, t0: float) -> dict[str, Any]:
+    """The result record of a finished run, after the final evaluation. Collective: every rank."""
     score = None
     if task.test_set is not None:
         score = ctx.evaluate(model, task.test_set, task.metric, batch_size=max(256, batch))["metric"]
-    if sink:
-        sink.close()
-    data = _data_record(ctx, task, wait, meter, workers)
-    observed = obs.result(round(meter.samples_per_s, 2) if meter.samples_per_s else None)
+    if report.sink:
+        report.sink.close()
+    data = _data_record(ctx, task, ctx.breakdown.data, meter, workers)
+    observed = report.obs.result(round(meter.samples_per_s, 2) if meter.samples_per_s else None)
     sps = round(meter.samples_per_s, 2) if meter.samples_per_s else None
     return {
         "task": task.name,
@@ -234,31 +236,15 @@ def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) ->
         "strategy": ctx.strategy.name,
         "precision": ctx.precision.effective,
         **_comm_record(ctx),
-        "steps": step,
+        "steps": state.step,
         "samples_per_s": sps,
         **_tokens(task, sps),
-        "train_loss": round(last_loss, 6),
+        "train_loss": round(state.last_loss, 6),
         **_scores(task, score),
         **data,
         **observed,
         "wall_s": round(time.perf_counter() - t0, 3),
     }
-
-
-class Diverged(ConfigError):
-    """The training loss became NaN or infinite (every rank raises it at the same step)."""
-
-
-def _stop_if_diverged(loss: float, step: int, cfg: TrainConfig, task: Task) -> None:
-    """A NaN or infinite training loss stops the job (every rank sees the same reduced value),
-    before anything is saved: the newest checkpoint stays the last good one."""
-    if math.isfinite(loss):
-        return
-    kept = f"; nothing saved after it, {cfg.checkpoint_dir} keeps the last good checkpoint" if cfg.checkpoint_dir else ""
-    raise Diverged(
-        f"the training loss became {loss} at step {step} (lr {cfg.lr or task.lr:g}){kept}; "
-        "lower --lr (or use gradient clipping / --precision fp32)."
-    )
 
 
 def _data_record(ctx: Context, task: Task, wait: DataWait, meter: Throughput, workers: int) -> dict[str, Any]:
@@ -341,29 +327,16 @@ def _peers_leave(ctx: Context, step: int, here: bool) -> bool:
     return not here
 
 
-def _stopped(ctx: Context, task: Task, ckpt: Any, step: int, meter: Throughput, last_loss: float, t0: float, *,
+def _stopped(ctx: Context, task: Task, step: int, meter: Throughput, last_loss: float, t0: float, *,
              rejoin: bool = False) -> dict[str, Any]:
     """The result of a run stopped by a preemption signal (no final evaluation); ``rejoin``: an
     elastic job's worker that goes on in the next round (its peers' node left)."""
-    if ckpt is None:
-        logger.warning("preemption: no --checkpoint-dir, so a requeued job starts again from step 0")
-    else:
-        ckpt.wait()
     return {
         "task": task.name, "world_size": ctx.world_size, "strategy": ctx.strategy.name, "precision": ctx.precision.effective,
         "steps": step, "samples_per_s": round(meter.samples_per_s, 2) if meter.samples_per_s else None,
         "train_loss": round(last_loss, 6), task.metric_name: None, "wall_s": round(time.perf_counter() - t0, 3), "preempted": True,
         **({"rejoin": True} if rejoin else {}),
     }
-
-
-def _fault_injection(rank: int, restarts: int) -> int | None:
-    """``DTRAIN_FAULT_INJECT=RANK:STEP``: that rank kills itself (SIGKILL) right after that step,
-    on the first attempt only (restarts then resume normally). For fault-tolerance tests."""
-    fault = Options.from_env().fault_inject
-    if fault is None or restarts > 0:
-        return None
-    return fault[1] if fault[0] == rank else None
 
 
 def _rate(meter: Throughput, steps: int, batch: int, ctx: Context) -> float | None:

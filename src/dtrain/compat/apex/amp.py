@@ -17,8 +17,8 @@ import torch
 from torch import nn
 
 import dtrain
-from dtrain.compat._notes import note_once
 from dtrain import ConfigError
+from dtrain.compat._notes import note_once
 
 OPT_LEVELS = ("O0", "O1", "O2")
 

@@ -11,10 +11,9 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.optim.optimizer import required as _required  # torch's "lr is required" marker
 
 from dtrain import ConfigError
-
-from torch.optim.optimizer import required as _required  # noqa: E402 - torch's "lr is required" marker
 
 
 def _refuse(name: str, what: str, fix: str) -> None:

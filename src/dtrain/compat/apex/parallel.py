@@ -10,8 +10,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from dtrain.compat._notes import note_once
 from dtrain import ConfigError
+from dtrain.compat._notes import note_once
 from dtrain.world import release_at_exit
 
 SyncBatchNorm = nn.SyncBatchNorm

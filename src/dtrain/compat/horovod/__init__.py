@@ -20,8 +20,10 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from . import elastic
 from ._basics import (
     ProcessSet,
+    _unsupported,
     add_process_set,
     cross_rank,
     cross_size,
@@ -37,7 +39,6 @@ from ._basics import (
     shutdown,
     size,
 )
-from ._basics import _unsupported
 from ._compression import Compression, Compressor
 from ._engine import Handle, HorovodInternalError, HostsUpdatedInterrupt, MismatchError
 from ._ops import (
@@ -55,8 +56,8 @@ from ._ops import (
     allreduce_async,
     allreduce_async_,
     alltoall,
-    barrier,
     alltoall_async,
+    barrier,
     broadcast,
     broadcast_,
     broadcast_async,
@@ -78,7 +79,6 @@ from ._ops import (
     synchronize,
 )
 from ._optimizer import DistributedOptimizer, broadcast_optimizer_state, broadcast_parameters
-from . import elastic
 
 __version__ = "0.28.1+dtrain"  # the Horovod API level this follows
 

@@ -13,8 +13,8 @@ from dtrain import ConfigError
 from . import _basics
 from . import _collectives as C
 from ._basics import ProcessSet
-from ._engine import Handle, HorovodInternalError
 from ._compression import Compression, check_compressor
+from ._engine import Handle, HorovodInternalError
 
 Average, Sum, Adasum, Min, Max, Product = C.Average, C.Sum, C.Adasum, C.Min, C.Max, C.Product
 

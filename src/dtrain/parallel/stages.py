@@ -92,7 +92,7 @@ class Pipe:
             else:
                 schedule.step()
         # Each micro-batch loss was divided by (micro-batches x accumulation window): undo it.
-        mean = torch.stack([l.detach().float() for l in losses]).sum() * accum if losses else torch.zeros((), device=inputs.device)
+        mean = torch.stack([loss.detach().float() for loss in losses]).sum() * accum if losses else torch.zeros((), device=inputs.device)
         with collectives.labelled("pipeline loss (broadcast from the last stage)", mean):
             dist.broadcast(mean, src=self.stages.ranks[-1], group=self.stages.group)
         return mean

@@ -19,7 +19,10 @@ import torch.distributed as dist
 
 from .. import netif
 from .._version import __version__
+from ..diag.probe import bus_bandwidth, time_all_reduce
 from ..errors import DtrainError
+from ..launch.store import host_store
+from ..testing import run_distributed
 from ..world import destroy_process_group
 
 
@@ -151,8 +154,6 @@ def check_rendezvous(cfg: DoctorConfig) -> tuple[Check, dist.Store | None, bool]
         if cfg.node_rank == 0:
             # Bound to the master address only (TCPStore alone listens on every interface,
             # IPv4 and IPv6): loopback on one node.
-            from ..launch.store import host_store
-
             store, _ = host_store(addr, cfg.master_port or 0, timeout_s=cfg.timeout_s)
         else:
             store = dist.TCPStore(addr, cfg.master_port, None, False, timeout)
@@ -185,30 +186,12 @@ def check_rendezvous(cfg: DoctorConfig) -> tuple[Check, dist.Store | None, bool]
 _SIZES = [8, 1 << 20, 16 << 20]
 
 
-def _time_all_reduce(device: torch.device, sizes: list[int], reps: int) -> dict[int, float]:
-    """Collective: every rank of the default group. Median seconds of an all-reduce of each size (bytes)."""
-    out = {}
-    for size in sizes:
-        t = torch.ones(max(1, size // 4), dtype=torch.float32, device=device)
-        dist.all_reduce(t)  # warm-up: connections, buffers
-        times = []
-        for _ in range(reps):
-            dist.barrier()
-            t0 = time.perf_counter()
-            dist.all_reduce(t)
-            if t.is_cuda:
-                torch.cuda.synchronize()
-            times.append(time.perf_counter() - t0)
-        out[size] = statistics.median(times)
-    return out
-
-
 def _probe_body(sizes: list[int], reps: int) -> dict[int, float]:
     """Collective: every rank. The probe between 2 local processes."""
     import dtrain
 
     ctx = dtrain.init("single", stall_timeout=0)
-    out = _time_all_reduce(ctx.device, sizes, reps)
+    out = time_all_reduce(ctx.device, sizes, reps)
     ctx.close()
     return out
 
@@ -223,14 +206,9 @@ def _probe_nodes(cfg: DoctorConfig, store: dist.Store) -> dict[int, float]:
     dist.init_process_group("nccl" if cuda else "gloo", store=dist.PrefixStore("doctor/probe", store), rank=cfg.node_rank,
                             world_size=cfg.nnodes, timeout=datetime.timedelta(seconds=cfg.timeout_s))
     try:
-        return _time_all_reduce(device, _SIZES, 10)
+        return time_all_reduce(device, _SIZES, 10)
     finally:
         destroy_process_group()
-
-
-def bus_bandwidth(size_bytes: int, seconds: float, n: int) -> float:
-    """nccl-tests' bus bandwidth of an all-reduce: size / time x 2(n-1)/n, in bytes/s."""
-    return size_bytes / seconds * 2 * (n - 1) / n
 
 
 def check_allreduce(cfg: DoctorConfig, store: dist.Store | None = None) -> Check:
@@ -244,8 +222,6 @@ def check_allreduce(cfg: DoctorConfig, store: dist.Store | None = None) -> Check
                 return Check("all-reduce", "INFO", "probe between the nodes skipped (no rendezvous, or a node runs with --no-probe)")
             res = _probe_nodes(cfg, store)
         else:
-            from ..testing import run_distributed
-
             res = run_distributed(_probe_body, _SIZES, 10, world_size=2, timeout=120)[0]
     except Exception as exc:  # noqa: BLE001 - any failure is the check's result
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
