@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from ..errors import DtrainError
 
 #: Subcommand modules, each with ``add_parser(subparsers)`` that sets ``func``.
-COMMANDS = ("run", "train", "bench", "ckpt", "doctor", "submit", "report")
+COMMANDS = ("run", "train", "bench", "plan", "ckpt", "doctor", "submit", "report")
 
 
 class Parser(argparse.ArgumentParser):
