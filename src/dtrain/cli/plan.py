@@ -91,6 +91,9 @@ def main(args: argparse.Namespace) -> int:
     batch = args.batch_size or task.batch_size
     if batch % args.grad_accum:
         raise ConfigError(f"--batch-size {batch} is not divisible by --grad-accum {args.grad_accum}; use a multiple of {args.grad_accum}.")
+    comms = tuple(c.strip() for c in args.comm_methods.split(",") if c.strip()) or COMMS
+    _check_comms(comms)
+    layouts = _layouts(args.layouts, clu, comms) if args.layouts else None  # checked before the profile's cost
     threads = args.profile_threads or max(1, usable_cores() // clu.procs_per_node)
     prof = profile_task(task, batch=batch, precision=args.precision, optimizer=args.optimizer, timed=not clu.is_gpu, threads=threads)
     if not clu.is_gpu:  # this machine's CPU: the profile's achieved rate is the device's
@@ -99,9 +102,6 @@ def main(args: argparse.Namespace) -> int:
                         grad_accum=args.grad_accum, activation_checkpointing=args.activation_checkpointing,
                         microbatches=args.microbatches, schedule=args.pipeline_schedule, threads_per_proc=threads,
                         data_s_per_sample=prof.timing.data_s / prof.timing.batch if prof.timing else 0.0)
-    comms = tuple(c.strip() for c in args.comm_methods.split(",") if c.strip()) or COMMS
-    _check_comms(comms)
-    layouts = _layouts(args.layouts, clu, comms) if args.layouts else None
     plan = make_plan(prof, clu, settings, layouts=layouts, comms=comms, tp_ok=task.tp_plan is not None, pp_ok=not _tied(task))
     if args.chart:
         report.chart(plan, args.chart)

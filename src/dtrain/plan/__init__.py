@@ -30,12 +30,19 @@ class Plan:
         """The fastest layout that fits in memory (None: none fits)."""
         return next((p for p in self.predictions if p.fits), None)
 
+    @property
+    def best_exact(self) -> Prediction | None:
+        """The fastest that fits among layouts that average the exact fp32 gradients every step
+        (``--comm none``): compression and local SGD change the update, which a user opts into."""
+        return next((p for p in self.predictions if p.fits and p.layout.comm == "none"), None)
+
     def as_dict(self) -> dict[str, Any]:
         world = self.cluster.world_size
-        best = self.best
+        best, exact = self.best, self.best_exact
         s = self.settings
         return {"layouts": [p.as_dict(world) for p in self.predictions],
                 "best": best.as_dict(world) if best else None,
+                "best_exact": exact.as_dict(world) if exact else None,
                 "world_size": world, "cluster": self.cluster.describe(), "model": self.profile.as_dict(),
                 "settings": {"batch_size": s.batch, "precision": s.precision, "optimizer": s.optimizer,
                              "grad_accum": s.grad_accum, "activation_checkpointing": s.activation_checkpointing,

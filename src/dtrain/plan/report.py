@@ -42,8 +42,13 @@ def best_line(plan: Plan) -> str:
     best = plan.best
     if best is None:
         return "best: none fits in memory; lower --batch-size, add --activation-checkpointing, or add processes."
-    return (f"best: {best.layout.label()}  ->  dtrain train {' '.join(best.layout.train_args())} "
+    line = (f"best: {best.layout.label()}  ->  dtrain train {' '.join(best.layout.train_args())} "
             f"({best.step_s * 1e3:.2f} ms per step, {best.samples_per_s:,.1f} samples/s)")
+    exact = plan.best_exact
+    if exact is not None and exact is not best:
+        line += (f"\nbest with exact gradients (--comm none): {exact.layout.label()}  ->  dtrain train "
+                 f"{' '.join(exact.layout.train_args())} ({exact.step_s * 1e3:.2f} ms, {exact.samples_per_s:,.1f} samples/s)")
+    return line
 
 
 def print_table(plan: Plan, *, top: int | None = None, out: TextIO = sys.stdout, assumptions: bool = True) -> None:
