@@ -189,7 +189,7 @@ def test_cluster_file(tmp_path):
 def test_best_exact_skips_methods_that_change_the_update():
     prof = toy(params=5_000_000)
     c = flat(nodes=2, ppn=1, inter_bw=1e6, lat=1e-3)  # 8 Mbit/s: compression and local SGD win on speed
-    plan = make_plan(prof, c, Settings(batch=8))
+    plan = make_plan(prof, c, Settings(batch=8), pp_ok=False)  # (pp=2 would send activations, not gradients)
     assert plan.best.layout.comm != "none"
     assert plan.best_exact.layout.comm == "none" and plan.best_exact.fits
     assert plan.as_dict()["best_exact"]["comm"] == "none"
