@@ -193,3 +193,33 @@ def test_best_exact_skips_methods_that_change_the_update():
     assert plan.best.layout.comm != "none"
     assert plan.best_exact.layout.comm == "none" and plan.best_exact.fits
     assert plan.as_dict()["best_exact"]["comm"] == "none"
+
+
+def test_pipeline_transfers_overlap_compute_except_fill_and_drain():
+    blocks = tuple(Block(params=100, fwd_flops=1e6, act_bytes=100.0, out_bytes=1e6) for _ in range(2))
+    prof = ModelProfile(name="p", params=200, fwd_flops=2e6, act_bytes=200.0, blocks=blocks)
+    c = flat(nodes=2, ppn=1, inter_bw=1e9, lat=0.0, device="cpu")
+    s = Settings(batch=8, microbatches=4)
+    p = predict(prof, c, Layout("pp=2", ParallelDims(pp=2)), s)
+    hop = 2 * 1e6 / 1e9  # 2 samples per micro-batch x 1 MB at 1 GB/s
+    per_mb = (p.phases_s["forward"] + p.phases_s["backward"]) / 4
+    assert p.phases_s["p2p"] == pytest.approx(5 * max(0.0, hop - per_mb) + 2 * hop)
+
+
+def test_gloo_reduce_scatter_costs_an_allreduce_and_zero1_pays_a_latency_per_tensor():
+    g = costs.Group(1, 2)
+    gpu, cpu = flat(ppn=2, lat=0.0), flat(ppn=2, lat=0.0, device="cpu")
+    assert costs.gather(1e6, g, gpu, reduce=True) == pytest.approx(costs.ring_gather(1e6, 2, gpu.intra_bw, 0.0))
+    assert costs.gather(1e6, g, cpu, reduce=True) == pytest.approx(costs.ring_allreduce(1e6, 2, cpu.intra_bw, 0.0))
+    prof = replace_tensors(toy(), 50)
+    c = flat(ppn=2, lat=1e-3, device="cpu")
+    z = predict(prof, c, Layout("zero1", ParallelDims(dp_replicate=2), zero1=True), Settings(batch=1))
+    d = predict(prof, c, Layout("ddp", ParallelDims(dp_replicate=2)), Settings(batch=1))
+    extra = z.phases_s["exposed_comm"] - d.phases_s["exposed_comm"]
+    assert extra == pytest.approx(costs.ring_gather(4e6, 2, c.intra_bw, 1e-3) + 50 * 1e-3)
+
+
+def replace_tensors(prof: ModelProfile, n: int) -> ModelProfile:
+    from dataclasses import replace
+
+    return replace(prof, tensors=n)

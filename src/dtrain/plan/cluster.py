@@ -93,6 +93,11 @@ class Cluster:
         return self.nodes * self.procs_per_node
 
     @property
+    def backend(self) -> str:
+        """The process-group backend: nccl on GPUs, gloo on CPUs."""
+        return "nccl" if self.is_gpu else "gloo"
+
+    @property
     def is_gpu(self) -> bool:
         """A GPU's host queues work ahead of the device (collectives can be issued early)."""
         return not self.device.name.startswith("cpu")

@@ -36,15 +36,18 @@ ASSUMPTIONS = (
     "--comm: bf16/fp16 halve the bytes; powersgd:R sends R x (rows + columns) per matrix (vectors whole) in 3 "
     "all-reduces and computes 4 x rows x cols x R FLOPs; localsgd:H all-reduces the parameters every H steps, "
     "nothing otherwise (amortised); the warm-up steps are not counted",
-    "zero1: ddp's all-reduce, the optimizer on 1/dp of the parameters, then an all-gather of the parameters (exposed)",
+    "zero1: ddp's all-reduce, the optimizer on 1/dp of the parameters, then each parameter broadcast by its owner "
+    "(torch's ZeroRedundancyOptimizer: an all-gather's bytes, a latency per tensor; exposed)",
     "fsdp/hsdp: units are the task's blocks plus the rest of the model; each unit all-gathered in forward and again "
     "in backward, its gradient reduce-scattered (hsdp: then all-reduced between nodes), all in fp32 (dtrain sets no "
-    "mixed-precision policy), on one link in issue order, prefetching one unit ahead",
+    "mixed-precision policy), on one link in issue order, prefetching one unit ahead; on gloo a reduce-scatter costs "
+    "an all-reduce (torch's gloo backend all-reduces; measured on the test bed)",
     "tp: compute and activations / tp; per block 4 all-gathers or reduce-scatters of its output in forward and 4 in "
     "backward (Megatron-LM with sequence parallelism), the logits gathered once each way; none overlapped",
     "pp: blocks split evenly, the rest of the model on the end stages; (m + p - 1) micro-batch slots of the slowest "
-    "stage (1F1B and GPipe have the same bubble, (p-1)/(m+p-1)); each slot sends an activation and its gradient, not "
-    "overlapped; data-parallel gradient sync after the schedule, not overlapped",
+    "stage (1F1B and GPipe have the same bubble, (p-1)/(m+p-1)); sends are asynchronous: a slot takes the longer of its "
+    "compute and one transfer, plus 2(p-1) transfers to fill and drain; data-parallel gradient sync after the schedule, "
+    "not overlapped",
     "memory: parameters + gradients + optimizer state + saved activations of the micro-batches in flight + fsdp's "
     "two gathered units + the device's fixed reserve, all at once (an upper bound: activations are freed as "
     "gradients appear)",

@@ -61,6 +61,8 @@ class ModelProfile:
     out_bytes: float = 0.0
     """The model's output per sample (logits): TP gathers it whole for the loss."""
     tokens_per_sample: int | None = None
+    tensors: int = 0
+    """Parameter tensors (a per-parameter collective pays a latency for each)."""
     bwd_ratio: float = 2.0
     timing: Timing | None = None
     precision: str = "fp32"
@@ -152,7 +154,7 @@ def count(build: Callable[[], nn.Module], x: Any, y: Any, loss_fn: Callable, *, 
         h.remove()
     params = list(model.parameters())
     o = _first_tensor(out)
-    return {"params": sum(p.numel() for p in params), "fwd": fwd, "bwd": total - fwd, "act": act,
+    return {"params": sum(p.numel() for p in params), "tensors": len(params), "fwd": fwd, "bwd": total - fwd, "act": act,
             "out": _nbytes(o) if o is not None else 0, "blocks": per_block,
             "matrices": tuple((p.shape[0], p.numel() // p.shape[0]) for p in params if p.dim() >= 2)}
 
@@ -175,9 +177,11 @@ def sample_batch(task: Any, batch: int) -> tuple[Any, Any]:
 
 
 def measure(task: Any, x: Any, y: Any, *, optimizer: str, lr: float, autocast_dtype: torch.dtype | None,
-            threads: int, repeats: int = 7) -> Timing:
-    """Median forward, backward and optimizer-step times of ``repeats`` steps after two warm-up
-    steps, on CPU with ``threads`` torch threads (a process's share of the cores in the run)."""
+            threads: int, repeats: int = 15, budget_s: float = 5.0) -> Timing:
+    """Median forward, backward and optimizer-step times of up to ``repeats`` steps (at least 5;
+    fewer once ``budget_s`` is spent) after two warm-up steps, on CPU with ``threads`` torch
+    threads (a process's share of the cores in the run). Many short steps spread over seconds:
+    on a shared machine the median then sees the load the runs will see, not one moment's."""
     from ..tasks import make_optimizer
 
     old = torch.get_num_threads()
@@ -188,7 +192,10 @@ def measure(task: Any, x: Any, y: Any, *, optimizer: str, lr: float, autocast_dt
         opt = make_optimizer(optimizer, model.parameters(), lr)
         cast = (lambda: torch.autocast("cpu", dtype=autocast_dtype)) if autocast_dtype is not None else _null
         fwd, bwd, step = [], [], []
+        start = time.perf_counter()
         for i in range(repeats + 2):
+            if i >= 7 and time.perf_counter() - start > budget_s:
+                break
             t0 = time.perf_counter()
             with cast():
                 loss = task.loss_fn(model(x), y)
@@ -227,12 +234,12 @@ def profile_task(task: Any, *, batch: int, precision: str = "fp32", optimizer: s
     notes = ["FLOPs and saved activations counted with FlopCounterMode and saved-tensor hooks on the meta device"]
     bwd_ratio = c["bwd"] / c["fwd"] if c["fwd"] else 2.0
     prof = ModelProfile(name=task.name, params=c["params"], fwd_flops=c["fwd"] / batch, act_bytes=c["act"] / batch,
-                        blocks=blocks, matrices=c["matrices"], out_bytes=c["out"] / batch,
+                        blocks=blocks, matrices=c["matrices"], out_bytes=c["out"] / batch, tensors=c["tensors"],
                         tokens_per_sample=task.tokens_per_sample, bwd_ratio=bwd_ratio, precision=precision)
     if timed:
         timing = measure(task, x, y, optimizer=optimizer or task.optimizer, lr=task.lr, autocast_dtype=dtype, threads=threads)
         prof = replace(prof, timing=timing)
-        notes.append(f"forward/backward/optimizer timed on this CPU, {threads} thread(s), batch {batch}, median of 7 steps")
+        notes.append(f"forward/backward/optimizer timed on this CPU, {threads} thread(s), batch {batch}, median of up to 15 steps")
     return replace(prof, notes=tuple(notes))
 
 
@@ -260,6 +267,7 @@ def transformer(name: str, *, layers: int, width: int, ffn: int, heads: int, kv_
     mats = tuple(per_layer_mats * layers) + ((vocab, width),) * (1 if tied else 2)
     return ModelProfile(name=name, params=params, fwd_flops=fwd, act_bytes=layers * per_layer_act + 4 * vocab * seq,
                         blocks=blocks, matrices=mats, out_bytes=4 * vocab * seq, tokens_per_sample=seq,
+                        tensors=layers * (len(per_layer_mats) + 2) + (2 if tied else 3),
                         precision="bf16-mixed", notes=("written as data: " + name,))
 
 

@@ -65,7 +65,7 @@ def fsdp_step(prof: ModelProfile, c: Cluster, layout: Layout, s, fwd_t: float, b
     tp = layout.dims.tp
     units = fsdp_units(prof)
     ag = [costs.gather(s.param_comm_bytes * p / tp, g_shard, c) for p, _ in units]
-    rs = [costs.gather(s.grad_comm_bytes * p / tp, g_shard, c)
+    rs = [costs.gather(s.grad_comm_bytes * p / tp, g_shard, c, reduce=True)
           + costs.allreduce(s.grad_comm_bytes * p / tp / g_shard.size, g_rep, c) for p, _ in units]
     ahead = c.is_gpu
     fwd_items = [(a, fwd_t * f, 0.0) for a, (_, f) in zip(ag, units)]
@@ -126,12 +126,15 @@ def step_phases(prof: ModelProfile, c: Cluster, layout: Layout, s, fwd: float, b
         per_mb = (fwd_t + bwd_t) / s.microbatches
         phases["bubble"] = (d.pp - 1) * per_mb
         hop = costs.p2p(b / s.microbatches * prof.boundary_bytes / d.tp, g_pp, c)
-        phases["p2p"] = slots * 2 * hop
-        wire += slots * 2 * hop
+        # Sends are asynchronous (torch.distributed.pipelining's batched isend/irecv): activations
+        # and gradients go opposite ways, one per slot each; a slot takes the longer of its compute
+        # and its transfer, and filling and draining the pipeline wait for 2(p-1) transfers.
+        phases["p2p"] = slots * max(0.0, hop - per_mb) + 2 * (d.pp - 1) * hop
+        wire += 2 * s.microbatches * (d.pp - 1) * hop / d.pp
         dp_group = g_rep if d.dp_replicate > 1 else g_shard
         sync = costs.allreduce(grad_bytes, dp_group, c)
         if d.dp_shard > 1:
-            sync = costs.gather(s.param_comm_bytes * params_rank, g_shard, c) + costs.gather(grad_bytes, g_shard, c)
+            sync = costs.gather(s.param_comm_bytes * params_rank, g_shard, c) + costs.gather(grad_bytes, g_shard, c, reduce=True)
         wire, exposed = wire + sync, exposed + sync
         notes.append(f"pipeline bubble {(d.pp - 1) / slots:.0%} of the schedule (m={s.microbatches}, p={d.pp})")
     elif d.dp_shard > 1:
@@ -147,7 +150,10 @@ def step_phases(prof: ModelProfile, c: Cluster, layout: Layout, s, fwd: float, b
     opt_div = d.dp_shard
     if layout.zero1:
         opt_div = d.dp
-        gather = costs.gather(4 * params_rank, g_rep, c)
+        # torch's ZeroRedundancyOptimizer broadcasts each parameter from the rank that stepped it
+        # (parameters_as_bucket_view=False): the bytes of an all-gather, a latency per tensor.
+        lat = c.inter_lat if g_rep.nodes > 1 else c.intra_lat
+        gather = costs.gather(4 * params_rank, g_rep, c) + prof.tensors * math.ceil(math.log2(max(2, g_rep.size))) * lat
         wire, exposed = wire + gather, exposed + gather
     if d.tp > 1:
         per = costs.gather(b * prof.boundary_bytes, g_tp, c)
