@@ -1,6 +1,7 @@
 """`dtrain plan` against real `dtrain train` runs on the network test bed (dtrain.testing.netbed):
 per configuration the predicted step time (the plan's --json, made right before the group's runs
-so its compute profile sees the same machine load), the measured one, and the error; per group
+and again right after them, so its compute profile sees the machine load the runs saw: the mean of
+the two), the measured one, and the error; per group
 (task x hosts x link), whether the layout the plan ranks fastest was the fastest measured.
 
 Measured step time: wall time per step over the steps after the first log interval (from the
@@ -126,21 +127,26 @@ def main() -> int:
     rows, picks, port = [], [], 29850
     for name in args.groups.split(","):
         group = GROUPS[name]
-        predicted, whole = plan(group, args.latency_us, args.cores)
-        print(f"# {name}: plan profile {json.dumps(whole['model']['measured'])} load {load()}", flush=True)
+        before, whole = plan(group, args.latency_us, args.cores)
+        print(f"# {name}: plan profile before {json.dumps(whole['model']['measured'])} load {load()}", flush=True)
         measured: dict[tuple[str, str], list[dict]] = {}
         for rep in range(args.repeats):
             order = group[5] if rep % 2 == 0 else group[5][::-1]
             for layout, comm in order:
                 port += 1
                 measured.setdefault((layout, comm), []).append(train(group, layout, comm, args.steps, port))
+        after, whole = plan(group, args.latency_us, args.cores)
+        print(f"# {name}: plan profile after {json.dumps(whole['model']['measured'])} load {load()}", flush=True)
         group_rows = []
         for layout, comm in group[5]:
-            pr = predicted[(canonical(layout), comm)]
+            key = (canonical(layout), comm)
+            pr = dict(after[key], step_ms=(before[key]["step_ms"] + after[key]["step_ms"]) / 2,
+                      samples_per_s=2 / (1 / before[key]["samples_per_s"] + 1 / after[key]["samples_per_s"]))
             runs = measured[(layout, comm)]
             m = statistics.median(r["window_ms"] for r in runs)
             dp = pr["samples_per_s"] * pr["step_ms"] / 1e3
-            row = {"group": name, "layout": layout, "comm": comm, "predicted_ms": pr["step_ms"], "measured_ms": round(m, 2),
+            row = {"group": name, "layout": layout, "comm": comm, "predicted_ms": round(pr["step_ms"], 3),
+                   "predicted_before_after_ms": [before[key]["step_ms"], after[key]["step_ms"]], "measured_ms": round(m, 2),
                    "median_step_ms": round(statistics.median(r["median_ms"] for r in runs), 2),
                    "error": round((pr["step_ms"] - m) / m, 4), "pred_samples_per_s": pr["samples_per_s"],
                    "meas_samples_per_s": round(dp / m * 1e3, 2), "pred_state_mib": round(sum(pr["memory_mib"][k] for k in ("params", "grads", "optimizer")), 3),

@@ -37,7 +37,8 @@ ASSUMPTIONS = (
     "all-reduces and computes 4 x rows x cols x R FLOPs; localsgd:H all-reduces the parameters every H steps, "
     "nothing otherwise (amortised); the warm-up steps are not counted",
     "zero1: ddp's all-reduce, the optimizer on 1/dp of the parameters, then each parameter broadcast by its owner "
-    "(torch's ZeroRedundancyOptimizer: an all-gather's bytes, a latency per tensor; exposed)",
+    "(torch's ZeroRedundancyOptimizer: one broadcast after another, so all parameter bytes / bandwidth, and a latency per "
+    "tensor; exposed)",
     "fsdp/hsdp: units are the task's blocks plus the rest of the model; each unit all-gathered in forward and again "
     "in backward, its gradient reduce-scattered (hsdp: then all-reduced between nodes), all in fp32 (dtrain sets no "
     "mixed-precision policy), on one link in issue order, prefetching one unit ahead; on gloo a reduce-scatter costs "
