@@ -5,7 +5,6 @@ name the fastest that fits. Nothing is trained; see docs/plan.md."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
 
 from .. import _check as check
 from ..errors import ConfigError
@@ -71,10 +70,8 @@ def _positive(name: str, value: int | None) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from ..data.loader import usable_cores
-    from ..plan import Settings, make_plan, report
-    from ..plan.cluster import cpu_device
+    from ..plan import plan_task, report
     from ..plan.layouts import COMMS
-    from ..plan.profile import profile_task
     from ..precision import PRESETS
     from ..tasks import load_task
 
@@ -95,14 +92,9 @@ def main(args: argparse.Namespace) -> int:
     _check_comms(comms)
     layouts = _layouts(args.layouts, clu, comms) if args.layouts else None  # checked before the profile's cost
     threads = args.profile_threads or max(1, usable_cores() // clu.procs_per_node)
-    prof = profile_task(task, batch=batch, precision=args.precision, optimizer=args.optimizer, timed=not clu.is_gpu, threads=threads)
-    if not clu.is_gpu:  # this machine's CPU: the profile's achieved rate is the device's
-        clu = dataclasses.replace(clu, device=dataclasses.replace(cpu_device(prof.achieved_flops, clu.device.memory_bytes)))
-    settings = Settings(batch=batch, precision=args.precision, optimizer=args.optimizer or task.optimizer,
-                        grad_accum=args.grad_accum, activation_checkpointing=args.activation_checkpointing,
-                        microbatches=args.microbatches, schedule=args.pipeline_schedule, threads_per_proc=threads,
-                        data_s_per_sample=prof.timing.data_s / prof.timing.batch if prof.timing else 0.0)
-    plan = make_plan(prof, clu, settings, layouts=layouts, comms=comms, tp_ok=task.tp_plan is not None, pp_ok=not _tied(task))
+    plan = plan_task(task, clu, batch=batch, precision=args.precision, optimizer=args.optimizer, grad_accum=args.grad_accum,
+                     activation_checkpointing=args.activation_checkpointing, microbatches=args.microbatches,
+                     schedule=args.pipeline_schedule, threads=threads, layouts=layouts, comms=comms)
     if args.chart:
         report.chart(plan, args.chart)
     if args.json:
@@ -146,12 +138,3 @@ def _layouts(text: str, clu, comms: tuple[str, ...]) -> list:
         else:
             raise ConfigError(f"--layouts {name!r} is not ddp, zero1, fsdp, hsdp or a --parallel layout such as dp_shard=2,tp=2.")
     return out
-
-
-def _tied(task) -> bool:
-    """Whether the model shares a parameter between modules (pipeline stages cannot)."""
-    import torch
-
-    with torch.device("meta"):
-        model = task.build_model()
-    return len(list(model.named_parameters(remove_duplicate=False))) != len(list(model.parameters()))

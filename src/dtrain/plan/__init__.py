@@ -61,4 +61,35 @@ def make_plan(prof: ModelProfile, cluster: Cluster, settings: Settings, *, layou
     return Plan(preds, cluster, prof, settings)
 
 
-__all__ = ["Cluster", "Layout", "ModelProfile", "Plan", "Prediction", "Settings", "make_plan", "predict"]
+def plan_task(task: Any, cluster: Cluster, *, batch: int, precision: str = "fp32", optimizer: str | None = None,
+              grad_accum: int = 1, activation_checkpointing: bool = False, microbatches: int = 4, schedule: str = "1f1b",
+              threads: int = 1, layouts: list[Layout] | None = None, comms: tuple[str, ...] = COMMS) -> Plan:
+    """Profile ``task`` (a ``dtrain.Task``) and plan it on ``cluster``: what `dtrain plan` does,
+    and what `dtrain train --parallel auto` can call for the world at hand (``plan.best_exact``).
+    On a CPU cluster the profile's measured times are the compute; on a GPU preset its FLOPs."""
+    from dataclasses import replace
+
+    from .cluster import cpu_device
+    from .profile import profile_task
+
+    prof = profile_task(task, batch=batch, precision=precision, optimizer=optimizer, timed=not cluster.is_gpu, threads=threads)
+    if not cluster.is_gpu:  # this machine's CPU: the profile's achieved rate is the device's
+        cluster = replace(cluster, device=cpu_device(prof.achieved_flops, cluster.device.memory_bytes))
+    settings = Settings(batch=batch, precision=precision, optimizer=optimizer or task.optimizer, grad_accum=grad_accum,
+                        activation_checkpointing=activation_checkpointing, microbatches=microbatches, schedule=schedule,
+                        threads_per_proc=threads,
+                        data_s_per_sample=prof.timing.data_s / prof.timing.batch if prof.timing else 0.0)
+    return make_plan(prof, cluster, settings, layouts=layouts, comms=comms, tp_ok=task.tp_plan is not None,
+                     pp_ok=not _tied(task))
+
+
+def _tied(task: Any) -> bool:
+    """Whether the model shares a parameter between modules (pipeline stages cannot)."""
+    import torch
+
+    with torch.device("meta"):
+        model = task.build_model()
+    return len(list(model.named_parameters(remove_duplicate=False))) != len(list(model.parameters()))
+
+
+__all__ = ["Cluster", "Layout", "ModelProfile", "Plan", "Prediction", "Settings", "make_plan", "plan_task", "predict"]
