@@ -121,7 +121,13 @@ def main() -> int:
     p.add_argument("--cores", type=int, default=len(os.sched_getaffinity(0)))
     p.add_argument("--out", default=None, help="append each row as a JSON line here")
     p.add_argument("--raw", default=None, help="append each run's result line (with its breakdown) here")
+    p.add_argument("--table", default=None, metavar="JSONL", help="only print the table of rows saved by --out")
     args = p.parse_args()
+    if args.table:
+        with open(args.table) as fh:
+            saved = [json.loads(line) for line in fh if line.strip()]
+        print_table(saved, picks_of(saved))
+        return 0
     global RAW
     RAW = args.raw
     rows, picks, port = [], [], 29850
@@ -164,21 +170,48 @@ def main() -> int:
     return 0
 
 
+def picks_of(rows: list[dict]) -> list:
+    groups: dict[str, list[dict]] = {}
+    for r in rows:
+        groups.setdefault(r["group"], []).append(r)
+    return [(g, max(rs, key=lambda r: r["pred_samples_per_s"]), max(rs, key=lambda r: r["meas_samples_per_s"]))
+            for g, rs in groups.items()]
+
+
+def ratio_errors(rows: list[dict]) -> dict[tuple[str, str, str], float]:
+    """Error of each configuration's step time relative to its group's first (ddp none), predicted
+    against measured: the machine's load, common to both, cancels."""
+    out, first = {}, {}
+    for r in rows:
+        base = first.setdefault(r["group"], r)
+        pred = r["predicted_ms"] / base["predicted_ms"]
+        meas = r["measured_ms"] / base["measured_ms"]
+        out[(r["group"], r["layout"], r["comm"])] = pred / meas - 1
+    return out
+
+
 def print_table(rows: list[dict], picks: list) -> None:
-    print("\n| group | layout | comm | predicted ms | measured ms (median step) | error | state MiB pred / meas |")
-    print("|---|---|---|---|---|---|---|")
+    ratios = ratio_errors(rows)
+    print("\n| group | layout | comm | predicted ms (before / after) | measured ms (median step) | error | error of ratio to group's first | state MiB pred / meas | load |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         state = f"{r['pred_state_mib']:.2f} / {r['meas_state_mib']:.2f}" if r["meas_state_mib"] is not None else "-"
-        print(f"| {r['group']} | {r['layout']} | {r['comm']} | {r['predicted_ms']:.1f} | {r['measured_ms']:.1f} ({r['median_step_ms']:.1f}) "
-              f"| {r['error']:+.1%} | {state} |")
+        ba = " / ".join(f"{v:.0f}" for v in r.get("predicted_before_after_ms", []))
+        print(f"| {r['group']} | {r['layout']} | {r['comm']} | {r['predicted_ms']:.1f} ({ba}) | {r['measured_ms']:.1f} ({r['median_step_ms']:.1f}) "
+              f"| {r['error']:+.1%} | {ratios[(r['group'], r['layout'], r['comm'])]:+.1%} | {state} | {r['load']} |")
     errs = [abs(r["error"]) for r in rows]
+    rel = [abs(v) for k, v in ratios.items() if v != 0.0]
+    if rel:
+        print(f"\nstep time relative to the group's first configuration: median |error| {statistics.median(rel):.1%}, max {max(rel):.1%}")
     mem = [abs(r["pred_state_mib"] / r["meas_state_mib"] - 1) for r in rows if r["meas_state_mib"]]
-    print(f"\nstep time: median |error| {statistics.median(errs):.1%}, max {max(errs):.1%} over {len(rows)} configurations")
+    print(f"step time: median |error| {statistics.median(errs):.1%}, max {max(errs):.1%} over {len(rows)} configurations")
     if mem:
         print(f"state memory per rank: median |error| {statistics.median(mem):.1%}, max {max(mem):.1%}")
     right = sum(bp["layout"] == bm["layout"] and bp["comm"] == bm["comm"] for _, bp, bm in picks)
     for name, bp, bm in picks:
-        print(f"{name}: plan picks {bp['layout']} {bp['comm']}; fastest measured {bm['layout']} {bm['comm']}")
+        regret = bm["meas_samples_per_s"] / bp["meas_samples_per_s"] - 1
+        print(f"{name}: plan picks {bp['layout']} {bp['comm']}; fastest measured {bm['layout']} {bm['comm']} "
+              f"(the pick measured {regret:.0%} slower than the fastest)")
     print(f"fastest picked right in {right} of {len(picks)} groups")
 
 
