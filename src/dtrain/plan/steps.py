@@ -100,6 +100,27 @@ def comm_cost(prof: ModelProfile, c: Cluster, layout: Layout, s, bwd_window: flo
     raise ValueError(f"unknown comm {layout.comm!r}")
 
 
+def pipeline_step(prof: ModelProfile, c: Cluster, layout: Layout, s, fwd_t: float, bwd_t: float, params_rank: float,
+                  groups: tuple[Group, Group, Group]) -> tuple[dict[str, float], float, float]:
+    """(bubble and p2p phases, wire s, exposed s) of pp x dp: the schedule, then the dp sync."""
+    d, b = layout.dims, s.batch
+    g_pp, g_rep, g_shard = groups
+    slots = s.microbatches + d.pp - 1
+    per_mb = (fwd_t + bwd_t) / s.microbatches
+    hop = costs.p2p(b / s.microbatches * prof.boundary_bytes / d.tp, g_pp, c)
+    # Sends are asynchronous (torch.distributed.pipelining's batched isend/irecv): activations
+    # and gradients go opposite ways, one per slot each; a slot takes the longer of its compute
+    # and its transfer, and filling and draining the pipeline wait for 2(p-1) transfers.
+    phases = {"bubble": (d.pp - 1) * per_mb, "p2p": slots * max(0.0, hop - per_mb) + 2 * (d.pp - 1) * hop}
+    wire = 2 * s.microbatches * (d.pp - 1) * hop / d.pp
+    grad_bytes = s.grad_comm_bytes * params_rank
+    if d.dp_shard > 1:
+        sync = costs.gather(s.param_comm_bytes * params_rank, g_shard, c) + costs.gather(grad_bytes, g_shard, c, reduce=True)
+    else:
+        sync = costs.allreduce(grad_bytes, g_rep, c)
+    return phases, wire + sync, sync
+
+
 def step_phases(prof: ModelProfile, c: Cluster, layout: Layout, s, fwd: float, bwd: float, opt: float,
                 slow: float) -> tuple[dict[str, float], float, list[str]]:
     """Phase -> seconds of one optimizer step on the busiest rank; wire seconds; notes."""
@@ -122,21 +143,10 @@ def step_phases(prof: ModelProfile, c: Cluster, layout: Layout, s, fwd: float, b
     grad_bytes = s.grad_comm_bytes * params_rank
     rate = prof.fwd_flops / fwd if fwd > 0 else 1e12
     if d.pp > 1:
-        slots = s.microbatches + d.pp - 1
-        per_mb = (fwd_t + bwd_t) / s.microbatches
-        phases["bubble"] = (d.pp - 1) * per_mb
-        hop = costs.p2p(b / s.microbatches * prof.boundary_bytes / d.tp, g_pp, c)
-        # Sends are asynchronous (torch.distributed.pipelining's batched isend/irecv): activations
-        # and gradients go opposite ways, one per slot each; a slot takes the longer of its compute
-        # and its transfer, and filling and draining the pipeline wait for 2(p-1) transfers.
-        phases["p2p"] = slots * max(0.0, hop - per_mb) + 2 * (d.pp - 1) * hop
-        wire += 2 * s.microbatches * (d.pp - 1) * hop / d.pp
-        dp_group = g_rep if d.dp_replicate > 1 else g_shard
-        sync = costs.allreduce(grad_bytes, dp_group, c)
-        if d.dp_shard > 1:
-            sync = costs.gather(s.param_comm_bytes * params_rank, g_shard, c) + costs.gather(grad_bytes, g_shard, c, reduce=True)
-        wire, exposed = wire + sync, exposed + sync
-        notes.append(f"pipeline bubble {(d.pp - 1) / slots:.0%} of the schedule (m={s.microbatches}, p={d.pp})")
+        pp_phases, w, e = pipeline_step(prof, c, layout, s, fwd_t, bwd_t, params_rank, (g_pp, g_rep, g_shard))
+        phases.update(pp_phases)
+        wire, exposed = wire + w, exposed + e
+        notes.append(f"pipeline bubble {(d.pp - 1) / (s.microbatches + d.pp - 1):.0%} of the schedule (m={s.microbatches}, p={d.pp})")
     elif d.dp_shard > 1:
         f_el, b_el, w = fsdp_step(prof, c, layout, s, fwd_t, bwd_t, g_shard, g_rep)
         wire += w
