@@ -22,17 +22,11 @@ from .sharding import add_sharding_args, strategy_options
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="train a built-in or your own task", description=__doc__)
     g = p.add_argument_group("what to train")
-    g.add_argument("--task", default="digits", help="digits (default), images, lm, mnist, synthetic, or MODULE:FUNCTION")
-    g.add_argument("--task-arg", action="append", default=[], metavar="KEY=VALUE", help="option for the task function (repeatable)")
-    g.add_argument("--data-dir", default=None, help="folder with the task's data files (mnist: the IDX files; images: DIR/train/CLASS/*.jpg; lm: a text file or folder, default the Python stdlib)")
+    add_task_args(g)
     g.add_argument("--strategy", default="auto", help="single, ddp, dp, hvd, zero1, fsdp, hsdp or pipeline (default: ddp on several processes)")
-    g.add_argument("--precision", default="fp32", help="fp32 (default), bf16-mixed, fp16-mixed")
     g.add_argument("--epochs", type=int, default=None, help="passes over the data (default: the task's)")
     g.add_argument("--max-steps", type=int, default=None, help="stop after this many optimizer steps")
-    g.add_argument("--batch-size", type=int, default=None, help="batch of one process (default: the task's)")
     g.add_argument("--lr", type=float, default=None, help="learning rate (default: the task's)")
-    g.add_argument("--optimizer", default=None, help="sgd, adam, adamw or adadelta (default: the task's)")
-    g.add_argument("--grad-accum", type=int, default=1, help="micro-batches per batch; gradients sync once per batch")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--device", default=None, help="cpu or cuda (default: cuda:<local rank> when available)")
     g.add_argument("--num-workers", type=int, default=None, help="DataLoader worker processes per rank (default: 0 for in-memory data, else from the cores per process)")
@@ -51,14 +45,25 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--ledger", default=None, metavar="DIR",
                    help="record the samples of every committed step here (a file per rank); check with `dtrain ckpt ledger DIR`")
     g.add_argument("--compile", action="store_true", help="torch.compile the model (per block when the task has blocks; slow first steps)")
-    g.add_argument("--activation-checkpointing", action="store_true",
-                   help="recompute each block's activations in backward: less memory, ~1/3 more compute (tasks with blocks, e.g. lm)")
     add_parallel_arg(g)
     add_observe_args(p)
     add_sharding_args(p)
     add_comm_args(p)
     add_launch_args(p)
     p.set_defaults(func=main)
+
+
+def add_task_args(g: argparse._ActionsContainer) -> None:
+    """The flags that say what is trained and how heavy a step is; `dtrain plan` takes them too."""
+    g.add_argument("--task", default="digits", help="digits (default), images, lm, mnist, synthetic, or MODULE:FUNCTION")
+    g.add_argument("--task-arg", action="append", default=[], metavar="KEY=VALUE", help="option for the task function (repeatable)")
+    g.add_argument("--data-dir", default=None, help="folder with the task's data files (mnist: the IDX files; images: DIR/train/CLASS/*.jpg; lm: a text file or folder, default the Python stdlib)")
+    g.add_argument("--precision", default="fp32", help="fp32 (default), bf16-mixed, fp16-mixed")
+    g.add_argument("--batch-size", type=int, default=None, help="batch of one process (default: the task's)")
+    g.add_argument("--optimizer", default=None, help="sgd, adam, adamw or adadelta (default: the task's)")
+    g.add_argument("--grad-accum", type=int, default=1, help="micro-batches per batch; gradients sync once per batch")
+    g.add_argument("--activation-checkpointing", action="store_true",
+                   help="recompute each block's activations in backward: less memory, ~1/3 more compute (tasks with blocks, e.g. lm)")
 
 
 def parse_task_args(pairs: list[str]) -> dict[str, str]:

@@ -1,0 +1,95 @@
+"""``dtrain plan``: predict step time, throughput, scaling efficiency and memory per rank of each
+layout x comm method on a cluster, from a profile of the model, and pick the fastest that fits.
+
+    prof = profile.profile_task(task, batch=32)             # or profile.transformer(...) as data
+    plan = make_plan(prof, cluster, Settings(batch=32))
+    plan.best.layout.train_args()                          # ['--strategy', 'fsdp'] for `dtrain train`
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .cluster import Cluster
+from .layouts import COMMS, Layout, candidates
+from .model import ASSUMPTIONS, Prediction, Settings, predict
+from .profile import ModelProfile
+
+
+@dataclass(frozen=True)
+class Plan:
+    predictions: list[Prediction]
+    """Fastest first; those that fit before those that do not."""
+    cluster: Cluster
+    profile: ModelProfile
+    settings: Settings
+
+    @property
+    def best(self) -> Prediction | None:
+        """The fastest layout that fits in memory (None: none fits)."""
+        return next((p for p in self.predictions if p.fits), None)
+
+    @property
+    def best_exact(self) -> Prediction | None:
+        """The fastest that fits among layouts that average the exact fp32 gradients every step
+        (``--comm none``): compression and local SGD change the update, which a user opts into."""
+        return next((p for p in self.predictions if p.fits and p.layout.comm == "none"), None)
+
+    def as_dict(self) -> dict[str, Any]:
+        world = self.cluster.world_size
+        best, exact = self.best, self.best_exact
+        s = self.settings
+        return {"layouts": [p.as_dict(world) for p in self.predictions],
+                "best": best.as_dict(world) if best else None,
+                "best_exact": exact.as_dict(world) if exact else None,
+                "world_size": world, "cluster": self.cluster.describe(), "model": self.profile.as_dict(),
+                "settings": {"batch_size": s.batch, "precision": s.precision, "optimizer": s.optimizer,
+                             "grad_accum": s.grad_accum, "activation_checkpointing": s.activation_checkpointing,
+                             "microbatches": s.microbatches, "threads_per_proc": s.threads_per_proc},
+                "assumptions": list(ASSUMPTIONS) + list(self.profile.notes)}
+
+
+def make_plan(prof: ModelProfile, cluster: Cluster, settings: Settings, *, layouts: list[Layout] | None = None,
+              comms: tuple[str, ...] = COMMS, tp_ok: bool = True, pp_ok: bool = True) -> Plan:
+    """Predict every candidate layout (or ``layouts``) and rank them."""
+    if layouts is None:
+        layouts = candidates(cluster.world_size, cluster.procs_per_node, cluster.nodes, blocks=len(prof.blocks),
+                             tp_ok=tp_ok and bool(prof.blocks), pp_ok=pp_ok, comms=comms)
+    preds = [predict(prof, cluster, lay, settings) for lay in layouts]
+    preds.sort(key=lambda p: (not p.fits, -p.samples_per_s))
+    return Plan(preds, cluster, prof, settings)
+
+
+def plan_task(task: Any, cluster: Cluster, *, batch: int, precision: str = "fp32", optimizer: str | None = None,
+              grad_accum: int = 1, activation_checkpointing: bool = False, microbatches: int = 4, schedule: str = "1f1b",
+              threads: int = 1, layouts: list[Layout] | None = None, comms: tuple[str, ...] = COMMS) -> Plan:
+    """Profile ``task`` (a ``dtrain.Task``) and plan it on ``cluster``: what `dtrain plan` does,
+    and what `dtrain train --parallel auto` can call for the world at hand (``plan.best_exact``).
+    On a CPU cluster the profile's measured times are the compute; on a GPU preset its FLOPs."""
+    from dataclasses import replace
+
+    from .cluster import cpu_device
+    from .profile import profile_task
+
+    prof = profile_task(task, batch=batch, precision=precision, optimizer=optimizer, timed=not cluster.is_gpu, threads=threads)
+    if not cluster.is_gpu:  # this machine's CPU: the profile's achieved rate is the device's
+        cluster = replace(cluster, device=cpu_device(prof.achieved_flops, cluster.device.memory_bytes))
+    settings = Settings(batch=batch, precision=precision, optimizer=optimizer or task.optimizer, grad_accum=grad_accum,
+                        activation_checkpointing=activation_checkpointing, microbatches=microbatches, schedule=schedule,
+                        threads_per_proc=threads,
+                        data_s_per_sample=prof.timing.data_s / prof.timing.batch if prof.timing else 0.0)
+    return make_plan(prof, cluster, settings, layouts=layouts, comms=comms, tp_ok=task.tp_plan is not None,
+                     pp_ok=not _tied(task))
+
+
+def _tied(task: Any) -> bool:
+    """Whether the model shares a parameter between modules (pipeline stages cannot)."""
+    import torch
+
+    with torch.device("meta"):
+        model = task.build_model()
+    return len(list(model.named_parameters(remove_duplicate=False))) != len(list(model.parameters()))
+
+
+__all__ = ["Cluster", "Layout", "ModelProfile", "Plan", "Prediction", "Settings", "make_plan", "plan_task", "predict"]

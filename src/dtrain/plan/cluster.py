@@ -1,0 +1,231 @@
+"""The machines a plan is for: a device (peak FLOP/s, memory, memory bandwidth) and the links
+between processes (inside a node, between nodes), from a preset, flags, a small JSON/YAML file,
+or measured here.
+
+Bandwidths are bytes/s one way; latencies are seconds per message. ``inter_bw`` is what one
+node can send (all its NICs together), so a hierarchical all-reduce's inter-node phase is
+limited by it whichever rank sends.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from ..errors import ConfigError
+
+GB = 1e9
+GIB = 2**30
+
+
+@dataclass(frozen=True, kw_only=True)
+class Device:
+    """One accelerator (or one CPU process's share of a machine)."""
+
+    name: str
+    peak_flops: dict[str, float]
+    """Dense peak FLOP/s by precision (``fp32``, ``bf16-mixed``, ``fp16-mixed``): the data sheet's."""
+    memory_bytes: float
+    mem_bw: float
+    """Memory bandwidth (bytes/s): the optimizer step is bound by it (it reads and writes every
+    parameter, gradient and state element once)."""
+    achieved: float = 0.4
+    """Fraction of the peak a training step achieves (MFU); a profile measures it instead."""
+    fixed_bytes: float = 0.0
+    """Memory taken before the model: CUDA context, allocator reserve, the framework."""
+
+    def flops(self, precision: str) -> float:
+        return self.peak_flops.get(precision) or self.peak_flops["fp32"]
+
+
+def _gpu(name: str, bf16_tflops: float, tf32_tflops: float, mem_gb: float, bw_tbs: float) -> Device:
+    # fp32 training on tensor cores runs in TF32 (torch's default for convolutions; dtrain's
+    # flops table does the same); the fixed 1.5 GiB is the CUDA context plus allocator slack.
+    return Device(name=name, peak_flops={"fp32": tf32_tflops * 1e12, "bf16-mixed": bf16_tflops * 1e12,
+                                          "fp16-mixed": bf16_tflops * 1e12},
+                  memory_bytes=mem_gb * GB, mem_bw=bw_tbs * 1e12, fixed_bytes=1.5 * GIB)
+
+
+DEVICES: dict[str, Device] = {
+    "h100": _gpu("H100 SXM", 989.0, 494.0, 80.0, 3.35),
+    "h200": _gpu("H200 SXM", 989.0, 494.0, 141.0, 4.8),
+    "a100": _gpu("A100 SXM 80GB", 312.0, 156.0, 80.0, 2.04),
+    "a100-40": _gpu("A100 SXM 40GB", 312.0, 156.0, 40.0, 1.56),
+    "v100": _gpu("V100 SXM2 32GB", 125.0, 15.7, 32.0, 0.9),
+    "p100": _gpu("P100 SXM2 16GB", 21.2, 10.6, 16.0, 0.732),  # no tensor cores: fp16 = 2x fp32
+}
+"""Data-sheet figures (dense, no sparsity)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Cluster:
+    """``nodes`` x ``procs_per_node`` processes, one device each, and their links."""
+
+    nodes: int = 1
+    procs_per_node: int = 1
+    device: Device
+    intra_bw: float = 100 * GB
+    """Between two processes of one node (NVLink, shared memory), bytes/s one way per process."""
+    intra_lat: float = 5e-6
+    inter_bw: float = 12.5 * GB
+    """What one node sends to the others, bytes/s (all its NICs)."""
+    inter_lat: float = 10e-6
+    tree: bool = True
+    """Latency-bound all-reduces may use a tree (NCCL does); gloo on CPU rings only."""
+    shared_cores: int | None = None
+    """All processes of all nodes share this many cores (a test bed on one machine): compute
+    slows by the oversubscription. None: each process has its own device."""
+    source: dict[str, str] = field(default_factory=dict)
+    """Where each figure came from (preset, flag, file, measured)."""
+
+    def __post_init__(self) -> None:
+        for name in ("nodes", "procs_per_node"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"cluster {name} must be >= 1, got {getattr(self, name)}.")
+        for name in ("intra_bw", "inter_bw"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"cluster {name} must be > 0 bytes/s, got {getattr(self, name)}.")
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.procs_per_node
+
+    @property
+    def backend(self) -> str:
+        """The process-group backend: nccl on GPUs, gloo on CPUs."""
+        return "nccl" if self.is_gpu else "gloo"
+
+    @property
+    def is_gpu(self) -> bool:
+        """A GPU's host queues work ahead of the device (collectives can be issued early)."""
+        return not self.device.name.startswith("cpu")
+
+    def with_world(self, nodes: int, procs_per_node: int) -> Cluster:
+        return replace(self, nodes=nodes, procs_per_node=procs_per_node)
+
+    def compute_slowdown(self, threads_per_proc: int = 1) -> float:
+        """How much slower each process computes than alone (> 1 only on a shared machine)."""
+        if not self.shared_cores:
+            return 1.0
+        return max(1.0, self.world_size * threads_per_proc / self.shared_cores)
+
+    def describe(self) -> dict[str, Any]:
+        d = self.device
+        return {"nodes": self.nodes, "procs_per_node": self.procs_per_node, "device": d.name,
+                "peak_tflops": {k: round(v / 1e12, 3) for k, v in d.peak_flops.items()},
+                "achieved_fraction": d.achieved, "memory_gib": round(d.memory_bytes / GIB, 2),
+                "intra_gbytes_per_s": self.intra_bw / GB, "intra_latency_us": self.intra_lat * 1e6,
+                "inter_gbytes_per_s": self.inter_bw / GB, "inter_latency_us": self.inter_lat * 1e6,
+                "tree_allreduce": self.tree, "shared_cores": self.shared_cores, "source": dict(self.source)}
+
+
+# Links of known machines: NVLink 4 (H100 SXM: 450 GB/s one way per GPU) with 8 x 400 Gbit/s
+# InfiniBand per node (50 GB/s per GPU); A100: NVLink 3 (300 GB/s), 8 x 200 Gbit/s.
+LINKS: dict[str, dict[str, float]] = {
+    "h100": {"intra_bw": 450 * GB, "inter_bw": 8 * 50 * GB, "intra_lat": 5e-6, "inter_lat": 10e-6},
+    "h200": {"intra_bw": 450 * GB, "inter_bw": 8 * 50 * GB, "intra_lat": 5e-6, "inter_lat": 10e-6},
+    "a100": {"intra_bw": 300 * GB, "inter_bw": 8 * 25 * GB, "intra_lat": 5e-6, "inter_lat": 10e-6},
+    "a100-40": {"intra_bw": 300 * GB, "inter_bw": 8 * 25 * GB, "intra_lat": 5e-6, "inter_lat": 10e-6},
+    "v100": {"intra_bw": 150 * GB, "inter_bw": 4 * 12.5 * GB, "intra_lat": 5e-6, "inter_lat": 10e-6},
+    "p100": {"intra_bw": 80 * GB, "inter_bw": 12.5 * GB, "intra_lat": 5e-6, "inter_lat": 10e-6},
+}
+
+FILE_KEYS = {"nodes", "procs_per_node", "device", "peak_tflops", "memory_gib", "mem_bw_gbytes_per_s", "achieved_fraction",
+             "intra_gbit", "intra_latency_us", "inter_gbit", "inter_latency_us", "tree", "shared_cores"}
+
+
+def cpu_device(achieved_flops: float | None = None, memory_bytes: float | None = None) -> Device:
+    """This machine's CPU as one process sees it; FLOP/s as a profile measured them (the
+    achieved rate is then the 'peak', at fraction 1)."""
+    mem = memory_bytes or _total_memory()
+    rate = achieved_flops or 1e10
+    return Device(name="cpu (measured)", peak_flops={"fp32": rate, "bf16-mixed": rate, "fp16-mixed": rate},
+                  memory_bytes=mem, mem_bw=10 * GB, achieved=1.0)
+
+
+def _total_memory() -> float:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 16 * GIB
+
+
+def device_named(kind: str) -> Device:
+    key = kind.lower()
+    if key == "cpu":
+        return cpu_device()
+    if key not in DEVICES:
+        raise ConfigError(f"unknown --device {kind!r}; choose one of: {', '.join([*DEVICES, 'cpu'])}, "
+                          "or give --peak-tflops and --mem-gib.")
+    return DEVICES[key]
+
+
+def load_file(path: str) -> dict[str, Any]:
+    """A cluster file: JSON, or YAML when PyYAML is installed; keys as ``FILE_KEYS``."""
+    try:
+        with open(path) as fh:
+            text = fh.read()
+    except OSError as exc:
+        raise ConfigError(f"--cluster {path!r} cannot be read ({exc.strerror}); give a JSON or YAML file.") from None
+    if path.endswith((".yaml", ".yml")):
+        try:
+            import yaml
+        except ImportError:
+            raise ConfigError(f"--cluster {path!r} is YAML but PyYAML is not installed; pip install pyyaml, or write JSON.") from None
+        data = yaml.safe_load(text)
+    else:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"--cluster {path!r} is not valid JSON (line {exc.lineno}: {exc.msg}).") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"--cluster {path!r} must hold one object of keys, e.g. {{\"device\": \"h100\", \"nodes\": 4}}.")
+    unknown = sorted(set(data) - FILE_KEYS)
+    if unknown:
+        raise ConfigError(f"--cluster {path!r}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(FILE_KEYS))}.")
+    return data
+
+
+def build(settings: dict[str, Any], base_device: Device | None = None) -> Cluster:
+    """A Cluster from ``FILE_KEYS``-style settings (None values skipped); a preset's links fill
+    what is not given."""
+    s = {k: v for k, v in settings.items() if v is not None}
+    kind = str(s.get("device", "cpu")).lower()
+    device = base_device or device_named(kind)
+    source = {"device": f"preset {kind}" if kind in DEVICES else "cpu"}
+    dev_changes: dict[str, Any] = {}
+    if "peak_tflops" in s:
+        rate = float(s["peak_tflops"]) * 1e12
+        dev_changes["peak_flops"] = dict.fromkeys(device.peak_flops, rate)
+        source["peak_tflops"] = "given"
+    if "memory_gib" in s:
+        dev_changes["memory_bytes"] = float(s["memory_gib"]) * GIB
+    if "mem_bw_gbytes_per_s" in s:
+        dev_changes["mem_bw"] = float(s["mem_bw_gbytes_per_s"]) * GB
+    if "achieved_fraction" in s:
+        frac = float(s["achieved_fraction"])
+        if not 0 < frac <= 1:
+            raise ConfigError(f"--mfu {frac} must be a fraction of the peak in (0, 1]; e.g. --mfu 0.4.")
+        dev_changes["achieved"] = frac
+        source["achieved_fraction"] = "given"
+    device = replace(device, **dev_changes)
+    # CPU processes talk through gloo over TCP: `dtrain doctor` here measured 0.9 GB/s and 1.6 ms for
+    # an 8-byte all-reduce of two local processes on a loaded 2-core machine (0.8 ms a message).
+    links = dict(LINKS.get(kind, {"intra_bw": 1 * GB, "inter_bw": 0.125 * GB, "intra_lat": 200e-6, "inter_lat": 250e-6}))
+    source["links"] = f"preset {kind}" if kind in LINKS else "defaults (gloo: 1 GB/s, 200 us inside a node; 1 Gbit/s, 250 us between; measure with `dtrain doctor`)"
+    for key, scale in (("intra_gbit", "intra_bw"), ("inter_gbit", "inter_bw")):
+        if key in s:
+            links[scale] = float(s[key]) * 1e9 / 8
+            source[scale] = "given"
+    for key, name in (("intra_latency_us", "intra_lat"), ("inter_latency_us", "inter_lat")):
+        if key in s:
+            links[name] = float(s[key]) * 1e-6
+    tree = bool(s.get("tree", kind in LINKS))
+    return Cluster(nodes=int(s.get("nodes", 1)), procs_per_node=int(s.get("procs_per_node", 1)), device=device,
+                   tree=tree, shared_cores=s.get("shared_cores"), source=source, **links)
+
+
+def as_dict(cluster: Cluster) -> dict[str, Any]:
+    return asdict(cluster)

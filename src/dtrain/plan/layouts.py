@@ -1,0 +1,68 @@
+"""The layouts a plan compares: each one a value `dtrain train` takes as it is (a strategy name or
+a ``--parallel`` string) with a ``--comm`` method.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..parallel.dims import ParallelDims
+
+STRATEGIES = ("ddp", "zero1", "fsdp", "hsdp")
+"""Strategy names the plan predicts (dp and hvd are ddp's cost with other code paths)."""
+COMMS = ("none", "bf16", "powersgd:2", "localsgd:16")
+"""Default ``--comm`` methods compared on ddp (the only strategy that takes them); fp16 costs as bf16."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    name: str
+    """As `dtrain train` takes it: a strategy name (``ddp``, ``zero1``, ``fsdp``, ``hsdp``,
+    ``single``) or a ``--parallel`` string (``dp_shard=4,tp=2``)."""
+    dims: ParallelDims
+    zero1: bool = False
+    comm: str = "none"
+
+    @property
+    def is_strategy(self) -> bool:
+        return "=" not in self.name
+
+    @property
+    def shard(self) -> int:
+        """Ranks that shard parameters, gradients and optimizer state (FSDP)."""
+        return self.dims.dp_shard
+
+    def train_args(self) -> list[str]:
+        flags = ["--strategy", self.name] if self.is_strategy else ["--parallel", self.name]
+        return flags + (["--comm", self.comm] if self.comm != "none" else [])
+
+    def label(self) -> str:
+        return self.name if self.comm == "none" else f"{self.name} --comm {self.comm}"
+
+
+def candidates(world: int, procs_per_node: int, nodes: int, *, blocks: int, tp_ok: bool, pp_ok: bool,
+               comms: tuple[str, ...] = COMMS) -> list[Layout]:
+    """Every layout (x comm method) that `dtrain train` can run on ``world`` processes."""
+    if world == 1:
+        return [Layout("single", ParallelDims())]
+    out = [Layout("ddp", ParallelDims(dp_replicate=world), comm=c) for c in comms]
+    out.append(Layout("zero1", ParallelDims(dp_replicate=world), zero1=True))
+    out.append(Layout("fsdp", ParallelDims(dp_shard=world)))
+    if nodes > 1 and procs_per_node > 1:
+        out.append(Layout("hsdp", ParallelDims(dp_replicate=nodes, dp_shard=procs_per_node)))
+    for tp in (2, 4, 8):
+        if tp_ok and tp <= procs_per_node and procs_per_node % tp == 0 and world % tp == 0:
+            rest = world // tp
+            for dims in _with_dp(rest, tp=tp):
+                out.append(Layout(str(dims), dims))
+    for pp in (2, 4, 8):
+        if pp_ok and blocks >= pp and world % pp == 0:
+            for dims in _with_dp(world // pp, pp=pp):
+                out.append(Layout(str(dims), dims))
+    return out
+
+
+def _with_dp(dp: int, **other: int) -> list[ParallelDims]:
+    if dp == 1:
+        return [ParallelDims(**other)]
+    return [ParallelDims(dp_shard=dp, **other), ParallelDims(dp_replicate=dp, **other)]

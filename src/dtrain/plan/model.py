@@ -1,0 +1,207 @@
+"""Step time and memory of one layout on one cluster, from a model profile.
+
+A step is: data, forward, backward (+ recomputation), the communication backward did not hide,
+the optimizer step, and what each layout adds (ZeRO-1's parameter gather, TP's collectives,
+pipeline fill and drain). Every simplification is in ``ASSUMPTIONS``, printed with the plan.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from .cluster import Cluster
+from .layouts import Layout
+from .profile import ModelProfile
+
+MIB = 2**20
+OPT_STATES = {"sgd": 1, "adam": 2, "adamw": 2, "adadelta": 2}
+"""fp32 state tensors per parameter (SGD with momentum: one; Adam: two moments)."""
+OPT_BYTES_TOUCHED = {"sgd": 20, "adam": 28, "adamw": 28, "adadelta": 28}
+"""Bytes read + written per parameter by one optimizer step (memory-bound on a GPU)."""
+
+ASSUMPTIONS = (
+    "compute: measured forward/backward/optimizer times when profiled on this device, else FLOPs / (peak x achieved fraction); "
+    "backward = measured ratio x forward (2x from FLOPs); activation checkpointing adds one forward of the blocks",
+    "data: the profile's batch collation time per sample (in-memory data sets; a slow loader is not modelled)",
+    "parameters and gradients fp32 (4 bytes; autocast keeps fp32 masters), optimizer state fp32 "
+    "(SGD momentum 1, Adam/AdamW/Adadelta 2 tensors); ranks are numbered node by node, tp fastest (dtrain's mesh order)",
+    "collectives: ring all-reduce 2(n-1)/n x B / bw + 2(n-1) x latency, all-gather / reduce-scatter half that; "
+    "a tree (2 log2 n latencies, 2 B / bw) where the cluster has one (NCCL) and it is cheaper; across nodes: "
+    "reduce-scatter in the node, all-reduce between nodes at the node's NIC bandwidth, all-gather in the node",
+    "ddp: gradients in 25 MiB buckets (dtrain passes bucket_cap_mb, so the first bucket is 25 MiB too), each bucket "
+    "all-reduced once backward has produced it (gradients assumed produced evenly by bytes), one after another; "
+    "what ends after backward is exposed",
+    "--comm: bf16/fp16 halve the bytes; powersgd:R sends R x (rows + columns) per matrix (vectors whole) in 3 "
+    "all-reduces and computes 4 x rows x cols x R FLOPs; localsgd:H all-reduces the parameters every H steps, "
+    "nothing otherwise (amortised); the warm-up steps are not counted",
+    "zero1: ddp's all-reduce, the optimizer on 1/dp of the parameters, then each parameter broadcast by its owner "
+    "(torch's ZeroRedundancyOptimizer: one broadcast after another, so all parameter bytes / bandwidth, and a latency per "
+    "tensor; exposed)",
+    "fsdp/hsdp: units are the task's blocks plus the rest of the model; each unit all-gathered in forward and again "
+    "in backward, its gradient reduce-scattered (hsdp: then all-reduced between nodes), all in fp32 (dtrain sets no "
+    "mixed-precision policy), on one link in issue order, prefetching one unit ahead; on gloo a reduce-scatter costs "
+    "an all-reduce (torch's gloo backend all-reduces; measured on the test bed)",
+    "tp: compute and activations / tp; per block 4 all-gathers or reduce-scatters of its output in forward and 4 in "
+    "backward (Megatron-LM with sequence parallelism), the logits gathered once each way; none overlapped",
+    "pp: blocks split evenly, the rest of the model on the end stages; (m + p - 1) micro-batch slots of the slowest "
+    "stage (1F1B and GPipe have the same bubble, (p-1)/(m+p-1)); sends are asynchronous: a slot takes the longer of its "
+    "compute and one transfer, plus 2(p-1) transfers to fill and drain; data-parallel gradient sync after the schedule, "
+    "not overlapped",
+    "memory: parameters + gradients + optimizer state + saved activations of the micro-batches in flight + fsdp's "
+    "two gathered units + the device's fixed reserve, all at once (an upper bound: activations are freed as "
+    "gradients appear)",
+    "scaling efficiency: samples/s over world size x the samples/s of one device running the same per-process batch",
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Settings:
+    """The run's options that change its cost (``dtrain train``'s flags)."""
+
+    batch: int
+    """Per process, as --batch-size."""
+    precision: str = "fp32"
+    optimizer: str = "sgd"
+    grad_accum: int = 1
+    activation_checkpointing: bool = False
+    microbatches: int = 4
+    schedule: str = "1f1b"
+    bucket_mib: float = 25.0
+    param_comm_bytes: int = 4
+    """Bytes per element that FSDP all-gathers (dtrain: fp32; torchtitan: bf16)."""
+    grad_comm_bytes: int = 4
+    threads_per_proc: int = 1
+    data_s_per_sample: float = 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Prediction:
+    layout: Layout
+    step_s: float
+    samples_per_step: int
+    phases_s: dict[str, float]
+    comm_s: float
+    """Time on the wire per step, hidden or not."""
+    memory: dict[str, float]
+    capacity: float
+    single_step_s: float
+    tokens_per_sample: int | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.samples_per_step / self.step_s
+
+    @property
+    def mem_bytes(self) -> float:
+        return sum(self.memory.values())
+
+    @property
+    def fits(self) -> bool:
+        return self.mem_bytes <= self.capacity
+
+    def scaling_efficiency(self, world: int) -> float | None:
+        if self.single_step_s <= 0:
+            return None
+        single_rate = self.samples_per_step / max(1, self.layout.dims.dp) / self.single_step_s
+        return self.samples_per_s / (world * single_rate)
+
+    def as_dict(self, world: int) -> dict[str, Any]:
+        ms = {k: round(v * 1e3, 3) for k, v in self.phases_s.items()}
+        return {"layout": self.layout.name, "comm": self.layout.comm, "train_args": self.layout.train_args(),
+                "step_ms": round(self.step_s * 1e3, 3), "samples_per_s": round(self.samples_per_s, 2),
+                "tokens_per_s": round(self.samples_per_s * self.tokens_per_sample, 1) if self.tokens_per_sample else None,
+                "scaling_efficiency": _round(self.scaling_efficiency(world), 4), "mem_mib_per_rank": round(self.mem_bytes / MIB, 1),
+                "mem_headroom_mib": round((self.capacity - self.mem_bytes) / MIB, 1), "fits": self.fits,
+                "exposed_comm_ms": ms.get("exposed_comm", 0.0), "comm_ms": round(self.comm_s * 1e3, 3), "phases_ms": ms,
+                "memory_mib": {k: round(v / MIB, 2) for k, v in self.memory.items()}, "notes": self.notes}
+
+
+def _round(x: float | None, nd: int) -> float | None:
+    return None if x is None else round(x, nd)
+
+
+def compute_rates(prof: ModelProfile, c: Cluster, s: Settings) -> tuple[float, float, float]:
+    """(forward s per sample, backward s per sample, optimizer s per parameter) on one device alone."""
+    t = prof.timing
+    if t is not None and not c.is_gpu:
+        return t.fwd_s / t.batch, t.bwd_s / t.batch, t.opt_s / max(1, prof.params)
+    rate = c.device.flops(s.precision) * c.device.achieved
+    fwd = prof.fwd_flops / rate
+    return fwd, fwd * prof.bwd_ratio, OPT_BYTES_TOUCHED.get(s.optimizer, 28) / c.device.mem_bw
+
+
+def _block_share(prof: ModelProfile) -> float:
+    """Share of the forward FLOPs spent in the blocks."""
+    return min(1.0, sum(b.fwd_flops for b in prof.blocks) / prof.fwd_flops) if prof.fwd_flops else 0.0
+
+
+def stage_share(prof: ModelProfile, pp: int) -> tuple[float, float, float]:
+    """(compute share, parameter share, activation share) of the busiest of ``pp`` stages."""
+    if pp <= 1 or not prof.blocks:
+        return 1.0, 1.0, 1.0
+    n = len(prof.blocks)
+    per = math.ceil(n / pp)
+    bl = prof.blocks[:per]
+    rest_f = prof.fwd_flops - sum(b.fwd_flops for b in prof.blocks)
+    rest_p = prof.params - sum(b.params for b in prof.blocks)
+    rest_a = prof.act_bytes - sum(b.act_bytes for b in prof.blocks)
+    f = (sum(b.fwd_flops for b in bl) + rest_f / 2) / prof.fwd_flops
+    p = (sum(b.params for b in bl) + rest_p / 2) / max(1, prof.params)
+    a = (sum(b.act_bytes for b in bl) + rest_a / 2) / max(1.0, prof.act_bytes)
+    return f, p, a
+
+
+def powersgd_elements(prof: ModelProfile, rank: int) -> float:
+    """Elements PowerSGD sends per step: P and Q of each matrix it compresses, the rest whole
+    (torch compresses a matrix only when that at least halves it)."""
+    matrix_params = sum(m * n for m, n in prof.matrices)
+    sent = 0.0
+    for m, n in prof.matrices:
+        low = rank * (m + n)
+        sent += low if m * n >= 2 * low else m * n
+    return sent + max(0, prof.params - matrix_params)
+
+
+def predict(prof: ModelProfile, c: Cluster, layout: Layout, s: Settings) -> Prediction:
+    from .steps import step_phases  # the per-layout step, kept apart for size
+
+    fwd, bwd, opt = compute_rates(prof, c, s)
+    slow = c.compute_slowdown(s.threads_per_proc)
+    phases, comm_s, notes = step_phases(prof, c, layout, s, fwd * slow, bwd * slow, opt * slow, slow)
+    alone = c.with_world(1, 1).compute_slowdown(s.threads_per_proc)
+    single = s.batch * (fwd + bwd + s.data_s_per_sample) + opt * prof.params
+    if s.activation_checkpointing:
+        single += s.batch * fwd * _block_share(prof)
+    return Prediction(layout=layout, step_s=sum(phases.values()), samples_per_step=s.batch * layout.dims.dp,
+                      phases_s=phases, comm_s=comm_s, memory=memory(prof, c, layout, s), capacity=c.device.memory_bytes,
+                      single_step_s=single * alone, tokens_per_sample=prof.tokens_per_sample, notes=notes)
+
+
+def memory(prof: ModelProfile, c: Cluster, layout: Layout, s: Settings) -> dict[str, float]:
+    """Bytes per rank by kind (the largest pipeline stage)."""
+    d = layout.dims
+    _, p_share, a_share = stage_share(prof, d.pp)
+    params_rank = prof.params * p_share / d.tp
+    shard = d.dp_shard
+    opt_div = d.dp if layout.zero1 else shard
+    mem = {"params": 4 * params_rank / shard, "grads": 4 * params_rank / shard,
+           "optimizer": 4 * OPT_STATES.get(s.optimizer, 2) * params_rank / opt_div}
+    micro = s.batch / max(1, s.grad_accum)
+    in_flight = 1
+    if d.pp > 1:
+        micro = s.batch / s.microbatches
+        in_flight = s.microbatches if s.schedule == "gpipe" else min(d.pp, s.microbatches)
+    act = prof.act_bytes * a_share
+    if s.activation_checkpointing and prof.blocks:
+        blocks = prof.blocks[: math.ceil(len(prof.blocks) / d.pp)]
+        kept = sum(b.out_bytes for b in blocks) + max(b.act_bytes for b in blocks)
+        act = act - sum(b.act_bytes for b in blocks) + kept
+    mem["activations"] = act * micro * in_flight / d.tp
+    if shard > 1:  # the unit being used and the one prefetched, whole
+        unit = max([b.params for b in prof.blocks] + [prof.params - sum(b.params for b in prof.blocks)])
+        mem["gathered"] = 2 * s.param_comm_bytes * unit / d.tp
+    mem["fixed"] = c.device.fixed_bytes
+    return mem

@@ -1,0 +1,281 @@
+"""What a model costs, per sample: FLOPs and saved activations (whole and per block) counted on
+the meta device with torch's ``FlopCounterMode`` and saved-tensor hooks, its parameters and their
+shapes; and, on the device at hand, measured forward, backward and optimizer times, which give
+the achieved FLOP/s the plan scales by.
+
+A profile can also be written as data (``transformer``, ``from_counts``): a published model's
+dimensions, no weights needed.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..errors import ConfigError
+
+
+@dataclass(frozen=True, kw_only=True)
+class Block:
+    """One repeated unit (transformer block, ResNet stage), per sample."""
+
+    params: int
+    fwd_flops: float
+    act_bytes: float
+    """Tensors its forward saves for backward."""
+    out_bytes: float
+    """Its output: what a pipeline stage sends, what activation checkpointing keeps."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Timing:
+    """Medians measured on the profiling device for one batch of ``batch`` samples."""
+
+    batch: int
+    fwd_s: float
+    bwd_s: float
+    opt_s: float
+    threads: int
+    device: str
+    data_s: float = 0.0
+    """Fetching and collating one batch from the (in-memory) data set."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelProfile:
+    name: str
+    params: int
+    fwd_flops: float
+    """Forward FLOPs per sample; backward is ``bwd_ratio`` times it."""
+    act_bytes: float
+    """Saved-for-backward bytes per sample, under the profile's precision."""
+    blocks: tuple[Block, ...] = ()
+    matrices: tuple[tuple[int, int], ...] = ()
+    """Parameters as PowerSGD sees them (each viewed as rows x columns)."""
+    out_bytes: float = 0.0
+    """The model's output per sample (logits): TP gathers it whole for the loss."""
+    tokens_per_sample: int | None = None
+    tensors: int = 0
+    """Parameter tensors (a per-parameter collective pays a latency for each)."""
+    bwd_ratio: float = 2.0
+    timing: Timing | None = None
+    precision: str = "fp32"
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def boundary_bytes(self) -> float:
+        """A block's output per sample (0 without blocks)."""
+        return max((b.out_bytes for b in self.blocks), default=0.0)
+
+    @property
+    def achieved_flops(self) -> float | None:
+        """FLOP/s forward + backward reached in the measured steps."""
+        t = self.timing
+        if t is None or t.fwd_s + t.bwd_s <= 0:
+            return None
+        return self.fwd_flops * (1 + self.bwd_ratio) * t.batch / (t.fwd_s + t.bwd_s)
+
+    def as_dict(self) -> dict[str, Any]:
+        t = self.timing
+        return {"name": self.name, "params": self.params, "fwd_gflops_per_sample": self.fwd_flops / 1e9,
+                "act_mib_per_sample": self.act_bytes / 2**20, "blocks": len(self.blocks), "precision": self.precision,
+                "measured": None if t is None else {"batch": t.batch, "fwd_ms": t.fwd_s * 1e3, "bwd_ms": t.bwd_s * 1e3,
+                                                    "opt_ms": t.opt_s * 1e3, "data_ms": t.data_s * 1e3, "threads": t.threads, "device": t.device,
+                                                    "achieved_gflops": (self.achieved_flops or 0) / 1e9}}
+
+
+def _first_tensor(value: Any) -> torch.Tensor | None:
+    if torch.is_tensor(value):
+        return value
+    if isinstance(value, (list, tuple)):
+        return next((t for t in map(_first_tensor, value) if t is not None), None)
+    return None
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+class _Saved:
+    """Bytes of distinct tensors saved for backward (parameters excluded: they exist anyway)."""
+
+    def __init__(self, params: set[int]) -> None:
+        self.params, self.seen, self.total = params, {}, 0
+
+    def pack(self, t: torch.Tensor) -> torch.Tensor:
+        base = t._base if t._base is not None else t
+        if id(base) not in self.params and id(base) not in self.seen:
+            self.seen[id(base)] = base  # a reference keeps the id unique while counting
+            self.total += _nbytes(base)
+        return t
+
+
+def count(build: Callable[[], nn.Module], x: Any, y: Any, loss_fn: Callable, *, blocks: Callable | None,
+          autocast_dtype: torch.dtype | None) -> dict[str, Any]:
+    """FLOPs and saved bytes of one forward+backward on the meta device, whole and per block."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from ..metrics.flops import _to_meta
+
+    with torch.device("meta"):
+        model = build()
+    units = list(blocks(model)) if blocks else []
+    saved = _Saved({id(p) for p in model.parameters()})
+    counter = FlopCounterMode(display=False)
+    per_block: list[dict[str, float]] = []
+
+    def pre(_m, _args):
+        per_block.append({"flops0": counter.get_total_flops(), "saved0": saved.total})
+
+    def post(m, _args, out):
+        rec = per_block[-1]
+        t = _first_tensor(out)
+        rec.update(params=sum(p.numel() for p in m.parameters()), flops=counter.get_total_flops() - rec["flops0"],
+                   saved=saved.total - rec["saved0"], out=_nbytes(t) if t is not None else 0)
+
+    handles = [u.register_forward_pre_hook(pre) for u in units] + [u.register_forward_hook(post) for u in units]
+    xm, ym = _to_meta(x), _to_meta(y)
+    cast = torch.autocast("cpu", dtype=autocast_dtype) if autocast_dtype is not None else _null()
+    with counter, torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda t: t):
+        with cast:
+            out = model(xm)
+            loss = loss_fn(out, ym)
+        fwd = counter.get_total_flops()
+        act = saved.total
+        loss.backward()
+    total = counter.get_total_flops()
+    for h in handles:
+        h.remove()
+    params = list(model.parameters())
+    o = _first_tensor(out)
+    return {"params": sum(p.numel() for p in params), "tensors": len(params), "fwd": fwd, "bwd": total - fwd, "act": act,
+            "out": _nbytes(o) if o is not None else 0, "blocks": per_block,
+            "matrices": tuple((p.shape[0], p.numel() // p.shape[0]) for p in params if p.dim() >= 2)}
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def sample_batch(task: Any, batch: int) -> tuple[Any, Any]:
+    from torch.utils.data import default_collate
+
+    n = len(task.train_set)
+    if n == 0:
+        raise ConfigError(f"task {task.name!r} has an empty training set; nothing to profile.")
+    return default_collate([task.train_set[i % n] for i in range(batch)])
+
+
+def measure(task: Any, x: Any, y: Any, *, optimizer: str, lr: float, autocast_dtype: torch.dtype | None,
+            threads: int, repeats: int = 15, budget_s: float = 5.0) -> Timing:
+    """Median forward, backward and optimizer-step times of up to ``repeats`` steps (at least 5;
+    fewer once ``budget_s`` is spent) after two warm-up steps, on CPU with ``threads`` torch
+    threads (a process's share of the cores in the run). Many short steps spread over seconds:
+    on a shared machine the median then sees the load the runs will see, not one moment's."""
+    from ..tasks import make_optimizer
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(max(1, threads))
+    try:
+        torch.manual_seed(0)
+        model = task.new_model()
+        opt = make_optimizer(optimizer, model.parameters(), lr)
+        cast = (lambda: torch.autocast("cpu", dtype=autocast_dtype)) if autocast_dtype is not None else _null
+        fwd, bwd, step = [], [], []
+        start = time.perf_counter()
+        for i in range(repeats + 2):
+            if i >= 7 and time.perf_counter() - start > budget_s:
+                break
+            t0 = time.perf_counter()
+            with cast():
+                loss = task.loss_fn(model(x), y)
+            t1 = time.perf_counter()
+            loss.backward()
+            t2 = time.perf_counter()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            t3 = time.perf_counter()
+            if i >= 2:
+                fwd.append(t1 - t0), bwd.append(t2 - t1), step.append(t3 - t2)
+    finally:
+        torch.set_num_threads(old)
+    batch = len(y) if hasattr(y, "__len__") else 1
+    data = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        sample_batch(task, batch)
+        data.append(time.perf_counter() - t0)
+    return Timing(batch=batch, fwd_s=statistics.median(fwd), bwd_s=statistics.median(bwd), opt_s=statistics.median(step),
+                  threads=threads, device="cpu", data_s=statistics.median(data))
+
+
+def profile_task(task: Any, *, batch: int, precision: str = "fp32", optimizer: str | None = None,
+                 timed: bool = True, threads: int = 1) -> ModelProfile:
+    """Count (meta device) and, with ``timed``, time (CPU) one batch of ``task``."""
+    dtype = torch.bfloat16 if precision in ("bf16-mixed", "fp16-mixed") else None
+    x, y = sample_batch(task, batch)
+    try:
+        c = count(task.build_model, x, y, task.loss_fn, blocks=task.blocks, autocast_dtype=dtype)
+    except Exception as exc:  # a model that cannot run on meta: say so, no guess
+        raise ConfigError(f"task {task.name!r}: its model could not be profiled on the meta device "
+                          f"({type(exc).__name__}: {exc}); dtrain plan needs FLOPs and activation sizes.") from None
+    blocks = tuple(Block(params=int(b.get("params", 0)), fwd_flops=b.get("flops", 0) / batch,
+                         act_bytes=b.get("saved", 0) / batch, out_bytes=b.get("out", 0) / batch) for b in c["blocks"])
+    notes = ["FLOPs and saved activations counted with FlopCounterMode and saved-tensor hooks on the meta device"]
+    bwd_ratio = c["bwd"] / c["fwd"] if c["fwd"] else 2.0
+    prof = ModelProfile(name=task.name, params=c["params"], fwd_flops=c["fwd"] / batch, act_bytes=c["act"] / batch,
+                        blocks=blocks, matrices=c["matrices"], out_bytes=c["out"] / batch, tensors=c["tensors"],
+                        tokens_per_sample=task.tokens_per_sample, bwd_ratio=bwd_ratio, precision=precision)
+    if timed:
+        timing = measure(task, x, y, optimizer=optimizer or task.optimizer, lr=task.lr, autocast_dtype=dtype, threads=threads)
+        prof = replace(prof, timing=timing)
+        notes.append(f"forward/backward/optimizer timed on this CPU, {threads} thread(s), batch {batch}, median of up to 15 steps")
+    return replace(prof, notes=tuple(notes))
+
+
+def transformer(name: str, *, layers: int, width: int, ffn: int, heads: int, kv_heads: int, vocab: int, seq: int,
+                act_bytes_per_layer_token: float | None = None, tied: bool = False, gated: bool = True) -> ModelProfile:
+    """A decoder-only transformer written as data (Llama-style: gated MLP, grouped KV heads).
+    FLOPs per token: 2 x every weight (each multiply-add) + attention's ``4 x seq x width`` per
+    layer, halved by the causal mask (as torchtitan counts it: 6N + 12 L H Q T for fwd+bwd with
+    the mask ignored; here forward only, mask ignored too to match). Activations default to
+    Korthikanti et al.'s ``34 x width`` bytes per token and layer in 16 bits (no recomputation,
+    flash attention: no ``5 a s`` term)."""
+    head = width // heads
+    attn = width * (heads * head) + 2 * width * (kv_heads * head) + (heads * head) * width
+    mlp = (3 if gated else 2) * width * ffn
+    per_layer = attn + mlp + 2 * width
+    emb = vocab * width
+    params = layers * per_layer + emb * (1 if tied else 2) + width
+    per_layer_flops = (2 * (attn + mlp) + 4 * seq * width) * seq
+    per_layer_act = (act_bytes_per_layer_token or 34 * width) * seq
+    blocks = tuple(Block(params=per_layer, fwd_flops=per_layer_flops, act_bytes=per_layer_act, out_bytes=2 * width * seq)
+                   for _ in range(layers))
+    fwd = layers * per_layer_flops + 2 * emb * seq  # the output head; the embedding is a lookup
+    per_layer_mats = [(width, heads * head), (width, kv_heads * head), (width, kv_heads * head), (heads * head, width)]
+    per_layer_mats += [(width, ffn)] * (3 if gated else 2)
+    mats = tuple(per_layer_mats * layers) + ((vocab, width),) * (1 if tied else 2)
+    return ModelProfile(name=name, params=params, fwd_flops=fwd, act_bytes=layers * per_layer_act + 4 * vocab * seq,
+                        blocks=blocks, matrices=mats, out_bytes=4 * vocab * seq, tokens_per_sample=seq,
+                        tensors=layers * (len(per_layer_mats) + 2) + (2 if tied else 3),
+                        precision="bf16-mixed", notes=("written as data: " + name,))
+
+
+def from_counts(name: str, *, params: int, fwd_flops: float, act_bytes: float, layers: int = 0,
+                out_bytes: float = 0.0) -> ModelProfile:
+    """A model given by its totals (e.g. a CNN's published parameters and FLOPs), split into
+    ``layers`` equal blocks for pipeline and FSDP-unit purposes."""
+    blocks = tuple(Block(params=params // layers, fwd_flops=fwd_flops / layers, act_bytes=act_bytes / layers,
+                         out_bytes=act_bytes / layers / 10) for _ in range(layers)) if layers else ()
+    return ModelProfile(name=name, params=params, fwd_flops=fwd_flops, act_bytes=act_bytes, blocks=blocks,
+                        out_bytes=out_bytes, notes=("written as data: " + name,))

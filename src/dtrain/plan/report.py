@@ -1,0 +1,117 @@
+"""A plan on the screen (a rich table when rich is installed, plain text otherwise), as one JSON
+object, and as a chart (matplotlib, the ``plot`` extra)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any, TextIO
+
+from . import Plan
+
+COLUMNS = ("#", "layout", "comm", "step ms", "samples/s", "scaling", "exposed comm ms", "MiB/rank", "fits")
+
+
+def rows(plan: Plan, top: int | None = None) -> list[tuple[str, ...]]:
+    world = plan.cluster.world_size
+    out = []
+    for i, p in enumerate(plan.predictions[:top] if top else plan.predictions, 1):
+        d = p.as_dict(world)
+        eff = d["scaling_efficiency"]
+        head = d["mem_headroom_mib"]
+        fits = "yes" if d["fits"] else f"no (+{-head:,.0f} MiB)"
+        out.append((str(i), d["layout"], d["comm"], f"{d['step_ms']:.2f}", f"{d['samples_per_s']:,.1f}",
+                    "-" if eff is None else f"{eff:.0%}", f"{d['exposed_comm_ms']:.2f}", f"{d['mem_mib_per_rank']:,.0f}", fits))
+    return out
+
+
+def summary(plan: Plan) -> list[str]:
+    c, prof, s = plan.cluster, plan.profile, plan.settings
+    lines = [f"dtrain plan: {prof.name} ({prof.params:,} parameters, {prof.fwd_flops * (1 + prof.bwd_ratio) / 1e9:.4g} GFLOP "
+             f"per sample fwd+bwd), batch {s.batch} per process, {s.precision}, {s.optimizer}; "
+             f"{c.nodes} node(s) x {c.procs_per_node} process(es) of {c.device.name}"]
+    t = prof.timing
+    if t is not None:
+        lines.append(f"profile: forward {t.fwd_s * 1e3:.2f} ms, backward {t.bwd_s * 1e3:.2f} ms, optimizer {t.opt_s * 1e3:.2f} ms, "
+                     f"data {t.data_s * 1e3:.2f} ms per batch of {t.batch} ({t.threads} thread(s); "
+                     f"{(prof.achieved_flops or 0) / 1e9:.1f} GFLOP/s achieved)")
+    return lines
+
+
+def best_line(plan: Plan) -> str:
+    best = plan.best
+    if best is None:
+        return "best: none fits in memory; lower --batch-size, add --activation-checkpointing, or add processes."
+    line = (f"best: {best.layout.label()}  ->  dtrain train {' '.join(best.layout.train_args())} "
+            f"({best.step_s * 1e3:.2f} ms per step, {best.samples_per_s:,.1f} samples/s)")
+    exact = plan.best_exact
+    if exact is not None and exact is not best:
+        line += (f"\nbest with exact gradients (--comm none): {exact.layout.label()}  ->  dtrain train "
+                 f"{' '.join(exact.layout.train_args())} ({exact.step_s * 1e3:.2f} ms, {exact.samples_per_s:,.1f} samples/s)")
+    return line
+
+
+def print_table(plan: Plan, *, top: int | None = None, out: TextIO = sys.stdout, assumptions: bool = True) -> None:
+    body = rows(plan, top)
+    try:
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:
+        Console = None
+    for line in summary(plan):
+        print(line, file=out)
+    if Console is not None and out is sys.stdout:
+        table = Table(show_edge=False)
+        for col in COLUMNS:
+            table.add_column(col, justify="right" if col not in ("layout", "comm", "fits") else "left")
+        for r in body:
+            table.add_row(*r)
+        Console(width=max(120, len(COLUMNS) * 14)).print(table)
+    else:
+        widths = [max(len(c), *(len(r[i]) for r in body)) if body else len(c) for i, c in enumerate(COLUMNS)]
+        print("  ".join(c.ljust(w) for c, w in zip(COLUMNS, widths)), file=out)
+        for r in body:
+            print("  ".join(v.ljust(w) for v, w in zip(r, widths)), file=out)
+    print(best_line(plan), file=out)
+    if assumptions:
+        print("assumptions (dtrain plan --json lists them too):", file=out)
+        for a in plan.as_dict()["assumptions"]:
+            print(f"  - {a}", file=out)
+
+
+def to_json(plan: Plan) -> str:
+    return json.dumps(plan.as_dict())
+
+
+def chart(plan: Plan, path: str) -> str:
+    """A bar chart of samples/s per layout (hatched: does not fit), exposed communication stacked
+    as its share; returns the path written."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        from ..errors import ConfigError
+
+        raise ConfigError("--chart needs matplotlib; pip install 'dtrain[plot]' (or matplotlib).") from None
+    preds = plan.predictions
+    labels = [p.layout.label() for p in preds]
+    rates = [p.samples_per_s for p in preds]
+    fig, ax = plt.subplots(figsize=(max(6, 0.6 * len(preds) + 2), 4.5))
+    bars = ax.bar(range(len(preds)), rates, color=["tab:blue" if p.fits else "lightgray" for p in preds])
+    for bar, p in zip(bars, preds):
+        if not p.fits:
+            bar.set_hatch("//")
+    ax.set_xticks(range(len(preds)), labels, rotation=45, ha="right", fontsize=8)
+    ax.set_ylabel("predicted samples/s")
+    ax.set_title(f"dtrain plan: {plan.profile.name} on {plan.cluster.nodes} x {plan.cluster.procs_per_node} {plan.cluster.device.name}"
+                 " (gray: does not fit)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def layout_dicts(plan: Plan) -> list[dict[str, Any]]:
+    return plan.as_dict()["layouts"]

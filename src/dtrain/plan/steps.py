@@ -1,0 +1,181 @@
+"""One step of a layout, phase by phase (seconds): the collectives each layout issues, what of
+them backward hides, the pipeline's fill and drain. ``model.predict`` adds memory around it.
+"""
+
+from __future__ import annotations
+
+import math
+
+from . import costs
+from .cluster import Cluster
+from .costs import Group, group_of
+from .layouts import Layout
+from .profile import ModelProfile
+
+
+def ddp_sync(nbytes: float, ratio: float, window: float, group: Group, c: Cluster, bucket: float) -> tuple[float, float]:
+    """(wire seconds, exposed seconds) of DDP's bucketed all-reduce of ``nbytes`` of gradients
+    (sent as ``ratio`` x the bytes) during a backward of ``window`` seconds: a bucket is
+    all-reduced once backward has produced it, one after another."""
+    if group.size <= 1 or nbytes <= 0:
+        return 0.0, 0.0
+    n = max(1, math.ceil(nbytes / bucket))
+    jobs = []
+    for i in range(n):
+        size = min(bucket, nbytes - i * bucket)
+        ready = window * min(1.0, (i * bucket + size) / nbytes)
+        jobs.append((ready, costs.allreduce(size * ratio, group, c)))
+    ends = costs.fifo(jobs)
+    return sum(d for _, d in jobs), max(0.0, ends[-1] - window)
+
+
+def pipelined(items: list[tuple[float, float, float]], ahead: bool) -> tuple[float, float]:
+    """(elapsed, wire) of units each needing a gather, then compute, then a scatter (seconds;
+    either may be 0) on one link in issue order. ``ahead``: the next unit's gather is issued as
+    the current one's compute starts (FSDP's prefetch; a GPU's host runs ahead), else once it ends."""
+    if not items:
+        return 0.0, 0.0
+    link = items[0][0]
+    gather_end, comp_end, wire = link, 0.0, 0.0
+    for i, (gather, comp, scatter) in enumerate(items):
+        wire += gather + scatter
+        start = max(comp_end, gather_end)
+        comp_end = start + comp
+        if i + 1 < len(items):
+            link = max(link, start if ahead else comp_end) + items[i + 1][0]
+            gather_end = link
+        if scatter:
+            link = max(link, comp_end) + scatter
+    return max(comp_end, link), wire
+
+
+def fsdp_units(prof: ModelProfile) -> list[tuple[float, float]]:
+    """(parameters, forward-FLOP share) of each FSDP unit in forward order: the rest of the
+    model (the root: embeddings, head) first, then the blocks."""
+    rest_p = prof.params - sum(b.params for b in prof.blocks)
+    rest_f = prof.fwd_flops - sum(b.fwd_flops for b in prof.blocks)
+    units = [(max(0, rest_p), max(0.0, rest_f))] + [(b.params, b.fwd_flops) for b in prof.blocks]
+    total_f = prof.fwd_flops or 1.0
+    return [(p, f / total_f) for p, f in units if p > 0 or f > 0]
+
+
+def fsdp_step(prof: ModelProfile, c: Cluster, layout: Layout, s, fwd_t: float, bwd_t: float,
+              g_shard: Group, g_rep: Group) -> tuple[float, float, float]:
+    """(forward elapsed, backward elapsed, wire) under fsdp/hsdp."""
+    tp = layout.dims.tp
+    units = fsdp_units(prof)
+    ag = [costs.gather(s.param_comm_bytes * p / tp, g_shard, c) for p, _ in units]
+    rs = [costs.gather(s.grad_comm_bytes * p / tp, g_shard, c, reduce=True)
+          + costs.allreduce(s.grad_comm_bytes * p / tp / g_shard.size, g_rep, c) for p, _ in units]
+    ahead = c.is_gpu
+    fwd_items = [(a, fwd_t * f, 0.0) for a, (_, f) in zip(ag, units)]
+    bwd_items = [(a, bwd_t * f, r) for a, (_, f), r in zip(ag, units, rs)][::-1]
+    f_el, f_wire = pipelined(fwd_items, ahead)
+    b_el, b_wire = pipelined(bwd_items, True)  # FSDP prefetches the next unit in backward
+    return f_el, b_el, f_wire + b_wire
+
+
+def comm_cost(prof: ModelProfile, c: Cluster, layout: Layout, s, bwd_window: float, nbytes: float,
+              group: Group, rate: float) -> tuple[float, float, str | None]:
+    """(wire s, exposed s, note) of ddp's gradient sync under ``--comm``."""
+    kind, _, arg = layout.comm.partition(":")
+    if kind in ("none", "fp16", "bf16"):
+        ratio = 1.0 if kind == "none" else 0.5
+        wire, exposed = ddp_sync(nbytes, ratio, bwd_window, group, c, s.bucket_mib * 2**20)
+        return wire, exposed, None
+    if kind == "powersgd":
+        from .model import powersgd_elements
+
+        r = int(arg or 2)
+        sent = powersgd_elements(prof, r) * 4 / layout.dims.tp
+        tiny = costs.allreduce(4, group, c)  # the latency of the two extra all-reduces (P, then Q)
+        flops = sum(4 * m * n * r for m, n in prof.matrices if m * n >= 2 * r * (m + n)) / layout.dims.tp
+        wire = costs.allreduce(sent, group, c) + 2 * tiny
+        # one bucket (dtrain's powersgd needs every gradient in one), so nothing overlaps backward
+        return wire, wire + flops / rate, f"powersgd:{r}: {sent / max(1.0, nbytes):.3f} of the gradient bytes"
+    if kind == "localsgd":
+        period = int(arg or 16)
+        wire = costs.allreduce(nbytes, group, c) / period
+        return wire, wire, f"localsgd:{period}: parameters averaged every {period} steps (amortised)"
+    raise ValueError(f"unknown comm {layout.comm!r}")
+
+
+def pipeline_step(prof: ModelProfile, c: Cluster, layout: Layout, s, fwd_t: float, bwd_t: float, params_rank: float,
+                  groups: tuple[Group, Group, Group]) -> tuple[dict[str, float], float, float]:
+    """(bubble and p2p phases, wire s, exposed s) of pp x dp: the schedule, then the dp sync."""
+    d, b = layout.dims, s.batch
+    g_pp, g_rep, g_shard = groups
+    slots = s.microbatches + d.pp - 1
+    per_mb = (fwd_t + bwd_t) / s.microbatches
+    hop = costs.p2p(b / s.microbatches * prof.boundary_bytes / d.tp, g_pp, c)
+    # Sends are asynchronous (torch.distributed.pipelining's batched isend/irecv): activations
+    # and gradients go opposite ways, one per slot each; a slot takes the longer of its compute
+    # and its transfer, and filling and draining the pipeline wait for 2(p-1) transfers.
+    phases = {"bubble": (d.pp - 1) * per_mb, "p2p": slots * max(0.0, hop - per_mb) + 2 * (d.pp - 1) * hop}
+    wire = 2 * s.microbatches * (d.pp - 1) * hop / d.pp
+    grad_bytes = s.grad_comm_bytes * params_rank
+    if d.dp_shard > 1:
+        sync = costs.gather(s.param_comm_bytes * params_rank, g_shard, c) + costs.gather(grad_bytes, g_shard, c, reduce=True)
+    else:
+        sync = costs.allreduce(grad_bytes, g_rep, c)
+    return phases, wire + sync, sync
+
+
+def step_phases(prof: ModelProfile, c: Cluster, layout: Layout, s, fwd: float, bwd: float, opt: float,
+                slow: float) -> tuple[dict[str, float], float, list[str]]:
+    """Phase -> seconds of one optimizer step on the busiest rank; wire seconds; notes."""
+    from .model import _block_share, stage_share
+
+    d, ppn, b = layout.dims, c.procs_per_node, s.batch
+    g_tp = group_of(d.tp, 1, ppn)
+    g_shard = group_of(d.dp_shard, d.tp, ppn)
+    g_rep = group_of(d.dp_replicate, d.tp * d.dp_shard, ppn)
+    g_pp = group_of(d.pp, d.tp * d.dp, ppn)
+    f_share, p_share, _ = stage_share(prof, d.pp)
+    params_rank = prof.params * p_share / d.tp
+    fwd_t = b * fwd * f_share / d.tp
+    bwd_t = b * bwd * f_share / d.tp
+    if s.activation_checkpointing:
+        bwd_t += b * fwd * _block_share(prof) * f_share / d.tp
+    phases = {"data": b * s.data_s_per_sample * slow, "forward": fwd_t, "backward": bwd_t}
+    notes: list[str] = []
+    wire, exposed = 0.0, 0.0
+    grad_bytes = s.grad_comm_bytes * params_rank
+    rate = prof.fwd_flops / fwd if fwd > 0 else 1e12
+    if d.pp > 1:
+        pp_phases, w, e = pipeline_step(prof, c, layout, s, fwd_t, bwd_t, params_rank, (g_pp, g_rep, g_shard))
+        phases.update(pp_phases)
+        wire, exposed = wire + w, exposed + e
+        notes.append(f"pipeline bubble {(d.pp - 1) / (s.microbatches + d.pp - 1):.0%} of the schedule (m={s.microbatches}, p={d.pp})")
+    elif d.dp_shard > 1:
+        f_el, b_el, w = fsdp_step(prof, c, layout, s, fwd_t, bwd_t, g_shard, g_rep)
+        wire += w
+        exposed += (f_el - fwd_t) + (b_el - bwd_t)
+    elif d.dp_replicate > 1:
+        window = bwd_t / max(1, s.grad_accum)  # only the last micro-batch's backward overlaps
+        w, e, note = comm_cost(prof, c, layout, s, window, grad_bytes, g_rep, rate)
+        wire, exposed = wire + w, exposed + e
+        if note:
+            notes.append(note)
+    opt_div = d.dp_shard
+    if layout.zero1:
+        opt_div = d.dp
+        # torch's ZeroRedundancyOptimizer broadcasts each parameter from the rank that stepped it
+        # (parameters_as_bucket_view=False), one broadcast after another: every parameter byte
+        # crosses the link once in turn (not all ranks at once, as in an all-gather), and each
+        # tensor pays a broadcast's latency. On the bed: 2.7 MB at 100 Mbit/s took 221 ms, not 115.
+        if g_rep.size > 1:
+            crossing = g_rep.nodes > 1
+            lat = c.inter_lat if crossing else c.intra_lat
+            bw = c.inter_bw / g_rep.sharing if crossing else c.intra_bw
+            gather = 4 * params_rank / bw + prof.tensors * math.ceil(math.log2(g_rep.size)) * lat
+        else:
+            gather = 0.0
+        wire, exposed = wire + gather, exposed + gather
+    if d.tp > 1:
+        per = costs.gather(b * prof.boundary_bytes, g_tp, c)
+        tp_comm = 8 * len(prof.blocks) * per + 2 * costs.gather(b * prof.out_bytes, g_tp, c)
+        wire, exposed = wire + tp_comm, exposed + tp_comm
+    phases["exposed_comm"] = exposed
+    phases["optimizer"] = opt * params_rank / opt_div
+    return phases, wire, notes
