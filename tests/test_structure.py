@@ -60,7 +60,7 @@ LAYERS = {
     # 0: the command and its entry point
     "cli": 0, "__main__": 0,
     # 1: the faces: the ready job, tasks, bench, launcher, legacy APIs, the test harness, the public package root
-    "train": 1, "tasks": 1, "bench": 1, "launch": 1, "compat": 1, "testing": 1, "dtrain": 1,
+    "train": 1, "tasks": 1, "bench": 1, "plan": 1, "launch": 1, "compat": 1, "testing": 1, "dtrain": 1,
     # 2: what a training script holds (the context and its parts)
     "context": 2, "startup": 2, "step": 2, "evaluation": 2, "preempt": 2,
     # 3: the mechanisms
