@@ -22,6 +22,7 @@ import time
 from typing import Any
 
 from .._log import logger
+from ..diag.startwatch import KEEP_ALIVE_ATTEMPTS, KEEP_ALIVE_S  # noqa: F401 -- the rendezvous options (runner.py)
 
 BACKEND = "dtrain-c10d"
 _LEAVE_TIMEOUT_S = 10.0
@@ -38,9 +39,42 @@ def _create(params: Any) -> Any:
     # It is torch's c10d rendezvous, and says so: the registry checks that the handler's backend
     # name is the one the parameters ask for (RendezvousHandlerRegistry.create_handler).
     params.backend = "c10d"
-    backend, store = create_backend(params)
+    if params.get("store_type", "tcp") != "tcp" or params.get_as_bool("is_host") is None:
+        backend, store = create_backend(params)
+    else:
+        backend, store = _c10d_backend(params)
     _handler = create_handler(store, backend, params)
     return _handler
+
+
+def _c10d_backend(params: Any) -> tuple[Any, Any]:
+    """torch's c10d backend on a TCPStore that dtrain opens: the host's listens on the endpoint's
+    address only (torch's own binds every interface), and a client's connect is bounded by the
+    start-up timeout and ends with one line naming the address and the likely cause."""
+    import datetime
+
+    import torch.distributed as dist
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+    from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
+
+    from ..errors import LaunchError
+    from ..reach import unreachable_cause
+    from .store import host_store
+
+    host, port = parse_rendezvous_endpoint(params.endpoint, default_port=29400)
+    timeout_s = params.get_as_int("read_timeout", 60)
+    if params.get_as_bool("is_host"):
+        store, _ = host_store(host, port, timeout_s=timeout_s)
+    else:
+        try:
+            store = dist.TCPStore(host, port, is_master=False, timeout=datetime.timedelta(seconds=timeout_s))
+        except (RuntimeError, ValueError) as exc:
+            cause = unreachable_cause(host, here_is_master=False)
+            me = params.local_addr or "this node"
+            raise LaunchError(f"node {me} could not connect to the rendezvous store at {host}:{port} within {timeout_s} s: "
+                              f"{cause} (is the first node's launcher running? --startup-timeout bounds this wait; "
+                              f"torch: {str(exc).splitlines()[0][:120]})") from None
+    return C10dRendezvousBackend(store, params.run_id), store
 
 
 def register() -> str:

@@ -21,6 +21,7 @@ from .._log import logger
 from ..diag.watchdog import STALL_EXIT
 from ..errors import DtrainError, LaunchError
 from ..preempt import REJOIN_EXIT
+from ..reach import advertised_address
 from ..world import use_route_interface
 from .preflight import check_nodes, connect_store, wait_for_master
 from . import membership
@@ -192,12 +193,21 @@ def _rdzv_options(spec: LaunchSpec, port: int) -> dict[str, Any]:
         # host (or a host name that resolves to the endpoint) both guessed "host", and the second
         # one's store took half of the connections (a 60 s role_info timeout, seen on 127.0.0.1).
         # torch's c10d handler, created where the launcher can make a stopped node leave (membership.py).
+        # local_addr: what this node tells the others (its node entry, and MASTER_ADDR when its
+        # agent is rank 0); without it torch tells them socket.getfqdn(), which on many hosts
+        # resolves to 127.0.x.1 and left every worker waiting forever (issue 29).
         return {"run_id": spec.rdzv_id, "rdzv_backend": membership.register(), "rdzv_endpoint": f"{spec.addr}:{port}",
+                "local_addr": advertised_address(spec.addr, spec.local_addr),
                 "rdzv_configs": {"join_timeout": int(spec.join_timeout), "last_call_timeout": int(spec.last_call_s),
-                                 "close_timeout": 30, "is_host": _can_bind(spec.addr, port)}}
+                                 "close_timeout": 30, "is_host": _can_bind(spec.addr, port),
+                                 "read_timeout": max(1, int(spec.startup_timeout)),
+                                 # A lost node's keep-alive expires after 2 s x 4 (torch: 5 s x 3), so the
+                                 # next round forms without it sooner (and start-up waits end sooner: diag/startwatch.py).
+                                 "keep_alive_interval": membership.KEEP_ALIVE_S,
+                                 "keep_alive_max_attempt": membership.KEEP_ALIVE_ATTEMPTS}}
     return {"run_id": f"dtrain-{uuid.uuid4().hex[:8]}" if spec.nnodes == 1 else "dtrain", "rdzv_backend": "static",
             "rdzv_endpoint": f"{spec.addr}:{port}", "rdzv_configs": {"rank": spec.node_rank, "timeout": 900},
-            "local_addr": spec.addr if spec.nnodes == 1 else None}
+            "local_addr": spec.addr if spec.nnodes == 1 else spec.local_addr}
 
 
 def _can_bind(addr: str, port: int) -> bool:
