@@ -23,6 +23,10 @@ def advertised_address(master_addr: str, local_addr: str | None = None) -> str:
     an address of this host), else the source address of the route to ``master_addr``."""
     if local_addr:
         _check_own(local_addr)
+        ip = resolves_to(local_addr)
+        if ip and is_loopback(ip) and not is_loopback(master_addr):
+            raise ConfigError(f"--local-addr {local_addr} is {ip}, a loopback address the other nodes cannot reach; "
+                              f"give this node's address on the network of --master-addr {master_addr}.")
         return local_addr
     found = source_address(master_addr)
     if found is None:

@@ -36,8 +36,8 @@ DEFAULT_STARTUP_S = 120.0
 #: Each agent's keep-alive in an elastic job's rendezvous (launch/runner.py hands them to torch): a
 #: node silent for KEEP_ALIVE_S x KEEP_ALIVE_ATTEMPTS seconds is dead to torch's rendezvous and here.
 #: torch's defaults (5 s x 3) made the survivors of a lost node wait 15 s for the next round.
-KEEP_ALIVE_S = 2
-KEEP_ALIVE_ATTEMPTS = 4
+KEEP_ALIVE_S = 1
+KEEP_ALIVE_ATTEMPTS = 5
 _POLL_S = 1.0
 
 
@@ -86,7 +86,7 @@ class StartWatch:
         for node in participants:
             beat = state.last_heartbeats.get(node)
             if node not in state.participants or beat is None:
-                return f"node {_addr(node)} left the rendezvous while the process group was forming"
+                return f"node {_addr(node)} left the rendezvous (lost or stopped) while the process group was forming"
             silent = (now - beat).total_seconds()
             if silent > self.dead_after_s:
                 return f"node {_addr(node)} was lost while the process group was forming (no keep-alive for {silent:.0f} s)"

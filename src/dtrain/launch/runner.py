@@ -201,7 +201,7 @@ def _rdzv_options(spec: LaunchSpec, port: int) -> dict[str, Any]:
                 "rdzv_configs": {"join_timeout": int(spec.join_timeout), "last_call_timeout": int(spec.last_call_s),
                                  "close_timeout": 30, "is_host": _can_bind(spec.addr, port),
                                  "read_timeout": max(1, int(spec.startup_timeout)),
-                                 # A lost node's keep-alive expires after 2 s x 4 (torch: 5 s x 3), so the
+                                 # A lost node's keep-alive expires after 1 s x 5 (torch: 5 s x 3), so the
                                  # next round forms without it sooner (and start-up waits end sooner: diag/startwatch.py).
                                  "keep_alive_interval": membership.KEEP_ALIVE_S,
                                  "keep_alive_max_attempt": membership.KEEP_ALIVE_ATTEMPTS}}
