@@ -216,6 +216,10 @@ def _can_bind(addr: str, port: int) -> bool:
 
     try:
         with socket.socket(socket.AF_INET6 if ":" in addr else socket.AF_INET, socket.SOCK_STREAM) as sock:
+            # As the store's own bind (launch/store.py): a previous job's connections in TIME_WAIT do
+            # not count, a live listener does (without it a job right after another one on the same
+            # port found nobody hosting and every node waited to its timeout).
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind((addr, port))
         return True
     except OSError:
