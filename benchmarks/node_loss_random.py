@@ -1,7 +1,9 @@
 """A node lost at a random moment, many times: `dtrain train --nnodes 1:2` on the network test bed
 whose hosts share one host name resolving to 127.0.0.1 (`NetBed(shared_name="vm")`, as many
 Debian/Ubuntu images and containers are), every process of host 1 killed (kill -9) at a moment
-drawn uniformly over the whole life of the job (a calibration run measures it); in a third of the
+drawn uniformly over the whole life of the job (a calibration run measures it; after the first
+step the moment is taken as the step reached at that share of the training, so that a loaded
+machine's slower start does not push every kill into the start-up); in a third of the
 trials host 1 then starts again, and in half of those it is killed again while it rejoins.
 Per trial (`dtrain.testing.nodeloss.trial`): host 0's exit, the ledger's exactly-once verdict,
 seconds from the (last) kill to the survivors' next committed step.
@@ -33,8 +35,9 @@ def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.join(ROOT, "src"), ROOT])}
 
 
-def calibrate(bed: NetBed, port: int, delay: float) -> float:
-    """Seconds an uninterrupted job takes from both launchers' start to host 0's exit."""
+def calibrate(bed: NetBed, port: int, delay: float) -> tuple[float, float, int]:
+    """An uninterrupted job: seconds from both launchers' start to host 0's exit, to its first
+    committed step, and its last step."""
     work = tempfile.mkdtemp(prefix="dtrain-nodeloss-cal-")
     job = BedJob(bed, command(bed, work, port=port, delay=delay), ledger=os.path.join(work, "ledger"), workdir=work,
                  env=_env(), cwd=ROOT)
@@ -44,7 +47,19 @@ def calibrate(bed: NetBed, port: int, delay: float) -> float:
     codes = job.wait(timeout=300)
     if codes != {0: 0, 1: 0}:
         raise SystemExit(f"calibration run failed: {codes}\n{job.logs()}")
-    return time.time() - start
+    commits = [(t, s) for g in job.generations().values() for t, s in g.commits]
+    return time.time() - start, min(commits)[0] - start, max(s for _, s in commits)
+
+
+def draw(rng: random.Random, life: float, first_step: float, last_step: int) -> dict:
+    """A moment over the job's whole life, by its progress (robust to the machine's load): a point
+    drawn uniformly in [0, life]; before the first step it is a time from the start, after it the
+    step reached at that share of training plus up to 0.5 s (inside a step, a save, the evaluation)."""
+    at = rng.uniform(0, life)
+    if at < first_step:
+        return {"kill_at_s": at}
+    share = (at - first_step) / max(1e-9, life - first_step)
+    return {"kill_after_step": min(last_step, int(share * last_step)), "kill_at_s": rng.uniform(0, 0.5)}
 
 
 def _stats(values: list[float]) -> dict:
@@ -67,13 +82,14 @@ def main() -> int:
     rows = []
     out = open(args.json, "a") if args.json else None
     with NetBed(hosts=2, shared_name="vm") as bed:
-        life = calibrate(bed, args.port, args.delay)
-        print(json.dumps({"calibration_life_s": round(life, 1), "load": os.getloadavg()}), flush=True)
+        life, first_step, last_step = calibrate(bed, args.port, args.delay)
+        print(json.dumps({"calibration_life_s": round(life, 1), "first_step_s": round(first_step, 1), "last_step": last_step,
+                          "load": os.getloadavg()}), flush=True)
         for i in range(args.trials):
             rejoin = rng.uniform(1, 4) if rng.random() < 1 / 3 else None
             second = rng.uniform(0, 12) if rejoin is not None and rng.random() < 0.5 else None
             work = tempfile.mkdtemp(prefix="dtrain-nodeloss-")
-            row = trial(bed, work, kill_at_s=rng.uniform(0, life), rejoin_after_s=rejoin, second_kill_s=second,
+            row = trial(bed, work, **draw(rng, life, first_step, last_step), rejoin_after_s=rejoin, second_kill_s=second,
                         port=args.port, delay=args.delay, env=_env(), cwd=ROOT)
             row.update(trial=i, dir=work, load1=round(os.getloadavg()[0], 2))
             rows.append(row)
@@ -87,6 +103,9 @@ def main() -> int:
     summary = {"summary": {"trials": len(rows), "completed": sum(r["completed"] for r in rows),
                            "exactly_once": sum(r["exactly_once"] for r in rows), "calibration_life_s": round(life, 1),
                            "kill_to_next_step_s": _stats(waits),
+                           "kill_to_next_step_s_in_a_round_of_2": _stats([r["kill_to_next_step_s"] for r in rows
+                                                                        if r["kill_to_next_step_s"] is not None
+                                                                        and r.get("world_size_at_kill") == 2]),
                            "phases": {ph: sum(r["phase_at_kill"] == ph for r in rows) for ph in ("start-up", "training")},
                            "with_rejoin": sum(r["rejoin_after_s"] is not None for r in rows),
                            "killed_while_rejoining": sum(r["second_kill_s"] is not None for r in rows)}}

@@ -33,18 +33,47 @@ _handler: Any = None
 
 def _create(params: Any) -> Any:
     global _handler
-    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import create_backend
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
 
     # It is torch's c10d rendezvous, and says so: the registry checks that the handler's backend
     # name is the one the parameters ask for (RendezvousHandlerRegistry.create_handler).
     params.backend = "c10d"
-    if params.get("store_type", "tcp") != "tcp" or params.get_as_bool("is_host") is None:
-        backend, store = create_backend(params)
-    else:
-        backend, store = _c10d_backend(params)
+    backend, store = _c10d_backend(params)
     _handler = create_handler(store, backend, params)
+    _leave_if_lost(_handler)
     return _handler
+
+
+#: Handlers of agents that failed in this launcher: kept, since the first one may own the
+#: rendezvous store that the next agent of this node (and every other node) still uses.
+_kept: list[Any] = []
+_hosted: dict[tuple[str, int], Any] = {}
+
+
+def lost_in_rendezvous(exc: BaseException) -> bool:
+    """Whether an agent's failure is a store wait that a lost node left unanswered (torch's
+    DistStoreError / the c10d rendezvous' connection error), not a timeout waiting for MIN nodes."""
+    name = type(exc).__name__
+    return name in ("DistStoreError", "RendezvousConnectionError", "RendezvousStateError") or (
+        isinstance(exc, RuntimeError) and "wait timeout" in str(exc))
+
+
+def _leave_if_lost(handler: Any) -> None:
+    """torch's launcher shuts the handler down (closing the rendezvous for every node) on any way
+    out; when the agent fails because a node was lost in the rendezvous, this node leaves instead,
+    so that it (and the others) can go on in the next round (runner._run_agent)."""
+    import sys
+
+    close = handler.shutdown
+
+    def shutdown() -> bool:
+        exc = sys.exc_info()[1]  # what the agent is failing with, if anything (torch calls this in `finally`)
+        if exc is not None and lost_in_rendezvous(exc):
+            _kept.append(handler)
+            return _leave(handler)
+        return close()
+
+    handler.shutdown = shutdown
 
 
 def _c10d_backend(params: Any) -> tuple[Any, Any]:
@@ -63,8 +92,11 @@ def _c10d_backend(params: Any) -> tuple[Any, Any]:
 
     host, port = parse_rendezvous_endpoint(params.endpoint, default_port=29400)
     timeout_s = params.get_as_int("read_timeout", 60)
-    if params.get_as_bool("is_host"):
+    if (host, port) in _hosted:  # this launcher's earlier agent hosts it; the job's state lives there
+        store = _hosted[(host, port)]
+    elif params.get_as_bool("is_host"):
         store, _ = host_store(host, port, timeout_s=timeout_s)
+        _hosted[(host, port)] = store
     else:
         try:
             store = dist.TCPStore(host, port, is_master=False, timeout=datetime.timedelta(seconds=timeout_s))
@@ -111,3 +143,5 @@ def forget() -> None:
     """Drop the handler of a launch that ended (a later launch in this process creates its own)."""
     global _handler
     _handler = None
+    _kept.clear()
+    _hosted.clear()

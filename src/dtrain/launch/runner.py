@@ -158,7 +158,7 @@ def _elastic(spec: LaunchSpec, entrypoint: Callable[..., Any] | str, args: tuple
         _quiet_elastic_logs()
         try:
             with sup.armed():
-                elastic_launch(config, entrypoint)(*args)
+                _run_agent(spec, config, entrypoint, args)
         except ChildFailedError as exc:
             if sup.signum:
                 return sup.stopped()
@@ -177,6 +177,28 @@ def _elastic(spec: LaunchSpec, entrypoint: Callable[..., Any] | str, args: tuple
         if sup.signum:
             return sup.stopped()
     return 0
+
+
+def _run_agent(spec: LaunchSpec, config: LaunchConfig, entrypoint: Any, args: tuple) -> None:
+    """torch's agent; in an elastic job, again (up to --max-restarts times) when the agent itself
+    failed because a node was lost inside the rendezvous: torch's agent waits for every node's
+    role info after a round completes (``_assign_worker_ranks``), and a node killed in that
+    window failed the survivors' agents with a store timeout, ending the job (seen once in 12
+    random kills). The failed agent leaves the rendezvous rather than closing it (membership.py),
+    so the next agent of this node joins the next round, without the lost node."""
+    attempts = spec.max_restarts if spec.elastic else 0
+    while True:
+        try:
+            elastic_launch(config, entrypoint)(*args)
+            return
+        except (ChildFailedError, DtrainError, KeyboardInterrupt, Stopped):
+            raise
+        except Exception as exc:
+            if attempts <= 0 or not membership.lost_in_rendezvous(exc):
+                raise
+            attempts -= 1
+            print(f"dtrain: a node was lost while this round of the rendezvous assigned ranks ({type(exc).__name__}: "
+                  f"{str(exc).splitlines()[0][:160]}); this node joins the next round.", file=sys.stderr, flush=True)
 
 
 #: Set for the workers of an elastic job (``--nnodes MIN:MAX``): ``run id@endpoint``. Its

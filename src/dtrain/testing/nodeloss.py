@@ -47,19 +47,26 @@ def next_commit_after(ledger: str, when: float) -> float | None:
     return min(times, default=None)
 
 
-def trial(bed: NetBed, work: str, *, kill_at_s: float, rejoin_after_s: float | None = None,
+def trial(bed: NetBed, work: str, *, kill_at_s: float | None = None, kill_after_step: int | None = None,
+          rejoin_after_s: float | None = None,
           second_kill_s: float | None = None, port: int = 29731, delay: float = 0.004, timeout: float = 240.0,
           env: dict[str, str] | None = None, cwd: str | None = None) -> dict[str, Any]:
-    """One job on ``bed`` (two hosts) with host 1 killed ``kill_at_s`` after both started; returns
-    what happened (see the module's docstring)."""
+    """One job on ``bed`` (two hosts) with host 1 killed ``kill_at_s`` after both started, or once the
+    job committed step ``kill_after_step`` (plus ``kill_at_s`` more seconds, if given); returns what
+    happened (see the module's docstring)."""
     ledger = os.path.join(work, "ledger")
     job = BedJob(bed, command(bed, work, port=port, delay=delay), ledger=ledger, workdir=work, env=env, cwd=cwd)
-    out: dict[str, Any] = {"kill_at_s": round(kill_at_s, 2), "rejoin_after_s": rejoin_after_s, "second_kill_s": second_kill_s}
+    out: dict[str, Any] = {"kill_at_s": kill_at_s and round(kill_at_s, 2), "kill_after_step": kill_after_step,
+                           "rejoin_after_s": rejoin_after_s, "second_kill_s": second_kill_s}
     start = time.time()
     job.start(0)
     job.start(1)
-    kills = [_kill_at(job, start + kill_at_s)]
+    anchor = start
+    if kill_after_step is not None:
+        anchor = _wait_step(job, kill_after_step, start + timeout / 2)
+    kills = [_kill_at(job, anchor + (kill_at_s or 0.0))]
     out["phase_at_kill"] = _phase(ledger, kills[0], start)
+    out["world_size_at_kill"] = _world_size_at(ledger, kills[0])
     if rejoin_after_s is not None and job.procs.get(0) is not None and job.procs[0].poll() is None:
         _sleep_until(kills[-1] + rejoin_after_s)
         restart = time.time()
@@ -84,6 +91,22 @@ def _kill_at(job: BedJob, when: float) -> float:
     if 1 in job.procs:
         return job.kill(1)
     return time.time()  # host 1 had ended already: nothing to kill
+
+
+def _wait_step(job: BedJob, step: int, deadline: float) -> float:
+    """When the job (any generation) committed ``step``, or the deadline / host 0's end."""
+    while time.time() < deadline and job.procs.get(0) is not None and job.procs[0].poll() is None:
+        if any(s >= step for g in job.generations().values() for _, s in g.commits):
+            return time.time()
+        time.sleep(0.05)
+    return time.time()
+
+
+def _world_size_at(ledger: str, when: float) -> int | None:
+    """The world size of the newest generation that committed a step before ``when``."""
+    before = [(min(t for t, _ in g.commits), g.world_size) for g in generations(ledger).values()
+              if g.commits and min(t for t, _ in g.commits) <= when]
+    return max(before)[1] if before else None
 
 
 def _sleep_until(when: float) -> None:
