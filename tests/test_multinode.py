@@ -198,3 +198,28 @@ def test_a_node_killed_at_random_moments_leaves_the_survivor_finishing_each_samp
                                        port=29714, delay=0.002, timeout=110, env=_env(), cwd=str(ROOT)))
     for row in rows:
         assert row["completed"] and row["exactly_once"], {k: v for k, v in row.items() if k != "logs"} | {"logs": row.get("logs")}
+
+
+@pytest.mark.timeout(60)
+def test_a_store_advertised_by_a_loopback_host_name_ends_in_one_line_naming_it():
+    """What a worker of node 1 says when it was told to find the store at a host name that is
+    loopback on its own host (the hang of issue 29, now bounded)."""
+    import socket
+
+    from dtrain.errors import LaunchError
+    from dtrain.reach import connect_store, resolves_to
+
+    name = socket.gethostname()
+    if not (resolves_to(name) or "").startswith("127."):
+        pytest.skip(f"host name {name} does not resolve to loopback here")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nobody listens there
+    world = SimpleNamespace(master_addr=name, master_port=port, node_rank=1, rank=1)
+    start = time.monotonic()
+    with pytest.raises(LaunchError) as err:
+        connect_store(world, 2.0)
+    text = str(err.value)
+    assert time.monotonic() - start < 30 and "\n" not in text
+    assert text.startswith("node 1") and f"could not connect to the store at {name}:{port} within 2 s" in text
+    assert f"{name} resolves to 127." in text and "--local-addr" in text and "/etc/hosts" in text
