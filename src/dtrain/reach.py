@@ -129,7 +129,8 @@ def connect_store(world: Any, timeout_s: float) -> Any:
 
 def node_name(world: Any) -> str:
     """``node 1 (10.77.0.2)``: this node as the others know it."""
-    here = source_address(world.master_addr) if not is_loopback(world.master_addr) else None
+    here = source_address(world.master_addr)
+    here = None if here is None or is_loopback(here) else here  # loopback says nothing to the other nodes
     return f"node {world.node_rank}" + (f" ({here})" if here else "") + f", rank {world.rank},"
 
 
