@@ -60,15 +60,17 @@ def lost_in_rendezvous(exc: BaseException) -> bool:
 
 def _leave_if_lost(handler: Any) -> None:
     """torch's launcher shuts the handler down (closing the rendezvous for every node) on any way
-    out; when the agent fails because a node was lost in the rendezvous, this node leaves instead,
-    so that it (and the others) can go on in the next round (runner._run_agent)."""
+    out. Only a node whose workers finished closes it (the job is done); an agent that failed
+    leaves instead: a node lost inside the rendezvous (runner._run_agent joins the next round),
+    or a node that could not join in time, whose close ended the job of the nodes still training
+    (seen in a random-kill trial: the restarted node's join timed out under load)."""
     import sys
 
     close = handler.shutdown
 
     def shutdown() -> bool:
         exc = sys.exc_info()[1]  # what the agent is failing with, if anything (torch calls this in `finally`)
-        if exc is not None and lost_in_rendezvous(exc):
+        if exc is not None:
             _kept.append(handler)
             return _leave(handler)
         return close()

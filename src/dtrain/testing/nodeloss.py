@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..data.ledger import check_ledger
+from ..errors import ConfigError
 from .elastic import BedJob, generations
 from .netbed import NetBed
 
@@ -74,10 +75,13 @@ def trial(bed: NetBed, work: str, *, kill_at_s: float | None = None, kill_after_
         if second_kill_s is not None:
             kills.append(_kill_at(job, restart + second_kill_s))
     codes = job.wait(timeout=max(10.0, timeout - (time.time() - start)))
-    report = check_ledger(ledger)
+    try:
+        report = check_ledger(ledger)
+    except ConfigError:  # no ledger at all: the job never committed a step
+        report = None
     nxt = next_commit_after(ledger, kills[-1])
     out.update(exit_host0=codes.get(0), exit_host1=codes.get(1), kills=len(kills),
-               exactly_once=bool(report.ok and report.epochs and all(e.complete for e in report.epochs)),
+               exactly_once=bool(report and report.ok and report.epochs and all(e.complete for e in report.epochs)),
                kill_to_next_step_s=None if nxt is None else round(nxt - kills[-1], 1),
                wall_s=round(time.time() - start, 1))
     out["completed"] = out["exit_host0"] == 0
