@@ -37,6 +37,8 @@ class Options:
     """``DTRAIN_FAULT_INJECT=RANK:STEP``: that rank kills itself after that step (fault-tolerance tests)."""
     elastic: str | None = None
     """``DTRAIN_ELASTIC``: ``run id@endpoint`` of an elastic job (``--nnodes MIN:MAX``), set by its launcher."""
+    startup_timeout: float | None = None
+    """``DTRAIN_STARTUP_TIMEOUT``: seconds each start-up wait may take (``--startup-timeout``; None: 120)."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Options:
@@ -51,6 +53,7 @@ class Options:
             parallel=env.get("DTRAIN_PARALLEL") or None,
             fault_inject=_fault(env.get("DTRAIN_FAULT_INJECT")),
             elastic=env.get("DTRAIN_ELASTIC") or None,
+            startup_timeout=_seconds(env, "DTRAIN_STARTUP_TIMEOUT", 0.0) or None,
         )
 
 

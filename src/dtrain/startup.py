@@ -15,6 +15,7 @@ from . import strategies
 from .comm import CommSpec
 from .context import Context
 from .diag import Watchdog
+from .diag.startwatch import DEFAULT_STARTUP_S, start_watch
 from .errors import DtrainError
 from .options import Options
 from .precision import Precision
@@ -76,7 +77,9 @@ def init(
     strat = strategies.build(strategy, comm=spec, distributed=world.distributed, **strategy_options)
     prec = Precision.resolve(precision, world.device)
     stall = check.number("stall timeout (seconds; 0 turns the watchdog off)", env.stall_timeout if stall_timeout is None else stall_timeout)
-    owns_group = init_process_group(world, timeout_s=timeout_s)
+    startup_s = env.startup_timeout or DEFAULT_STARTUP_S
+    with start_watch(world, env.elastic, startup_s):  # a node lost while the group forms ends this wait in seconds
+        owns_group = init_process_group(world, timeout_s=timeout_s, startup_s=startup_s)
     if seed is not None:
         seed_everything(seed)
     ctx = Context(world=world, strategy=strat, precision=prec, seed=seed or 0, owns_group=owns_group,

@@ -191,45 +191,81 @@ def check_device(device: str | torch.device) -> torch.device:
     return dev
 
 
-def init_process_group(world: World, timeout_s: float = 1800.0) -> bool:
+def init_process_group(world: World, timeout_s: float = 1800.0, startup_s: float | None = None) -> bool:
     """Join the default process group described by ``world``; no-op for one process.
 
-    Collective: call on every rank. Returns True when this call created the group.
+    Collective: call on every rank. Returns True when this call created the group. Each start-up
+    wait (store connect, the group's forming, the first collective) is bounded by ``startup_s``
+    (default: ``timeout_s``) and ends in one LaunchError line naming who did not come (issue 29);
+    the group's collectives then get ``timeout_s``.
     """
+    from . import reach
+
     if not world.distributed or dist.is_initialized():
         return False
     if world.device.type == "cuda":
         torch.cuda.set_device(world.device)
-    timeout = datetime.timedelta(seconds=timeout_s)
-    kwargs: dict = {"backend": world.backend, "timeout": timeout, "rank": world.rank, "world_size": world.size}
+    startup = min(timeout_s, startup_s) if startup_s else timeout_s
+    kwargs: dict = {"backend": world.backend, "timeout": datetime.timedelta(seconds=startup), "rank": world.rank,
+                    "world_size": world.size}
+    store = None
     if world.source == "torchrun" and world.agent_store:
         # The agent's store outlives restarts; a prefix per attempt keeps the workers of a
         # restart from reading the addresses their dead predecessors published there (torch's
         # env:// handler assumes a fresh store per attempt, which the static rendezvous reuses).
-        try:
-            client = dist.TCPStore(world.master_addr, world.master_port, world.size, False, timeout)
-        except (RuntimeError, ValueError) as exc:
-            raise LaunchError(f"rank {world.rank} cannot reach the rendezvous store at {world.master_addr}:{world.master_port} ({exc}).") from exc
-        kwargs["store"] = dist.PrefixStore(f"/dtrain/attempt_{world.restart_count}", client)
+        store = reach.connect_store(world, startup)
+        kwargs["store"] = dist.PrefixStore(f"/dtrain/attempt_{world.restart_count}", store)
     elif world.source == "torchrun":
-        # env:// lets torchrun's agent share its TCPStore with the workers.
-        kwargs["init_method"] = "env://"
+        # An elastic round: the store torch's env:// would open, but on MASTER_ADDR only.
+        store = reach.worker_store(world, startup)
+        kwargs["store"] = store
     else:
         kwargs["init_method"] = f"tcp://{_bracket(world.master_addr)}:{world.master_port}"
     if world.device.type == "cuda":
         kwargs["device_id"] = world.device
     use_route_interface(world.master_addr, quiet=not world.is_main)
     _register_exit_cleanup()
+    if store is not None:
+        reach.arrive(kwargs["store"], world)
     try:
         dist.init_process_group(**kwargs)
     except (RuntimeError, ValueError) as exc:  # c10d reports rendezvous problems as RuntimeError
+        if store is not None:
+            raise reach.join_failure(world, kwargs["store"], startup, exc, "the process group to form") from None
         raise LaunchError(
             f"rank {world.rank} could not join the process group at "
             f"{world.master_addr}:{world.master_port} ({exc}); check --master-addr/--master-port "
             "and that every node was started with the same --nnodes and -n."
         ) from exc
+    _first_collective(world, kwargs.get("store"), startup)
+    _set_timeout(datetime.timedelta(seconds=timeout_s), store)
     _check_same_versions(world)
     return True
+
+
+def _first_collective(world: World, store: Any, timeout_s: float) -> None:
+    """One barrier within the start-up bound: a rank that formed the group but never reaches a
+    collective (its node lost meanwhile) is named here rather than in the first step, 30 minutes on."""
+    from . import reach
+
+    try:
+        if world.backend == "gloo":
+            # monitored_barrier names the ranks that did not come (gloo only).
+            dist.monitored_barrier(timeout=datetime.timedelta(seconds=timeout_s), wait_all_ranks=True)
+        else:
+            dist.all_reduce(torch.zeros(1, device=world.device))
+    except (RuntimeError, ValueError) as exc:
+        raise reach.join_failure(world, store, timeout_s, exc, "the first collective") from None
+
+
+def _set_timeout(timeout: datetime.timedelta, store: Any) -> None:
+    """From here on the group's collectives (and the store) wait ``timeout``, not the start-up bound."""
+    setter = getattr(dist, "set_timeout", None) or getattr(dist.distributed_c10d, "_set_pg_timeout", None)
+    with contextlib.suppress(Exception):  # an old torch keeps the start-up bound
+        setter(timeout)
+    if store is not None:
+        with contextlib.suppress(Exception):
+            store.set_timeout(timeout)
 
 
 def _versions() -> dict[str, str]:

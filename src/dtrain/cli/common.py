@@ -21,12 +21,17 @@ def add_launch_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--node-rank", type=int, default=None, help="index of this node, 0..nnodes-1 (default 0; under srun: the task's index)")
     g.add_argument("--master-addr", default=None, help="address of node 0 (default 127.0.0.1 on one node)")
     g.add_argument("--master-port", type=int, default=None, help="rendezvous port (default: a free port on one node, 29500 on several)")
+    g.add_argument("--local-addr", default=None, metavar="ADDR",
+                   help="this node's address as the other nodes reach it (default: the address of the interface that "
+                        "routes to --master-addr; never what the host name resolves to)")
+    g.add_argument("--startup-timeout", type=float, default=120.0, metavar="SECONDS",
+                   help="bound on each start-up wait: store connect, process-group init, first collective (default 120)")
     g.add_argument("--launcher", default="torchrun", help="torchrun (torch's elastic agent, default) or spawn (torch.multiprocessing.spawn)")
     g.add_argument("--max-restarts", type=int, default=None,
                    help="restart failed workers up to K times (torchrun launcher; default 0, with --nnodes MIN:MAX 10)")
     g.add_argument("--rdzv-id", default="dtrain", help="with --nnodes MIN:MAX: the job's name in the rendezvous (default dtrain)")
-    g.add_argument("--rdzv-timeout", type=float, default=600.0, metavar="SECONDS",
-                   help="with --nnodes MIN:MAX: how long a rendezvous waits for MIN nodes (default 600)")
+    g.add_argument("--rdzv-timeout", type=float, default=None, metavar="SECONDS",
+                   help="with --nnodes MIN:MAX: how long a rendezvous waits for MIN nodes (default: --startup-timeout)")
     g.add_argument("--rdzv-last-call", type=float, default=5.0, metavar="SECONDS",
                    help="with --nnodes MIN:MAX: once MIN nodes are in, how long to wait for more (default 5)")
     g.add_argument("-v", "--verbose", action="store_true", help="show the launcher's own log")
@@ -79,6 +84,10 @@ def launch_spec(args: argparse.Namespace) -> LaunchSpec:
     export_diagnostics(args)
     if args.master_addr is not None:
         check.host("--master-addr", args.master_addr)
+    if args.local_addr is not None:
+        check.host("--local-addr", args.local_addr)
+    startup = check.number("--startup-timeout (seconds)", args.startup_timeout, positive=True)
+    os.environ["DTRAIN_STARTUP_TIMEOUT"] = repr(startup)
     nproc = 1 if args.nproc is None else args.nproc
     nnodes, max_nodes = parse_nnodes(args.nnodes)
     restarts = args.max_restarts if args.max_restarts is not None else (ELASTIC_RESTARTS if max_nodes is not None else 0)
@@ -96,7 +105,9 @@ def launch_spec(args: argparse.Namespace) -> LaunchSpec:
         max_restarts=restarts,
         max_nodes=max_nodes,
         rdzv_id=args.rdzv_id,
-        join_timeout=args.rdzv_timeout,
+        join_timeout=startup if args.rdzv_timeout is None else args.rdzv_timeout,
+        local_addr=args.local_addr,
+        startup_timeout=startup,
         last_call_s=args.rdzv_last_call,
     )
 

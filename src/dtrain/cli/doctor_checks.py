@@ -110,10 +110,22 @@ def check_network(cfg: DoctorConfig) -> Check:
         if ip.startswith("127.") or local.startswith("127."):
             return Check("network", "FAIL", detail + f"; master {addr} is a loopback address",
                          "use node 0's address on the network the nodes share (not 127.0.0.1) for --master-addr")
-        if host_ip.startswith("127."):
-            return Check("network", "WARN", detail, f"the host name resolves to loopback: set GLOO_SOCKET_IFNAME={iface or '<interface>'} "
-                         "(and NCCL_SOCKET_IFNAME) so peers are not told 127.0.0.1")
+    if host_ip.startswith("127.") and _has_network_address():
+        # The condition of issue 29 / pytorch#111646: a launcher that advertises the host name
+        # (plain torchrun's elastic agent, gloo without GLOO_SOCKET_IFNAME) tells the other nodes
+        # to connect to their own loopback, and they wait until the timeout.
+        where = f"{local}" if not local.startswith("127.") else "this node's network address"
+        return Check("network", "WARN" if cfg.nnodes > 1 or cfg.master_addr is None else "PASS", detail,
+                     f"the host name resolves to loopback: a multi-node job that advertises host names (plain torchrun, "
+                     f"`torchrun --nnodes MIN:MAX` without --local-addr) hangs here; dtrain advertises {where} instead "
+                     f"(--local-addr to choose); or map {host} to {where} in /etc/hosts")
     return Check("network", "PASS", detail)
+
+
+def _has_network_address() -> bool:
+    """Whether this host has an address besides loopback (else it is one node by nature)."""
+    return any(not netif.is_loopback(a) and not a.startswith("fe80") for n, addrs in netif.interface_addresses().items()
+               for a in addrs)
 
 
 def check_port(cfg: DoctorConfig) -> Check:

@@ -22,6 +22,7 @@ import time
 from typing import Any
 
 from .._log import logger
+from ..diag.startwatch import KEEP_ALIVE_ATTEMPTS, KEEP_ALIVE_S  # noqa: F401 -- the rendezvous options (runner.py)
 
 BACKEND = "dtrain-c10d"
 _LEAVE_TIMEOUT_S = 10.0
@@ -32,15 +33,82 @@ _handler: Any = None
 
 def _create(params: Any) -> Any:
     global _handler
-    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import create_backend
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
 
     # It is torch's c10d rendezvous, and says so: the registry checks that the handler's backend
     # name is the one the parameters ask for (RendezvousHandlerRegistry.create_handler).
     params.backend = "c10d"
-    backend, store = create_backend(params)
+    backend, store = _c10d_backend(params)
     _handler = create_handler(store, backend, params)
+    _leave_if_lost(_handler)
     return _handler
+
+
+#: Handlers of agents that failed in this launcher: kept, since the first one may own the
+#: rendezvous store that the next agent of this node (and every other node) still uses.
+_kept: list[Any] = []
+_hosted: dict[tuple[str, int], Any] = {}
+
+
+def lost_in_rendezvous(exc: BaseException) -> bool:
+    """Whether an agent's failure is a store wait that a lost node left unanswered (torch's
+    DistStoreError / the c10d rendezvous' connection error), not a timeout waiting for MIN nodes."""
+    name = type(exc).__name__
+    return name in ("DistStoreError", "RendezvousConnectionError", "RendezvousStateError") or (
+        isinstance(exc, RuntimeError) and "wait timeout" in str(exc))
+
+
+def _leave_if_lost(handler: Any) -> None:
+    """torch's launcher shuts the handler down (closing the rendezvous for every node) on any way
+    out. Only a node whose workers finished closes it (the job is done); an agent that failed
+    leaves instead: a node lost inside the rendezvous (runner._run_agent joins the next round),
+    or a node that could not join in time, whose close ended the job of the nodes still training
+    (seen in a random-kill trial: the restarted node's join timed out under load)."""
+    import sys
+
+    close = handler.shutdown
+
+    def shutdown() -> bool:
+        exc = sys.exc_info()[1]  # what the agent is failing with, if anything (torch calls this in `finally`)
+        if exc is not None:
+            _kept.append(handler)
+            return _leave(handler)
+        return close()
+
+    handler.shutdown = shutdown
+
+
+def _c10d_backend(params: Any) -> tuple[Any, Any]:
+    """torch's c10d backend on a TCPStore that dtrain opens: the host's listens on the endpoint's
+    address only (torch's own binds every interface), and a client's connect is bounded by the
+    start-up timeout and ends with one line naming the address and the likely cause."""
+    import datetime
+
+    import torch.distributed as dist
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+    from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
+
+    from ..errors import LaunchError
+    from ..reach import unreachable_cause
+    from .store import host_store
+
+    host, port = parse_rendezvous_endpoint(params.endpoint, default_port=29400)
+    timeout_s = params.get_as_int("read_timeout", 60)
+    if (host, port) in _hosted:  # this launcher's earlier agent hosts it; the job's state lives there
+        store = _hosted[(host, port)]
+    elif params.get_as_bool("is_host"):
+        store, _ = host_store(host, port, timeout_s=timeout_s)
+        _hosted[(host, port)] = store
+    else:
+        try:
+            store = dist.TCPStore(host, port, is_master=False, timeout=datetime.timedelta(seconds=timeout_s))
+        except (RuntimeError, ValueError) as exc:
+            cause = unreachable_cause(host, here_is_master=False)
+            me = params.local_addr or "this node"
+            raise LaunchError(f"node {me} could not connect to the rendezvous store at {host}:{port} within {timeout_s} s: "
+                              f"{cause} (is the first node's launcher running? --startup-timeout bounds this wait; "
+                              f"torch: {str(exc).splitlines()[0][:120]})") from None
+    return C10dRendezvousBackend(store, params.run_id), store
 
 
 def register() -> str:
@@ -77,3 +145,5 @@ def forget() -> None:
     """Drop the handler of a launch that ended (a later launch in this process creates its own)."""
     global _handler
     _handler = None
+    _kept.clear()
+    _hosted.clear()

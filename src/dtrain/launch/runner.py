@@ -21,6 +21,7 @@ from .._log import logger
 from ..diag.watchdog import STALL_EXIT
 from ..errors import DtrainError, LaunchError
 from ..preempt import REJOIN_EXIT
+from ..reach import advertised_address
 from ..world import use_route_interface
 from . import membership
 from .lifecycle import run_worker
@@ -157,7 +158,7 @@ def _elastic(spec: LaunchSpec, entrypoint: Callable[..., Any] | str, args: tuple
         _quiet_elastic_logs()
         try:
             with sup.armed():
-                elastic_launch(config, entrypoint)(*args)
+                _run_agent(spec, config, entrypoint, args)
         except ChildFailedError as exc:
             if sup.signum:
                 return sup.stopped()
@@ -178,6 +179,28 @@ def _elastic(spec: LaunchSpec, entrypoint: Callable[..., Any] | str, args: tuple
     return 0
 
 
+def _run_agent(spec: LaunchSpec, config: LaunchConfig, entrypoint: Any, args: tuple) -> None:
+    """torch's agent; in an elastic job, again (up to --max-restarts times) when the agent itself
+    failed because a node was lost inside the rendezvous: torch's agent waits for every node's
+    role info after a round completes (``_assign_worker_ranks``), and a node killed in that
+    window failed the survivors' agents with a store timeout, ending the job (seen once in 12
+    random kills). The failed agent leaves the rendezvous rather than closing it (membership.py),
+    so the next agent of this node joins the next round, without the lost node."""
+    attempts = spec.max_restarts if spec.elastic else 0
+    while True:
+        try:
+            elastic_launch(config, entrypoint)(*args)
+            return
+        except (ChildFailedError, DtrainError, KeyboardInterrupt, Stopped):
+            raise
+        except Exception as exc:
+            if attempts <= 0 or not membership.lost_in_rendezvous(exc):
+                raise
+            attempts -= 1
+            print(f"dtrain: a node was lost while this round of the rendezvous assigned ranks ({type(exc).__name__}: "
+                  f"{str(exc).splitlines()[0][:160]}); this node joins the next round.", file=sys.stderr, flush=True)
+
+
 #: Set for the workers of an elastic job (``--nnodes MIN:MAX``): ``run id@endpoint``. Its
 #: checkpoint lock keys on it (rank 0 may move to another node), and ``dtrain train`` resumes
 #: from its checkpoint folder in every attempt (a joining node's agent starts at restart 0).
@@ -192,12 +215,21 @@ def _rdzv_options(spec: LaunchSpec, port: int) -> dict[str, Any]:
         # host (or a host name that resolves to the endpoint) both guessed "host", and the second
         # one's store took half of the connections (a 60 s role_info timeout, seen on 127.0.0.1).
         # torch's c10d handler, created where the launcher can make a stopped node leave (membership.py).
+        # local_addr: what this node tells the others (its node entry, and MASTER_ADDR when its
+        # agent is rank 0); without it torch tells them socket.getfqdn(), which on many hosts
+        # resolves to 127.0.x.1 and left every worker waiting forever (issue 29).
         return {"run_id": spec.rdzv_id, "rdzv_backend": membership.register(), "rdzv_endpoint": f"{spec.addr}:{port}",
+                "local_addr": advertised_address(spec.addr, spec.local_addr),
                 "rdzv_configs": {"join_timeout": int(spec.join_timeout), "last_call_timeout": int(spec.last_call_s),
-                                 "close_timeout": 30, "is_host": _can_bind(spec.addr, port)}}
+                                 "close_timeout": 30, "is_host": _can_bind(spec.addr, port),
+                                 "read_timeout": max(1, int(spec.startup_timeout)),
+                                 # A lost node's keep-alive expires after 1 s x 5 (torch: 5 s x 3), so the
+                                 # next round forms without it sooner (and start-up waits end sooner: diag/startwatch.py).
+                                 "keep_alive_interval": membership.KEEP_ALIVE_S,
+                                 "keep_alive_max_attempt": membership.KEEP_ALIVE_ATTEMPTS}}
     return {"run_id": f"dtrain-{uuid.uuid4().hex[:8]}" if spec.nnodes == 1 else "dtrain", "rdzv_backend": "static",
             "rdzv_endpoint": f"{spec.addr}:{port}", "rdzv_configs": {"rank": spec.node_rank, "timeout": 900},
-            "local_addr": spec.addr if spec.nnodes == 1 else None}
+            "local_addr": spec.addr if spec.nnodes == 1 else spec.local_addr}
 
 
 def _can_bind(addr: str, port: int) -> bool:
@@ -206,6 +238,10 @@ def _can_bind(addr: str, port: int) -> bool:
 
     try:
         with socket.socket(socket.AF_INET6 if ":" in addr else socket.AF_INET, socket.SOCK_STREAM) as sock:
+            # As the store's own bind (launch/store.py): a previous job's connections in TIME_WAIT do
+            # not count, a live listener does (without it a job right after another one on the same
+            # port found nobody hosting and every node waited to its timeout).
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind((addr, port))
         return True
     except OSError:

@@ -28,8 +28,14 @@ class LaunchSpec:
     leaving through torch's c10d rendezvous hosted on ``master_addr`` (None: a fixed set of nodes)."""
     rdzv_id: str = "dtrain"
     """The job's name in the rendezvous (``--rdzv-id``): nodes with the same id and endpoint form one job."""
-    join_timeout: float = 600.0
+    join_timeout: float = 120.0
     """Seconds a rendezvous waits for at least MIN nodes before it fails (``--rdzv-timeout``)."""
+    local_addr: str | None = None
+    """The address this node advertises to the others (``--local-addr``); None: the address of
+    the interface that routes to ``master_addr`` (never what the host name resolves to)."""
+    startup_timeout: float = 120.0
+    """Seconds each start-up wait may take (store connect, process-group init, first collective;
+    ``--startup-timeout``)."""
     last_call_s: float = 5.0
     """Once MIN nodes are in, seconds to wait for more (up to MAX) before starting (``--rdzv-last-call``)."""
 
@@ -50,6 +56,8 @@ class LaunchSpec:
             raise ConfigError("--max-restarts needs --launcher torchrun (torch.multiprocessing.spawn cannot restart workers).")
         if self.master_port is not None and not 0 <= self.master_port <= 65535:
             raise ConfigError(f"--master-port {self.master_port} is not a TCP port; use 1024..65535.")
+        if not self.startup_timeout > 0:
+            raise ConfigError(f"--startup-timeout must be > 0 seconds, got {self.startup_timeout:g}; e.g. --startup-timeout 120.")
         if self.nnodes > 1 and not self.master_addr:
             raise ConfigError(f"--nnodes {self.nnodes} needs --master-addr, the address of node 0 that every node can reach.")
 

@@ -12,6 +12,11 @@ Host ``i`` has the address ``SUBNET.(i+1)`` and, where ``unshare`` exists, the h
 iproute2 lets a namespace have its own ``/etc`` files), so what a program learns from its host
 name (torch's elastic agent announces it to its peers) is that host's, as on real machines.
 
+``shared_name="vm"`` builds the bed as many users have it instead: every host has the same host
+name, and each host's ``/etc/hosts`` maps it to a loopback address (``shared_addr``, 127.0.0.1;
+127.0.1.1 as Debian/Ubuntu write it) and names no other host, so a program that advertises its
+host name tells its peers to connect to their own loopback.
+
 From the shell (``{node_rank}``, ``{master_addr}``, ``{host_addr}`` and ``{hosts}`` in the
 command are filled in per host):
 
@@ -143,7 +148,8 @@ class NetBed:
     runs at that rate, as the two-host bed's single link did."""
 
     def __init__(self, *, hosts: int = 2, rate_mbit: float | None = None, delay_ms: float | None = None,
-                 links: Mapping[int, Link] | None = None, subnet: str = "10.77.0", hostnames: bool = True) -> None:
+                 links: Mapping[int, Link] | None = None, subnet: str = "10.77.0", hostnames: bool = True,
+                 shared_name: str | None = None, shared_addr: str = "127.0.0.1") -> None:
         if not 1 <= hosts <= 250:
             raise ValueError(f"hosts must be 1..250, got {hosts}")
         default = Link(rate_mbit=rate_mbit, delay_ms=delay_ms)
@@ -157,9 +163,15 @@ class NetBed:
         tag = f"{PREFIX}{os.getpid()}-{next(_seq)}-"
         self.namespaces = tuple(f"{tag}h{i}" for i in range(hosts))
         self.bridge_namespace = f"{tag}br"
-        self.names = tuple(f"n{i}" for i in range(hosts))
+        if shared_name is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9.-]{0,62}", shared_name):
+            raise ValueError(f"shared_name must be a host name (letters, digits, '.', '-'), got {shared_name!r}")
+        self.shared_name = shared_name
+        self.shared_addr = shared_addr
+        self.names = tuple(shared_name or f"n{i}" for i in range(hosts))
         """Each host's host name (when ``hostnames`` and ``unshare`` exists; else the machine's)."""
-        self._hostnames = hostnames and all(shutil.which(t) for t in ("unshare", "hostname"))
+        self._hostnames = (hostnames or shared_name is not None) and all(shutil.which(t) for t in ("unshare", "hostname"))
+        if shared_name is not None and not self._hostnames:
+            raise NetBedUnavailable("a bed with a shared host name needs `unshare` and `hostname` (util-linux)")
         self._procs: list[subprocess.Popen] = []
         self._last: dict[int, tuple[list[str], dict[str, Any]]] = {}
         self._old_handlers: dict[int, Any] = {}
@@ -221,11 +233,20 @@ class NetBed:
             _ip("-n", ns, "addr", "add", f"{addr}/24", "dev", "eth0")
             _ip("-n", ns, "link", "set", "eth0", "up")
         if self._hostnames:
-            table = "127.0.0.1 localhost\n::1 localhost\n" + "".join(f"{a} {n}\n" for a, n in zip(self.addresses, self.names))
+            table = "127.0.0.1 localhost\n::1 localhost\n"
+            if self.shared_name is None:
+                table += "".join(f"{a} {n}\n" for a, n in zip(self.addresses, self.names))
+            else:  # one name for all, resolving to this host's own loopback (the Debian/Ubuntu line)
+                table += f"{self.shared_addr} {self.shared_name}\n"
             for ns in self.namespaces:
                 os.makedirs(os.path.join(_ETC_NETNS, ns), exist_ok=True)
                 with open(os.path.join(_ETC_NETNS, ns, "hosts"), "w") as f:
                     f.write(table)
+                # No DNS server is reachable from the bed: a name lookup that misses the hosts file
+                # fails at once (as a network's DNS would answer), instead of waiting 5 s x 2 for the
+                # machine's server (c10d's reverse lookup of each peer did, for every connection).
+                with open(os.path.join(_ETC_NETNS, ns, "resolv.conf"), "w") as f:
+                    f.write("nameserver 127.0.0.1\noptions timeout:1 attempts:1\n")
         self.netem = self._probe_netem()
         for i, link in enumerate(self.links):
             self.shape(i, link)
@@ -376,6 +397,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--delay-ms", type=float, default=None, help="delay on what each host sends (needs netem)")
     parser.add_argument("--link", type=_link_arg, action="append", default=[], metavar="HOST:RATE[:DELAY]",
                         help="one host's own link (repeatable), e.g. --link 2:20 for host 2 at 20 Mbit/s")
+    parser.add_argument("--shared-name", default=None, metavar="NAME",
+                        help="every host has this host name, resolving to 127.0.0.1 on each (as on many Debian/Ubuntu "
+                             "images and containers); default: each host its own name n<i>")
     parser.add_argument("--timeout", type=float, default=3600.0, help="kill every node after this many seconds")
     parser.add_argument("--check", action="store_true", help="only say whether a bed can be built here, and whether netem exists")
     parser.add_argument("command", nargs=argparse.REMAINDER,
@@ -391,7 +415,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--link names host {bad[0]}, but --hosts {args.hosts} has hosts 0..{args.hosts - 1}")
     cmd = args.command[1:] if args.command[:1] == ["--"] else args.command
     try:
-        with NetBed(hosts=args.hosts, rate_mbit=args.rate_mbit, delay_ms=args.delay_ms, links=dict(args.link)) as bed:
+        with NetBed(hosts=args.hosts, rate_mbit=args.rate_mbit, delay_ms=args.delay_ms, links=dict(args.link),
+                    shared_name=args.shared_name) as bed:
             shaped = ", ".join(f"{n} {a} {f'{lk.rate_mbit:g} Mbit/s' if lk.rate_mbit else 'unshaped'}"
                                + (f" +{lk.delay_ms:g} ms" if lk.delay_ms else "") for n, a, lk in zip(bed.names, bed.addresses, bed.links))
             print(f"netbed: {bed.hosts} hosts on a bridge: {shaped}; netem "

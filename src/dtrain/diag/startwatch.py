@@ -1,0 +1,139 @@
+"""The start-up watch: a node lost while the process group forms ends the wait in seconds, and no
+start-up wait outlives its bound.
+
+Between the rendezvous and the first collective the workers wait in the store for their peers'
+addresses. A peer node killed then leaves them nothing to notice (no socket of theirs is open to
+it yet), and torch waits for the store's timeout: 30 minutes in pytorch/pytorch#111646. In an
+elastic job (``--nnodes MIN:MAX``) every node's agent refreshes its keep-alive in torch's c10d
+rendezvous state every ``membership.KEEP_ALIVE_S`` seconds; this watch reads that state (one
+store read a second, from a client of its own) and, when a node of this round has been silent for
+longer than torch's own expiry, or the round has moved on without this node, ends the worker with
+one line and ``LOST_EXIT``. The node's agent then starts a new round without the lost node (each
+loss costs one of ``--max-restarts``), and the survivors go on.
+
+Every job also gets a backstop: start-up that has not ended after its bounded waits (three
+``--startup-timeout``s and a margin) ends the worker with one line and ``STALL_EXIT``, so the
+stall watchdog's promise (no silent hang) holds before the first step too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import pickle
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from .watchdog import STALL_EXIT
+
+LOST_EXIT = 76
+"""Exit status of a worker that left a round whose node was lost during start-up (the agent restarts it)."""
+DEFAULT_STARTUP_S = 120.0
+#: Each agent's keep-alive in an elastic job's rendezvous (launch/runner.py hands them to torch): a
+#: node silent for KEEP_ALIVE_S x KEEP_ALIVE_ATTEMPTS seconds is dead to torch's rendezvous and here.
+#: torch's defaults (5 s x 3) made the survivors of a lost node wait 15 s for the next round.
+KEEP_ALIVE_S = 1
+KEEP_ALIVE_ATTEMPTS = 5
+_POLL_S = 1.0
+
+
+class StartWatch:
+    """Watches one worker's start-up (see the module's docstring); ``stop()`` once the group formed."""
+
+    def __init__(self, world: Any, *, startup_s: float, elastic: str | None, dead_after_s: float) -> None:
+        self.world = world
+        self.deadline = time.monotonic() + 3 * startup_s + 30.0
+        self.startup_s = startup_s
+        self.dead_after_s = dead_after_s
+        self._elastic = elastic
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="dtrain-startwatch", daemon=True)
+
+    def start(self) -> StartWatch:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        backend = _rendezvous_backend(self._elastic) if self._elastic else None
+        first: tuple[int, dict] | None = None
+        while not self._stop.wait(_POLL_S):
+            if time.monotonic() > self.deadline:
+                self._end(STALL_EXIT, f"start-up did not end within {3 * self.startup_s + 30:g} s (three "
+                                      f"--startup-timeout waits of {self.startup_s:g} s and a margin); see the output above")
+            if backend is None:
+                continue
+            state = _read_state(backend)
+            if state is None:
+                continue
+            if first is None:
+                first = (state.round, dict(state.participants))
+                continue
+            lost = self._lost(state, *first)
+            if lost and not self._stop.is_set():
+                self._end(LOST_EXIT, lost)
+
+    def _lost(self, state: Any, round_: int, participants: dict) -> str | None:
+        if state.round != round_:
+            return f"the rendezvous moved on to round {state.round} while this node's round {round_} was forming"
+        now = datetime.datetime.now(datetime.timezone.utc)
+        for node in participants:
+            beat = state.last_heartbeats.get(node)
+            if node not in state.participants or beat is None:
+                return f"node {_addr(node)} left the rendezvous (lost or stopped) while the process group was forming"
+            silent = (now - beat).total_seconds()
+            if silent > self.dead_after_s:
+                return f"node {_addr(node)} was lost while the process group was forming (no keep-alive for {silent:.0f} s)"
+        return None
+
+    def _end(self, code: int, why: str) -> None:
+        if self.world.local_rank == 0:
+            tail = "; this node's workers restart and the job goes on without it" if code == LOST_EXIT else ""
+            print(f"dtrain: error: node {self.world.node_rank}: {why}{tail}.", file=sys.stderr, flush=True)
+        os._exit(code)
+
+
+def _addr(node: Any) -> str:
+    return f"{getattr(node, 'addr', node)}"
+
+
+def _rendezvous_backend(elastic: str) -> Any:
+    """A client of the job's c10d rendezvous store (``run_id@host:port``), or None when unreachable."""
+    import torch.distributed as dist
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+
+    run_id, _, endpoint = elastic.rpartition("@")
+    host, _, port = endpoint.rpartition(":")
+    try:
+        store = dist.TCPStore(host.strip("[]"), int(port), None, False, datetime.timedelta(seconds=10))
+        return C10dRendezvousBackend(store, run_id)
+    except Exception:  # noqa: BLE001 -- no watch then; the bounded waits still end start-up
+        return None
+
+
+def _read_state(backend: Any) -> Any:
+    try:
+        got = backend.get_state()
+        return pickle.loads(got[0]) if got else None  # torch's own _RendezvousState, as its handler reads it
+    except Exception:  # noqa: BLE001 -- a store going down, or another torch's state: read again next time
+        return None
+
+
+@contextlib.contextmanager
+def start_watch(world: Any, elastic: str | None, startup_s: float) -> Iterator[None]:
+    """Watch this worker's start-up while the block runs (a distributed world only)."""
+    if not world.distributed:
+        yield
+        return
+    watch = StartWatch(world, startup_s=startup_s, elastic=elastic,
+                       dead_after_s=KEEP_ALIVE_S * KEEP_ALIVE_ATTEMPTS + 2.0).start()
+    try:
+        yield
+    finally:
+        watch.stop()

@@ -1,0 +1,164 @@
+"""The address a node gives the others, and the one-line reasons a node could not be reached.
+
+torch's elastic agent, left alone, tells the other nodes to reach this one at ``socket.getfqdn()``
+(``RendezvousStoreInfo.build`` and ``_NodeDesc`` in torch/distributed/elastic/rendezvous); on
+hosts whose name resolves to 127.0.0.1 or 127.0.1.1 (Debian/Ubuntu's /etc/hosts, many container
+images) every node then connects to its own loopback and waits until the timeout: the silent hang
+of pytorch/pytorch#111646 and of dtrain issue 29. dtrain hands torch ``local_addr`` instead: the
+address of the interface that routes to the master (what the kernel would send from), or the
+user's ``--local-addr``.
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+from .errors import ConfigError, LaunchError
+from .netif import is_loopback, source_address
+
+
+def advertised_address(master_addr: str, local_addr: str | None = None) -> str:
+    """The address this node advertises to the others: ``local_addr`` when given (it must be
+    an address of this host), else the source address of the route to ``master_addr``."""
+    if local_addr:
+        _check_own(local_addr)
+        ip = resolves_to(local_addr)
+        if ip and is_loopback(ip) and not is_loopback(master_addr):
+            raise ConfigError(f"--local-addr {local_addr} is {ip}, a loopback address the other nodes cannot reach; "
+                              f"give this node's address on the network of --master-addr {master_addr}.")
+        return local_addr
+    found = source_address(master_addr)
+    if found is None:
+        raise ConfigError(f"--master-addr {master_addr}: this node has no route there, so it has no address the other nodes "
+                          "could reach; check the address (and this host's routes), or pass --local-addr.")
+    return found
+
+
+def _check_own(addr: str) -> None:
+    try:
+        infos = socket.getaddrinfo(addr, 0, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise ConfigError(f"--local-addr {addr} does not resolve ({exc.strerror}); give this node's IP address.") from None
+    family, _, _, _, sockaddr = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((sockaddr[0], 0))
+        except OSError:
+            raise ConfigError(f"--local-addr {addr} is not an address of this host; give the address of this node's "
+                              "interface on the network the nodes share (see `ip -brief addr`).") from None
+
+
+def resolves_to(name: str) -> str | None:
+    """What ``name`` resolves to here (None: it does not resolve)."""
+    try:
+        return socket.getaddrinfo(name, 0, type=socket.SOCK_STREAM)[0][4][0]
+    except (socket.gaierror, IndexError, UnicodeError):
+        return None
+
+
+def unreachable_cause(addr: str, *, here_is_master: bool) -> str:
+    """The likely reason this node could not reach ``addr`` (a store), in a few words."""
+    ip = resolves_to(addr)
+    if ip is None:
+        return f"{addr} does not resolve on this node; use an IP address or fix /etc/hosts"
+    if is_loopback(ip) and not here_is_master and not is_loopback(addr):
+        return (f"{addr} resolves to {ip} (loopback) on this node; pass --local-addr on the node that "
+                f"advertised it, or fix /etc/hosts")
+    if is_loopback(ip) and not here_is_master:
+        return f"{addr} is a loopback address, reachable on its own node only; pass --local-addr or a routable --master-addr"
+    if source_address(ip) is None:
+        return f"this node has no route to {ip}; check the address and the routes"
+    return f"nothing answered at {addr}; the node there may be gone, or a firewall drops the connection"
+
+
+# -- the workers' store and process group: each wait bounded, each failure one line ---------------
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return (text[0] if text else type(exc).__name__)[:160]
+
+
+def _listening_fd(addr: str, port: int) -> int | None:
+    """A socket listening on ``addr:port`` only (its fd), or None when that cannot be had."""
+    try:
+        family, _, _, _, sockaddr = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+    except OSError:
+        return None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(sockaddr)
+        sock.listen(1024)
+    except OSError:
+        sock.close()
+        return None
+    return sock.detach()
+
+
+def worker_store(world: Any, timeout_s: float) -> Any:
+    """The store the workers of one elastic round meet in (MASTER_ADDR:MASTER_PORT, published by
+    the agent of the round's first node): rank 0 hosts it on that address only (torch's env://
+    store listens on every interface); the others connect within ``timeout_s``."""
+    import datetime
+
+    import torch.distributed as dist
+
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if world.rank == 0:
+        fd = _listening_fd(world.master_addr, world.master_port)
+        extra = {"master_listen_fd": fd} if fd is not None else {}
+        return dist.TCPStore(world.master_addr, world.master_port, None, True, timeout, wait_for_workers=False, **extra)
+    return connect_store(world, timeout_s)
+
+
+def connect_store(world: Any, timeout_s: float) -> Any:
+    """A client of the store at ``world.master_addr:master_port``; LaunchError (one line) when it
+    cannot be reached within ``timeout_s``."""
+    import datetime
+
+    import torch.distributed as dist
+
+    try:
+        return dist.TCPStore(world.master_addr, world.master_port, None, False, datetime.timedelta(seconds=timeout_s))
+    except (RuntimeError, ValueError) as exc:
+        cause = unreachable_cause(world.master_addr, here_is_master=world.node_rank == 0)
+        raise LaunchError(f"{node_name(world)} could not connect to the store at {world.master_addr}:{world.master_port} "
+                          f"within {timeout_s:g} s: {cause} (torch: {_first_line(exc)})") from None
+
+
+def node_name(world: Any) -> str:
+    """``node 1 (10.77.0.2)``: this node as the others know it."""
+    here = source_address(world.master_addr)
+    here = None if here is None or is_loopback(here) else here  # loopback says nothing to the other nodes
+    return f"node {world.node_rank}" + (f" ({here})" if here else "") + f", rank {world.rank},"
+
+
+_ARRIVED = "/dtrain/arrived/"
+
+
+def arrive(store: Any, world: Any) -> None:
+    """Say in the store that this rank has come to the process group (for ``missing``)."""
+    store.set(f"{_ARRIVED}{world.rank}", str(world.node_rank))
+
+
+def missing(store: Any, world: Any) -> str:
+    """The ranks (and their nodes) that have not come, as a short phrase; '' when all have."""
+    try:
+        gone = [r for r in range(world.size) if not store.check([f"{_ARRIVED}{r}"])]
+    except Exception:  # noqa: BLE001 -- the store itself is gone: nothing more to tell
+        return ""
+    if not gone:
+        return ""
+    local = max(1, world.local_size)
+    nodes = sorted({r // local for r in gone})
+    return f"rank(s) {', '.join(map(str, gone[:8]))}{' ...' if len(gone) > 8 else ''} of node(s) {', '.join(map(str, nodes))}"
+
+
+def join_failure(world: Any, store: Any, timeout_s: float, exc: BaseException, what: str) -> LaunchError:
+    """The one line for a process group that did not form (or whose first collective did not end)."""
+    gone = missing(store, world) if store is not None else ""
+    who = f"{gone} never arrived" if gone else "a peer did not answer"
+    return LaunchError(f"{node_name(world)} waited {timeout_s:g} s for {what} at {world.master_addr}:{world.master_port}: "
+                       f"{who}; that node was lost, or it cannot reach this one (check that it runs, its output, "
+                       f"and --local-addr; --startup-timeout bounds this wait) (torch: {_first_line(exc)})")

@@ -1,0 +1,225 @@
+"""Multi-node on networks as users have them (issue 29): the address a node advertises, bounded
+start-up waits with one-line reasons, the start-up watch (plain logic), and on the network test
+bed whose hosts share one host name resolving to 127.0.0.1: the elastic job trains, listens on
+the bed's addresses only, a missing first node ends in one line, and a node killed at random
+moments leaves the survivor finishing with every sample trained once (the 20-trial figures are
+benchmarks/node_loss_random.py's)."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from dtrain import netif
+from dtrain.diag.startwatch import LOST_EXIT, StartWatch
+from dtrain.errors import ConfigError
+from dtrain.launch.runner import _rdzv_options
+from dtrain.launch.spec import LaunchSpec
+from dtrain.reach import advertised_address, unreachable_cause
+from dtrain.testing import netbed, nodeloss
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
+
+
+def _other_ipv4() -> tuple[str, str] | None:
+    found = [(n, a) for n, addrs in netif.interface_addresses().items() if n != "lo" for a in addrs if ":" not in a]
+    return found[0] if found else None
+
+
+def test_a_node_advertises_its_routed_address_or_the_one_given():
+    assert advertised_address("127.0.0.1") == "127.0.0.1"
+    assert advertised_address("127.0.0.1", "127.0.0.1") == "127.0.0.1"
+    with pytest.raises(ConfigError, match="--local-addr 192.0.2.77 is not an address of this host"):
+        advertised_address("127.0.0.1", "192.0.2.77")
+    other = _other_ipv4()
+    if other is None:
+        pytest.skip("this host has no IPv4 interface besides loopback")
+    assert advertised_address(other[1]) == other[1]  # the source address of the route there
+    with pytest.raises(ConfigError, match="loopback address the other nodes cannot reach"):
+        advertised_address(other[1], "127.0.0.1")
+
+
+def test_unreachable_causes_name_the_likely_fix():
+    assert "does not resolve" in unreachable_cause("no-such-host.invalid", here_is_master=False)
+    assert "loopback" in unreachable_cause("localhost", here_is_master=False)
+    assert "nothing answered" in unreachable_cause("127.0.0.1", here_is_master=True)
+
+
+def test_elastic_rendezvous_gets_the_address_and_the_bounds():
+    spec = LaunchSpec(nnodes=1, max_nodes=2, master_addr="127.0.0.1", startup_timeout=30, join_timeout=45)
+    opts = _rdzv_options(spec, 29999)
+    assert opts["local_addr"] == "127.0.0.1"  # not socket.getfqdn()
+    cfg = opts["rdzv_configs"]
+    assert cfg["read_timeout"] == 30 and cfg["join_timeout"] == 45
+    assert cfg["keep_alive_interval"] * cfg["keep_alive_max_attempt"] <= 10
+    with pytest.raises(ConfigError, match="--startup-timeout must be > 0"):
+        LaunchSpec(startup_timeout=0)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("flags, message", [
+    (["--startup-timeout", "0"], "--startup-timeout (seconds) must be > 0"),
+    (["--nnodes", "1:2", "--master-addr", "127.0.0.1", "--local-addr", "192.0.2.77"],
+     "--local-addr 192.0.2.77 is not an address of this host"),
+])
+def test_bad_address_flags_end_in_one_line(tmp_path, flags, message):
+    out = subprocess.run([sys.executable, "-m", "dtrain", "train", "--task", "digits", "--max-steps", "2",
+                          "--checkpoint-dir", str(tmp_path / "ck"), "--save-every", "1", *flags],
+                         capture_output=True, text=True, env=_env(), timeout=50)
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert message in lines[-1] and lines[-1].startswith("dtrain: error:") and "Traceback" not in out.stderr, out.stderr
+
+
+class _Node:
+    def __init__(self, addr: str) -> None:
+        self.addr = addr
+
+
+def test_start_watch_names_a_node_that_stopped_its_keep_alive():
+    a, b = _Node("10.0.0.1"), _Node("10.0.0.2")
+    now = datetime.datetime.now(datetime.timezone.utc)
+    watch = StartWatch(SimpleNamespace(local_rank=0, node_rank=0), startup_s=120, elastic=None, dead_after_s=7)
+    state = SimpleNamespace(round=3, participants={a: 0, b: 1}, last_heartbeats={a: now, b: now})
+    assert watch._lost(state, 3, {a: 0, b: 1}) is None
+    state.last_heartbeats[b] = now - datetime.timedelta(seconds=9)
+    assert "node 10.0.0.2 was lost" in watch._lost(state, 3, {a: 0, b: 1})
+    assert "moved on to round 4" in watch._lost(SimpleNamespace(round=4, participants={}, last_heartbeats={}), 3, {a: 0})
+    del state.participants[b]
+    state.last_heartbeats[b] = now
+    assert "left the rendezvous" in watch._lost(state, 3, {a: 0, b: 1})
+    assert LOST_EXIT not in (0, 1, 2)
+
+
+_REASON = netbed.unavailable_reason()
+needs_bed = pytest.mark.skipif(_REASON is not None, reason=f"network test bed unavailable: {_REASON}")
+
+
+@needs_bed
+@pytest.mark.timeout(60)
+def test_shared_name_bed_resolves_every_host_name_to_loopback():
+    probe = "import socket; n = socket.gethostname(); print(n, socket.gethostbyname(n))"
+    with netbed.NetBed(hosts=2, shared_name="vm") as bed:
+        names = [bed.popen(h, [sys.executable, "-c", probe]).communicate(timeout=30)[0].split() for h in range(2)]
+        hosts_file = open(f"/etc/netns/{bed.namespaces[1]}/hosts").read()
+    assert names == [["vm", "127.0.0.1"], ["vm", "127.0.0.1"]]
+    assert "10.77.0." not in hosts_file  # no host is named after its bed address
+    with pytest.raises(ValueError, match="shared_name must be a host name"):
+        netbed.NetBed(shared_name="bad name")
+
+
+def _listeners(ns: str) -> set[str]:
+    out = subprocess.run(["ip", "netns", "exec", ns, "ss", "-ltnH"], capture_output=True, text=True).stdout
+    return {line.split()[3] for line in out.splitlines() if len(line.split()) > 3}
+
+
+@needs_bed
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_elastic_job_on_hosts_whose_name_is_loopback_trains_and_listens_on_bed_addresses(tmp_path):
+    """The job of issue 29 (which hung forever in init_process_group), on digits."""
+    with netbed.NetBed(hosts=2, shared_name="vm") as bed:
+        cmd = lambda rank, master: [sys.executable, "-m", "dtrain", "train", "--task", "digits", "--max-steps", "40",
+                                    "--nnodes", "1:2", "--master-addr", master, "--master-port", "29712",
+                                    "--checkpoint-dir", str(tmp_path / "ck"), "--save-every", "20",
+                                    "--ledger", str(tmp_path / "ledger"), "--startup-timeout", "60"]
+        seen: set[str] = set()
+        import threading
+
+        done = threading.Event()
+
+        def watch() -> None:
+            while not done.is_set():
+                for ns in bed.namespaces:
+                    seen.update(_listeners(ns))
+                time.sleep(0.5)
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        try:
+            outs = bed.run_nodes(cmd, timeout=150, env=_env())
+        finally:
+            done.set()
+            watcher.join(5)
+    assert [o.returncode for o in outs] == [0, 0], "\n".join(o.output[-3000:] for o in outs)
+    result = json.loads(next(line for o in outs for line in reversed(o.output.splitlines()) if line.startswith("{")))
+    assert result["world_size"] == 2 and result["steps"] == 40
+    assert seen, "no listening socket was seen while the job ran"
+    wide = sorted(a for a in seen if a.rsplit(":", 1)[0] in ("0.0.0.0", "*", "[::]"))
+    assert not wide, f"listening on every interface: {wide} (all: {sorted(seen)})"
+
+
+@needs_bed
+@pytest.mark.timeout(120)
+def test_a_first_node_nobody_can_reach_ends_in_one_line_within_the_bound():
+    with netbed.NetBed(hosts=2, shared_name="vm") as bed, tempfile.TemporaryDirectory() as tmp:
+        start = time.monotonic()
+        proc = bed.popen(1, [sys.executable, "-m", "dtrain", "train", "--task", "digits", "--max-steps", "2",
+                             "--nnodes", "1:2", "--master-addr", "10.77.0.9", "--master-port", "29713",
+                             "--checkpoint-dir", os.path.join(tmp, "ck"), "--save-every", "1", "--startup-timeout", "5"],
+                         env=_env())
+        out = proc.communicate(timeout=100)[0]
+        took = time.monotonic() - start
+    last = out.strip().splitlines()[-1]
+    assert proc.returncode not in (0, None), out[-3000:]
+    assert last.startswith("dtrain: error: node 10.77.0.2 could not connect to the rendezvous store at 10.77.0.9:29713 "
+                           "within 5 s"), out[-3000:]
+    assert "Traceback" not in out and took < 90
+
+
+@needs_bed
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_node_killed_at_random_moments_leaves_the_survivor_finishing_each_sample_once(tmp_path):
+    """Two trials: host 1 killed at a random moment of start-up and of training (and once
+    started again); host 0 finishes, and the ledger says every sample was trained exactly once."""
+    rng = random.Random()
+    moments = [rng.uniform(2, 14), rng.uniform(16, 24)]
+    rows = []
+    with netbed.NetBed(hosts=2, shared_name="vm") as bed:
+        for i, kill_at in enumerate(moments):
+            work = tmp_path / f"t{i}"
+            work.mkdir()
+            rows.append(nodeloss.trial(bed, str(work), kill_at_s=kill_at, rejoin_after_s=2.0 if i == 0 else None,
+                                       port=29714, delay=0.002, timeout=110, env=_env(), cwd=str(ROOT)))
+    for row in rows:
+        assert row["completed"] and row["exactly_once"], {k: v for k, v in row.items() if k != "logs"} | {"logs": row.get("logs")}
+
+
+@pytest.mark.timeout(60)
+def test_a_store_advertised_by_a_loopback_host_name_ends_in_one_line_naming_it():
+    """What a worker of node 1 says when it was told to find the store at a host name that is
+    loopback on its own host (the hang of issue 29, now bounded)."""
+    import socket
+
+    from dtrain.errors import LaunchError
+    from dtrain.reach import connect_store, resolves_to
+
+    name = socket.gethostname()
+    if not (resolves_to(name) or "").startswith("127."):
+        pytest.skip(f"host name {name} does not resolve to loopback here")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nobody listens there
+    world = SimpleNamespace(master_addr=name, master_port=port, node_rank=1, rank=1)
+    start = time.monotonic()
+    with pytest.raises(LaunchError) as err:
+        connect_store(world, 2.0)
+    text = str(err.value)
+    assert time.monotonic() - start < 30 and "\n" not in text
+    assert text.startswith("node 1") and f"could not connect to the store at {name}:{port} within 2 s" in text
+    assert f"{name} resolves to 127." in text and "--local-addr" in text and "/etc/hosts" in text
