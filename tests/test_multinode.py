@@ -133,10 +133,11 @@ def _listeners(ns: str) -> set[str]:
 def test_elastic_job_on_hosts_whose_name_is_loopback_trains_and_listens_on_bed_addresses(tmp_path):
     """The job of issue 29 (which hung forever in init_process_group), on digits."""
     with netbed.NetBed(hosts=2, shared_name="vm") as bed:
-        cmd = lambda rank, master: [sys.executable, "-m", "dtrain", "train", "--task", "digits", "--max-steps", "40",
-                                    "--nnodes", "1:2", "--master-addr", master, "--master-port", "29712",
-                                    "--checkpoint-dir", str(tmp_path / "ck"), "--save-every", "20",
-                                    "--ledger", str(tmp_path / "ledger"), "--startup-timeout", "60"]
+        def cmd(rank, master):
+            return [sys.executable, "-m", "dtrain", "train", "--task", "digits", "--max-steps", "40",
+                    "--nnodes", "1:2", "--master-addr", master, "--master-port", "29712",
+                    "--checkpoint-dir", str(tmp_path / "ck"), "--save-every", "20",
+                    "--ledger", str(tmp_path / "ledger"), "--startup-timeout", "60"]
         seen: set[str] = set()
         import threading
 

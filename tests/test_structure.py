@@ -67,7 +67,7 @@ LAYERS = {
     "strategies": 3, "parallel": 3, "precision": 3, "comm": 3, "data": 3, "checkpoint": 3, "metrics": 3, "diag": 3,
     "collectives": 3, "options": 3, "transforms": 3, "convnets": 3,
     # 4: the ground
-    "world": 4, "netif": 4, "slurm": 4, "errors": 4, "_log": 4, "_version": 4, "_check": 4,
+    "world": 4, "netif": 4, "reach": 4, "slurm": 4, "errors": 4, "_log": 4, "_version": 4, "_check": 4,
 }
 """Each top-level module or folder of dtrain and its floor; a module may import its own floor and those below."""
 
