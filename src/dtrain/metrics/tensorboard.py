@@ -18,8 +18,11 @@ def check_tensorboard(logdir: str) -> None:
     import importlib.util
     import os
 
+    from .._check import output_dir
+
     if os.path.exists(logdir) and not os.path.isdir(logdir):
         raise ConfigError(f"--tensorboard {logdir} is a file; give a folder for the event files.")
+    output_dir("--tensorboard", logdir)  # under a file, or where nothing can be written (/proc)
     if importlib.util.find_spec("tensorboard") is None:
         raise ConfigError(f"--tensorboard {logdir} needs the tensorboard package; pip install 'dtrain[tensorboard]' (or tensorboard).")
 
