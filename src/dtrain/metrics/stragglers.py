@@ -23,6 +23,7 @@ per log interval by the loop.
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass
 from typing import Any
@@ -59,7 +60,7 @@ class StragglerConfig:
     def __post_init__(self) -> None:
         if self.window < 1:
             raise ConfigError(f"--straggler-window must be >= 1 step, got {self.window}.")
-        if not self.threshold > 1.0:
+        if not (self.threshold > 1.0 and math.isfinite(self.threshold)):  # inf or nan would name no rank, ever
             raise ConfigError(f"--straggler-threshold must be > 1 (a ratio to the median step), got {self.threshold}; e.g. 1.3.")
         if not 0.0 < self.comm_share <= 1.0:
             raise ConfigError(f"comm_share must be in (0, 1], got {self.comm_share}; e.g. 0.5.")

@@ -109,7 +109,10 @@ class TrainConfig:
         if self.tensorboard is not None:
             check_tensorboard(self.tensorboard)
         if self.trace is not None:
-            parse_steps(self.trace)
+            start, end = parse_steps(self.trace)
+            if self.max_steps is not None and start > self.max_steps:
+                raise ConfigError(f"--trace {self.trace}: --max-steps {self.max_steps} ends the run before step {start}, so "
+                                  f"nothing would be traced; pick steps inside 1..{self.max_steps}.")
             check.output_file("--trace-file", self.trace_file)
             if not self.breakdown:
                 raise ConfigError("--trace draws the breakdown's spans; drop --no-breakdown.")

@@ -144,7 +144,7 @@ def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) ->
     meter = Throughput()
     wait = ctx.breakdown.data  # the breakdown's data wait (the loop marks each step's start and batch)
     obs = Observer(ctx, model, optimizer, cfg.stragglers, enabled=cfg.breakdown, tensorboard=cfg.tensorboard,
-                   trace=cfg.trace, trace_file=cfg.trace_file, first_step=step)
+                   trace=cfg.trace, trace_file=cfg.trace_file, first_step=step, total=total)
     window_loss = torch.zeros((), device=ctx.device)
     window_steps, last_loss, start_step, save_block_s = 0, float("nan"), step, 0.0
     k = cfg.grad_accum
