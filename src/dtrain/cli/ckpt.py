@@ -95,7 +95,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     else:
         targets = [resolve(path)]  # raises for a folder that holds no checkpoint
         if os.path.isfile(path):
-            v = verify(path)
+            v = verify(path, load=False)  # no torch.save archive at all: a wrong path, not a failed check
             if not v.ok:
                 raise CheckpointError(f"{v.problem}; give a checkpoint folder, a --checkpoint-dir or a .pt file.")
     bad = 0
