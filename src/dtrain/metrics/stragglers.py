@@ -87,6 +87,8 @@ class StragglerDetector:
         steps is complete (an empty list otherwise, and always on a healthy run)."""
         if len(per_rank) < 2 or per_rank[0] is None:
             return []
+        if any(w is not None and w["median_ms"].get("own") is None for w in per_rank):
+            return []  # staged steps (pipeline): a stage's own time is not told apart from its waits (breakdown.py)
         self._intervals.append(per_rank)
         self._steps += per_rank[0]["steps"]
         if self._steps < self.config.window:

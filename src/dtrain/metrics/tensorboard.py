@@ -54,7 +54,8 @@ class TensorBoardSink:
             if window is None:
                 continue
             for phase, ms in window["median_ms"].items():
-                self._w.add_scalar(f"breakdown/{phase}_ms/rank{rank}", ms, step)
+                if ms is not None:  # None: not measured (pipeline's forward/backward/comm)
+                    self._w.add_scalar(f"breakdown/{phase}_ms/rank{rank}", ms, step)
         for rank, mib in enumerate(record.get("peak_mib") or []):
             if mib is not None:
                 self._w.add_scalar(f"memory/peak_mib/rank{rank}", mib, step)
