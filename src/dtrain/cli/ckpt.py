@@ -170,8 +170,10 @@ def _with_sharded(path: str) -> Any:
 
 def cmd_consolidate(args: argparse.Namespace) -> int:
     """Sharded checkpoints (fsdp, hsdp, pipeline) are read whole, in this one process."""
+    from .. import _check as check
     from ..checkpoint import atomic_save
 
+    check.output_file("ckpt consolidate OUT", args.out)  # before reading a large checkpoint
     path = resolve(args.path)
     state = _with_sharded(path)
     objects = state.get("objects") if isinstance(state, dict) else None

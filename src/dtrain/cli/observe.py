@@ -39,4 +39,4 @@ def observe_options(args: argparse.Namespace) -> dict[str, Any]:
     stragglers = StragglerConfig(window=defaults.window if args.straggler_window is None else args.straggler_window,
                                  threshold=defaults.threshold if args.straggler_threshold is None else args.straggler_threshold)
     return {"breakdown": args.breakdown, "tensorboard": args.tensorboard, "trace": args.trace,
-            "trace_file": args.trace_file or "dtrain-trace.json", "stragglers": stragglers}
+            "trace_file": "dtrain-trace.json" if args.trace_file is None else args.trace_file, "stragglers": stragglers}

@@ -176,6 +176,7 @@ def stats(rows: list[tuple[float, ...]]) -> dict[str, Any] | None:
     time, and ``note`` says so."""
     if not rows:
         return None
+    rows = [(*r, *[0.0] * (len(_COLUMNS) - len(r))) for r in rows]  # rows of PHASES alone: no schedule lap
     staged = any(r[_COLUMNS.index(SCHEDULE)] > 0 for r in rows)
     cols = {p: [r[i] for r in rows] for i, p in enumerate(_COLUMNS) if staged or p != SCHEDULE}
     cols["step"] = [sum(r) for r in rows]

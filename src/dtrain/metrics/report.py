@@ -167,6 +167,8 @@ def render(run_dir: str, out: str | None = None) -> dict[str, str]:
         timeline = trace_timeline(trace, plt)
         if timeline is not None:
             paths["timeline"] = _save(timeline, plt, out, "timeline.png")
+        else:
+            logger.warning(f"{trace} is not a dtrain trace (no spans of the types --trace writes); no timeline drawn.")
 
     paths["markdown"] = os.path.join(out, "report.md")
     with open(paths["markdown"], "w", encoding="utf-8") as fh:

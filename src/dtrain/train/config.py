@@ -98,6 +98,8 @@ class TrainConfig:
             check_accum(self.batch_size, self.grad_accum)
         if self.save_every is not None and not self.checkpoint_dir:
             raise ConfigError("--save-every needs --checkpoint-dir, the folder to write checkpoints to.")
+        if self.async_save and not self.checkpoint_dir:
+            raise ConfigError("--async-save needs --checkpoint-dir, the folder to write checkpoints to (without it nothing is saved).")
         if self.resume and not self.checkpoint_dir:
             raise ConfigError("--resume needs --checkpoint-dir, the folder holding the checkpoints to resume from.")
         if self.ledger is not None:
