@@ -11,7 +11,10 @@ module="dtrain.testing.netbed")``, or ``Case(id, py="...")``: a Python snippet r
 ``DtrainError`` is printed as ``dtrain: error: <message>`` with exit status 2, so both kinds are
 judged alike. Every case runs in a fresh folder of fixtures (see ``make_fixtures``), as a
 subprocess with a timeout. Clear = exit status 2, stderr's last non-empty line starts with
-``dtrain: error:``, only one such line, and no ``Traceback`` nor C++ ``frame #`` anywhere.
+``dtrain: error:``, only one such line, and no ``Traceback`` nor C++ ``frame #`` anywhere. A case
+whose right answer is not a refusal names it: ``rc=0, says="..."`` (accepted with a warning that
+names the value, or a fallback such as "skipping checkpoint"), ``rc=1, says="FAIL ..."`` (a
+verdict). Silent = exit 0 where a refusal or that warning was due.
 """
 
 from __future__ import annotations
@@ -393,7 +396,9 @@ NEW_FLAG_CASES = [
     Case("train-async-save-no-dir", [*S, "--async-save"]),
     Case("train-stall-timeout-word", [*S, "--stall-timeout", "soon"]),
 ]
-CASES += NEW_FLAG_CASES
+ALL_CASES = [*CASES, *NEW_FLAG_CASES]
+"""What the benchmark runs: issue 22's cases (``CASES``, tried by tests/test_bad_inputs.py) and issue
+32's (``NEW_FLAG_CASES``, tried by tests/test_bad_inputs_new_flags.py)."""
 
 TASKS_BAD = '''
 import torch
@@ -676,9 +681,9 @@ def main() -> int:
     args = parser.parse_args()
     global SRC
     SRC = args.src or SRC
-    ids = [c.id for c in CASES]
+    ids = [c.id for c in ALL_CASES]
     assert len(ids) == len(set(ids)), "case ids must be unique"
-    cases = [c for c in CASES if args.k is None or args.k in c.id]
+    cases = [c for c in ALL_CASES if args.k is None or args.k in c.id]
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
         results = list(pool.map(lambda c: run_case(c, args.timeout), cases))
     for r in results:
