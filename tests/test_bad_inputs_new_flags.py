@@ -18,7 +18,12 @@ import torch
 from dtrain.cli import main as cli_main
 from dtrain.errors import CheckpointError, ConfigError
 from dtrain.testing import run_cli
-from tests.test_bad_inputs import _one_line, _restore_dtrain_logger, bad_inputs, fixtures  # noqa: F401 (fixtures)
+from tests import test_bad_inputs as base
+
+# The helpers of issue 22's tests: the case list, the fixture folder, the one-line check, and the
+# dtrain logger given back after each test (autouse).
+bad_inputs, _one_line = base.bad_inputs, base._one_line
+fixtures, _restore_dtrain_logger = base.fixtures, base._restore_dtrain_logger
 
 _NEW = bad_inputs.NEW_FLAG_CASES
 _REFUSED = [c for c in _NEW if c.argv is not None and c.fast and c.says is None]
@@ -55,8 +60,9 @@ def test_new_flag_input_gets_its_verdict_or_warning(case, fixtures, capsys):
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("case", _API, ids=[c.id for c in _API])
 def test_new_api_bad_input_raises_one_line(case, fixtures):
-    import dtrain
     from torch import nn
+
+    import dtrain
 
     with pytest.raises(dtrain.DtrainError) as info:
         exec(compile(case.py, f"<{case.id}>", "exec"), {"dtrain": dtrain, "torch": torch, "nn": nn})
@@ -300,8 +306,9 @@ def test_local_rank_arg_none_with_a_script_that_requires_it(fixtures):
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_resume_falls_back_past_a_state_that_pickles_a_function(fixtures, capsys):
-    import dtrain
     from torch import nn
+
+    import dtrain
 
     with pytest.raises(SystemExit) as info:
         exec(compile(bad_inputs.RESUME_PAST_FUNCTION, "<resume>", "exec"), {"dtrain": dtrain, "torch": torch, "nn": nn})
