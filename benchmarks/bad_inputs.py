@@ -86,7 +86,8 @@ CASES: list[Case] = [
     Case("doctor-timeout-negative", ["doctor", "--timeout", "-1"]),
     Case("run-master-addr-not-a-host", ["run", "-n", "2", "--master-addr", "not a host!!", "ok.py"]),
     Case("ckpt-verify-nonexistent", ["ckpt", "verify", "/nonexistent"], owner="checkpoint"),
-    Case("ckpt-verify-crafted-sharded", ["ckpt", "verify", "crafted"], owner="checkpoint", fast=False),
+    # A verdict, not a refusal: verify prints FAIL and exits 1, as for every checkpoint that fails (issue 22's merge).
+    Case("ckpt-verify-crafted-sharded", ["ckpt", "verify", "crafted"], owner="checkpoint", fast=False, rc=1, says="FAIL"),
     Case("ckpt-verify-random-bytes", ["ckpt", "verify", "random.bin"], owner="checkpoint"),
     # -- more: dtrain train --------------------------------------------------------------------
     Case("train-lr-nan", [*S, "--lr", "nan"]),
@@ -674,6 +675,8 @@ def per_case(results: list[Result]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("-k", default=None, help="only cases whose id contains this")
+    parser.add_argument("--set", choices=("all", "old", "new"), default="all",
+                        help="old: issue 22's cases; new: issue 32's (the flags added since); all (default)")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds per case before it counts as a hang")
     parser.add_argument("--jobs", type=int, default=2, help="cases at a time")
     parser.add_argument("--markdown", default=None, metavar="FILE", help="write the table and the per-case list here")
@@ -683,7 +686,8 @@ def main() -> int:
     SRC = args.src or SRC
     ids = [c.id for c in ALL_CASES]
     assert len(ids) == len(set(ids)), "case ids must be unique"
-    cases = [c for c in ALL_CASES if args.k is None or args.k in c.id]
+    chosen = {"all": ALL_CASES, "old": CASES, "new": NEW_FLAG_CASES}[args.set]
+    cases = [c for c in chosen if args.k is None or args.k in c.id]
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
         results = list(pool.map(lambda c: run_case(c, args.timeout), cases))
     for r in results:
