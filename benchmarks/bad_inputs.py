@@ -11,12 +11,16 @@ module="dtrain.testing.netbed")``, or ``Case(id, py="...")``: a Python snippet r
 ``DtrainError`` is printed as ``dtrain: error: <message>`` with exit status 2, so both kinds are
 judged alike. Every case runs in a fresh folder of fixtures (see ``make_fixtures``), as a
 subprocess with a timeout. Clear = exit status 2, stderr's last non-empty line starts with
-``dtrain: error:``, only one such line, and no ``Traceback`` nor C++ ``frame #`` anywhere.
+``dtrain: error:``, only one such line, and no ``Traceback`` nor C++ ``frame #`` anywhere. A case
+whose right answer is not a refusal names it: ``rc=0, says="..."`` (accepted with a warning that
+names the value, or a fallback such as "skipping checkpoint"), ``rc=1, says="FAIL ..."`` (a
+verdict). Silent = exit 0 where a refusal or that warning was due.
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
 import concurrent.futures
 import datetime
 import os
@@ -43,6 +47,14 @@ class Case:
     """Who fixes it when it is not this branch's part of issue 22 (e.g. "checkpoint")."""
     fast: bool = True
     """Fails in argument checking, before any worker or training starts (tests run these in-process)."""
+    rc: int = 2
+    """The exit status a clear answer has: 2 for a mistake refused (the default); 0 for an input
+    accepted with a named warning or a fallback, 1 for a verdict (ckpt verify's FAIL)."""
+    says: str | None = None
+    """With ``rc``: what the output must say (e.g. "skipping checkpoint", "INVALID"); exit 0
+    without it is a silent acceptance."""
+    mem_gib: float | None = None
+    """Address-space cap for the case (a header claiming 200 million samples must not allocate them)."""
 
 
 S = ["train", "--task", "synthetic", "--task-arg", "samples=256"]  # a small, quick training job
@@ -74,7 +86,8 @@ CASES: list[Case] = [
     Case("doctor-timeout-negative", ["doctor", "--timeout", "-1"]),
     Case("run-master-addr-not-a-host", ["run", "-n", "2", "--master-addr", "not a host!!", "ok.py"]),
     Case("ckpt-verify-nonexistent", ["ckpt", "verify", "/nonexistent"], owner="checkpoint"),
-    Case("ckpt-verify-crafted-sharded", ["ckpt", "verify", "crafted"], owner="checkpoint", fast=False),
+    # A verdict, not a refusal: verify prints FAIL and exits 1, as for every checkpoint that fails (issue 22's merge).
+    Case("ckpt-verify-crafted-sharded", ["ckpt", "verify", "crafted"], owner="checkpoint", fast=False, rc=1, says="FAIL"),
     Case("ckpt-verify-random-bytes", ["ckpt", "verify", "random.bin"], owner="checkpoint"),
     # -- more: dtrain train --------------------------------------------------------------------
     Case("train-lr-nan", [*S, "--lr", "nan"]),
@@ -243,6 +256,151 @@ CASES: list[Case] = [
     Case("api-world-rank-out", py="dtrain.World(rank=3, size=2)"),
 ]
 
+
+RESUME_PAST_FUNCTION = """
+import os, sys
+from dtrain.cli import main
+from dtrain.checkpoint.store import write_checkpoint
+base = ["train", "--task", "synthetic", "--task-arg", "samples=64", "--batch-size", "16", "--checkpoint-dir", "ck"]
+assert main([*base, "--max-steps", "2", "--save-every", "1"]) == 0
+state = torch.load("ck/step-00000002/state.pt", weights_only=True)
+state["extra"]["hook"] = os.getcwd  # a function: loading refuses it
+write_checkpoint("ck", 2, {"state.pt": state}, {"world_size": 1})
+sys.exit(main([*base, "--max-steps", "4", "--resume"]))
+"""
+
+# -- issue 32: the flags and commands added since issue 22's pass ----------------------------------
+E = [*S, "--nnodes", "1:2", "--master-addr", "127.0.0.1", "--checkpoint-dir", "ck"]  # an elastic job on one node
+T = [*S, "--max-steps", "3", "--log-every", "1"]  # three steps
+NEW_FLAG_CASES = [
+    # output paths: refused at start, not after training started
+    Case("train-ledger-proc", [*S, "--ledger", "/proc/dtrain-ledger"]),
+    Case("train-ledger-under-file", [*S, "--ledger", "afile/ledger"]),
+    Case("train-ledger-is-file", [*S, "--ledger", "afile"]),
+    Case("train-ledger-empty", [*S, "--ledger", ""]),
+    Case("train-tensorboard-proc", [*S, "--tensorboard", "/proc/dtrain-tb"]),
+    Case("train-tensorboard-under-file", [*S, "--tensorboard", "afile/tb"]),
+    Case("train-tensorboard-is-file", [*S, "--tensorboard", "afile"]),
+    Case("train-trace-file-proc", [*S, "--trace", "1:2", "--trace-file", "/proc/dtrain-trace.json"]),
+    Case("train-trace-file-under-file", [*S, "--trace", "1:2", "--trace-file", "afile/t.json"]),
+    Case("train-trace-file-is-dir", [*S, "--trace", "1:2", "--trace-file", "emptydir"]),
+    Case("train-trace-file-empty", [*S, "--trace", "1:2", "--trace-file", ""]),
+    Case("train-metrics-file-proc", [*S, "--metrics-file", "/proc/dtrain-m.jsonl"]),
+    Case("train-checkpoint-dir-proc", [*S, "--checkpoint-dir", "/proc/dtrain-ck"]),
+    Case("train-run-dir-proc", [*S, "--run-dir", "/proc/dtrain-run"]),
+    Case("run-run-dir-proc", ["run", "-n", "2", "--run-dir", "/proc/dtrain-run", "ok.py"]),
+    Case("report-out-under-file", ["report", "run_ok", "--out", "afile/rep"]),
+    Case("report-out-proc", ["report", "run_ok", "--out", "/proc/dtrain-rep"]),
+    Case("ckpt-consolidate-out-under-file", ["ckpt", "consolidate", "funcck/step-00000001", "afile/x.pt"], owner="checkpoint"),
+    # values that switch a feature off: refused, or named in a warning
+    Case("train-straggler-threshold-inf", [*S, "--straggler-threshold", "inf"]),
+    Case("train-straggler-threshold-nan", [*S, "--straggler-threshold", "nan"]),
+    Case("train-straggler-threshold-1", [*S, "--straggler-threshold", "1"]),
+    Case("train-straggler-threshold-neg", [*S, "--straggler-threshold", "-2"]),
+    Case("train-straggler-threshold-word", [*S, "--straggler-threshold", "high"]),
+    Case("train-straggler-window-0", [*S, "--straggler-window", "0"]),
+    Case("train-straggler-window-neg", [*S, "--straggler-window", "-5"]),
+    Case("train-straggler-window-float", [*S, "--straggler-window", "2.5"]),
+    Case("train-straggler-window-no-breakdown", [*S, "--no-breakdown", "--straggler-window", "5"]),
+    Case("train-straggler-threshold-no-breakdown", [*S, "--no-breakdown", "--straggler-threshold", "2"]),
+    Case("train-trace-file-without-trace", [*S, "--trace-file", "t.json"]),
+    Case("train-trace-no-breakdown", [*S, "--trace", "1:2", "--no-breakdown"]),
+    Case("train-trace-word", [*S, "--trace", "abc"]),
+    Case("train-trace-reversed", [*S, "--trace", "5:2"]),
+    Case("train-trace-start-0", [*S, "--trace", "0:3"]),
+    Case("train-trace-empty-range", [*S, "--trace", "3:3"]),
+    Case("train-trace-float", [*S, "--trace", "1.5:3"]),
+    Case("train-trace-three-parts", [*S, "--trace", "1:2:3"]),
+    Case("train-trace-past-max-steps", [*T, "--trace", "5:7"]),
+    Case("train-trace-past-run", [*S, "--batch-size", "64", "--epochs", "1", "--trace", "50:60"], fast=False),
+    Case("train-trace-ends-inside", [*T, "--trace", "2:100"], fast=False, rc=0, says="the trace holds steps 2 to 3"),
+    # elastic flags
+    Case("train-rdzv-last-call-nan", [*E, "--rdzv-last-call", "nan"]),
+    Case("train-rdzv-last-call-inf", [*E, "--rdzv-last-call", "inf"]),
+    Case("train-rdzv-last-call-neg", [*E, "--rdzv-last-call", "-1"]),
+    Case("train-rdzv-timeout-0", [*E, "--rdzv-timeout", "0"]),
+    Case("train-rdzv-timeout-nan", [*E, "--rdzv-timeout", "nan"]),
+    Case("train-rdzv-timeout-word", [*E, "--rdzv-timeout", "soon"]),
+    Case("train-nnodes-reversed", [*S, "--nnodes", "3:1", "--master-addr", "127.0.0.1", "--checkpoint-dir", "ck"]),
+    Case("train-nnodes-min-0", [*S, "--nnodes", "0:2", "--master-addr", "127.0.0.1", "--checkpoint-dir", "ck"]),
+    Case("train-nnodes-words", [*S, "--nnodes", "a:b"]),
+    Case("train-nnodes-three-parts", [*S, "--nnodes", "1:2:3"]),
+    Case("train-nnodes-elastic-no-checkpoint-dir", [*S, "--nnodes", "1:2", "--master-addr", "127.0.0.1"]),
+    Case("train-nnodes-elastic-no-master-addr", [*S, "--nnodes", "1:2", "--checkpoint-dir", "ck"]),
+    Case("train-nnodes-elastic-spawn", [*E, "--launcher", "spawn"]),
+    Case("train-elastic-batch-global-fixed-size", [*S, "--elastic-batch", "global"]),
+    Case("train-elastic-batch-unknown", [*S, "--elastic-batch", "local"]),
+    Case("run-rdzv-last-call-nan", ["run", "--nnodes", "1:2", "--master-addr", "127.0.0.1", "--rdzv-last-call", "nan", "ok.py"]),
+    # --parallel
+    Case("train-parallel-repeated", [*S, "--parallel", "tp=2,tp=1"]),
+    Case("train-parallel-repeated-same", [*S, "-n", "2", "--parallel", "dp_shard=2,dp_shard=2"]),
+    Case("train-parallel-unknown-name", [*S, "--parallel", "ep=2"]),
+    Case("train-parallel-zero", [*S, "--parallel", "tp=0"]),
+    Case("train-parallel-negative", [*S, "-n", "2", "--parallel", "tp=-2"]),
+    Case("train-parallel-empty", [*S, "--parallel", ""]),
+    Case("train-parallel-not-number", [*S, "--parallel", "tp=two"]),
+    Case("train-parallel-product", [*S, "-n", "2", "--parallel", "tp=4"]),
+    Case("train-parallel-and-strategy", [*S, "-n", "2", "--strategy", "fsdp", "--parallel", "dp_shard=2"]),
+    Case("run-parallel-repeated", ["run", "-n", "2", "--parallel", "tp=2,tp=1", "ok.py"]),
+    Case("bench-parallel-repeated", ["bench", "--methods", "reference", "--parallel", "pp=2,pp=2"]),
+    Case("api-init-parallel-unknown", py="dtrain.init(parallel={'ep': 2})"),
+    Case("api-init-parallel-repeated", py="dtrain.init(parallel='tp=1,tp=1')"),
+    # dtrain ckpt ledger
+    Case("ckpt-ledger-missing", ["ckpt", "ledger", "/nonexistent"]),
+    Case("ckpt-ledger-file", ["ckpt", "ledger", "afile"]),
+    Case("ckpt-ledger-no-files", ["ckpt", "ledger", "emptydir"]),
+    Case("ckpt-ledger-binary", ["ckpt", "ledger", "ledger_binary"]),
+    Case("ckpt-ledger-wrong-types", ["ckpt", "ledger", "ledger_types"]),
+    Case("ckpt-ledger-header-begin-word", ["ckpt", "ledger", "ledger_header"]),
+    Case("ckpt-ledger-string-steps", ["ckpt", "ledger", "ledger_strings"]),
+    Case("ckpt-ledger-not-records", ["ckpt", "ledger", "ledger_lists"]),
+    Case("ckpt-ledger-index-out-of-range", ["ckpt", "ledger", "ledger_range"]),
+    Case("ckpt-ledger-file-is-dir", ["ckpt", "ledger", "ledger_dirfile"]),
+    Case("ckpt-ledger-200-million", ["ckpt", "ledger", "ledger_huge"], rc=0, says="199999998", mem_gib=4),
+    # dtrain report
+    Case("report-missing", ["report", "/nonexistent"]),
+    Case("report-file", ["report", "afile"]),
+    Case("report-empty-dir", ["report", "emptydir"]),
+    Case("report-binary", ["report", "run_binary"]),
+    Case("report-step-string", ["report", "run_strings"]),
+    Case("report-metrics-is-dir", ["report", "run_dir_metrics"]),
+    Case("report-result-not-object", ["report", "run_result_list"], rc=0, says="is not a result record"),
+    Case("report-fields-wrong-types", ["report", "run_fields"], rc=0, says="of the wrong type"),
+    Case("report-trace-garbage", ["report", "run_trace"], rc=0, says="not a dtrain trace"),
+    # dtrain run --local-rank-arg
+    Case("run-local-rank-arg-takes-script", ["run", "-n", "2", "--local-rank-arg", "plain.py", "-a", "x"]),
+    Case("run-local-rank-arg-word", ["run", "-n", "2", "--local-rank-arg=local_rank", "plain.py"]),
+    Case("run-local-rank-arg-single-dash", ["run", "-n", "2", "--local-rank-arg=-l", "plain.py"]),
+    Case("run-local-rank-arg-flag-spaced", ["run", "-n", "2", "--local-rank-arg", "--local_rank", "plain.py"]),
+    Case("run-local-rank-arg-none-required", ["run", "-n", "2", "--local-rank-arg", "none", "needs_lr.py"], fast=False),
+    # checkpoints that pickle a function: judged as loading judges them; everything falls back past them
+    Case("ckpt-verify-function-state", ["ckpt", "verify", "funcck"], owner="checkpoint", rc=1, says="FAIL funcck/step-00000002"),
+    Case("ckpt-ls-function-state", ["ckpt", "ls", "funcck"], owner="checkpoint", rc=0, says="INVALID"),
+    Case("ckpt-verify-function-file", ["ckpt", "verify", "func.pt"], owner="checkpoint", rc=1, says="FAIL func.pt"),
+    Case("ckpt-diff-function-falls-back", ["ckpt", "diff", "funcck", "funcck/step-00000001"], owner="checkpoint", rc=0,
+         says="skipping checkpoint"),
+    Case("ckpt-consolidate-function-falls-back", ["ckpt", "consolidate", "funcck", "out.pt"], owner="checkpoint", rc=0,
+         says="skipping checkpoint"),
+    Case("ckpt-diff-function-named", ["ckpt", "diff", "funcck/step-00000002", "funcck/step-00000001"], owner="checkpoint"),
+    Case("ckpt-consolidate-entry-unknown", ["ckpt", "consolidate", "funcck/step-00000001", "out.pt", "--entry", "nope"], owner="checkpoint"),
+    Case("train-resume-function-falls-back", py=RESUME_PAST_FUNCTION, owner="checkpoint", fast=False, rc=0,
+         says="resumed from ck/step-00000001"),
+    # other flags added since
+    Case("train-activation-checkpointing-no-blocks", [*S, "--activation-checkpointing"]),
+    Case("train-compile-and-ac-no-blocks", [*S, "--compile", "--activation-checkpointing"]),
+    Case("train-sync-bn-no-batchnorm", [*S, "-n", "2", "--sync-bn"], fast=False, rc=0, says="--sync-bn: the model has no BatchNorm"),
+    Case("train-sync-bn-one-process", [*S, "--task-arg", "model=convnet", "--sync-bn", "--max-steps", "2"], fast=False, rc=0,
+         says="--sync-bn"),
+    Case("train-channels-last-mlp", [*S, "--channels-last", "--max-steps", "2"], fast=False, rc=0, says="--channels-last: the model has no 4-D"),
+    Case("train-channels-last-fsdp", [*S, "-n", "2", "--strategy", "fsdp", "--channels-last"]),
+    Case("train-async-save-keep-0", [*S, "--checkpoint-dir", "ck", "--async-save", "--keep", "0"]),
+    Case("train-async-save-no-dir", [*S, "--async-save"]),
+    Case("train-stall-timeout-word", [*S, "--stall-timeout", "soon"]),
+]
+ALL_CASES = [*CASES, *NEW_FLAG_CASES]
+"""What the benchmark runs: issue 22's cases (``CASES``, tried by tests/test_bad_inputs.py) and issue
+32's (``NEW_FLAG_CASES``, tried by tests/test_bad_inputs_new_flags.py)."""
+
 TASKS_BAD = '''
 import torch
 from torch import nn
@@ -310,6 +468,91 @@ def make_fixtures(folder: str) -> None:
     with open(os.path.join(folder, "tasks_syntax.py"), "w") as fh:
         fh.write("def make(:\n    pass\n")
     make_crafted_checkpoint(os.path.join(folder, "crafted"), os.path.join(folder, "PWNED"))
+    make_new_flag_fixtures(folder)
+
+
+def _write(path: str, text: str | bytes) -> None:
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "wb" if isinstance(text, bytes) else "w") as fh:
+        fh.write(text)
+
+
+_TEMPLATES: dict[str, str] = {}
+
+
+def _function_checkpoints() -> str:
+    """A folder (built once per run, then copied) with ``funcck/``: step 1 a valid training state,
+    step 2 (``latest``) one whose state.pt pickles a function under correct checksums, and
+    ``func.pt``, a torch.save file holding a function."""
+    if "func" not in _TEMPLATES:
+        import hashlib
+        import json
+
+        import torch
+
+        tmpl = tempfile.mkdtemp(prefix="dtrain-bad-tmpl-")
+        for step, extra in ((1, {}), (2, {"hook": os.getcwd})):
+            folder = os.path.join(tmpl, "funcck", f"step-{step:08d}")
+            os.makedirs(folder)
+            state = {"objects": {"model": {"w": torch.full((2,), float(step))}}, "extra": extra, "step": step,
+                     "world_size": 1, "rng": [], "sharded": []}
+            torch.save(state, os.path.join(folder, "state.pt"))
+            with open(os.path.join(folder, "state.pt"), "rb") as fh:
+                data = fh.read()
+            manifest = {"format": 1, "step": step, "world_size": 1,
+                        "files": {"state.pt": {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}}}
+            _write(os.path.join(folder, "manifest.json"), json.dumps(manifest))
+        _write(os.path.join(tmpl, "funcck", "latest"), "step-00000002\n")
+        torch.save({"f": print}, os.path.join(tmpl, "func.pt"))
+        _TEMPLATES["func"] = tmpl
+        atexit.register(shutil.rmtree, tmpl, True)
+    return _TEMPLATES["func"]
+
+
+LEDGERS = {
+    "ledger_types": '{"begin": 0, "n": 8}\n{"s": 1, "e": 0, "i": 5}\n{"s": 1, "e": "zero", "i": [1]}\n',
+    "ledger_header": '{"begin": "abc", "n": 8}\n',
+    "ledger_strings": '{"begin": 0, "n": 8}\n{"s": "1", "e": 0, "i": [0, 1]}\n{"s": 2, "e": 0, "i": ["2", "3"]}\n',
+    "ledger_lists": '[1, 2]\n"text"\n{"x": 1}\n',
+    "ledger_range": '{"begin": 0, "n": 4}\n{"s": 1, "e": 0, "i": [7, 99]}\n',
+    "ledger_huge": '{"begin": 0, "n": 200000000}\n{"s": 1, "e": 0, "i": [0, 1]}\n',
+}
+RUNS = {
+    "run_ok": ('{"step": 1, "train_loss": 2.0, "samples_per_s": 10.0}\n', None),
+    "run_strings": ('{"step": "5", "train_loss": 1.0}\n{"step": true}\n', None),
+    "run_result_list": ('{"step": 1, "train_loss": 2.0}\n', "[1, 2, 3]\n"),
+    "run_fields": ('{"step": 1, "train_loss": "low", "samples_per_s": [1], "breakdown": "none", "peak_mib": {"a": 1}, '
+                   '"stragglers": [1]}\n', '{"mfu": "high", "breakdown": 5}\n'),
+}
+TRACE_GARBAGE = '{"traceEvents": [{"ph": "X", "ts": "a", "dur": 1, "pid": 0, "name": "forward"}], "otherData": [1]}\n'
+NEEDS_LOCAL_RANK = """import argparse
+p = argparse.ArgumentParser()
+p.add_argument("--local_rank", type=int, required=True)
+p.parse_args()
+"""
+
+
+def make_new_flag_fixtures(folder: str) -> None:
+    """Issue 32's inputs: broken ledgers and run folders, scripts for --local-rank-arg, checkpoints
+    that pickle a function."""
+    _write(os.path.join(folder, "plain.py"), "import argparse\np = argparse.ArgumentParser()\np.add_argument('-a')\np.parse_args()\n")
+    _write(os.path.join(folder, "needs_lr.py"), NEEDS_LOCAL_RANK)
+    tmpl = _function_checkpoints()
+    shutil.copytree(os.path.join(tmpl, "funcck"), os.path.join(folder, "funcck"))
+    shutil.copy(os.path.join(tmpl, "func.pt"), os.path.join(folder, "func.pt"))
+    name = "gen00001-rank00000.jsonl"
+    _write(os.path.join(folder, "ledger_binary", name), bytes(range(256)) * 12)
+    for d, text in LEDGERS.items():
+        _write(os.path.join(folder, d, name), text)
+    os.makedirs(os.path.join(folder, "ledger_dirfile", name))
+    for d, (metrics, result) in RUNS.items():
+        _write(os.path.join(folder, d, "metrics.jsonl"), metrics)
+        if result is not None:
+            _write(os.path.join(folder, d, "result.json"), result)
+    _write(os.path.join(folder, "run_binary", "metrics.jsonl"), bytes(range(256)) * 12)
+    os.makedirs(os.path.join(folder, "run_dir_metrics", "metrics.jsonl"))
+    _write(os.path.join(folder, "run_trace", "metrics.jsonl"), RUNS["run_ok"][0])
+    _write(os.path.join(folder, "run_trace", "trace.json"), TRACE_GARBAGE)
 
 
 class _Boom:
@@ -344,8 +587,10 @@ class Result:
     last_line: str
 
 
-def classify(rc: int | None, out: str, err: str) -> tuple[str, str]:
-    """(verdict, last stderr line): clear, traceback, hang, or other."""
+def classify(rc: int | None, out: str, err: str, case: Case | None = None) -> tuple[str, str]:
+    """(verdict, last stderr line): clear, traceback, hang, silent (exit 0 where a refusal or a
+    named warning was due), or other. A case with ``says`` is clear when it exits with its ``rc``
+    and its output says that."""
     lines = [ln for ln in err.splitlines() if ln.strip()]
     last = lines[-1].strip() if lines else ""
     if rc is None:
@@ -353,16 +598,33 @@ def classify(rc: int | None, out: str, err: str) -> tuple[str, str]:
     text = out + err
     if "Traceback" in text or "frame #" in text:
         return "traceback", last
+    if case is not None and case.says is not None:
+        said = [ln for ln in text.splitlines() if case.says in ln]
+        if rc == case.rc and said:
+            return "clear", said[-1].strip()
+        return ("silent" if rc == 0 else "other"), last
     errors = [ln for ln in lines if ln.startswith("dtrain: error:")]
     if rc == 2 and last.startswith("dtrain: error:") and len(errors) == 1:
         return "clear", last
-    return "other", last
+    return ("silent" if rc == 0 else "other"), last
 
 
 def command(case: Case) -> list[str]:
     if case.py is not None:
         return [sys.executable, "-c", SNIPPET, case.py]
     return [sys.executable, "-m", case.module, *case.argv]
+
+
+def _mem_cap(gib: float | None):  # noqa: ANN202
+    if gib is None:
+        return None
+
+    def cap() -> None:
+        import resource
+
+        limit = int(gib * 2**30)
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    return cap
 
 
 def run_case(case: Case, timeout: float) -> Result:
@@ -374,7 +636,7 @@ def run_case(case: Case, timeout: float) -> Result:
         env.setdefault("OMP_NUM_THREADS", "1")
         t0 = time.monotonic()
         proc = subprocess.Popen(command(case), cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, start_new_session=True)
+                                text=True, start_new_session=True, preexec_fn=_mem_cap(case.mem_gib))
         try:
             out, err = proc.communicate(timeout=timeout)
             rc: int | None = proc.returncode
@@ -382,7 +644,7 @@ def run_case(case: Case, timeout: float) -> Result:
             os.killpg(proc.pid, 9)
             out, err = proc.communicate()
             rc = None
-        verdict, last = classify(rc, out, err)
+        verdict, last = classify(rc, out, err, case)
         if os.path.exists(os.path.join(folder, "PWNED")):
             verdict, last = "other", f"RAN CODE FROM THE CHECKPOINT; {last}"
         return Result(case, verdict, rc, time.monotonic() - t0, last)
@@ -390,11 +652,15 @@ def run_case(case: Case, timeout: float) -> Result:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+VERDICTS = ("clear", "traceback", "silent", "hang", "other")
+
+
 def table(results: list[Result]) -> str:
-    counts = {v: sum(r.verdict == v for r in results) for v in ("clear", "traceback", "hang", "other")}
+    counts = {v: sum(r.verdict == v for r in results) for v in VERDICTS}
     return (
-        "| tried | one line, exit 2 | tracebacks | hangs | other |\n| ---: | ---: | ---: | ---: | ---: |\n"
-        f"| {len(results)} | {counts['clear']} | {counts['traceback']} | {counts['hang']} | {counts['other']} |\n"
+        "| tried | one line (or named warning / verdict) | tracebacks | silent | hangs | other |\n"
+        "| ---: | ---: | ---: | ---: | ---: | ---: |\n"
+        f"| {len(results)} | {counts['clear']} | {counts['traceback']} | {counts['silent']} | {counts['hang']} | {counts['other']} |\n"
     )
 
 
@@ -409,6 +675,8 @@ def per_case(results: list[Result]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("-k", default=None, help="only cases whose id contains this")
+    parser.add_argument("--set", choices=("all", "old", "new"), default="all",
+                        help="old: issue 22's cases; new: issue 32's (the flags added since); all (default)")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds per case before it counts as a hang")
     parser.add_argument("--jobs", type=int, default=2, help="cases at a time")
     parser.add_argument("--markdown", default=None, metavar="FILE", help="write the table and the per-case list here")
@@ -416,9 +684,10 @@ def main() -> int:
     args = parser.parse_args()
     global SRC
     SRC = args.src or SRC
-    ids = [c.id for c in CASES]
+    ids = [c.id for c in ALL_CASES]
     assert len(ids) == len(set(ids)), "case ids must be unique"
-    cases = [c for c in CASES if args.k is None or args.k in c.id]
+    chosen = {"all": ALL_CASES, "old": CASES, "new": NEW_FLAG_CASES}[args.set]
+    cases = [c for c in chosen if args.k is None or args.k in c.id]
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
         results = list(pool.map(lambda c: run_case(c, args.timeout), cases))
     for r in results:

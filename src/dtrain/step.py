@@ -19,7 +19,7 @@ from . import _check as check
 from .collectives import Collectives
 from .convnets import to_channels_last
 from .errors import ConfigError
-from .metrics.breakdown import StepBreakdown
+from .metrics.breakdown import SCHEDULE, StepBreakdown
 from .precision import Precision
 from .strategies.base import ForwardingOptimizer, Strategy
 
@@ -155,9 +155,11 @@ class Step:
     def forward_backward(self, model: nn.Module, inputs: Any, target: Any,
                          loss_fn: Callable[[Any, Any], torch.Tensor]) -> torch.Tensor:
         if self.strategy.capabilities.staged_step and self.collectives.world.distributed:
-            return self.strategy.forward_backward(inner_module(model), inputs, target, loss_fn,
+            loss = self.strategy.forward_backward(inner_module(model), inputs, target, loss_fn,
                                                   accumulation_steps=self.accum_steps, precision=self.precision,
                                                   collectives=self.collectives)
+            self.breakdown.lap(SCHEDULE)  # forward, backward and sends, interleaved: one lap (metrics/breakdown.py)
+            return loss
         loss = loss_fn(model(inputs), target)
         self.backward(loss)
         return loss.detach()

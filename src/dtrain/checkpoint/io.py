@@ -50,13 +50,14 @@ def _fsync_dir(folder: str) -> None:
         os.close(fd)
 
 
-def safe_load(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> Any:
-    """torch.load with ``weights_only=True``; every failure is a CheckpointError naming the file."""
+def safe_load(path: str | os.PathLike, map_location: str | torch.device = "cpu", *, mmap: bool = False) -> Any:
+    """torch.load with ``weights_only=True``; every failure is a CheckpointError naming the file.
+    ``mmap``: map the tensors' bytes rather than read them (a check of what the file holds)."""
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise CheckpointError(f"checkpoint {path} does not exist.")
     try:
-        return torch.load(path, map_location=map_location, weights_only=True)
+        return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except (pickle.UnpicklingError, zipfile.BadZipFile, EOFError, RuntimeError, ValueError, TypeError, AttributeError) as exc:
         raise CheckpointError(f"checkpoint {path} cannot be read ({load_refusal(exc)}); it is truncated, corrupt or not a dtrain checkpoint.") from None
 

@@ -108,14 +108,9 @@ def _refusal(folder: str, path: str, holder: Holder) -> CheckpointError:
 
 def _check_folder(folder: str) -> None:
     """A folder that is a file, or cannot be created or written, fails here, before training."""
-    if os.path.exists(folder) and not os.path.isdir(folder):
-        raise CheckpointError(f"checkpoint folder {folder} is a file, not a folder; give a folder path to --checkpoint-dir.")
-    try:
-        os.makedirs(folder, exist_ok=True)
-    except OSError as exc:
-        raise CheckpointError(f"cannot create checkpoint folder {folder}: {exc.strerror or exc}; choose a writable --checkpoint-dir.") from None
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise CheckpointError(f"checkpoint folder {folder} is not writable; choose a writable --checkpoint-dir.")
+    from .._check import make_dir
+
+    make_dir("checkpoint folder", folder, "--checkpoint-dir", CheckpointError)
 
 
 def preflight(folder: str, *, check_holder: bool = True) -> None:

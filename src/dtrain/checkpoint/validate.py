@@ -130,12 +130,32 @@ def _file_set_problem(path: str, listed: set[str]) -> str | None:
     return None
 
 
-def verify(path: str) -> Verdict:
-    """Check a checkpoint folder (or a single ``.pt`` file) without unpickling anything."""
+def verify(path: str, *, load: bool = True) -> Verdict:
+    """Check a checkpoint folder (or a single ``.pt`` file) as loading will: the manifest, the
+    checksums and the sharded metadata first, then (``load``) its ``state.pt`` through the same
+    safe loader a load uses (``weights_only=True``; memory-mapped, so tensors are not read) and
+    what a training state must hold. A state that pickles a function passes its checksums and is
+    refused here, so ``ckpt ls/verify`` say so and a resume falls back past it."""
     if not os.path.exists(path):
         return Verdict(path, None, False, f"{path} does not exist")
     if os.path.isfile(path):
-        return _verify_file(path)
+        return _verify_file(path, load=load)
+    verdict = _verify_folder(path)
+    if not (verdict.ok and load):
+        return verdict
+    try:
+        state = safe_load(os.path.join(path, STATE_FILE), map_location="cpu", mmap=True)
+    except CheckpointError as exc:
+        return Verdict(path, verdict.step, False, str(exc).rstrip("."), verdict.bytes, verdict.meta)
+    problem = state_problem(state)
+    if problem is not None:
+        return Verdict(path, verdict.step, False, f"{os.path.join(path, STATE_FILE)}: {problem}", verdict.bytes, verdict.meta)
+    return verdict
+
+
+def _verify_folder(path: str) -> Verdict:
+    """The folder's manifest, file set, checksums and sharded metadata (nothing unpickled but
+    through ``dcp_safe``'s restricted reader)."""
     manifest, problem = _read_manifest(path)
     if manifest is None:
         return Verdict(path, None, False, problem)
@@ -164,8 +184,9 @@ def verify(path: str) -> Verdict:
     return Verdict(path, step, True, "", total, manifest)
 
 
-def _verify_file(path: str) -> Verdict:
-    """A single file passes when it is a torch.save archive (what ``ctx.save`` writes)."""
+def _verify_file(path: str, *, load: bool = True) -> Verdict:
+    """A single file passes when it is a torch.save archive (what ``ctx.save`` writes) that the
+    safe loader reads (``load``)."""
     size = os.path.getsize(path)
     try:
         with zipfile.ZipFile(path) as zf:
@@ -174,6 +195,11 @@ def _verify_file(path: str) -> Verdict:
         ok = False
     if not ok:
         return Verdict(path, None, False, f"{path} is not a checkpoint (neither a checkpoint folder nor a torch.save file)", size)
+    if load:
+        try:
+            safe_load(path, map_location="cpu", mmap=True)
+        except CheckpointError as exc:
+            return Verdict(path, None, False, str(exc).rstrip("."), size)
     return Verdict(path, None, True, "single file, no checksum", size)
 
 
@@ -181,7 +207,7 @@ def read_checkpoint(path: str, name: str = STATE_FILE, map_location: Any = "cpu"
     """Verify, then load one file of a checkpoint safely. CheckpointError names file and problem."""
     if os.path.isfile(path):
         return safe_load(path, map_location=map_location)
-    verdict = verify(path)
+    verdict = verify(path, load=False)  # the load below is the state's check
     if not verdict.ok:
         raise CheckpointError(f"checkpoint {path}: {verdict.problem}.")
     return safe_load(os.path.join(path, name), map_location=map_location)

@@ -95,7 +95,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     else:
         targets = [resolve(path)]  # raises for a folder that holds no checkpoint
         if os.path.isfile(path):
-            v = verify(path)
+            v = verify(path, load=False)  # no torch.save archive at all: a wrong path, not a failed check
             if not v.ok:
                 raise CheckpointError(f"{v.problem}; give a checkpoint folder, a --checkpoint-dir or a .pt file.")
     bad = 0
@@ -170,8 +170,10 @@ def _with_sharded(path: str) -> Any:
 
 def cmd_consolidate(args: argparse.Namespace) -> int:
     """Sharded checkpoints (fsdp, hsdp, pipeline) are read whole, in this one process."""
+    from .. import _check as check
     from ..checkpoint import atomic_save
 
+    check.output_file("ckpt consolidate OUT", args.out)  # before reading a large checkpoint
     path = resolve(args.path)
     state = _with_sharded(path)
     objects = state.get("objects") if isinstance(state, dict) else None

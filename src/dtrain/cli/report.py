@@ -13,8 +13,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from .._log import configure_cli_logging
     from ..metrics.report import render
 
+    configure_cli_logging(0)  # its warnings (lines left out) as dtrain: lines
     paths = render(args.run_dir, args.out)
     print(paths["markdown"])
     return 0

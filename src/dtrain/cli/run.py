@@ -19,12 +19,25 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_launch_args(p)
     add_comm_args(p)
     add_parallel_arg(p)
-    p.add_argument("--local-rank-arg", nargs="?", const="--local_rank", default=None, metavar="FLAG",
-                   help="pass --local_rank=N to the script as torch.distributed.launch did (FLAG: the spelling, "
-                        "default --local_rank; 'none': never; default: when the script declares it)")
+    p.add_argument("--local-rank-arg", nargs="?", const="--local_rank", default=None, metavar="FLAG", type=_flag_spelling,
+                   help="pass --local_rank=N to the script as torch.distributed.launch did (FLAG, written with '=': the "
+                        "spelling, e.g. --local-rank-arg=--local-rank, default --local_rank; =none: never; default: when "
+                        "the script declares it)")
     p.add_argument("script", help="the Python script every worker runs")
     p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
     p.set_defaults(func=main)
+
+
+def _flag_spelling(value: str) -> str:
+    """``--local-rank-arg``'s value: ``none`` or an option name. A FLAG starts with '-', so it only
+    arrives written with '=' (--local-rank-arg=--local-rank); anything else is the next word of
+    the command line taken by mistake, most often the script's path."""
+    if value == "none" or value.startswith("--"):
+        return value
+    raise argparse.ArgumentTypeError(
+        f"{value!r} is not an option name (--local-rank-arg took the word after it; is it the script?); "
+        "give the spelling with '=' (--local-rank-arg=--local_rank, --local-rank-arg=none), "
+        "or put --local-rank-arg after another flag, not right before the script")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -43,7 +56,26 @@ def main(args: argparse.Namespace) -> int:
         return 0
     spec = launch_spec(args)
     export_parallel(args, spec.world_size)
-    return launch_script(spec, args.script, list(args.args))
+    code = launch_script(spec, args.script, list(args.args))
+    _explain_local_rank_refusal(args, code)
+    return code
+
+
+def _explain_local_rank_refusal(args: argparse.Namespace, code: int) -> None:
+    """The workers failed, the script declares --local_rank and --local-rank-arg=none kept it from
+    them: the script's own argparse error (from every rank) is likely about that; say so."""
+    from ..launch.dropin import declared_local_rank_flag
+
+    if code == 0 or args.local_rank_arg != "none":
+        return
+    flag = declared_local_rank_flag(args.script)
+    if flag is None:
+        return
+    why = (f"the script declares {flag}, which --local-rank-arg none keeps from the workers: if it requires {flag}, "
+           f"drop --local-rank-arg none (or give --local-rank-arg={flag})")
+    if code == 2:  # argparse's status: the workers printed only their usage error, dtrain nothing yet
+        raise ConfigError(f"the workers of {args.script} stopped with a usage error (status 2); {why}.")
+    print(f"dtrain: note: {why}.", file=sys.stderr)  # after the launcher's own error line
 
 
 def _local_rank_arg(args: argparse.Namespace) -> None:
@@ -57,6 +89,4 @@ def _local_rank_arg(args: argparse.Namespace) -> None:
             print(f"dtrain: {args.script} declares {flag} (torch.distributed.launch style); passing {flag}=N to "
                   "each worker (--local-rank-arg none: don't)", file=sys.stderr)
     if flag is not None and flag != "none":
-        if not flag.startswith("--"):
-            raise ConfigError(f"--local-rank-arg {flag!r} is not an option name; give e.g. --local_rank or --local-rank, or none.")
         os.environ[ENV_FLAG] = flag

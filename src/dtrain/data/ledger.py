@@ -24,6 +24,7 @@ The folder must be one every node can write, like the checkpoint folder.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -124,8 +125,16 @@ class LedgerReport:
         return all(e.exactly_once for e in self.epochs)
 
 
+#: A header's sample count beyond this is no dataset dtrain trained (and is not allocated).
+MAX_SAMPLES = 10**10
+
+
 def check_ledger(folder: str) -> LedgerReport:
-    """Read every ledger file in ``folder`` and count, per epoch, the samples of committed steps."""
+    """Read every ledger file in ``folder`` and count, per epoch, the samples of committed steps.
+
+    Lines that are not a record as ``SampleLedger`` writes them (cut by a kill, binary, wrong
+    types, indices outside the header's sample count) are left out and counted; a folder with
+    ledger files and no valid record at all is a ConfigError, not an empty report."""
     files = sorted((int(m.group(1)), int(m.group(2)), name) for name in _listdir(folder) if (m := _FILE.match(name)))
     if not files:
         raise ConfigError(f"{folder} holds no ledger files (gen*-rank*.jsonl); give the folder passed to --ledger.")
@@ -137,14 +146,26 @@ def check_ledger(folder: str) -> LedgerReport:
         torn += cut
         for rec in lines:
             if "begin" in rec:
-                begins[gen] = min(begins.get(gen, rec["begin"]), int(rec["begin"]))
-                n = max(n, int(rec.get("n", 0)))
+                begins[gen] = min(begins.get(gen, rec["begin"]), rec["begin"])
+                n = max(n, rec.get("n", 0))
             else:
                 records.append((gen, rec))
+    out_of_range = [rec for _, rec in records if not _in_range(rec, n)]
+    if out_of_range:
+        torn += len(out_of_range)
+        records = [(g, rec) for g, rec in records if _in_range(rec, n)]
+    if not records and (torn or not begins):  # (headers alone, nothing else: a run stopped before its first step)
+        raise ConfigError(f"{folder} holds {len(files)} ledger file(s) but no valid step record ({torn} unreadable or "
+                          "malformed line(s)); give the folder a --ledger run wrote.")
     stands = [(gen, rec) for gen, rec in records if _stands(gen, rec["s"], begins)]
     lost = {(gen, rec["s"]) for gen, rec in records} - {(gen, rec["s"]) for gen, rec in stands}
     return LedgerReport(epochs=_count([rec for _, rec in stands], n), generations=len({g for g, _, _ in files}),
                         steps_kept=len({rec["s"] for _, rec in stands}), steps_discarded=len(lost), torn_lines=torn)
+
+
+def _in_range(rec: dict[str, Any], n: int) -> bool:
+    """Every index of a step record is a sample of the dataset the headers describe."""
+    return all(0 <= i < n for key in ("i", "d") for i in rec.get(key, ()))
 
 
 def _stands(gen: int, step: int, begins: dict[int, int]) -> bool:
@@ -152,41 +173,66 @@ def _stands(gen: int, step: int, begins: dict[int, int]) -> bool:
     return all(begin >= step for g, begin in begins.items() if g > gen)
 
 
+def _int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _ints(value: Any) -> bool:
+    return isinstance(value, list) and all(_int(i) for i in value)
+
+
+def _valid(rec: Any) -> bool:
+    """A header (``begin``, ``n``) or a step record (``s``, ``e``, ``i``, maybe ``d``) of the
+    types ``SampleLedger`` writes; a header's ``n`` at most ``MAX_SAMPLES``."""
+    if not isinstance(rec, dict):
+        return False
+    if "begin" in rec:
+        n = rec.get("n", 0)
+        return _int(rec["begin"]) and rec["begin"] >= 0 and _int(n) and 0 <= n <= MAX_SAMPLES
+    return ({"s", "e", "i"} <= rec.keys() and _int(rec["s"]) and _int(rec["e"]) and _ints(rec["i"])
+            and ("d" not in rec or _ints(rec["d"])))
+
+
 def _read_lines(path: str) -> tuple[list[dict[str, Any]], int]:
     out, torn = [], 0
-    with open(path) as f:
-        for line in f:
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                torn += 1  # cut by a kill in the middle of the write
-                continue
-            if isinstance(rec, dict) and ("begin" in rec or {"s", "e", "i"} <= rec.keys()):
-                out.append(rec)
-            else:
-                torn += 1
+    try:
+        # Bytes that are not UTF-8 (a binary file) spoil their line only.
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    torn += 1  # cut by a kill in the middle of the write
+                    continue
+                if _valid(rec):
+                    out.append(rec)
+                else:
+                    torn += 1
+    except OSError as exc:
+        raise ConfigError(f"cannot read ledger file {path}: {exc.strerror or exc}; check its permissions.") from None
     return out, torn
 
 
 def _count(kept: list[dict[str, Any]], n: int) -> list[EpochReport]:
     by_epoch: dict[int, list[dict[str, Any]]] = {}
     for rec in kept:
-        by_epoch.setdefault(int(rec["e"]), []).append(rec)
+        by_epoch.setdefault(rec["e"], []).append(rec)
     out = []
     for epoch in sorted(by_epoch):
         counts: Counter[int] = Counter()
         dropped: set[int] = set()
         complete = False
         for rec in by_epoch[epoch]:
-            counts.update(int(i) for i in rec["i"])
+            counts.update(rec["i"])
             if "d" in rec:
                 complete = True
-                dropped.update(int(i) for i in rec["d"])
+                dropped.update(rec["d"])
         dups = sorted(i for i, c in counts.items() if c > 1)
-        left = set(range(n)) - set(counts) - dropped
+        accounted = set(counts) | dropped  # every index is in range(n) (checked), so n - this is what is missing
         rep = EpochReport(epoch=epoch, n=n, seen=len(counts), duplicated=sum(counts[i] - 1 for i in dups),
-                          missing=len(left), dropped=len(dropped - set(counts)), complete=complete)
-        rep.examples = (dups or sorted(left))[:5]
+                          missing=n - len(accounted), dropped=len(dropped - set(counts)), complete=complete)
+        # The first few missing, without building range(n) (a header may claim billions).
+        rep.examples = dups[:5] or list(itertools.islice((i for i in range(n) if i not in accounted), 5))
         out.append(rep)
     return out
 
@@ -205,6 +251,6 @@ def render(report: LedgerReport) -> str:
         lines.append(f"{e.epoch:>5} {e.n:>8} {e.seen:>8} {e.duplicated:>10} {e.missing:>8} {e.dropped:>8}  {status}")
     lines.append(f"{report.generations} generation(s), {report.steps_kept} committed step(s) counted, "
                  f"{report.steps_discarded} step record(s) of lost work left out (redone after a resume)"
-                 + (f", {report.torn_lines} torn line(s) ignored" if report.torn_lines else ""))
+                 + (f", {report.torn_lines} torn or malformed line(s) ignored" if report.torn_lines else ""))
     lines.append("dropped: left out by drop_last at an epoch's end (by design, not an error)")
     return "\n".join(lines)

@@ -320,7 +320,8 @@ def _report_failure(exit_codes: dict[int, int], sup: Supervisor) -> int:
         print(f"dtrain: worker rank {first['rank']} raised:\n{first['text']}", file=sys.stderr)
         print(f"dtrain: error: worker rank {first['rank']} failed with {first['type']}; its traceback is above.", file=sys.stderr)
         return 1
-    rank = min(exit_codes)
+    # The lowest rank that exited by itself: a peer the agent killed after it (signal 15) is not the cause.
+    rank = min(exit_codes, key=lambda r: (exit_codes[r] is None or exit_codes[r] < 0, r))
     code = exit_codes[rank]
     if code == USER_ERROR_EXIT:
         return code  # the worker printed its one-line error already

@@ -25,6 +25,7 @@ added per step. Data wait stays on the host clock there (the GPU does not see th
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -36,6 +37,11 @@ from .meters import DataWait
 
 PHASES = ("data_wait", "forward", "backward", "comm", "optimizer", "rest")
 """The phases of a step, in order; ``step`` is their sum."""
+SCHEDULE = "schedule"
+"""A staged step's (pipeline's) forward, backward and the stages' sends, interleaved by its
+schedule and timed as one lap: no figure of forward, backward or comm can be told apart there,
+so those are reported as None (unknown) and this lap's time as ``schedule``."""
+_COLUMNS = (*PHASES, SCHEDULE)
 _FOLDED = {"checkpoint": "rest", "start": "rest"}
 """Laps with their own name (for traces) that the breakdown counts as ``rest``."""
 
@@ -133,14 +139,14 @@ class StepBreakdown:
         for laps in self._pending:
             if self._cuda and laps[-1][2] is not None:
                 laps[-1][2].synchronize()
-            ms = dict.fromkeys(PHASES, 0.0)
+            ms = dict.fromkeys(_COLUMNS, 0.0)
             for (_, t0, e0), (phase, t1, e1) in zip(laps, laps[1:]):
                 if e0 is not None and phase != "data_wait":
                     d = e0.elapsed_time(e1)
                 else:
                     d = (t1 - t0) * 1e3
                 ms[_FOLDED.get(phase, phase)] += d
-            row = tuple(ms[p] for p in PHASES)
+            row = tuple(ms[p] for p in _COLUMNS)
             self._window.append(row)
             self._all.append(row)
         self._pending = []
@@ -165,15 +171,28 @@ class StepBreakdown:
 
 
 def stats(rows: list[tuple[float, ...]]) -> dict[str, Any] | None:
-    """``{"steps": n, "median_ms": {phase: ...}, "p90_ms": {phase: ...}}`` with ``step`` and ``own``."""
+    """``{"steps": n, "median_ms": {phase: ...}, "p90_ms": {phase: ...}}`` with ``step`` and ``own``.
+    Staged steps (pipeline): forward, backward, comm and own are None, ``schedule`` holds their
+    time, and ``note`` says so."""
     if not rows:
         return None
-    cols = {p: [r[i] for r in rows] for i, p in enumerate(PHASES)}
+    rows = [(*r, *[0.0] * (len(_COLUMNS) - len(r))) for r in rows]  # rows of PHASES alone: no schedule lap
+    staged = any(r[_COLUMNS.index(SCHEDULE)] > 0 for r in rows)
+    cols = {p: [r[i] for r in rows] for i, p in enumerate(_COLUMNS) if staged or p != SCHEDULE}
     cols["step"] = [sum(r) for r in rows]
     cols["own"] = [sum(r) - r[PHASES.index("comm")] for r in rows]
-    return {"steps": len(rows),
-            "median_ms": {k: round(statistics.median(v), 3) for k, v in cols.items()},
-            "p90_ms": {k: round(p90(v), 3) for k, v in cols.items()}}
+    unknown = STAGED_UNKNOWN if staged else ()
+    out = {"steps": len(rows),
+           "median_ms": {k: None if k in unknown else round(statistics.median(v), 3) for k, v in cols.items()},
+           "p90_ms": {k: None if k in unknown else round(p90(v), 3) for k, v in cols.items()}}
+    if staged:
+        out["note"] = STAGED_NOTE
+    return out
+
+
+STAGED_UNKNOWN = ("forward", "backward", "comm", "own")
+STAGED_NOTE = ("pipeline: forward, backward and the sends between stages run interleaved inside the schedule and are "
+               "timed together as 'schedule'; forward, backward, comm and own are unknown (null)")
 
 
 def p90(values: list[float]) -> float:
@@ -182,20 +201,31 @@ def p90(values: list[float]) -> float:
     return s[min(len(s) - 1, max(0, -(-9 * len(s) // 10) - 1))]
 
 
-STAT_KEYS = (*PHASES, "step", "own")
+STAT_KEYS = (*PHASES, "step", "own", SCHEDULE)
 
 
 def pack(window: dict[str, Any] | None) -> list[float]:
-    """A window as a flat list (medians, then p90s, then the step count) for one all_gather."""
+    """A window as a flat list (medians, then p90s, then the step count) for one all_gather;
+    an unknown or absent figure travels as NaN."""
     if window is None:
         return [float("nan")] * (2 * len(STAT_KEYS)) + [0.0]
-    return [window["median_ms"][k] for k in STAT_KEYS] + [window["p90_ms"][k] for k in STAT_KEYS] + [float(window["steps"])]
+    def num(v: Any) -> float:
+        return float("nan") if v is None else float(v)
+    return ([num(window["median_ms"].get(k)) for k in STAT_KEYS] + [num(window["p90_ms"].get(k)) for k in STAT_KEYS]
+            + [float(window["steps"])])
 
 
 def unpack(values: list[float]) -> dict[str, Any] | None:
     n = len(STAT_KEYS)
     if not values[-1]:
         return None
-    return {"steps": int(values[-1]),
-            "median_ms": {k: round(values[i], 3) for i, k in enumerate(STAT_KEYS)},
-            "p90_ms": {k: round(values[n + i], 3) for i, k in enumerate(STAT_KEYS)}}
+    staged = not math.isnan(values[STAT_KEYS.index(SCHEDULE)])
+    keys = [k for k in STAT_KEYS if staged or k != SCHEDULE]
+    def fig(v: float) -> float | None:
+        return None if math.isnan(v) else round(v, 3)
+    out = {"steps": int(values[-1]),
+           "median_ms": {k: fig(values[STAT_KEYS.index(k)]) for k in keys},
+           "p90_ms": {k: fig(values[n + STAT_KEYS.index(k)]) for k in keys}}
+    if staged:
+        out["note"] = STAGED_NOTE
+    return out

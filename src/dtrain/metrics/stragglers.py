@@ -23,6 +23,7 @@ per log interval by the loop.
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass
 from typing import Any
@@ -59,7 +60,7 @@ class StragglerConfig:
     def __post_init__(self) -> None:
         if self.window < 1:
             raise ConfigError(f"--straggler-window must be >= 1 step, got {self.window}.")
-        if not self.threshold > 1.0:
+        if not (self.threshold > 1.0 and math.isfinite(self.threshold)):  # inf or nan would name no rank, ever
             raise ConfigError(f"--straggler-threshold must be > 1 (a ratio to the median step), got {self.threshold}; e.g. 1.3.")
         if not 0.0 < self.comm_share <= 1.0:
             raise ConfigError(f"comm_share must be in (0, 1], got {self.comm_share}; e.g. 0.5.")
@@ -86,6 +87,8 @@ class StragglerDetector:
         steps is complete (an empty list otherwise, and always on a healthy run)."""
         if len(per_rank) < 2 or per_rank[0] is None:
             return []
+        if any(w is not None and w["median_ms"].get("own") is None for w in per_rank):
+            return []  # staged steps (pipeline): a stage's own time is not told apart from its waits (breakdown.py)
         self._intervals.append(per_rank)
         self._steps += per_rank[0]["steps"]
         if self._steps < self.config.window:

@@ -18,8 +18,11 @@ def check_tensorboard(logdir: str) -> None:
     import importlib.util
     import os
 
+    from .._check import output_dir
+
     if os.path.exists(logdir) and not os.path.isdir(logdir):
         raise ConfigError(f"--tensorboard {logdir} is a file; give a folder for the event files.")
+    output_dir("--tensorboard", logdir)  # under a file, or where nothing can be written (/proc)
     if importlib.util.find_spec("tensorboard") is None:
         raise ConfigError(f"--tensorboard {logdir} needs the tensorboard package; pip install 'dtrain[tensorboard]' (or tensorboard).")
 
@@ -51,7 +54,8 @@ class TensorBoardSink:
             if window is None:
                 continue
             for phase, ms in window["median_ms"].items():
-                self._w.add_scalar(f"breakdown/{phase}_ms/rank{rank}", ms, step)
+                if ms is not None:  # None: not measured (pipeline's forward/backward/comm)
+                    self._w.add_scalar(f"breakdown/{phase}_ms/rank{rank}", ms, step)
         for rank, mib in enumerate(record.get("peak_mib") or []):
             if mib is not None:
                 self._w.add_scalar(f"memory/peak_mib/rank{rank}", mib, step)

@@ -106,6 +106,8 @@ def parse(text: str) -> ParallelDims:
         key = key.strip()
         if not sep or key not in DIMS:
             raise ConfigError(f"--parallel {text!r}: {part!r} is not NAME=N with NAME one of {', '.join(DIMS)}; write e.g. --parallel dp_shard=2,tp=2.")
+        if key in values:
+            raise ConfigError(f"--parallel {text!r} names {key} twice ({key}={values[key]} and {part}); give each name once.")
         try:
             values[key] = int(value)
         except ValueError:

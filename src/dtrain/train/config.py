@@ -98,6 +98,8 @@ class TrainConfig:
             check_accum(self.batch_size, self.grad_accum)
         if self.save_every is not None and not self.checkpoint_dir:
             raise ConfigError("--save-every needs --checkpoint-dir, the folder to write checkpoints to.")
+        if self.async_save and not self.checkpoint_dir:
+            raise ConfigError("--async-save needs --checkpoint-dir, the folder to write checkpoints to (without it nothing is saved).")
         if self.resume and not self.checkpoint_dir:
             raise ConfigError("--resume needs --checkpoint-dir, the folder holding the checkpoints to resume from.")
         if self.ledger is not None:
@@ -109,7 +111,10 @@ class TrainConfig:
         if self.tensorboard is not None:
             check_tensorboard(self.tensorboard)
         if self.trace is not None:
-            parse_steps(self.trace)
+            start, end = parse_steps(self.trace)
+            if self.max_steps is not None and start > self.max_steps:
+                raise ConfigError(f"--trace {self.trace}: --max-steps {self.max_steps} ends the run before step {start}, so "
+                                  f"nothing would be traced; pick steps inside 1..{self.max_steps}.")
             check.output_file("--trace-file", self.trace_file)
             if not self.breakdown:
                 raise ConfigError("--trace draws the breakdown's spans; drop --no-breakdown.")

@@ -199,7 +199,7 @@ def _listeners(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float
     progress = ProgressSink(state.total, start=state.step) if ctx.is_main else None
     sink = JsonlSink(cfg.metrics_file) if cfg.metrics_file and ctx.is_main else None
     obs = Observer(ctx, model, optimizer, cfg.stragglers, enabled=cfg.breakdown, tensorboard=cfg.tensorboard,
-                   trace=cfg.trace, trace_file=cfg.trace_file, first_step=state.step)
+                   trace=cfg.trace, trace_file=cfg.trace_file, first_step=state.step, total=state.total)
     objects = {"model": model, "optimizer": optimizer, "loader": loader}
     saves = Checkpoints(ckpt, save_every=cfg.save_every, objects=objects, breakdown=ctx.breakdown, is_main=ctx.is_main,
                         async_save=cfg.async_save) if ckpt is not None else None

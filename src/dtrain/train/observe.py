@@ -29,7 +29,7 @@ class Observer:
 
     def __init__(self, ctx: Any, model: torch.nn.Module, optimizer: Any, stragglers: StragglerConfig, *, enabled: bool = True,
                  tensorboard: str | None = None, trace: str | None = None, trace_file: str = "dtrain-trace.json",
-                 first_step: int = 0) -> None:
+                 first_step: int = 0, total: int | None = None) -> None:
         self.ctx = ctx
         self.optimizer = optimizer
         self.comm_bytes = comm_bytes_per_step(ctx, model)
@@ -43,6 +43,9 @@ class Observer:
         hosts = host_names(ctx.gather_object((socket.gethostname(), ctx.world.node_rank)))  # collective, once
         self.hosts = hosts
         self.tracer: Tracer | None = None
+        self.last_step = first_step
+        if trace and not trace_fits(parse_steps(trace), first_step, total, is_main=ctx.is_main):
+            trace = None
         if trace:
             self.tracer = Tracer(parse_steps(trace), trace_file, rank=ctx.rank, size=ctx.world_size, device=ctx.device,
                                  first_step=first_step, first_index=self.bd.steps)  # collective: measures the clock offsets
@@ -50,6 +53,9 @@ class Observer:
         # On every rank: each one then decides alike, from the same gathered figures, when to
         # probe the links (a collective); rank 0 alone reports.
         self.detector = StragglerDetector(stragglers, hosts)
+        if ctx.strategy.capabilities.staged_step and ctx.world.distributed and enabled and ctx.is_main:
+            logger.info("stragglers are not named under a pipeline: a stage's own time is not told apart from its waits "
+                        "for the other stages (the breakdown's forward, backward and comm are null there)")
         self.found: list[dict[str, Any]] = []
         self._said: set[tuple[int, str]] = set()
 
@@ -119,6 +125,7 @@ class Observer:
 
     def tick(self, step: int) -> None:
         """After each step: writes the trace once its steps are done. Collective: call on every rank."""
+        self.last_step = step
         if self.tracer is not None and self.tracer.due(step):
             self._write_trace()
 
@@ -127,7 +134,8 @@ class Observer:
         path = self.tracer.write(self.ctx.gather_object, self.hosts)
         self.bd.listeners.remove(self.tracer.on_step)
         if path:
-            logger.info(f"trace of steps {self.tracer.start} to {self.tracer.end - 1} on every rank: {path} (open it in https://ui.perfetto.dev)")
+            last = min(self.tracer.end - 1, self.last_step)  # the run may end inside the range asked for
+            logger.info(f"trace of steps {self.tracer.start} to {last} on every rank: {path} (open it in https://ui.perfetto.dev)")
 
     def write(self, record: dict[str, Any]) -> None:
         """Hand a metrics record to TensorBoard (rank 0, with ``--tensorboard``)."""
@@ -139,6 +147,24 @@ class Observer:
         if self.tb is not None:
             self.tb.close()
             self.tb = None
+
+
+def trace_fits(steps: tuple[int, int], first_step: int, total: int | None, *, is_main: bool) -> bool:
+    """Whether ``--trace START:END`` has steps in this run (``first_step`` + 1 .. ``total``):
+    ConfigError when the run ends before START (every rank raises it alike); a warning when it
+    resumed past START (nothing traced) or ends before END - 1 (fewer steps traced)."""
+    start, end = steps
+    if total is not None and start > total:
+        raise ConfigError(f"--trace {start}:{end}: the run has {total} steps, so nothing would be traced; "
+                          f"pick steps inside 1..{total} (e.g. --trace {max(1, total - 1)}:{total + 1}).")
+    if start <= first_step:
+        if is_main:
+            logger.warning(f"--trace {start}:{end}: this run resumed at step {first_step}, after step {start}; "
+                           "nothing is traced (pick steps after the resume).")
+        return False
+    if total is not None and end - 1 > total and is_main:
+        logger.warning(f"--trace {start}:{end}: the run ends at step {total}; the trace holds steps {start} to {total}.")
+    return True
 
 
 def host_names(per_rank: list[tuple[str, int]]) -> list[str]:
