@@ -158,6 +158,22 @@ def _pick_device(device: str | torch.device | None, local_rank: int) -> torch.de
     return torch.device("cpu")
 
 
+def cuda_device_count() -> int:
+    """The GPUs this process can use: ``torch.cuda.device_count()`` (which honours
+    CUDA_VISIBLE_DEVICES), 0 without CUDA. The one place that counts them, so the checks of ranks
+    against GPUs (``dtrain.launch.preflight.check_ranks_fit``) are tested with a fake count
+    (``DTRAIN_FAKE_GPUS``, or monkeypatching this function)."""
+    from .options import fake_gpu_count
+
+    fake = fake_gpu_count()
+    if fake is not None:
+        return fake
+    try:
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception:  # a broken driver counts as no GPU; World.detect reports what is there
+        return 0
+
+
 def usable_devices() -> list[str]:
     """The device types this torch build can train on here."""
     found = ["cpu"]

@@ -64,8 +64,10 @@ def measure(ctx: dtrain.Context, task, args) -> Recorder:
         optimizer.zero_grad(set_to_none=True)
         rec.add_step(t0, t_data, t_fb, t_comm, rec.clock(), loss.item(), measured)
 
+    t_warm = rec.clock()
     for _ in range(args.warmup):
         step(False)
+    rec.warmup_s = round(rec.clock() - t_warm, 4)
     rec.steps_per_repeat = args.steps
     ctx.breakdown.finish()
     ctx.breakdown.reset()  # the breakdown of the measured steps only

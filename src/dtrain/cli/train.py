@@ -9,6 +9,7 @@ from .._log import configure_cli_logging
 from ..comm import CommSpec
 from ..errors import ConfigError
 from ..launch import launch_function
+from ..launch.preflight import check_ranks_fit
 from ..strategies import Strategy
 from ..tasks import Task, load_task
 from ..train import TrainConfig, worker_main
@@ -113,6 +114,8 @@ def main(args: argparse.Namespace) -> int:
         worker_main(cfg, world=world)
         return 0
     spec = launch_spec(args)
+    if spec.needs_launch:
+        check_ranks_fit(spec.nproc, cfg.device)  # one line now, not NCCL's "Duplicate GPU" after the start
     check_layout(cfg.parallel, spec.world_size, cfg.strategy)
     # Built here to check the input; a run in this process uses them (a launched worker builds its own).
     strategy, task = validate(cfg, world, distributed=spec.needs_launch and spec.world_size > 1 or world.distributed)
