@@ -31,7 +31,7 @@ def fit_methods(methods: list[Method], nproc: int, device: str | None, *, nproc_
     notes: list[str] = []
     if cuda and nproc > gpus:
         if nproc_given:
-            check_ranks_fit(nproc, device)  # raises: the user asked for it
+            check_ranks_fit(nproc, device, gpus=gpus)  # raises: the user asked for it
         notes.append(f"-n sized from the default {nproc} to {gpus}: {gpus} GPU(s) visible and NCCL needs one per process "
                      f"(--device cpu compares {nproc} processes on gloo)")
         nproc = gpus

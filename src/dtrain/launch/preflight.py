@@ -129,16 +129,17 @@ def _compare(mine: dict, me: int, theirs: dict, other: int) -> None:
             )
 
 
-def check_ranks_fit(nproc: int, device: str | None = None, *, cpu_fix: str = "--device cpu") -> None:
+def check_ranks_fit(nproc: int, device: str | None = None, *, cpu_fix: str = "--device cpu", gpus: int | None = None) -> None:
     """Before any process starts: the ``nproc`` ranks of this node each need a GPU of their own
     when they train on CUDA (NCCL refuses two ranks on one GPU: "Duplicate GPU detected", which
     otherwise surfaces as a failed rendezvous). ``device``: what the ranks were told (None: CUDA
-    when there is one); ``cpu_fix``: how this command trains on the CPU instead."""
+    when there is one); ``cpu_fix``: how this command trains on the CPU instead; ``gpus``: the
+    count (default: ``dtrain.world.cuda_device_count()``)."""
     from ..world import cuda_device_count
 
     if device is not None and not str(device).startswith("cuda"):
         return
-    gpus = cuda_device_count()
+    gpus = cuda_device_count() if gpus is None else gpus
     if gpus == 0:
         return  # the CPU with gloo (a --device cuda without CUDA is check_device's error)
     where = f"{gpus} usable GPU(s)"
