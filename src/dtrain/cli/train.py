@@ -40,6 +40,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--channels-last", action="store_true", help="model and image batches in channels-last (NHWC) layout; conv nets")
     g.add_argument("--sync-bn", action="store_true", help="BatchNorm statistics across ranks (SyncBatchNorm, GPU only)")
     g.add_argument("--log-every", type=int, default=20, help="steps between progress lines / metrics records")
+    g.add_argument("--warmup-steps", type=int, default=5,
+                   help="first steps left out of every rate (samples/s, tokens/s, MFU); their time is warmup_s (default 5)")
     g.add_argument("--metrics-file", default=None, help="append one JSON line per log interval to this file")
     g.add_argument("--checkpoint-dir", default=None, help="save the full training state here (at the end, and every --save-every steps)")
     g.add_argument("--save-every", type=int, default=None, help="also save every N steps")
@@ -77,7 +79,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         task=args.task, task_args=parse_task_args(args.task_arg), data_dir=args.data_dir,
         strategy=args.strategy, strategy_options=strategy_options(args), precision=args.precision, epochs=args.epochs, max_steps=args.max_steps,
         batch_size=args.batch_size, lr=args.lr, optimizer=args.optimizer, grad_accum=args.grad_accum,
-        seed=args.seed, log_every=args.log_every, metrics_file=args.metrics_file,
+        seed=args.seed, log_every=args.log_every, warmup_steps=args.warmup_steps, metrics_file=args.metrics_file,
         checkpoint_dir=args.checkpoint_dir, save_every=args.save_every, device=args.device,
         num_workers=args.num_workers, channels_last=args.channels_last, sync_bn=args.sync_bn, keep=args.keep, resume=args.resume, async_save=args.async_save,
         comm=args.comm, comm_warmup=args.comm_warmup, compile=args.compile,

@@ -35,6 +35,8 @@ class TrainConfig:
     """Split each batch into this many micro-batches and step once per batch."""
     seed: int = 0
     log_every: int = 20
+    warmup_steps: int = 5
+    """Steps left out of every rate (compilation, autotuning, first batches; ``dtrain.metrics.throughput``)."""
     metrics_file: str | None = None
     checkpoint_dir: str | None = None
     save_every: int | None = None
@@ -94,6 +96,8 @@ class TrainConfig:
             check.output_file("--metrics-file", self.metrics_file)
         if self.num_workers is not None and self.num_workers < 0:
             raise ConfigError(f"--num-workers must be >= 0, got {self.num_workers}.")
+        if self.warmup_steps < 0:
+            raise ConfigError(f"--warmup-steps must be >= 0, got {self.warmup_steps}; 0 counts every step in the rates.")
         if self.batch_size is not None:
             check_accum(self.batch_size, self.grad_accum)
         if self.save_every is not None and not self.checkpoint_dir:

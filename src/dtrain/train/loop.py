@@ -23,6 +23,7 @@ from ..data.ledger import SampleLedger
 from ..errors import ConfigError, DtrainError
 from ..options import Options, launcher_link
 from ..metrics import DataWait, JsonlSink, ProgressSink, Throughput, render_summary
+from ..metrics.throughput import SteadyRate
 from ..tasks import Task, load_task, make_optimizer
 from ..world import World
 from .config import TrainConfig, check_accum
@@ -141,7 +142,8 @@ def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) ->
         ledger.begin(step)  # after the resume: the steps after `step` of earlier attempts no longer count
     progress = ProgressSink(total, start=step) if ctx.is_main else None
     sink = JsonlSink(cfg.metrics_file) if cfg.metrics_file and ctx.is_main else None
-    meter = Throughput()
+    meter = Throughput()  # the whole training time (the data wait's share)
+    rate = steady_rate(ctx, cfg, batch, total - step)  # rates after warm-up (dtrain.metrics.throughput)
     wait = ctx.breakdown.data  # the breakdown's data wait (the loop marks each step's start and batch)
     obs = Observer(ctx, model, optimizer, cfg.stragglers, enabled=cfg.breakdown, tensorboard=cfg.tensorboard,
                    trace=cfg.trace, trace_file=cfg.trace_file, first_step=step)
@@ -155,6 +157,7 @@ def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) ->
     preempted, signalled_here, elastic = False, False, Options.from_env().elastic is not None
     model.train()
     meter.start()
+    rate.start()
     ctx.breakdown.step_starts()
     epoch = loader.next_epoch
     while step < total and not preempted:
@@ -172,6 +175,7 @@ def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) ->
                 obs.count_flops(task.new_model, x, y, task.loss_fn, batch)
             optimizer.zero_grad(set_to_none=True)
             step += 1
+            rate.step_done()
             window_steps += 1
             if ledger is not None:
                 ledger.commit(step)
@@ -182,12 +186,12 @@ def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) ->
                 _stop_if_diverged(last_loss, step, cfg, task)
                 window_loss.zero_()
                 window_steps = 0
-                record = {"step": step, "epoch": epoch, "train_loss": last_loss, "samples_per_s": _rate(meter, step - start_step, batch, ctx),
+                record = {"step": step, "epoch": epoch, "train_loss": last_loss, "samples_per_s": _round(rate.window()),
                           "data_wait_ms": wait.window_median_ms(), "wall_s": round(time.perf_counter() - t0, 3)}
                 record.update(_tokens(task, record["samples_per_s"]))
                 record.update(obs.interval(step, record["samples_per_s"]))
                 if progress:
-                    progress.update(step, {"loss": last_loss, "samples_per_s": record["samples_per_s"]})
+                    progress.update(step, {"loss": last_loss, **{k: record.get(k) for k in ("samples_per_s", "tokens_per_s", "mfu")}})
                 if sink:
                     sink.write(record)
                 obs.write(record)
@@ -207,13 +211,14 @@ def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) ->
     if ctx.device.type == "cuda":
         torch.cuda.synchronize(ctx.device)
     meter.stop((step - start_step) * batch * ctx.data_parallel_size)
+    rate.finish()
     ctx.breakdown.finish()  # closes the last step
     obs.close()
     preempt.uninstall()
     if progress:
         progress.close()
     if preempted:
-        return _stopped(ctx, task, ckpt, step, meter, last_loss, t0, rejoin=elastic and _peers_leave(ctx, step, signalled_here))
+        return _stopped(ctx, task, ckpt, step, rate, last_loss, t0, rejoin=elastic and _peers_leave(ctx, step, signalled_here))
     if ckpt is not None:
         ckpt.save(step, model=model, optimizer=optimizer, loader=loader)
         save_block_s += ckpt.last_blocking_s or 0.0
@@ -226,8 +231,8 @@ def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) ->
     if sink:
         sink.close()
     data = _data_record(ctx, task, wait, meter, workers)
-    observed = obs.result(round(meter.samples_per_s, 2) if meter.samples_per_s else None)
-    sps = round(meter.samples_per_s, 2) if meter.samples_per_s else None
+    sps = _round(rate.samples_per_s)  # steady state: warm-up apart (warmup_s)
+    observed = obs.result(sps)
     return {
         "task": task.name,
         "world_size": ctx.world_size,
@@ -237,6 +242,7 @@ def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) ->
         "steps": step,
         "samples_per_s": sps,
         **_tokens(task, sps),
+        **rate.record(),
         "train_loss": round(last_loss, 6),
         **_scores(task, score),
         **data,
@@ -341,7 +347,7 @@ def _peers_leave(ctx: Context, step: int, here: bool) -> bool:
     return not here
 
 
-def _stopped(ctx: Context, task: Task, ckpt: Any, step: int, meter: Throughput, last_loss: float, t0: float, *,
+def _stopped(ctx: Context, task: Task, ckpt: Any, step: int, rate: SteadyRate, last_loss: float, t0: float, *,
              rejoin: bool = False) -> dict[str, Any]:
     """The result of a run stopped by a preemption signal (no final evaluation); ``rejoin``: an
     elastic job's worker that goes on in the next round (its peers' node left)."""
@@ -351,7 +357,7 @@ def _stopped(ctx: Context, task: Task, ckpt: Any, step: int, meter: Throughput, 
         ckpt.wait()
     return {
         "task": task.name, "world_size": ctx.world_size, "strategy": ctx.strategy.name, "precision": ctx.precision.effective,
-        "steps": step, "samples_per_s": round(meter.samples_per_s, 2) if meter.samples_per_s else None,
+        "steps": step, "samples_per_s": _round(rate.samples_per_s),
         "train_loss": round(last_loss, 6), task.metric_name: None, "wall_s": round(time.perf_counter() - t0, 3), "preempted": True,
         **({"rejoin": True} if rejoin else {}),
     }
@@ -366,9 +372,16 @@ def _fault_injection(rank: int, restarts: int) -> int | None:
     return fault[1] if fault[0] == rank else None
 
 
-def _rate(meter: Throughput, steps: int, batch: int, ctx: Context) -> float | None:
-    rate = meter.rate_now(steps * batch * ctx.data_parallel_size)
+def _round(rate: float | None) -> float | None:
     return round(rate, 2) if rate else None
+
+
+def steady_rate(ctx: Context, cfg: TrainConfig, batch: int, steps: int) -> SteadyRate:
+    """The rate meter of this run: ``cfg.warmup_steps`` steps of warm-up, then steady state;
+    on CUDA the end of warm-up waits for the device once, so its queued work counts as warm-up."""
+    device = ctx.device
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else None
+    return SteadyRate(batch * ctx.data_parallel_size, steps=steps, warmup_steps=cfg.warmup_steps, sync=sync)
 
 
 def raise_small(task: Task, batch: int, world_size: int) -> None:
