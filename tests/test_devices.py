@@ -35,6 +35,7 @@ def test_the_fake_count_is_read_from_one_variable():
         fake_gpu_count({"DTRAIN_FAKE_GPUS": "x"})
 
 
+@pytest.mark.smoke
 def test_more_ranks_than_gpus_is_one_line_with_both_fixes(gpus):
     gpus(1)
     with pytest.raises(ConfigError) as err:
@@ -84,6 +85,7 @@ def test_run_refuses_with_the_cpu_fix_for_scripts(tmp_path):
     assert re.search(r"dtrain: error: -n 3 starts 3 processes .* 2 usable GPU\(s\).*use -n 2, or CUDA_VISIBLE_DEVICES=", r.stderr)
 
 
+@pytest.mark.smoke
 def test_bench_sizes_its_default_to_the_gpus_and_says_why():
     methods = [METHODS[n] for n in ("single", "ddp", "ddp-fp16", "pipeline")]
     fit = fit_methods(methods, 2, None, nproc_given=False, gpus=1)
@@ -135,6 +137,7 @@ def test_exception_line_and_first_cause():
     assert err.first_cause() == "rank 0: ValueError: first"
 
 
+@pytest.mark.smoke
 def test_a_doctor_fail_line_carries_the_ranks_exception(monkeypatch):
     # Each probe rank asks for a GPU this machine does not have: the FAIL line says so.
     monkeypatch.setattr(doctor, "local_probe_size", lambda gpus: (2, "cuda:7", ""))

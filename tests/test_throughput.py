@@ -10,6 +10,8 @@ import pytest
 from dtrain.metrics.throughput import SteadyRate, human, progress_fields
 from dtrain.testing import run_cli
 
+pytestmark = pytest.mark.smoke  # also run on the oldest torch claimed (.ci/run)
+
 
 class FakeClock:
     def __init__(self) -> None:
