@@ -27,7 +27,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--task-arg", action="append", default=[], metavar="KEY=VALUE", help="option for the task function (repeatable)")
     g.add_argument("--data-dir", default=None, help="folder with the task's data files (mnist: the IDX files; images: DIR/train/CLASS/*.jpg; lm: a text file or folder, default the Python stdlib)")
     g.add_argument("--strategy", default="auto", help="single, ddp, dp, hvd, zero1, fsdp, hsdp or pipeline (default: ddp on several processes)")
-    g.add_argument("--precision", default="fp32", help="fp32 (default), bf16-mixed, fp16-mixed")
+    g.add_argument("--precision", default=None, help="fp32 (default), bf16-mixed, fp16-mixed, or auto (bf16-mixed where the GPU has bf16, else fp32)")
+    g.add_argument("--fast", action="store_true",
+                   help="the fast path (docs/performance.md): --precision auto, --compile, channels-last for conv nets on CUDA; "
+                        "fused optimizers and pinned memory are on for CUDA anyway")
     g.add_argument("--epochs", type=int, default=None, help="passes over the data (default: the task's)")
     g.add_argument("--max-steps", type=int, default=None, help="stop after this many optimizer steps")
     g.add_argument("--batch-size", type=int, default=None, help="batch of one process (default: the task's)")
@@ -77,12 +80,13 @@ def parse_task_args(pairs: list[str]) -> dict[str, str]:
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
     return TrainConfig(
         task=args.task, task_args=parse_task_args(args.task_arg), data_dir=args.data_dir,
-        strategy=args.strategy, strategy_options=strategy_options(args), precision=args.precision, epochs=args.epochs, max_steps=args.max_steps,
+        strategy=args.strategy, strategy_options=strategy_options(args),
+        precision=args.precision or ("auto" if args.fast else "fp32"), fast=args.fast, epochs=args.epochs, max_steps=args.max_steps,
         batch_size=args.batch_size, lr=args.lr, optimizer=args.optimizer, grad_accum=args.grad_accum,
         seed=args.seed, log_every=args.log_every, warmup_steps=args.warmup_steps, metrics_file=args.metrics_file,
         checkpoint_dir=args.checkpoint_dir, save_every=args.save_every, device=args.device,
         num_workers=args.num_workers, channels_last=args.channels_last, sync_bn=args.sync_bn, keep=args.keep, resume=args.resume, async_save=args.async_save,
-        comm=args.comm, comm_warmup=args.comm_warmup, compile=args.compile,
+        comm=args.comm, comm_warmup=args.comm_warmup, compile=args.compile or args.fast,
         activation_checkpointing=args.activation_checkpointing, parallel=args.parallel, ledger=args.ledger, **observe_options(args),
     )
 

@@ -253,3 +253,9 @@ class SyntheticImages(Dataset):
         if isinstance(index, tuple):
             index = index[-1]
         return self.images[index % len(self.images)], self.labels[index % len(self.images)]
+
+    def device_batch(self, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One batch of ``size`` samples, which ``dtrain``'s loader moves to the device once and
+        hands out for every step (``DeviceLoader``): a synthetic run measures the model alone."""
+        index = torch.arange(size) % len(self.images)
+        return self.images[index], self.labels[index]

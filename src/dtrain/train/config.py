@@ -36,6 +36,8 @@ class TrainConfig:
     seed: int = 0
     log_every: int = 20
     warmup_steps: int = 5
+    fast: bool = False
+    """``--fast``: also channels-last for a conv net on CUDA (``dtrain.fastpath.auto_channels_last``)."""
     """Steps left out of every rate (compilation, autotuning, first batches; ``dtrain.metrics.throughput``)."""
     metrics_file: str | None = None
     checkpoint_dir: str | None = None

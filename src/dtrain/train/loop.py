@@ -18,9 +18,11 @@ from .. import init, preempt
 from .._log import configure_cli_logging, logger
 from ..context import Context
 from ..strategies import Strategy
-from ..data import default_num_workers, loader_options, usable_cores
+from ..data import loader_options, usable_cores
+from ..data.plan import plan_input
 from ..data.ledger import SampleLedger
 from ..errors import ConfigError, DtrainError
+from ..fastpath import auto_channels_last
 from ..options import Options, launcher_link
 from ..metrics import DataWait, JsonlSink, ProgressSink, Throughput, render_summary
 from ..metrics.throughput import SteadyRate
@@ -105,13 +107,14 @@ def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) ->
     model = task.new_model()
     if ctx.is_main:
         print(render_summary(model), flush=True)
-    optimizer = make_optimizer(cfg.optimizer or task.optimizer, model.parameters(), cfg.lr or task.lr)
-    model, optimizer = ctx.setup(model, optimizer, channels_last=cfg.channels_last, sync_bn=cfg.sync_bn,
+    optimizer = make_optimizer(cfg.optimizer or task.optimizer, model.parameters(), cfg.lr or task.lr, device=ctx.device)
+    channels_last = cfg.channels_last or (cfg.fast and auto_channels_last(model, ctx.device, ctx.strategy))
+    model, optimizer = ctx.setup(model, optimizer, channels_last=channels_last, sync_bn=cfg.sync_bn,
                                  blocks=task.blocks(model) if task.blocks else None)
-    workers = cfg.num_workers if cfg.num_workers is not None else default_num_workers(task.train_set, ctx.world.local_size)
-    loader = ctx.setup_dataloader(
-        DataLoader(task.train_set, batch_size=batch, shuffle=True, drop_last=True, **loader_options(workers, ctx.device))
-    )
+    plan = plan_input(task.train_set, local_size=ctx.world.local_size, device=ctx.device, batch_size=batch, workers=cfg.num_workers)
+    workers = plan.workers
+    loader = ctx.setup_dataloader(DataLoader(task.train_set, batch_size=batch, shuffle=True, drop_last=True,
+                                             **loader_options(workers, ctx.device, plan.prefetch_factor or 2)))
     per_epoch = loader.full_epoch_len()
     if per_epoch == 0:
         raise_small(task, batch, ctx.world_size)
