@@ -114,7 +114,7 @@ def main() -> None:
         if args.out:
             with open(args.out, "a") as fh:
                 fh.write(json.dumps(line) + "\n")
-    print(f"\n| variant | step ms (median) | speed vs eager (median of rounds) | compile s (median) | runs |\n|---|---|---|---|---|")
+    print("\n| variant | step ms (median) | speed vs eager (median of rounds) | compile s (median) | runs |\n|---|---|---|---|---|")
     for v in variants:
         ok = [r for r in rows[v] if "error" not in r]
         if not ok:
