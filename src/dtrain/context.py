@@ -163,7 +163,8 @@ class Context:
         transforms.check_options(compile=self.compile, activation_checkpointing=self.activation_checkpointing, has_blocks=bool(blocks))
         if self.activation_checkpointing:
             transforms.apply_activation_checkpointing(blocks)
-        if self.compile and blocks:
+        per_block = bool(self.compile and blocks and transforms.compile_per_block(self.strategy.capabilities, self.activation_checkpointing))
+        if per_block:
             transforms.compile_blocks(blocks)
         if self.debug and self.world.distributed:
             with torch.no_grad():
@@ -176,7 +177,7 @@ class Context:
                 inner = self.strategy.setup_model(model, self.world, blocks=blocks or None)
         else:
             inner = self.strategy.setup_model(model, self.world, blocks=blocks or None)
-        if self.compile and not blocks:
+        if self.compile and not per_block:
             inner.compile()  # the wrapped model whole (DDP: its graph split at buckets by DDPOptimizer)
         return self._step.wrap_model(inner, channels_last)
 

@@ -56,7 +56,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "or keep the full job's global batch with gradient accumulation")
     g.add_argument("--ledger", default=None, metavar="DIR",
                    help="record the samples of every committed step here (a file per rank); check with `dtrain ckpt ledger DIR`")
-    g.add_argument("--compile", action="store_true", help="torch.compile the model (per block when the task has blocks; slow first steps)")
+    g.add_argument("--compile", action="store_true", help="torch.compile the model (whole; per block under fsdp, pipeline or activation checkpointing); its time is warmup_s")
     g.add_argument("--activation-checkpointing", action="store_true",
                    help="recompute each block's activations in backward: less memory, ~1/3 more compute (tasks with blocks, e.g. lm)")
     add_parallel_arg(g)

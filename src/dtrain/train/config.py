@@ -63,7 +63,7 @@ class TrainConfig:
     comm_warmup: int | None = None
     """Plain all-reduce steps before the ``comm`` method starts (``--comm-warmup``; default 10)."""
     compile: bool = False
-    """``torch.compile`` the model (``--compile``; per block when the task declares blocks)."""
+    """``torch.compile`` the model (``--compile``; whole, or per block where ``transforms.compile_per_block`` says)."""
     activation_checkpointing: bool = False
     """Recompute each block's activations in backward (``--activation-checkpointing``)."""
     parallel: str | None = None
