@@ -108,3 +108,12 @@ def test_channels_last_for_conv_nets_on_cuda_unless_sharded():
     assert not auto_channels_last(conv, CUDA, _Strategy(True))  # fully_shard: contiguous parameters only
     assert not auto_channels_last(mlp, CUDA, _Strategy(False))
     assert not auto_channels_last(conv, CPU, _Strategy(False))
+
+
+def test_compile_goes_per_block_only_where_the_layout_needs_it():
+    from dtrain.transforms import compile_per_block
+
+    assert not compile_per_block(Capabilities(), activation_checkpointing=False)  # single, ddp: the whole model
+    assert compile_per_block(Capabilities(sharded_params=True), activation_checkpointing=False)  # fsdp, hsdp
+    assert compile_per_block(Capabilities(staged_step=True), activation_checkpointing=False)  # pipeline
+    assert compile_per_block(Capabilities(), activation_checkpointing=True)
