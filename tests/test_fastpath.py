@@ -54,6 +54,9 @@ def test_big_samples_keep_fewer_batches_in_flight():
     plan = plan_input(Decoded(), local_size=1, device=CUDA, batch_size=64, cpus=16, sample_bytes=big)
     assert plan.prefetch_factor == max(1, PREFETCH_BUDGET_BYTES // (big * 64 * 8))
     assert plan.prefetch_factor * plan.workers * 64 * big <= PREFETCH_BUDGET_BYTES or plan.prefetch_factor == 1
+    declared = Decoded()
+    declared.sample_bytes = big  # as the images task declares it for its folder
+    assert plan_input(declared, local_size=1, device=CUDA, batch_size=64, cpus=16).prefetch_factor == plan.prefetch_factor
 
 
 def _synthetic():

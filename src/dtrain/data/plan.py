@@ -19,7 +19,6 @@ pinned memory and batches in flight (``dtrain train`` and ``dtrain bench`` at th
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch.utils.data import Dataset, TensorDataset
@@ -42,7 +41,8 @@ class InputPlan:
 def plan_input(dataset: Dataset, *, local_size: int, device: torch.device, batch_size: int, workers: int | None = None,
                cpus: int | None = None, sample_bytes: int | None = None) -> InputPlan:
     """The plan for ``dataset`` on ``device`` with ``local_size`` training processes on this node.
-    ``workers``: asked for (``--num-workers``); ``cpus``, ``sample_bytes``: default counted/measured."""
+    ``workers``: asked for (``--num-workers``); ``cpus``: default counted; ``sample_bytes``: default
+    the data set's own ``sample_bytes`` (unknown: torch's prefetch)."""
     pin = device.type == "cuda"
     resident = isinstance(dataset, TensorDataset) or getattr(dataset, "in_memory", False) or hasattr(dataset, "device_batch")
     if workers is None:
@@ -69,19 +69,8 @@ def plan_input(dataset: Dataset, *, local_size: int, device: torch.device, batch
 
 
 def _sample_bytes(dataset: Dataset) -> int | None:
-    """Bytes of one sample's tensors (the first sample, decoded once); None where unknown."""
-    try:
-        sample = dataset[0]
-    except Exception:  # an unreadable first file is the loader's to report, with its path
-        return None
-    return _nbytes(sample) or None
-
-
-def _nbytes(value: Any) -> int:
-    if isinstance(value, torch.Tensor):
-        return value.numel() * value.element_size()
-    if isinstance(value, (list, tuple)):
-        return sum(_nbytes(v) for v in value)
-    if isinstance(value, dict):
-        return sum(_nbytes(v) for v in value.values())
-    return 0
+    """Bytes of one decoded sample, as the data set declares it (``sample_bytes``; the images task
+    does); None where unknown. Not measured by reading a sample: a read in the training process
+    would draw from its random generator (augmentations) and count an unreadable file twice."""
+    value = getattr(dataset, "sample_bytes", None)
+    return int(value) if isinstance(value, (int, float)) and value > 0 else None
