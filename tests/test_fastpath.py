@@ -120,3 +120,12 @@ def test_compile_goes_per_block_only_where_the_layout_needs_it():
     assert compile_per_block(Capabilities(sharded_params=True), activation_checkpointing=False)  # fsdp, hsdp
     assert compile_per_block(Capabilities(staged_step=True), activation_checkpointing=False)  # pipeline
     assert compile_per_block(Capabilities(), activation_checkpointing=True)
+
+
+def test_fast_compiles_on_cuda_only(monkeypatch):
+    from dtrain import fastpath
+
+    assert fastpath.compile_pays("cuda") and fastpath.compile_pays("cuda:1")
+    assert not fastpath.compile_pays("cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert fastpath.compile_pays(None)

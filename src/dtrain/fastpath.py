@@ -40,6 +40,15 @@ def auto_precision(device: torch.device, bf16_supported: bool | None = None) -> 
     return "bf16-mixed" if bf16_supported else "fp32"
 
 
+def compile_pays(device: str | None) -> bool:
+    """Whether ``--fast`` compiles: on CUDA (the ``--device`` asked for, or the default when a GPU
+    is visible). On a CPU the lm compiled whole ran slower than eager and took minutes to compile
+    (benchmarks/results/28-gpu-readiness.md), so ``--fast`` leaves it out there."""
+    if device is not None:
+        return str(device).startswith("cuda")
+    return torch.cuda.is_available()
+
+
 def auto_channels_last(model: nn.Module, device: torch.device, strategy: Any) -> bool:
     """Whether the fast path puts ``model`` in channels-last: a conv net (4-D weights) on CUDA,
     under a strategy that keeps whole parameters."""

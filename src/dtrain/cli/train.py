@@ -8,6 +8,7 @@ from .. import strategies
 from .._log import configure_cli_logging
 from ..comm import CommSpec
 from ..errors import ConfigError
+from ..fastpath import compile_pays
 from ..launch import launch_function
 from ..launch.preflight import check_ranks_fit
 from ..strategies import Strategy
@@ -29,7 +30,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--strategy", default="auto", help="single, ddp, dp, hvd, zero1, fsdp, hsdp or pipeline (default: ddp on several processes)")
     g.add_argument("--precision", default=None, help="fp32 (default), bf16-mixed, fp16-mixed, or auto (bf16-mixed where the GPU has bf16, else fp32)")
     g.add_argument("--fast", action="store_true",
-                   help="the fast path (docs/performance.md): --precision auto, --compile, channels-last for conv nets on CUDA; "
+                   help="the fast path (docs/performance.md): --precision auto, and on CUDA --compile and channels-last for conv nets; "
                         "fused optimizers and pinned memory are on for CUDA anyway")
     g.add_argument("--epochs", type=int, default=None, help="passes over the data (default: the task's)")
     g.add_argument("--max-steps", type=int, default=None, help="stop after this many optimizer steps")
@@ -86,7 +87,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         seed=args.seed, log_every=args.log_every, warmup_steps=args.warmup_steps, metrics_file=args.metrics_file,
         checkpoint_dir=args.checkpoint_dir, save_every=args.save_every, device=args.device,
         num_workers=args.num_workers, channels_last=args.channels_last, sync_bn=args.sync_bn, keep=args.keep, resume=args.resume, async_save=args.async_save,
-        comm=args.comm, comm_warmup=args.comm_warmup, compile=args.compile or args.fast,
+        comm=args.comm, comm_warmup=args.comm_warmup, compile=args.compile or (args.fast and compile_pays(args.device)),
         activation_checkpointing=args.activation_checkpointing, parallel=args.parallel, ledger=args.ledger, **observe_options(args),
     )
 
