@@ -87,19 +87,19 @@ def test_rates_read_as_people_read_them():
 
 @pytest.mark.slow
 def test_train_reports_steady_state_with_the_slow_first_step_apart(tmp_path):
-    # 40 steps of ~20 ms after a first step of 3 s: the whole-run rate would be ~4x lower.
+    # 40 steps of ~20 ms after a first step of 3 s. A window that held the 3 s step would read
+    # several times lower than the others (5 steps of 20 ms against 3 s: ~30x; on a loaded
+    # machine's slower steps still > 5x), so each is compared with the windows after it.
     metrics = tmp_path / "m.jsonl"
     r = run_cli(["train", "--task", "tests.slow_start_task:make", "--log-every", "10", "--metrics-file", str(metrics)], timeout=180)
     assert r.returncode == 0, r.stderr
     result = json.loads(r.stdout.strip().splitlines()[-1])
     assert result["steps"] == 40 and result["warmup_steps"] == 5
-    assert result["warmup_s"] >= 3.0
-    train_s = 40 * 16 / result["samples_per_s"]  # the time the steady rate implies for every step
-    assert train_s < 0.5 * result["wall_s"], result  # the 3 s first step is not in it
-    whole = 40 * 16 / (result["warmup_s"] + 35 * 16 / result["samples_per_s"])
-    assert result["samples_per_s"] > 2 * whole
+    assert result["warmup_s"] >= 3.0  # the slow step is reported apart
     records = [json.loads(x) for x in metrics.read_text().splitlines()]
     assert [x["step"] for x in records] == [10, 20, 30, 40]
-    assert all(x["samples_per_s"] > 2 * whole for x in records), records  # the first window starts after warm-up
+    later = sorted(x["samples_per_s"] for x in records[1:])[1]  # the median of the windows after the first
+    assert records[0]["samples_per_s"] > 0.3 * later, records  # the first window starts after warm-up
+    assert result["samples_per_s"] > 0.3 * later, (result, records)  # so does the whole run's rate
     assert re.search(r"step 10/40\s+loss=\S+\s+[\d,.]+ samples/s", r.stderr), r.stderr
     assert "samples_per_s=" not in r.stderr
