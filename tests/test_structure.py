@@ -65,7 +65,7 @@ LAYERS = {
     "context": 2, "startup": 2, "step": 2, "evaluation": 2, "preempt": 2,
     # 3: the mechanisms
     "strategies": 3, "parallel": 3, "precision": 3, "comm": 3, "data": 3, "checkpoint": 3, "metrics": 3, "diag": 3,
-    "collectives": 3, "options": 3, "transforms": 3, "convnets": 3,
+    "collectives": 3, "options": 3, "transforms": 3, "convnets": 3, "fastpath": 3,
     # 4: the ground
     "world": 4, "netif": 4, "reach": 4, "slurm": 4, "errors": 4, "_log": 4, "_version": 4, "_check": 4,
 }

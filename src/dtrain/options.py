@@ -57,6 +57,21 @@ class Options:
         )
 
 
+FAKE_GPUS_ENV = "DTRAIN_FAKE_GPUS"
+
+
+def fake_gpu_count(env: Mapping[str, str] | None = None) -> int | None:
+    """``DTRAIN_FAKE_GPUS=N``: a test hook that makes ``dtrain.launch.preflight.cuda_device_count`` say N, so the
+    checks of ranks against GPUs can be tested on a machine without one; None when unset."""
+    env = os.environ if env is None else env
+    text = env.get(FAKE_GPUS_ENV)
+    if not text:
+        return None
+    if not text.isdigit():
+        raise ConfigError(f"{FAKE_GPUS_ENV}={text!r} is not a number of GPUs; give e.g. {FAKE_GPUS_ENV}=1.")
+    return int(text)
+
+
 def launcher_link(env: Mapping[str, str] | None = None) -> tuple[int, str | None]:
     """``(DTRAIN_LAUNCHER_PID, DTRAIN_LAUNCH_DIR)``: the launcher whose death must end this
     worker (0: none) and its private folder (worker pid files, error reports). Read apart from

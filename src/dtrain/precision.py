@@ -37,8 +37,12 @@ class Precision:
         """Turn a preset name into a Precision for ``device``; raises ConfigError for unknown names."""
         if isinstance(name, Precision):
             return name
+        if name == "auto":  # the fast path: bf16 where the GPU has it, else fp32 (dtrain.fastpath)
+            from .fastpath import auto_precision
+
+            name = auto_precision(device)
         if name not in PRESETS:
-            raise ConfigError(f"unknown precision {name!r}; choose one of: {', '.join(PRESETS)}.")
+            raise ConfigError(f"unknown precision {name!r}; choose one of: {', '.join(PRESETS)}, auto.")
         dtype = device.type
         if name == "fp32":
             return cls(name=name, device_type=dtype)

@@ -53,7 +53,7 @@ def init(
     ``comm`` (default ``$DTRAIN_COMM`` or ``none``): how DDP's gradients travel, one of
     ``none, fp16, bf16, powersgd[:RANK], localsgd[:H], auto`` (see ``dtrain.comm``), after
     ``comm_warmup`` plain steps (default ``$DTRAIN_COMM_WARMUP``, else 10; auto: 8 measured steps).
-    ``compile``: ``torch.compile`` the model in ``ctx.setup`` (per block when blocks are given).
+    ``compile``: ``torch.compile`` the model in ``ctx.setup`` (whole; per block under fsdp, pipeline or activation checkpointing).
     ``activation_checkpointing``: recompute each block's activations in backward (needs
     ``ctx.setup(..., blocks=...)``). See ``dtrain.transforms`` for the order they are applied in.
     ``parallel`` (default ``$DTRAIN_PARALLEL``): how ranks split, e.g. ``{"dp_shard": 2, "tp": 2}``

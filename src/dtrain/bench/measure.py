@@ -29,6 +29,9 @@ class Recorder:
     repeats: list[float] = field(default_factory=list)
     """Wall seconds of each measured repeat."""
     steps_per_repeat: int = 0
+    warmup_s: float | None = None
+    """Wall seconds of the warm-up steps (compilation, autotuning, first batches): kept out of
+    every rate, reported apart."""
     compute_only_ms: list[float] = field(default_factory=list)
     """forward+backward times (ms) of steps run without gradient communication."""
     loss_curve: list[tuple[float, float]] = field(default_factory=list)

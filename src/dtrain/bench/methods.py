@@ -59,9 +59,10 @@ def layout_methods(layouts: list[str], nproc: int) -> list[Method]:
     return out
 
 
-def parse_methods(text: str | None) -> list[Method]:
-    """``a,b,c`` -> Methods; the default set drops GPU-only methods on a machine without CUDA.
-    The ``single`` baseline is always added (scaling efficiency needs it)."""
+def parse_methods(text: str | None, device: str | None = None) -> list[Method]:
+    """``a,b,c`` -> Methods; the default set drops GPU-only methods on a machine without CUDA
+    (or with ``device`` cpu). The ``single`` baseline is always added (scaling efficiency needs it)."""
+    cuda = torch.cuda.is_available() and (device is None or str(device).startswith("cuda"))
     if text:
         names = [n.strip() for n in text.split(",") if n.strip()]
         unknown = [n for n in names if n not in METHODS]
@@ -69,11 +70,12 @@ def parse_methods(text: str | None) -> list[Method]:
             raise ConfigError(f"unknown bench method(s) {', '.join(unknown)}; choose from: {', '.join(METHODS)}.")
         if len(set(names)) != len(names):
             raise ConfigError(f"--methods lists a method twice: {text!r}.")
-        gpu = [n for n in names if METHODS[n].gpu_only and not torch.cuda.is_available()]
+        gpu = [n for n in names if METHODS[n].gpu_only and not cuda]
         if gpu:
-            raise ConfigError(f"method(s) {', '.join(gpu)} need a GPU and none is visible; drop them from --methods.")
+            where = "this bench runs on the CPU (--device cpu)" if torch.cuda.is_available() else "none is visible"
+            raise ConfigError(f"method(s) {', '.join(gpu)} need a GPU and {where}; drop them from --methods.")
     else:
-        names = [n for n in DEFAULT_METHODS if torch.cuda.is_available() or not METHODS[n].gpu_only]
+        names = [n for n in DEFAULT_METHODS if cuda or not METHODS[n].gpu_only]
     if "single" not in names:
         names.insert(0, "single")
     return [METHODS[n] for n in names]

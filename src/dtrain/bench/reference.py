@@ -70,8 +70,10 @@ def main(argv: list[str] | None = None) -> None:
         optimizer.zero_grad(set_to_none=True)
         rec.add_step(t0, t_data, t_fb, t_fb, rec.clock(), loss.item(), measured)
 
+    t_warm = rec.clock()
     for _ in range(args.warmup):
         step(False)
+    rec.warmup_s = round(rec.clock() - t_warm, 4)
     rec.steps_per_repeat = args.steps
     for _ in range(args.repeats):
         dist.barrier()
@@ -108,4 +110,10 @@ def _accuracy(net: torch.nn.Module, task, device: torch.device) -> float:
 
 
 if __name__ == "__main__":
-    main()
+    import faulthandler
+
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    faulthandler.enable()  # a rank killed by a signal (a backend's abort) still says where
+    # record: torchrun's failure summary then carries this rank's exception, not only "ChildFailedError".
+    record(main)()

@@ -52,8 +52,10 @@ def summarise(run: MethodRun, baseline_sps: float | None) -> dict[str, Any]:
     sps = statistics.median(rates)
     fb, comm_wait = statistics.median(phases["forward_backward"]), statistics.median(phases["comm_wait"])
     compute_ms = statistics.median(compute) if compute else fb
+    warm = [max(r.get("warmup_s") or 0.0 for r in records) for records in run.records]
     row.update(
         samples_per_s=round(sps, 2),
+        warmup_s=round(statistics.median(warm), 3),
         samples_per_s_runs=[round(x, 2) for x in rates],
         scaling_efficiency=round(sps / (run.nproc * baseline_sps), 3) if baseline_sps else None,
         step_time_ms_p50=round(percentile(step_ms, 0.5), 3),
@@ -125,12 +127,16 @@ def cpu_flags(cpuinfo: str | None = None) -> list[str]:
     return [f for f in LOW_PRECISION_FLAGS if f in have]
 
 
-def build_report(cfg: BenchConfig, runs: list[MethodRun]) -> dict[str, Any]:
+def build_report(cfg: BenchConfig, runs: list[MethodRun], *, skipped: list[dict[str, str]] | None = None,
+                 notes: list[str] | None = None) -> dict[str, Any]:
+    """``skipped``: methods that cannot run on this machine, each with why; ``notes``: what was
+    changed to fit it (``dtrain.bench.fit``)."""
     base = next((r for r in runs if r.method.name == "single"), None)
     base_sps = summarise(base, None).get("samples_per_s") if base else None
     return {"config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(cfg).items()},
             "environment": environment(cfg),
-            "methods": [summarise(r, base_sps) for r in runs]}
+            "methods": [summarise(r, base_sps) for r in runs],
+            "skipped": list(skipped or []), "notes": list(notes or [])}
 
 
 def _num(x: float | None) -> str:
@@ -156,7 +162,7 @@ def markdown(report: dict[str, Any]) -> str:
     metric = ok[0]["metric_name"] if ok else "test_acc"
     tokens = any(m.get("tokens_per_s") for m in ok)  # sequence tasks (lm): tokens/s beside samples/s
     epoch = any(m.get("epoch_s") for m in ok)
-    cols = ["method", "procs", "samples/s", *(["tokens/s"] if tokens else []), *(["epoch s"] if epoch else []), "scaling eff.", "step p50 ms", "step p90 ms",
+    cols = ["method", "procs", "samples/s", *(["tokens/s"] if tokens else []), *(["epoch s"] if epoch else []), "scaling eff.", "warm-up s", "step p50 ms", "step p90 ms",
             "data ms", "fwd+bwd ms", "optim ms", "exposed comm ms", "peak mem MiB/rank", "state MiB/rank", "comm MiB/step",
             "final loss", metric.replace("_", " ")]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
@@ -168,12 +174,13 @@ def markdown(report: dict[str, Any]) -> str:
         eff = "-" if m["scaling_efficiency"] is None else f"{m['scaling_efficiency']:.2f}"
         lines.append("| " + " | ".join(str(x) for x in (
             m["method"], m["processes"], f"{m['samples_per_s']:.1f}", *([f"{m['tokens_per_s']:.0f}"] if tokens else []),
-            *([_num(m.get("epoch_s"))] if epoch else []), eff, f"{m['step_time_ms_p50']:.2f}",
+            *([_num(m.get("epoch_s"))] if epoch else []), eff, _num(m.get("warmup_s")), f"{m['step_time_ms_p50']:.2f}",
             f"{m['step_time_ms_p90']:.2f}", f"{b['data_wait']:.2f}", f"{b['forward_backward']:.2f}", f"{b['optimizer']:.2f}",
             f"{b['exposed_comm']:.2f}", "/".join(f"{x:.0f}" for x in m["peak_mem_mib_per_rank"]),
             "/".join("-" if x is None else f"{x:.2f}" for x in m.get("state_mib_per_rank", [])),
             _mib(m["comm_bytes_per_step"]), _or_dash(m["final_loss"]), _or_dash(m.get(metric)))) + " |")
-    notes = ("\nsamples/s: median over repeats of (samples of all ranks / slowest rank's time). Epoch s: the training "
+    notes = ("\nsamples/s: median over repeats of (samples of all ranks / slowest rank's time), after the warm-up "
+             "steps (compilation, autotuning, first batches; their wall time is `warm-up s`). Epoch s: the training "
              "set's samples / samples/s (the seed project's time per epoch). Scaling efficiency: "
              "samples/s / (processes x samples/s of `single`). Exposed comm: backward's extra time over the same step "
              "without gradient sync, plus time waiting for gradients in the optimizer. Peak memory: "
@@ -181,7 +188,9 @@ def markdown(report: dict[str, Any]) -> str:
              "a step (shards only under zero1/fsdp, one stage under pipeline). Comm MiB/step: bytes each rank hands "
              "to collectives per step (gradients to all-reduce; zero1 adds the parameter broadcast, fsdp is two "
              "parameter all-gathers and one gradient reduce-scatter; '-' when unknown).\n")
-    return head + "\n".join(lines) + "\n" + notes
+    fitted = "".join(f"\n- {n}" for n in report.get("notes", []))
+    fitted += "".join(f"\n- skipped `{s['method']}`: {s['why']}" for s in report.get("skipped", []))
+    return head + "\n".join(lines) + "\n" + (fitted + "\n" if fitted else "") + notes
 
 
 def write_chart(report: dict[str, Any], path: str) -> str | None:

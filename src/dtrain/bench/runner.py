@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -115,12 +116,27 @@ def _read(folder: str, nproc: int) -> list[dict[str, Any]] | None:
         return None
 
 
+# An exception line of a Python traceback, as a worker prints it (torch prefixes "[rank0]:").
+_EXCEPTION = re.compile(r"^(?:\[rank\d+\]:\s*)?((?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Exit|Interrupt)\b(?::.*)?)$")
+_LAUNCHER = ("ChildFailedError", "SignalException")
+
+
 def _last_error(proc: subprocess.CompletedProcess) -> str:
-    lines = [ln for ln in (proc.stderr or "").splitlines() if ln.strip()]
+    """The failure's cause in one line: a worker's own ``dtrain: error:`` line, else the first
+    exception a worker raised (torchrun's ChildFailedError summary names no cause), else the
+    last line that mentions an error."""
+    lines = [ln.strip() for ln in ((proc.stderr or "") + "\n" + (proc.stdout or "")).splitlines() if ln.strip()]
+    for ln in lines:
+        if "dtrain: error:" in ln:
+            return ln[ln.index("dtrain: error:"):][:300]
+    for ln in lines:
+        m = _EXCEPTION.match(ln)
+        if m and not any(name in ln for name in _LAUNCHER):
+            return m.group(1)[:300]
     for ln in reversed(lines):
         if "error" in ln.lower():
-            return ln.strip()[:300]
-    return lines[-1].strip()[:300] if lines else ""
+            return ln[:300]
+    return lines[-1][:300] if lines else ""
 
 
 def _keep_log(out: str, name: str, proc: subprocess.CompletedProcess) -> None:

@@ -9,7 +9,8 @@ from torch.utils.data import DataLoader
 
 import dtrain
 from dtrain.bench.measure import Recorder, forever, task_options, worker_parser
-from dtrain.data import default_num_workers, loader_options
+from dtrain.data import loader_options
+from dtrain.data.plan import plan_input
 from dtrain.errors import DtrainError
 from dtrain.tasks import load_task, make_optimizer
 
@@ -33,10 +34,11 @@ def main(argv: list[str] | None = None) -> None:
 def measure(ctx: dtrain.Context, task, args) -> Recorder:
     batch = args.batch_size or task.batch_size
     model = task.new_model()
-    optimizer = make_optimizer(task.optimizer, model.parameters(), args.lr or task.lr)
+    optimizer = make_optimizer(task.optimizer, model.parameters(), args.lr or task.lr, device=ctx.device)
     model, optimizer = ctx.setup(model, optimizer, blocks=task.blocks(model) if task.blocks else None)
-    workers = args.num_workers if args.num_workers is not None else default_num_workers(task.train_set, ctx.world.local_size)
-    loader = ctx.setup_dataloader(DataLoader(task.train_set, batch_size=batch, shuffle=True, drop_last=True, **loader_options(workers, ctx.device)))
+    plan = plan_input(task.train_set, local_size=ctx.world.local_size, device=ctx.device, batch_size=batch, workers=args.num_workers)
+    loader = ctx.setup_dataloader(DataLoader(task.train_set, batch_size=batch, shuffle=True, drop_last=True,
+                                             **loader_options(plan.workers, ctx.device, plan.prefetch_factor or 2)))
     batches = forever(loader)
     inner = optimizer.optimizer
     synchronize = getattr(inner, "synchronize", None)  # hvd: gradients are waited for here
@@ -64,8 +66,10 @@ def measure(ctx: dtrain.Context, task, args) -> Recorder:
         optimizer.zero_grad(set_to_none=True)
         rec.add_step(t0, t_data, t_fb, t_comm, rec.clock(), loss.item(), measured)
 
+    t_warm = rec.clock()
     for _ in range(args.warmup):
         step(False)
+    rec.warmup_s = round(rec.clock() - t_warm, 4)
     rec.steps_per_repeat = args.steps
     ctx.breakdown.finish()
     ctx.breakdown.reset()  # the breakdown of the measured steps only

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 
 from .. import _check as check
 from .._log import configure_cli_logging
 from ..bench import parse_methods
+from ..bench.fit import fit_methods
 from ..bench.methods import layout_methods
 from ..bench.report import build_report, markdown, write_report
 from ..bench.runner import BenchConfig, run_bench
@@ -25,7 +27,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--methods", default=None, help="comma-separated (default: reference,dp,ddp,ddp-spawn,ddp-bf16,ddp-fp16 on GPU,hvd)")
     p.add_argument("--parallel", action="append", default=[], metavar="LAYOUT",
                    help="also measure this --parallel layout (repeatable), e.g. --parallel dp_shard=2,tp=2 --parallel tp=4 (with --methods ddp: a baseline)")
-    p.add_argument("-n", "--nproc", type=int, default=2, metavar="NPROC", help="processes per multi-process method (default 2)")
+    p.add_argument("-n", "--nproc", type=int, default=None, metavar="NPROC",
+                   help="processes per multi-process method (default 2; on GPUs at most one per GPU)")
     p.add_argument("--steps", type=int, default=20, help="measured steps per repeat (default 20)")
     p.add_argument("--warmup", type=int, default=5, help="steps before measuring, not counted (default 5)")
     p.add_argument("--repeats", type=int, default=3, help="measured repeats per run (default 3)")
@@ -40,6 +43,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> BenchConfig:
+    if args.nproc is None:
+        args.nproc = DEFAULT_NPROC
     for flag in ("nproc", "steps", "repeats", "rounds"):
         if getattr(args, flag) < 1:
             raise ConfigError(f"--{flag} must be >= 1, got {getattr(args, flag)}.")
@@ -63,16 +68,25 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     )
 
 
+DEFAULT_NPROC = 2
+
+
 def main(args: argparse.Namespace) -> int:
     configure_cli_logging(0, verbose=False)
+    given = args.nproc is not None
     cfg = config_from_args(args)
-    methods = parse_methods(args.methods) + layout_methods(args.parallel, cfg.nproc)
+    fit = fit_methods(parse_methods(args.methods, device=cfg.device), cfg.nproc, cfg.device, nproc_given=given)
+    if fit.nproc != cfg.nproc:
+        cfg = dataclasses.replace(cfg, nproc=fit.nproc, threads=args.threads or max(1, (os.cpu_count() or 1) // fit.nproc))
+    for line in fit.notes + [f"skipped {s['method']}: {s['why']}" for s in fit.skipped]:
+        print(f"dtrain bench: {line}", flush=True)
+    methods = fit.methods + layout_methods(args.parallel, cfg.nproc)
     task = load_task(cfg.task, data_dir=cfg.data_dir, options=parse_task_args(list(cfg.task_args)))  # fail fast
     batch = cfg.batch_size or task.batch_size
     if len(task.train_set) < batch * cfg.nproc:
         raise ConfigError(f"task {task.name!r} has {len(task.train_set)} samples, fewer than one batch of {batch} per process; lower --batch-size.")
     runs = run_bench(cfg, methods, echo=lambda s: print(s, flush=True))
-    report = build_report(cfg, runs)
+    report = build_report(cfg, runs, skipped=fit.skipped, notes=fit.notes)
     files = write_report(report, cfg.out)
     print()
     print(markdown(report))

@@ -82,7 +82,8 @@ def slurm_step(args: argparse.Namespace) -> SlurmStep | None:
 
 def launch_spec(args: argparse.Namespace) -> LaunchSpec:
     export_diagnostics(args)
-    check.seconds("--rdzv-timeout", args.rdzv_timeout)  # nan passed the spec's own comparisons
+    if args.rdzv_timeout is not None:  # None: the start-up bound (--startup-timeout)
+        check.seconds("--rdzv-timeout", args.rdzv_timeout)  # nan passed the spec's own comparisons
     check.number("--rdzv-last-call", args.rdzv_last_call)
     if args.master_addr is not None:
         check.host("--master-addr", args.master_addr)

@@ -21,6 +21,7 @@ from .. import netif
 from .._version import __version__
 from ..diag.probe import bus_bandwidth, time_all_reduce
 from ..errors import DtrainError
+from ..launch import preflight
 from ..launch.store import host_store
 from ..testing import run_distributed
 from ..world import destroy_process_group
@@ -198,11 +199,11 @@ def check_rendezvous(cfg: DoctorConfig) -> tuple[Check, dist.Store | None, bool]
 _SIZES = [8, 1 << 20, 16 << 20]
 
 
-def _probe_body(sizes: list[int], reps: int) -> dict[int, float]:
-    """Collective: every rank. The probe between 2 local processes."""
+def _probe_body(sizes: list[int], reps: int, device: str | None = None) -> dict[int, float]:
+    """Collective: every rank. The probe between local processes (``device`` None: each rank's GPU)."""
     import dtrain
 
-    ctx = dtrain.init("single", stall_timeout=0)
+    ctx = dtrain.init("single", device=device, stall_timeout=0)
     out = time_all_reduce(ctx.device, sizes, reps)
     ctx.close()
     return out
@@ -227,23 +228,51 @@ def check_allreduce(cfg: DoctorConfig, store: dist.Store | None = None) -> Check
     if not cfg.probe:
         return Check("all-reduce", "INFO", "probe skipped (--no-probe)")
     backend = "nccl" if torch.cuda.is_available() else "gloo"
-    n, who = (cfg.nnodes, f"{cfg.nnodes} nodes") if cfg.nnodes > 1 else (2, "2 local processes")
+    n, who, note = (cfg.nnodes, f"{cfg.nnodes} nodes", "") if cfg.nnodes > 1 else (0, "", "")
     try:
         if cfg.nnodes > 1:
             if store is None:
                 return Check("all-reduce", "INFO", "probe between the nodes skipped (no rendezvous, or a node runs with --no-probe)")
             res = _probe_nodes(cfg, store)
         else:
-            res = run_distributed(_probe_body, _SIZES, 10, world_size=2, timeout=120)[0]
+            n, device, note = local_probe_size(preflight.cuda_device_count())
+            backend = "gloo" if device == "cpu" else "nccl"
+            who = f"{n} local processes"
+            res = run_distributed(_probe_body, _SIZES, 10, device, world_size=n, timeout=120)[0]
     except Exception as exc:  # noqa: BLE001 - any failure is the check's result
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = _cause(exc)
         fix = ("the nodes met in the store but cannot connect to each other: set GLOO_SOCKET_IFNAME (NCCL_SOCKET_IFNAME) to the "
                "interface of the network the nodes share, and open the ports between them") if cfg.nnodes > 1 else "run `dtrain env` and report it"
         return Check("all-reduce", "FAIL", f"{who} could not all-reduce ({first})", fix)
     lat = res[8] * 1e6
     bw = bus_bandwidth(16 << 20, res[16 << 20], n) / 1e9
     return Check("all-reduce", "PASS", f"{who} ({backend}): latency {lat:.0f} us (8 B), "
-                 f"bus bandwidth {bw:.2f} GB/s (16 MiB, nccl-tests' definition)")
+                 f"bus bandwidth {bw:.2f} GB/s (16 MiB, nccl-tests' definition){note}")
+
+
+#: At most this many local processes in the probe (one per GPU): enough to see the links.
+PROBE_MAX_PROCS = 8
+
+
+def local_probe_size(gpus: int) -> tuple[int, str | None, str]:
+    """(processes, their device, a note) of the one-node probe: one process per GPU on nccl
+    (two ranks on one GPU is an error NCCL reports as "Duplicate GPU detected"), else two CPU
+    processes on gloo (no GPU, or one: no pair of GPUs to all-reduce between)."""
+    if gpus >= 2:
+        return min(gpus, PROBE_MAX_PROCS), None, ""
+    if gpus == 1:
+        return 2, "cpu", "; 1 GPU: no GPU pair on this node, so the probe used gloo on the CPU"
+    return 2, "cpu", ""
+
+
+def _cause(exc: BaseException) -> str:
+    """One line that says why: a failed rank's own exception where the harness has it."""
+    from ..testing import DistributedTestError
+
+    if isinstance(exc, DistributedTestError):
+        return exc.first_cause()[:300]
+    text = str(exc).strip()
+    return (f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__)[:300]
 
 
 def check_shm() -> Check:

@@ -78,12 +78,14 @@ def main(args: argparse.Namespace) -> int:
     for name, value in (("--nproc", args.nproc), ("--batch-size", args.batch_size), ("--grad-accum", args.grad_accum),
                         ("--microbatches", args.microbatches), ("--profile-threads", args.profile_threads), ("--top", args.top)):
         _positive(name, value)
-    if args.precision not in PRESETS:
+    if args.precision not in (*PRESETS, None, "auto"):
         raise ConfigError(f"unknown precision {args.precision!r}; choose one of: {', '.join(PRESETS)}.")
     nnodes, max_nodes = parse_nnodes(args.nnodes)
     if max_nodes is not None or nnodes < 1:
         raise ConfigError(f"--nnodes {args.nnodes!r}: a plan is for a fixed number of nodes >= 1; write e.g. --nnodes 4.")
     clu = cluster_from_args(args, args.nproc or 1, nnodes)
+    if args.precision in (None, "auto"):  # as train: fp32 unless asked; auto is bf16 on a GPU cluster
+        args.precision = "bf16-mixed" if args.precision == "auto" and clu.is_gpu else "fp32"
     task = load_task(args.task, data_dir=args.data_dir, options=parse_task_args(args.task_arg))
     batch = args.batch_size or task.batch_size
     if batch % args.grad_accum:

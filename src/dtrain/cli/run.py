@@ -9,6 +9,7 @@ import sys
 from .._log import configure_cli_logging
 from ..errors import ConfigError
 from ..launch import launch_script
+from ..launch.preflight import check_ranks_fit
 from ..launch.runner import run_script
 from .common import add_comm_args, add_launch_args, export_comm, export_diagnostics, launch_spec, slurm_step
 from .parallel import add_parallel_arg, export_parallel
@@ -55,6 +56,8 @@ def main(args: argparse.Namespace) -> int:
         run_script(args.script, list(args.args))
         return 0
     spec = launch_spec(args)
+    # dtrain.init puts each rank on the GPU of its local rank when there is one.
+    check_ranks_fit(spec.nproc, cpu_fix="CUDA_VISIBLE_DEVICES= (no GPU: dtrain.init then uses the CPU)")
     export_parallel(args, spec.world_size)
     code = launch_script(spec, args.script, list(args.args))
     _explain_local_rank_refusal(args, code)

@@ -8,7 +8,9 @@ from .. import strategies
 from .._log import configure_cli_logging
 from ..comm import CommSpec
 from ..errors import ConfigError
+from ..fastpath import compile_pays
 from ..launch import launch_function
+from ..launch.preflight import check_ranks_fit
 from ..strategies import Strategy
 from ..tasks import Task, load_task
 from ..train import TrainConfig, worker_main
@@ -24,6 +26,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     g = p.add_argument_group("what to train")
     add_task_args(g)
     g.add_argument("--strategy", default="auto", help="single, ddp, dp, hvd, zero1, fsdp, hsdp or pipeline (default: ddp on several processes)")
+    g.add_argument("--fast", action="store_true",
+                   help="the fast path (docs/performance.md): --precision auto, and on CUDA --compile and channels-last for conv nets; "
+                        "fused optimizers and pinned memory are on for CUDA anyway")
     g.add_argument("--epochs", type=int, default=None, help="passes over the data (default: the task's)")
     g.add_argument("--max-steps", type=int, default=None, help="stop after this many optimizer steps")
     g.add_argument("--lr", type=float, default=None, help="learning rate (default: the task's)")
@@ -33,6 +38,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--channels-last", action="store_true", help="model and image batches in channels-last (NHWC) layout; conv nets")
     g.add_argument("--sync-bn", action="store_true", help="BatchNorm statistics across ranks (SyncBatchNorm, GPU only)")
     g.add_argument("--log-every", type=int, default=20, help="steps between progress lines / metrics records")
+    g.add_argument("--warmup-steps", type=int, default=5,
+                   help="first steps left out of every rate (samples/s, tokens/s, MFU); their time is warmup_s (default 5)")
     g.add_argument("--metrics-file", default=None, help="append one JSON line per log interval to this file")
     g.add_argument("--checkpoint-dir", default=None, help="save the full training state here (at the end, and every --save-every steps)")
     g.add_argument("--save-every", type=int, default=None, help="also save every N steps")
@@ -44,7 +51,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "or keep the full job's global batch with gradient accumulation")
     g.add_argument("--ledger", default=None, metavar="DIR",
                    help="record the samples of every committed step here (a file per rank); check with `dtrain ckpt ledger DIR`")
-    g.add_argument("--compile", action="store_true", help="torch.compile the model (per block when the task has blocks; slow first steps)")
+    g.add_argument("--compile", action="store_true", help="torch.compile the model (whole; per block under fsdp, pipeline or activation checkpointing); its time is warmup_s")
     add_parallel_arg(g)
     add_observe_args(p)
     add_sharding_args(p)
@@ -58,7 +65,7 @@ def add_task_args(g: argparse._ActionsContainer) -> None:
     g.add_argument("--task", default="digits", help="digits (default), images, lm, mnist, synthetic, or MODULE:FUNCTION")
     g.add_argument("--task-arg", action="append", default=[], metavar="KEY=VALUE", help="option for the task function (repeatable)")
     g.add_argument("--data-dir", default=None, help="folder with the task's data files (mnist: the IDX files; images: DIR/train/CLASS/*.jpg; lm: a text file or folder, default the Python stdlib)")
-    g.add_argument("--precision", default="fp32", help="fp32 (default), bf16-mixed, fp16-mixed")
+    g.add_argument("--precision", default=None, help="fp32 (default), bf16-mixed, fp16-mixed, or auto (bf16-mixed where the GPU has bf16, else fp32)")
     g.add_argument("--batch-size", type=int, default=None, help="batch of one process (default: the task's)")
     g.add_argument("--optimizer", default=None, help="sgd, adam, adamw or adadelta (default: the task's)")
     g.add_argument("--grad-accum", type=int, default=1, help="micro-batches per batch; gradients sync once per batch")
@@ -79,12 +86,13 @@ def parse_task_args(pairs: list[str]) -> dict[str, str]:
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
     return TrainConfig(
         task=args.task, task_args=parse_task_args(args.task_arg), data_dir=args.data_dir,
-        strategy=args.strategy, strategy_options=strategy_options(args), precision=args.precision, epochs=args.epochs, max_steps=args.max_steps,
+        strategy=args.strategy, strategy_options=strategy_options(args),
+        precision=args.precision or ("auto" if args.fast else "fp32"), fast=args.fast, epochs=args.epochs, max_steps=args.max_steps,
         batch_size=args.batch_size, lr=args.lr, optimizer=args.optimizer, grad_accum=args.grad_accum,
-        seed=args.seed, log_every=args.log_every, metrics_file=args.metrics_file,
+        seed=args.seed, log_every=args.log_every, warmup_steps=args.warmup_steps, metrics_file=args.metrics_file,
         checkpoint_dir=args.checkpoint_dir, save_every=args.save_every, device=args.device,
         num_workers=args.num_workers, channels_last=args.channels_last, sync_bn=args.sync_bn, keep=args.keep, resume=args.resume, async_save=args.async_save,
-        comm=args.comm, comm_warmup=args.comm_warmup, compile=args.compile,
+        comm=args.comm, comm_warmup=args.comm_warmup, compile=args.compile or (args.fast and compile_pays(args.device)),
         activation_checkpointing=args.activation_checkpointing, parallel=args.parallel, ledger=args.ledger, **observe_options(args),
     )
 
@@ -118,6 +126,8 @@ def main(args: argparse.Namespace) -> int:
         worker_main(cfg, world=world)
         return 0
     spec = launch_spec(args)
+    if spec.needs_launch:
+        check_ranks_fit(spec.nproc, cfg.device)  # one line now, not NCCL's "Duplicate GPU" after the start
     check_layout(cfg.parallel, spec.world_size, cfg.strategy)
     # Built here to check the input; a run in this process uses them (a launched worker builds its own).
     strategy, task = validate(cfg, world, distributed=spec.needs_launch and spec.world_size > 1 or world.distributed)

@@ -79,13 +79,14 @@ def default_num_workers(dataset: Dataset, local_size: int, cpus: int | None = No
     return min(8, spare) if spare >= 1 else 0
 
 
-def loader_options(num_workers: int, device: torch.device) -> dict[str, Any]:
+def loader_options(num_workers: int, device: torch.device, prefetch_factor: int = 2) -> dict[str, Any]:
     """DataLoader keywords that keep the input flowing: pinned host memory on CUDA (the copy to
     the device can then overlap compute), and with workers, workers that live across epochs
-    (no start-up per epoch) and two batches in flight per worker (torch's default)."""
+    (no start-up per epoch) and ``prefetch_factor`` batches in flight per worker (torch's default 2;
+    ``dtrain.data.plan`` chooses it)."""
     options: dict[str, Any] = {"num_workers": num_workers, "pin_memory": device.type == "cuda"}
     if num_workers > 0:
-        options.update(persistent_workers=True, prefetch_factor=2)
+        options.update(persistent_workers=True, prefetch_factor=prefetch_factor)
         # A process started by multiprocessing's spawn (dtrain run's default launcher) inherits
         # "spawn" as its start method (multiprocessing.spawn.prepare), so each DataLoader worker
         # would import torch, torchvision and the task again: a 25 s first batch with 2 workers
@@ -123,6 +124,7 @@ class DeviceLoader:
         self._yielded = 0  # batches handed out in the epoch in progress
         self._len = 0  # batches in the epoch in progress
         self._done = False  # the last iteration ran to its end
+        self._fixed: Any = None  # the batch of a data set with ``device_batch``, on the device
 
     @property
     def last_batch(self) -> tuple[int, list[int], list[int] | None]:
@@ -156,14 +158,30 @@ class DeviceLoader:
         if self.loader.generator is not None:  # workers' seeds follow (seed, epoch, rank), not history
             s = self.sampler
             self.loader.generator.manual_seed((s.seed * 1_000_003 + s._next_epoch) * 4099 + s.rank)
-        for i, batch in enumerate(self.loader, start=1):
+        for i, batch in enumerate(self._batches(move), start=1):
             if i == n:
                 self._on_last(True)
             self._yielded = i
             if self._on_batch is not None:
                 self._on_batch()  # the stall watchdog's heartbeat
-            yield to_device(batch, self.device) if move else batch
+            yield batch
         self._done = True
+
+    def _batches(self, move: bool) -> Iterator[Any]:
+        """The DataLoader's batches on the device; for a data set that makes its own batch
+        (``device_batch``, e.g. the images task's ``source=synthetic``) that batch, made and moved
+        once, for every index batch of the sampler: the model's cost alone, with no collation
+        or host-to-device copy per step (as Horovod's synthetic benchmark keeps one batch on the
+        GPU), while epochs, positions and the ledger advance as with real data."""
+        make = getattr(self.dataset, "device_batch", None)
+        if make is None:
+            for batch in self.loader:
+                yield to_device(batch, self.device) if move else batch
+            return
+        if self._fixed is None or len(self._fixed[0]) != self.loader.batch_size:
+            self._fixed = to_device(make(self.loader.batch_size), self.device)
+        for _ in self.loader.batch_sampler:
+            yield self._fixed
 
     def state_dict(self) -> dict[str, int]:
         """Where the data stands: the epoch and how many samples of its global order all ranks

@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime
 import errno
 import json
+import os
 import platform
 import socket
 import threading
@@ -126,3 +127,44 @@ def _compare(mine: dict, me: int, theirs: dict, other: int) -> None:
                 f"nodes run different {key} versions: node {me} ({mine['host']}) has {mine[key]}, node {other} "
                 f"({theirs['host']}) has {theirs[key]}; install the same version on every node."
             )
+
+
+def check_ranks_fit(nproc: int, device: str | None = None, *, cpu_fix: str = "--device cpu", gpus: int | None = None) -> None:
+    """Before any process starts: the ``nproc`` ranks of this node each need a GPU of their own
+    when they train on CUDA (NCCL refuses two ranks on one GPU: "Duplicate GPU detected", which
+    otherwise surfaces as a failed rendezvous). ``device``: what the ranks were told (None: CUDA
+    when there is one); ``cpu_fix``: how this command trains on the CPU instead; ``gpus``: the
+    count (default: ``cuda_device_count()``)."""
+
+    if device is not None and not str(device).startswith("cuda"):
+        return
+    gpus = cuda_device_count() if gpus is None else gpus
+    if gpus == 0:
+        return  # the CPU with gloo (a --device cuda without CUDA is check_device's error)
+    where = f"{gpus} usable GPU(s)"
+    if device is not None and ":" in str(device):
+        gpus, where = 1, f"one GPU ({device}) for all of them"
+    if nproc <= gpus:
+        return
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    seen = f"torch.cuda.device_count() with CUDA_VISIBLE_DEVICES={visible!r}" if visible is not None else "torch.cuda.device_count()"
+    raise ConfigError(
+        f"-n {nproc} starts {nproc} processes on this node but they have {where} ({seen}); NCCL needs a GPU per "
+        f"process: use -n {gpus}, or {cpu_fix} to run {nproc} processes on the CPU with gloo."
+    )
+
+
+def cuda_device_count() -> int:
+    """The GPUs this process can use: ``torch.cuda.device_count()`` (which honours
+    CUDA_VISIBLE_DEVICES), 0 without CUDA. The one place that counts them, so the checks of ranks
+    against GPUs (``dtrain.launch.preflight.check_ranks_fit``) are tested with a fake count
+    (``DTRAIN_FAKE_GPUS``, or monkeypatching this function)."""
+    from ..options import fake_gpu_count
+
+    fake = fake_gpu_count()
+    if fake is not None:
+        return fake
+    try:
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception:  # a broken driver counts as no GPU; World.detect reports what is there
+        return 0

@@ -7,6 +7,8 @@ import os
 import sys
 from typing import IO, Any
 
+from .throughput import progress_fields
+
 
 class JsonlSink:
     """Appends one JSON object per call to a file (flushed at once, so a crash loses nothing)."""
@@ -51,7 +53,7 @@ class ProgressSink:
                 self._bar.start()
 
     def update(self, step: int, fields: dict[str, Any]) -> None:
-        status = "  ".join(f"{k}={_fmt(v)}" for k, v in fields.items())
+        status = progress_fields(fields)
         if self._bar is not None:
             self._bar.update(self._task, completed=step, status=status)
         else:
@@ -61,8 +63,3 @@ class ProgressSink:
         if self._bar is not None:
             self._bar.stop()
 
-
-def _fmt(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)

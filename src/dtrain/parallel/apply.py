@@ -132,20 +132,26 @@ class Wrapping(Protocol):
 
     def setup_model(self, model: nn.Module, world: Any, blocks: list[nn.Module] | None = None) -> nn.Module: ...
 
+    @property
+    def capabilities(self) -> Any: ...
+
 
 def parallelize(model: nn.Module, strategy: Wrapping, world: Any, *, blocks: Sequence[nn.Module] = (),
                 activation_checkpointing: bool = False, compile: bool = False) -> nn.Module:
     """The one order every strategy goes through: its cuts (pipeline stage, TP), activation
-    checkpointing and compile of each block, its data-parallel wrap, then compile of the whole
-    wrapped model when no blocks were given (as torch's documentation does for DDP: the compiled
-    DDP module splits its graph at bucket boundaries, DDPOptimizer). Collective: call on every rank."""
+    checkpointing and compile of each block where compile goes per block
+    (``transforms.compile_per_block``: sharded parameters, pipeline stages, activation
+    checkpointing), its data-parallel wrap, then compile of the whole wrapped model otherwise (as
+    torch's documentation does for DDP: the compiled DDP module splits its graph at bucket
+    boundaries, DDPOptimizer). Collective: call on every rank."""
     model, blocks = strategy.split(model, world, list(blocks))
     if activation_checkpointing:
         apply_ac(blocks)
-    if compile and blocks:
+    per_block = bool(compile and blocks and transforms.compile_per_block(strategy.capabilities, activation_checkpointing))
+    if per_block:
         apply_compile(blocks)
     inner = strategy.setup_model(model, world, blocks=blocks or None)
-    if compile and not blocks:
+    if compile and not per_block:
         inner.compile()
     return inner
 

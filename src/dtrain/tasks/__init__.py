@@ -92,17 +92,20 @@ class Task:
 
 
 OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
-    "sgd": lambda params, lr: torch.optim.SGD(params, lr=lr, momentum=0.9),
-    "adam": lambda params, lr: torch.optim.Adam(params, lr=lr),
-    "adamw": lambda params, lr: torch.optim.AdamW(params, lr=lr),
-    "adadelta": lambda params, lr: torch.optim.Adadelta(params, lr=lr),
+    "sgd": lambda params, lr, **kw: torch.optim.SGD(params, lr=lr, momentum=0.9, **kw),
+    "adam": lambda params, lr, **kw: torch.optim.Adam(params, lr=lr, **kw),
+    "adamw": lambda params, lr, **kw: torch.optim.AdamW(params, lr=lr, **kw),
+    "adadelta": lambda params, lr, **kw: torch.optim.Adadelta(params, lr=lr, **kw),
 }
 
 
-def make_optimizer(name: str, params, lr: float) -> torch.optim.Optimizer:
+def make_optimizer(name: str, params, lr: float, device: torch.device | None = None) -> torch.optim.Optimizer:
+    """Optimizer ``name``; on a CUDA ``device`` its fused implementation (``dtrain.fastpath``)."""
     if name not in OPTIMIZERS:
         raise ConfigError(f"unknown optimizer {name!r}; choose one of: {', '.join(OPTIMIZERS)}.")
-    return OPTIMIZERS[name](params, lr)
+    from ..fastpath import optimizer_options
+
+    return OPTIMIZERS[name](params, lr, **optimizer_options(name, device))
 
 
 BUILTIN = ("digits", "images", "lm", "mnist", "synthetic")

@@ -144,6 +144,7 @@ def folder_sets(tv: Any, data_dir: str | None, size: int, skip_bad: bool) -> tup
         raise DataError(f"task 'images': {train_dir!r} has no class sub-folders; put each class's images in train/CLASS/.")
     index = {c: i for i, c in enumerate(classes)}
     train = ImageFolderSet(_scan(tv, train_dir, index), classes, train_transform(tv, size), skip_bad=skip_bad, keyed=True)
+    train.sample_bytes = 3 * size * size * 4  # one decoded float image: sizes the prefetch (dtrain.data.plan)
     val_dir = os.path.join(data_dir, "val")
     if not os.path.isdir(val_dir):
         return train, None
@@ -253,3 +254,9 @@ class SyntheticImages(Dataset):
         if isinstance(index, tuple):
             index = index[-1]
         return self.images[index % len(self.images)], self.labels[index % len(self.images)]
+
+    def device_batch(self, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One batch of ``size`` samples, which ``dtrain``'s loader moves to the device once and
+        hands out for every step (``DeviceLoader``): a synthetic run measures the model alone."""
+        index = torch.arange(size) % len(self.images)
+        return self.images[index], self.labels[index]

@@ -33,7 +33,25 @@ from ..launch.store import host_store
 
 
 class DistributedTestError(AssertionError):
-    """One or more ranks failed or hung."""
+    """One or more ranks failed or hung. ``causes``: each failed rank's exception in one line
+    (the last line of its traceback), for a report of one line per failure."""
+
+    def __init__(self, message: str, causes: dict[int, str] | None = None) -> None:
+        super().__init__(message)
+        self.causes = dict(causes or {})
+
+    def first_cause(self) -> str:
+        """The first failed rank and its exception, e.g. ``rank 0: RuntimeError: ...``."""
+        if not self.causes:
+            return str(self).strip().splitlines()[0] if str(self).strip() else type(self).__name__
+        rank = min(self.causes)
+        return f"rank {rank}: {self.causes[rank]}"
+
+
+def exception_line(trace: str) -> str:
+    """The exception of a formatted traceback: its last non-empty line (``Type: message``)."""
+    lines = [ln.strip() for ln in trace.strip().splitlines() if ln.strip()]
+    return lines[-1] if lines else "no traceback"
 
 
 def _child(rank: int, world_size: int, port: int, env: dict[str, str], fn: Callable[..., Any], args: tuple, results: Any) -> None:
@@ -104,8 +122,10 @@ def run_distributed(
     if missing:
         codes = ", ".join(f"rank {r}: exit {procs[r].exitcode}" for r in missing)
         failures.append(f"ranks {missing} did not finish within {timeout:.0f} s ({codes}); killed.")
+    causes = {r: exception_line(v) for r, (ok, v) in outcome.items() if not ok}
+    causes.update({r: f"exited with status {procs[r].exitcode} without a result" for r in missing})
     if failures:
-        raise DistributedTestError("\n".join(failures))
+        raise DistributedTestError("\n".join(failures), causes)
     return [torch.load(io.BytesIO(outcome[r][1]), weights_only=False) for r in range(world_size)]
 
 

@@ -35,6 +35,10 @@ class TrainConfig:
     """Split each batch into this many micro-batches and step once per batch."""
     seed: int = 0
     log_every: int = 20
+    warmup_steps: int = 5
+    fast: bool = False
+    """``--fast``: also channels-last for a conv net on CUDA (``dtrain.fastpath.auto_channels_last``)."""
+    """Steps left out of every rate (compilation, autotuning, first batches; ``dtrain.metrics.throughput``)."""
     metrics_file: str | None = None
     checkpoint_dir: str | None = None
     save_every: int | None = None
@@ -59,7 +63,7 @@ class TrainConfig:
     comm_warmup: int | None = None
     """Plain all-reduce steps before the ``comm`` method starts (``--comm-warmup``; default 10)."""
     compile: bool = False
-    """``torch.compile`` the model (``--compile``; per block when the task declares blocks)."""
+    """``torch.compile`` the model (``--compile``; whole, or per block where ``transforms.compile_per_block`` says)."""
     activation_checkpointing: bool = False
     """Recompute each block's activations in backward (``--activation-checkpointing``)."""
     parallel: str | None = None
@@ -94,6 +98,8 @@ class TrainConfig:
             check.output_file("--metrics-file", self.metrics_file)
         if self.num_workers is not None and self.num_workers < 0:
             raise ConfigError(f"--num-workers must be >= 0, got {self.num_workers}.")
+        if self.warmup_steps < 0:
+            raise ConfigError(f"--warmup-steps must be >= 0, got {self.warmup_steps}; 0 counts every step in the rates.")
         if self.batch_size is not None:
             check_accum(self.batch_size, self.grad_accum)
         if self.save_every is not None and not self.checkpoint_dir:

@@ -14,10 +14,13 @@ from torch.utils.data import DataLoader
 from .. import init, preempt
 from .._log import configure_cli_logging, logger
 from ..context import Context
-from ..data import default_num_workers, loader_options, usable_cores
+from ..data import loader_options, usable_cores
 from ..data.ledger import SampleLedger
+from ..data.plan import plan_input
 from ..errors import ConfigError, DtrainError
+from ..fastpath import auto_channels_last
 from ..metrics import DataWait, JsonlSink, ProgressSink, Throughput, render_summary
+from ..metrics.throughput import SteadyRate
 from ..options import Options, launcher_link
 from ..strategies import Strategy
 from ..tasks import Task, load_task, make_optimizer
@@ -118,13 +121,15 @@ def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) ->
         f"batch {batch}/process, {total} steps on {ctx.device}, {workers} data worker(s)/process"
     )
     state = LoopState(step=step, total=total, start_step=step, window_loss=torch.zeros((), device=ctx.device))
-    meter = Throughput()
-    listeners, report, preemption = _listeners(ctx, cfg, task, batch, t0, state, ckpt, model, optimizer, loader, meter)
+    meter = Throughput()  # the whole training time (the data wait's share)
+    rate = steady_rate(ctx, cfg, batch, total - step)  # rates after warm-up (dtrain.metrics.throughput)
+    listeners, report, preemption = _listeners(ctx, cfg, task, batch, t0, state, ckpt, model, optimizer, loader, rate)
     obs = report.obs
     listeners.on_start(state)
     k = cfg.grad_accum
     model.train()
     meter.start()
+    rate.start()
     ctx.breakdown.step_starts()
     while state.step < total and not state.stop:
         state.epoch = loader.next_epoch
@@ -141,6 +146,7 @@ def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) ->
                 obs.count_flops(task.new_model, x, y, task.loss_fn, batch)
             optimizer.zero_grad(set_to_none=True)
             state.step += 1
+            rate.step_done()
             state.window_steps += 1
             listeners.on_step(state)  # ledger, faults, loss window, divergence, report, preemption, checkpoints
             if state.stop or state.step >= total:
@@ -149,12 +155,13 @@ def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) ->
     if ctx.device.type == "cuda":
         torch.cuda.synchronize(ctx.device)
     meter.stop((state.step - state.start_step) * batch * ctx.data_parallel_size)
+    rate.finish()
     ctx.breakdown.finish()  # closes the last step
     listeners.on_end(state)
     if state.stop:
         rejoin = preemption.elastic and _peers_leave(ctx, state.step, preemption.signalled_here)
-        return _stopped(ctx, task, state.step, meter, state.last_loss, t0, rejoin=rejoin)
-    return _result(ctx, task, model, state, meter, report, workers, batch, t0)
+        return _stopped(ctx, task, state.step, rate, state.last_loss, t0, rejoin=rejoin)
+    return _result(ctx, task, model, state, meter, rate, report, workers, batch, t0)
 
 
 def _setup(ctx: Context, cfg: TrainConfig, task: Task, batch: int) -> tuple[Any, Any, Any, int]:
@@ -162,13 +169,14 @@ def _setup(ctx: Context, cfg: TrainConfig, task: Task, batch: int) -> tuple[Any,
     model = task.new_model()
     if ctx.is_main:
         print(render_summary(model), flush=True)
-    optimizer = make_optimizer(cfg.optimizer or task.optimizer, model.parameters(), cfg.lr or task.lr)
-    model, optimizer = ctx.setup(model, optimizer, channels_last=cfg.channels_last, sync_bn=cfg.sync_bn,
+    optimizer = make_optimizer(cfg.optimizer or task.optimizer, model.parameters(), cfg.lr or task.lr, device=ctx.device)
+    channels_last = cfg.channels_last or (cfg.fast and auto_channels_last(model, ctx.device, ctx.strategy))
+    model, optimizer = ctx.setup(model, optimizer, channels_last=channels_last, sync_bn=cfg.sync_bn,
                                  blocks=task.blocks(model) if task.blocks else None)
-    workers = cfg.num_workers if cfg.num_workers is not None else default_num_workers(task.train_set, ctx.world.local_size)
-    loader = ctx.setup_dataloader(
-        DataLoader(task.train_set, batch_size=batch, shuffle=True, drop_last=True, **loader_options(workers, ctx.device))
-    )
+    plan = plan_input(task.train_set, local_size=ctx.world.local_size, device=ctx.device, batch_size=batch, workers=cfg.num_workers)
+    workers = plan.workers
+    loader = ctx.setup_dataloader(DataLoader(task.train_set, batch_size=batch, shuffle=True, drop_last=True,
+                                             **loader_options(workers, ctx.device, plan.prefetch_factor or 2)))
     if loader.full_epoch_len() == 0:
         raise_small(task, batch, ctx.world_size)
     return model, optimizer, loader, workers
@@ -191,7 +199,7 @@ def _resume(ctx: Context, cfg: TrainConfig, ckpt: Any, model: Any, optimizer: An
 
 
 def _listeners(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float, state: LoopState, ckpt: Any,
-               model: Any, optimizer: Any, loader: Any, meter: Throughput) -> tuple[Listeners, Report, Preemption]:
+               model: Any, optimizer: Any, loader: Any, rate: SteadyRate) -> tuple[Listeners, Report, Preemption]:
     """The loop's listeners, in the order they hear each step (dtrain.train.listeners)."""
     options = Options.from_env()
     fault = fault_step(options.fault_inject, ctx.rank, ctx.world.restart_count)
@@ -205,7 +213,7 @@ def _listeners(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float
                         async_save=cfg.async_save) if ckpt is not None else None
     preemption = Preemption(ctx, cfg.log_every, elastic=options.elastic is not None,
                             save=(lambda step: ckpt.save(step, **objects)) if ckpt is not None else None)
-    report = Report(observer=obs, wait=ctx.breakdown.data, t0=t0, rate=lambda steps: _rate(meter, steps, batch, ctx),
+    report = Report(observer=obs, wait=ctx.breakdown.data, t0=t0, rate=lambda steps: _round(rate.window()),
                     extra=lambda sps: _tokens(task, sps), progress=progress, sink=sink)
     listeners = [
         LedgerListener(ledger) if ledger is not None else None,
@@ -219,8 +227,8 @@ def _listeners(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float
     return Listeners([li for li in listeners if li is not None]), report, preemption
 
 
-def _result(ctx: Context, task: Task, model: Any, state: LoopState, meter: Throughput, report: Report, workers: int,
-            batch: int, t0: float) -> dict[str, Any]:
+def _result(ctx: Context, task: Task, model: Any, state: LoopState, meter: Throughput, rate: SteadyRate, report: Report,
+            workers: int, batch: int, t0: float) -> dict[str, Any]:
     """The result record of a finished run, after the final evaluation. Collective: every rank."""
     score = None
     if task.test_set is not None:
@@ -228,8 +236,8 @@ def _result(ctx: Context, task: Task, model: Any, state: LoopState, meter: Throu
     if report.sink:
         report.sink.close()
     data = _data_record(ctx, task, ctx.breakdown.data, meter, workers)
-    observed = report.obs.result(round(meter.samples_per_s, 2) if meter.samples_per_s else None)
-    sps = round(meter.samples_per_s, 2) if meter.samples_per_s else None
+    sps = _round(rate.samples_per_s)  # steady state: warm-up apart (warmup_s)
+    observed = report.obs.result(sps)
     return {
         "task": task.name,
         "world_size": ctx.world_size,
@@ -239,6 +247,7 @@ def _result(ctx: Context, task: Task, model: Any, state: LoopState, meter: Throu
         "steps": state.step,
         "samples_per_s": sps,
         **_tokens(task, sps),
+        **rate.record(),
         "train_loss": round(state.last_loss, 6),
         **_scores(task, score),
         **data,
@@ -327,21 +336,28 @@ def _peers_leave(ctx: Context, step: int, here: bool) -> bool:
     return not here
 
 
-def _stopped(ctx: Context, task: Task, step: int, meter: Throughput, last_loss: float, t0: float, *,
+def _stopped(ctx: Context, task: Task, step: int, rate: SteadyRate, last_loss: float, t0: float, *,
              rejoin: bool = False) -> dict[str, Any]:
     """The result of a run stopped by a preemption signal (no final evaluation); ``rejoin``: an
     elastic job's worker that goes on in the next round (its peers' node left)."""
     return {
         "task": task.name, "world_size": ctx.world_size, "strategy": ctx.strategy.name, "precision": ctx.precision.effective,
-        "steps": step, "samples_per_s": round(meter.samples_per_s, 2) if meter.samples_per_s else None,
+        "steps": step, "samples_per_s": _round(rate.samples_per_s),
         "train_loss": round(last_loss, 6), task.metric_name: None, "wall_s": round(time.perf_counter() - t0, 3), "preempted": True,
         **({"rejoin": True} if rejoin else {}),
     }
 
 
-def _rate(meter: Throughput, steps: int, batch: int, ctx: Context) -> float | None:
-    rate = meter.rate_now(steps * batch * ctx.data_parallel_size)
+def _round(rate: float | None) -> float | None:
     return round(rate, 2) if rate else None
+
+
+def steady_rate(ctx: Context, cfg: TrainConfig, batch: int, steps: int) -> SteadyRate:
+    """The rate meter of this run: ``cfg.warmup_steps`` steps of warm-up, then steady state;
+    on CUDA the end of warm-up waits for the device once, so its queued work counts as warm-up."""
+    device = ctx.device
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else None
+    return SteadyRate(batch * ctx.data_parallel_size, steps=steps, warmup_steps=cfg.warmup_steps, sync=sync)
 
 
 def raise_small(task: Task, batch: int, world_size: int) -> None:

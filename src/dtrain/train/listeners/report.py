@@ -49,7 +49,7 @@ class Report(Listener):
         record.update(self.extra(record["samples_per_s"]))
         record.update(self.obs.interval(state.step, record["samples_per_s"]))
         if self.progress:
-            self.progress.update(state.step, {"loss": state.last_loss, "samples_per_s": record["samples_per_s"]})
+            self.progress.update(state.step, {"loss": state.last_loss, **{k: record.get(k) for k in ("samples_per_s", "tokens_per_s", "mfu")}})
         if self.sink:
             self.sink.write(record)
         self.obs.write(record)

@@ -1,0 +1,57 @@
+"""The fast path on a GPU: the choices a careful engineer makes in a hand-written script, made
+from the device (docs/performance.md). Pure functions of the device and the model, so each choice
+is tested on a CPU machine with a CUDA ``torch.device`` standing in.
+
+- fused optimizers on CUDA: Adam, AdamW and SGD update every parameter in one kernel
+  (``fused=True``) instead of a few per parameter tensor (torchtitan's default implementation);
+- bf16 autocast where the GPU has bf16 (Ampere and newer), else fp32 (``--precision auto``);
+- channels-last (NHWC) for conv nets on CUDA: cuDNN's tensor-core convolutions run NHWC, and an NCHW
+  model pays a layout change around each convolution (not under fully_shard, which shards only
+  contiguous parameters: ``dtrain.convnets.check_channels_last``);
+- pinned host memory for batches (``dtrain.data.loader_options``) and, for data that must be
+  decoded, DataLoader workers (``dtrain.data.plan.plan_input``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+FUSED = ("adam", "adamw", "sgd")
+"""The optimizers with a fused (single-kernel) CUDA implementation in torch >= 2.4."""
+
+
+def optimizer_options(name: str, device: torch.device | None) -> dict[str, Any]:
+    """Keyword arguments for optimizer ``name`` on ``device``: ``fused=True`` on CUDA."""
+    if device is not None and device.type == "cuda" and name in FUSED:
+        return {"fused": True}
+    return {}
+
+
+def auto_precision(device: torch.device, bf16_supported: bool | None = None) -> str:
+    """``--precision auto``: bf16-mixed on a GPU with bf16 (``bf16_supported``: default, asked of
+    torch), fp32 elsewhere (a CPU without bf16 instructions emulates it, 10x slower for a conv)."""
+    if device.type != "cuda":
+        return "fp32"
+    if bf16_supported is None:
+        bf16_supported = torch.cuda.is_bf16_supported()
+    return "bf16-mixed" if bf16_supported else "fp32"
+
+
+def compile_pays(device: str | None) -> bool:
+    """Whether ``--fast`` compiles: on CUDA (the ``--device`` asked for, or the default when a GPU
+    is visible). On a CPU compiling the lm took minutes and did not pay reliably (0.25x to 2.4x of
+    eager with the load; benchmarks/results/28-gpu-readiness.md), so ``--fast`` leaves it out there."""
+    if device is not None:
+        return str(device).startswith("cuda")
+    return torch.cuda.is_available()
+
+
+def auto_channels_last(model: nn.Module, device: torch.device, strategy: Any) -> bool:
+    """Whether the fast path puts ``model`` in channels-last: a conv net (4-D weights) on CUDA,
+    under a strategy that keeps whole parameters."""
+    if device.type != "cuda" or strategy.capabilities.sharded_params:
+        return False
+    return any(p.dim() == 4 for p in model.parameters())

@@ -1,0 +1,140 @@
+"""Steady-state rates: samples/s (and from it tokens/s, TFLOP/s and MFU) over the steps after
+warm-up, with the warm-up's cost as its own figure (``warmup_s``).
+
+The first steps of a run pay for things the rest do not: ``torch.compile``'s tracing and code
+generation (tens of seconds), cuDNN's autotuning, the optimizer's state allocation, DataLoader
+workers starting. A rate over the whole run mixes that cost into every figure, so a compiled
+run looked slower than an eager one (issue 28: 138k tokens/s reported, 414k measured after
+warm-up). As the peers do:
+
+- nanoGPT (``train.py``) leaves the first 5 iterations out of its MFU estimate;
+- torchtitan configures warm-up steps and reports each log interval's rate;
+- Lightning's ``ThroughputMonitor`` reports a rate over a window of recent batches.
+
+dtrain leaves the first ``warmup_steps`` steps (default 5, nanoGPT's; at most half the steps of a
+short run, so a run of two or more steps always has a figure) out of every rate; a progress line
+and a metrics record give the rate over the steps since the previous record (a window of recent
+steps, as Lightning), and the result line the rate over every step after warm-up.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+WARMUP_STEPS = 5
+"""Steps left out of every rate by default (nanoGPT leaves out 5 for MFU)."""
+
+
+class SteadyRate:
+    """Samples per second after warm-up, per window (log interval) and over the whole run.
+
+    ``samples_per_step``: samples of all data-parallel ranks in one optimizer step; ``steps``:
+    the steps this run will take (warm-up is at most half of them); ``sync``: waits for the
+    device (CUDA), called once at the end of warm-up so that its queued work counts as warm-up.
+    Call ``start()`` before the first step, ``step_done()`` after each, ``window()`` at each log
+    interval (after something that waited for the device, e.g. the loss's ``.item()``), and
+    ``finish()`` once the device has finished the last step."""
+
+    def __init__(self, samples_per_step: int, *, steps: int | None = None, warmup_steps: int = WARMUP_STEPS,
+                 sync: Callable[[], None] | None = None, clock: Callable[[], float] = time.perf_counter) -> None:
+        if warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
+        self.samples_per_step = samples_per_step
+        self.warmup_steps = warmup_steps if steps is None else min(warmup_steps, steps // 2)
+        self.steps = 0
+        self._sync, self._clock = sync, clock
+        self._t_start: float | None = None
+        self._t_warm: float | None = None  # when warm-up ended
+        self._t_end: float | None = None
+        self._mark: tuple[int, float] | None = None  # (steps, time) where the current window began
+
+    def start(self) -> None:
+        self._t_start = self._clock()
+        if self.warmup_steps == 0:
+            self._warm_done(self._t_start)
+
+    def _warm_done(self, now: float) -> None:
+        self._t_warm = now
+        self._mark = (self.steps, now)
+
+    def step_done(self) -> None:
+        self.steps += 1
+        if self.steps == self.warmup_steps and self._t_warm is None:
+            if self._sync is not None:
+                self._sync()
+            self._warm_done(self._clock())
+
+    @property
+    def warming_up(self) -> bool:
+        return self._t_warm is None
+
+    def window(self) -> float | None:
+        """Samples/s over the steps since the previous call (or since warm-up ended); None while
+        warming up. Starts a new window."""
+        if self._mark is None:
+            return None
+        now = self._clock()
+        steps0, t0 = self._mark
+        self._mark = (self.steps, now)
+        n = self.steps - steps0
+        return n * self.samples_per_step / (now - t0) if n > 0 and now > t0 else None
+
+    def finish(self) -> None:
+        self._t_end = self._clock()
+
+    @property
+    def samples_per_s(self) -> float | None:
+        """Over every step after warm-up (None before ``finish``, or with no step after warm-up)."""
+        if self._t_end is None or self._t_warm is None:
+            return None
+        n = self.steps - self.warmup_steps
+        elapsed = self._t_end - self._t_warm
+        return n * self.samples_per_step / elapsed if n > 0 and elapsed > 0 else None
+
+    @property
+    def whole_run_samples_per_s(self) -> float | None:
+        """Over every step, warm-up included: what the rate was before issue 28 (for comparison)."""
+        if self._t_end is None or self._t_start is None:
+            return None
+        elapsed = self._t_end - self._t_start
+        return self.steps * self.samples_per_step / elapsed if self.steps and elapsed > 0 else None
+
+    @property
+    def warmup_s(self) -> float | None:
+        """Wall seconds of the warm-up steps; None while they run."""
+        if self._t_warm is None or self._t_start is None:
+            return None
+        return self._t_warm - self._t_start
+
+    def record(self) -> dict[str, Any]:
+        """The result line's fields: ``warmup_s``, ``warmup_steps``."""
+        warm = self.warmup_s
+        return {"warmup_s": round(warm, 3) if warm is not None else None, "warmup_steps": self.warmup_steps}
+
+
+def human(value: float, unit: str) -> str:
+    """A rate as people read it: ``20,670 samples/s``, ``52.3 samples/s``, ``0.412 samples/s``."""
+    if value >= 100:
+        return f"{value:,.0f} {unit}"
+    if value >= 10:
+        return f"{value:,.1f} {unit}"
+    return f"{value:.3g} {unit}"
+
+
+def progress_fields(fields: dict[str, Any]) -> str:
+    """A progress line's status: ``loss=2.345  20,670 samples/s  414,000 tokens/s  MFU 26.1%``;
+    rates that are None (warm-up) read ``warming up``."""
+    parts = []
+    for key, value in fields.items():
+        if key in ("samples_per_s", "tokens_per_s"):
+            unit = key.replace("_per_s", "/s")
+            parts.append("warming up" if value is None and key == "samples_per_s" else (human(value, unit) if value is not None else ""))
+        elif key == "mfu":
+            parts.append(f"MFU {value:.1%}" if value is not None else "")
+        elif isinstance(value, float):
+            parts.append(f"{key}={value:.4g}")
+        else:
+            parts.append(f"{key}={value}")
+    return "  ".join(p for p in parts if p)

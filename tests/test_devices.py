@@ -1,0 +1,146 @@
+"""Ranks against GPUs, checked before any process starts (issue 28, item 1), on a CPU machine:
+the GPU count is faked (``DTRAIN_FAKE_GPUS`` for a command, monkeypatching
+``dtrain.launch.preflight.cuda_device_count`` in this process)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+
+import pytest
+
+from dtrain.bench.fit import fit_methods
+from dtrain.bench.methods import METHODS
+from dtrain.bench.runner import _last_error
+from dtrain.cli import doctor_checks as doctor
+from dtrain.errors import ConfigError
+from dtrain.launch import preflight
+from dtrain.launch.preflight import check_ranks_fit
+from dtrain.options import fake_gpu_count
+from dtrain.testing import DistributedTestError, exception_line, run_cli
+
+
+@pytest.fixture
+def gpus(monkeypatch):
+    def set_count(n: int) -> None:
+        monkeypatch.setattr(preflight, "cuda_device_count", lambda: n)
+    return set_count
+
+
+def test_the_fake_count_is_read_from_one_variable():
+    assert fake_gpu_count({}) is None
+    assert fake_gpu_count({"DTRAIN_FAKE_GPUS": "3"}) == 3
+    with pytest.raises(ConfigError, match="DTRAIN_FAKE_GPUS='x' is not a number"):
+        fake_gpu_count({"DTRAIN_FAKE_GPUS": "x"})
+
+
+@pytest.mark.smoke
+def test_more_ranks_than_gpus_is_one_line_with_both_fixes(gpus):
+    gpus(1)
+    with pytest.raises(ConfigError) as err:
+        check_ranks_fit(2)
+    text = str(err.value)
+    assert "-n 2 starts 2 processes" in text and "1 usable GPU(s)" in text
+    assert "use -n 1, or --device cpu" in text and "\n" not in text
+
+
+def test_ranks_that_fit_or_train_on_the_cpu_pass(gpus):
+    gpus(4)
+    check_ranks_fit(4)
+    check_ranks_fit(1, "cuda")
+    gpus(1)
+    check_ranks_fit(8, "cpu")  # gloo: any number of processes
+    gpus(0)
+    check_ranks_fit(8)  # no GPU: the ranks use the CPU
+
+
+def test_one_named_gpu_holds_one_rank(gpus):
+    gpus(8)
+    with pytest.raises(ConfigError, match=r"one GPU \(cuda:0\) for all of them.*use -n 1"):
+        check_ranks_fit(2, "cuda:0")
+
+
+@pytest.mark.parametrize("argv", [
+    ["train", "--task", "synthetic", "-n", "2", "--max-steps", "1"],
+    ["bench", "--task", "synthetic", "-n", "2", "--methods", "ddp", "--steps", "1"],
+])
+def test_commands_refuse_before_any_process_starts(argv, tmp_path):
+    t0 = time.monotonic()
+    r = run_cli([*argv, *(["--out", str(tmp_path)] if argv[0] == "bench" else [])], env={"DTRAIN_FAKE_GPUS": "1"}, timeout=120)
+    assert r.returncode == 2, r.stdout + r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert lines == [lines[0]] and lines[0].startswith("dtrain: error: -n 2 starts 2 processes"), r.stderr
+    assert "use -n 1, or --device cpu" in lines[0]
+    assert "Traceback" not in r.stderr and "rendezvous" not in r.stderr
+    assert time.monotonic() - t0 < 100  # no rendezvous timeout: nothing was started
+
+
+def test_run_refuses_with_the_cpu_fix_for_scripts(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("raise SystemExit('a worker started')\n")
+    r = run_cli(["run", "-n", "3", str(script)], env={"DTRAIN_FAKE_GPUS": "2"}, timeout=120)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "a worker started" not in r.stdout + r.stderr
+    assert re.search(r"dtrain: error: -n 3 starts 3 processes .* 2 usable GPU\(s\).*use -n 2, or CUDA_VISIBLE_DEVICES=", r.stderr)
+
+
+@pytest.mark.smoke
+def test_bench_sizes_its_default_to_the_gpus_and_says_why():
+    methods = [METHODS[n] for n in ("single", "ddp", "ddp-fp16", "pipeline")]
+    fit = fit_methods(methods, 2, None, nproc_given=False, gpus=1)
+    assert fit.nproc == 1
+    assert fit.notes and "sized from the default 2 to 1" in fit.notes[0]
+    assert [m.name for m in fit.methods] == ["single", "ddp", "ddp-fp16"]
+    assert fit.skipped == [{"method": "pipeline", "why": "pipeline needs at least 2 processes (a stage each); this bench runs 1"}]
+    with pytest.raises(ConfigError, match="use -n 1"):
+        fit_methods(methods, 2, None, nproc_given=True, gpus=1)
+    cpu = fit_methods(methods, 2, "cpu", nproc_given=True, gpus=1)
+    assert cpu.nproc == 2 and [s["method"] for s in cpu.skipped] == ["ddp-fp16"]
+
+
+def test_a_bench_failure_shows_the_workers_exception_not_torchruns_summary():
+    stderr = "\n".join([
+        "[rank0]: Traceback (most recent call last):",
+        '[rank0]:   File "reference.py", line 40, in main',
+        "[rank0]: torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1, invalid usage, Duplicate GPU detected",
+        "Traceback (most recent call last):",
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
+        "reference.py FAILED",
+        "To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html",
+    ])
+    proc = subprocess.CompletedProcess([], 1, stdout="", stderr=stderr)
+    assert _last_error(proc).startswith("torch.distributed.DistBackendError: NCCL error in")
+
+
+def test_a_failed_reference_rank_reaches_the_report_with_its_cause(tmp_path):
+    # A real torchrun start of the plain reference whose task fails in the worker.
+    from dtrain.bench.runner import BenchConfig, command
+
+    cfg = BenchConfig(task="synthetic", task_args=("shape=0x1",), out=str(tmp_path), nproc=1)
+    proc = subprocess.run(command(cfg, METHODS["reference"], 1, str(tmp_path / "r")), capture_output=True, text=True, timeout=180)
+    assert proc.returncode != 0
+    assert "shape '0x1' is not like 1x28x28" in _last_error(proc), proc.stderr[-2000:]
+
+
+def test_the_doctor_probe_uses_one_process_per_gpu_or_gloo():
+    assert doctor.local_probe_size(0) == (2, "cpu", "")
+    n, device, note = doctor.local_probe_size(1)
+    assert (n, device) == (2, "cpu") and "1 GPU" in note and "gloo" in note
+    assert doctor.local_probe_size(4) == (4, None, "")
+    assert doctor.local_probe_size(16)[0] == doctor.PROBE_MAX_PROCS
+
+
+def test_exception_line_and_first_cause():
+    assert exception_line("Traceback (most recent call last):\n  File x\nValueError: bad\n") == "ValueError: bad"
+    err = DistributedTestError("rank 1 raised:\n...", {1: "RuntimeError: boom", 0: "ValueError: first"})
+    assert err.first_cause() == "rank 0: ValueError: first"
+
+
+@pytest.mark.smoke
+def test_a_doctor_fail_line_carries_the_ranks_exception(monkeypatch):
+    # Each probe rank asks for a GPU this machine does not have: the FAIL line says so.
+    monkeypatch.setattr(doctor, "local_probe_size", lambda gpus: (2, "cuda:7", ""))
+    check = doctor.check_allreduce(doctor.DoctorConfig())
+    assert check.status == "FAIL"
+    assert re.search(r"could not all-reduce \(rank 0: (dtrain\.errors\.)?ConfigError: device 'cuda:7' requested but CUDA is not available", check.detail), check.detail
