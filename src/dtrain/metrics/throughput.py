@@ -102,6 +102,13 @@ class SteadyRate:
         return self.steps * self.samples_per_step / elapsed if self.steps and elapsed > 0 else None
 
     @property
+    def elapsed_s(self) -> float:
+        """Wall seconds from ``start()`` to ``finish()``, warm-up included (0 before both)."""
+        if self._t_end is None or self._t_start is None:
+            return 0.0
+        return self._t_end - self._t_start
+
+    @property
     def warmup_s(self) -> float | None:
         """Wall seconds of the warm-up steps; None while they run."""
         if self._t_warm is None or self._t_start is None:

@@ -19,7 +19,7 @@ from ..data.ledger import SampleLedger
 from ..data.plan import plan_input
 from ..errors import ConfigError, DtrainError
 from ..fastpath import auto_channels_last
-from ..metrics import DataWait, JsonlSink, ProgressSink, Throughput, render_summary
+from ..metrics import DataWait, JsonlSink, ProgressSink, render_summary
 from ..metrics.throughput import SteadyRate
 from ..options import Options, launcher_link
 from ..strategies import Strategy
@@ -121,14 +121,12 @@ def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) ->
         f"batch {batch}/process, {total} steps on {ctx.device}, {workers} data worker(s)/process"
     )
     state = LoopState(step=step, total=total, start_step=step, window_loss=torch.zeros((), device=ctx.device))
-    meter = Throughput()  # the whole training time (the data wait's share)
     rate = steady_rate(ctx, cfg, batch, total - step)  # rates after warm-up (dtrain.metrics.throughput)
     listeners, report, preemption = _listeners(ctx, cfg, task, batch, t0, state, ckpt, model, optimizer, loader, rate)
     obs = report.obs
     listeners.on_start(state)
     k = cfg.grad_accum
     model.train()
-    meter.start()
     rate.start()
     ctx.breakdown.step_starts()
     while state.step < total and not state.stop:
@@ -154,14 +152,13 @@ def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) ->
             ctx.breakdown.step_starts()
     if ctx.device.type == "cuda":
         torch.cuda.synchronize(ctx.device)
-    meter.stop((state.step - state.start_step) * batch * ctx.data_parallel_size)
     rate.finish()
     ctx.breakdown.finish()  # closes the last step
     listeners.on_end(state)
     if state.stop:
         rejoin = preemption.elastic and _peers_leave(ctx, state.step, preemption.signalled_here)
         return _stopped(ctx, task, state.step, rate, state.last_loss, t0, rejoin=rejoin)
-    return _result(ctx, task, model, state, meter, rate, report, workers, batch, t0)
+    return _result(ctx, task, model, state, rate, report, workers, batch, t0)
 
 
 def _setup(ctx: Context, cfg: TrainConfig, task: Task, batch: int) -> tuple[Any, Any, Any, int]:
@@ -227,7 +224,7 @@ def _listeners(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float
     return Listeners([li for li in listeners if li is not None]), report, preemption
 
 
-def _result(ctx: Context, task: Task, model: Any, state: LoopState, meter: Throughput, rate: SteadyRate, report: Report,
+def _result(ctx: Context, task: Task, model: Any, state: LoopState, rate: SteadyRate, report: Report,
             workers: int, batch: int, t0: float) -> dict[str, Any]:
     """The result record of a finished run, after the final evaluation. Collective: every rank."""
     score = None
@@ -235,7 +232,7 @@ def _result(ctx: Context, task: Task, model: Any, state: LoopState, meter: Throu
         score = ctx.evaluate(model, task.test_set, task.metric, batch_size=max(256, batch))["metric"]
     if report.sink:
         report.sink.close()
-    data = _data_record(ctx, task, ctx.breakdown.data, meter, workers)
+    data = _data_record(ctx, task, ctx.breakdown.data, rate, workers)
     sps = _round(rate.samples_per_s)  # steady state: warm-up apart (warmup_s)
     observed = report.obs.result(sps)
     return {
@@ -256,12 +253,12 @@ def _result(ctx: Context, task: Task, model: Any, state: LoopState, meter: Throu
     }
 
 
-def _data_record(ctx: Context, task: Task, wait: DataWait, meter: Throughput, workers: int) -> dict[str, Any]:
+def _data_record(ctx: Context, task: Task, wait: DataWait, rate: SteadyRate, workers: int) -> dict[str, Any]:
     """``data_wait_ms`` (median per step, the first batch apart), ``data_wait_share`` (of the training time, the
     largest over ranks: the slowest rank's input holds every rank at the next all-reduce),
     and images skipped as unreadable; says on rank 0 when input was the bottleneck.
     Collective: call on every rank."""
-    share = wait.total_s / meter.elapsed if meter.elapsed > 0 else 0.0
+    share = wait.total_s / rate.elapsed_s if rate.elapsed_s > 0 else 0.0
     skipped = getattr(task.train_set, "skipped", None)  # images: unreadable files replaced (skip_bad)
     skipped_all = ctx.all_reduce(torch.tensor(float(skipped or 0), dtype=torch.float64, device=ctx.device), op="sum")
     worst = ctx.all_reduce(torch.tensor(share, dtype=torch.float64, device=ctx.device), op="max").item()
