@@ -87,8 +87,8 @@ def test_powersgd_numel_follows_torch_rule():
 
 def test_comm_needs_ddp():
     with pytest.raises(ConfigError, match="works with the ddp strategy"):
-        dtrain.startup.comm_options("dp", dtrain.World(size=2, rank=0), "fp16", None)
-    assert dtrain.startup.comm_options("single", dtrain.World(), "fp16", None) == {}  # one process: a note
+        dtrain.context.startup.comm_options("dp", dtrain.World(size=2, rank=0), "fp16", None)
+    assert dtrain.context.startup.comm_options("single", dtrain.World(), "fp16", None) == {}  # one process: a note
 
 
 # -- tier 2: 2 ranks on gloo ------------------------------------------------------------------

@@ -9,10 +9,10 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from dtrain.data.loader import DeviceLoader, reshard
 from dtrain.data.plan import PREFETCH_BUDGET_BYTES, plan_input
-from dtrain.fastpath import auto_channels_last, auto_precision, optimizer_options
 from dtrain.precision import Precision
 from dtrain.strategies.base import Capabilities
 from dtrain.tasks import make_optimizer
+from dtrain.world.fastpath import auto_channels_last, auto_precision, optimizer_options
 
 CUDA = torch.device("cuda", 0)  # never touched: only its type is read
 CPU = torch.device("cpu")
@@ -114,7 +114,7 @@ def test_channels_last_for_conv_nets_on_cuda_unless_sharded():
 
 
 def test_compile_goes_per_block_only_where_the_layout_needs_it():
-    from dtrain.transforms import compile_per_block
+    from dtrain.parallel.transforms import compile_per_block
 
     assert not compile_per_block(Capabilities(), activation_checkpointing=False)  # single, ddp: the whole model
     assert compile_per_block(Capabilities(sharded_params=True), activation_checkpointing=False)  # fsdp, hsdp
@@ -123,7 +123,7 @@ def test_compile_goes_per_block_only_where_the_layout_needs_it():
 
 
 def test_fast_compiles_on_cuda_only(monkeypatch):
-    from dtrain import fastpath
+    from dtrain.world import fastpath
 
     assert fastpath.compile_pays("cuda") and fastpath.compile_pays("cuda:1")
     assert not fastpath.compile_pays("cpu")

@@ -79,7 +79,7 @@ def test_the_summary_says_when_input_was_the_bottleneck():
 
 
 def test_channels_last_changes_conv_weights_and_says_when_there_are_none(monkeypatch):
-    import dtrain.convnets as convnets
+    import dtrain.parallel.convnets as convnets
     from dtrain.strategies import build
 
     said: list[str] = []

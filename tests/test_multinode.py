@@ -20,13 +20,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from dtrain import netif
 from dtrain.diag.startwatch import LOST_EXIT, StartWatch
 from dtrain.errors import ConfigError
 from dtrain.launch.runner import _rdzv_options
 from dtrain.launch.spec import LaunchSpec
-from dtrain.reach import advertised_address, unreachable_cause
 from dtrain.testing import netbed, nodeloss
+from dtrain.world import netif
+from dtrain.world.reach import advertised_address, unreachable_cause
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -208,7 +208,7 @@ def test_a_store_advertised_by_a_loopback_host_name_ends_in_one_line_naming_it()
     import socket
 
     from dtrain.errors import LaunchError
-    from dtrain.reach import connect_store, resolves_to
+    from dtrain.world.reach import connect_store, resolves_to
 
     name = socket.gethostname()
     if not (resolves_to(name) or "").startswith("127."):

@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from dtrain import netif
 from dtrain.testing import netbed
+from dtrain.world import netif
 
 SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
 

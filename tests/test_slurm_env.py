@@ -9,10 +9,10 @@ import pytest
 
 import dtrain
 from dtrain import ConfigError, World, preempt
-from dtrain import slurm as slurm_mod
 from dtrain.launch.srun import spec_for_step
-from dtrain.slurm import SlurmStep, expand_tasks_per_node
 from dtrain.testing import run_distributed
+from dtrain.world import slurm as slurm_mod
+from dtrain.world.slurm import SlurmStep, expand_tasks_per_node
 
 BATCH_ENV = {"SLURM_JOB_ID": "7", "SLURM_PROCID": "0", "SLURM_NTASKS": "4", "SLURM_NNODES": "2",
              "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_TASKS_PER_NODE": "2(x2)"}

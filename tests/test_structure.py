@@ -61,13 +61,13 @@ LAYERS = {
     "cli": 0, "__main__": 0,
     # 1: the faces: the ready job, tasks, bench, launcher, legacy APIs, the test harness, the public package root
     "train": 1, "tasks": 1, "bench": 1, "plan": 1, "launch": 1, "compat": 1, "testing": 1, "dtrain": 1,
-    # 2: what a training script holds (the context and its parts)
-    "context": 2, "startup": 2, "step": 2, "evaluation": 2, "preempt": 2,
+    # 2: what a training script holds (the context and its parts: step, evaluation, start-up, preemption)
+    "context": 2,
     # 3: the mechanisms
     "strategies": 3, "parallel": 3, "precision": 3, "comm": 3, "data": 3, "checkpoint": 3, "metrics": 3, "diag": 3,
-    "collectives": 3, "options": 3, "transforms": 3, "convnets": 3, "fastpath": 3,
-    # 4: the ground
-    "world": 4, "netif": 4, "reach": 4, "slurm": 4, "errors": 4, "_log": 4, "_version": 4, "_check": 4,
+    "options": 3,
+    # 4: the ground: who and where (world/: sources, device, process group, interfaces, SLURM), errors, helpers
+    "world": 4, "errors": 4, "_log": 4, "_version": 4, "_check": 4,
 }
 """Each top-level module or folder of dtrain and its floor; a module may import its own floor and those below."""
 
@@ -171,3 +171,12 @@ def test_no_two_folders_import_each_other():
         uses.setdefault(_unit(name), set()).update(_unit(t) for t in _imports(name, path, modules, top_level=False))
     mutual = sorted(f"{a} <-> {b}" for a in uses for b in uses[a] if a < b and a in uses.get(b, ()) and "dtrain" not in (a, b))
     assert mutual == []
+
+
+def test_the_package_root_holds_only_the_public_face():
+    """The root keeps the public package, the errors, the two public values and private helpers; every layer else
+    lives in a folder (STYLE.md's map: world/, context/, the mechanisms' folders)."""
+    loose = sorted(p.stem for p in SRC.glob("*.py"))
+    assert loose == ["__init__", "__main__", "_check", "_log", "_version", "errors", "options", "precision"], loose
+    assert set(LAYERS) == {p.name for p in SRC.iterdir() if p.is_dir() and (p / "__init__.py").exists()} | {
+        *loose, "dtrain"} - {"__init__"}

@@ -7,7 +7,8 @@
 """
 
 from ._version import __version__
-from .context import Context, DtrainModule, DtrainOptimizer
+from .context import Context, DtrainModule, DtrainOptimizer, preempt
+from .context.startup import init, seed_everything
 from .errors import (
     CheckpointError,
     CollectiveMismatch,
@@ -18,7 +19,6 @@ from .errors import (
     StallError,
 )
 from .precision import Precision
-from .startup import init, seed_everything
 from .tasks import Task
 from .world import World
 
@@ -37,6 +37,7 @@ __all__ = [
     "Task",
     "World",
     "init",
+    "preempt",
     "seed_everything",
     "__version__",
 ]

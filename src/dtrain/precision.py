@@ -37,8 +37,8 @@ class Precision:
         """Turn a preset name into a Precision for ``device``; raises ConfigError for unknown names."""
         if isinstance(name, Precision):
             return name
-        if name == "auto":  # the fast path: bf16 where the GPU has it, else fp32 (dtrain.fastpath)
-            from .fastpath import auto_precision
+        if name == "auto":  # the fast path: bf16 where the GPU has it, else fp32 (dtrain.world.fastpath)
+            from .world.fastpath import auto_precision
 
             name = auto_precision(device)
         if name not in PRESETS:

@@ -32,7 +32,7 @@ from .store import STATE_FILE, clean_leftovers, prune, set_latest, step_name, wr
 from .validate import newest_valid, read_checkpoint, state_problem
 
 if TYPE_CHECKING:
-    from ..collectives import Collectives
+    from ..comm.collectives import Collectives
     from ..strategies.base import Strategy
 
 

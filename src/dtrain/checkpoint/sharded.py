@@ -25,7 +25,7 @@ from ..errors import CheckpointError
 from . import dcp_safe
 
 if TYPE_CHECKING:
-    from ..collectives import Collectives
+    from ..comm.collectives import Collectives
 
 SHARDED_DIR = "sharded"
 

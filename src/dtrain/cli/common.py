@@ -9,7 +9,7 @@ from .. import _check as check
 from ..errors import ConfigError
 from ..launch import LaunchSpec
 from ..launch.srun import spec_for_step
-from ..slurm import SlurmStep
+from ..world.slurm import SlurmStep
 
 
 def add_launch_args(parser: argparse.ArgumentParser) -> None:

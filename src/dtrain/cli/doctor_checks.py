@@ -17,14 +17,13 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from .. import netif
 from .._version import __version__
 from ..diag.probe import bus_bandwidth, time_all_reduce
 from ..errors import DtrainError
 from ..launch import preflight
 from ..launch.store import host_store
 from ..testing import run_distributed
-from ..world import destroy_process_group
+from ..world import destroy_process_group, netif
 
 
 @dataclass(frozen=True)

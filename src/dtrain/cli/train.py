@@ -8,13 +8,13 @@ from .. import strategies
 from .._log import configure_cli_logging
 from ..comm import CommSpec
 from ..errors import ConfigError
-from ..fastpath import compile_pays
 from ..launch import launch_function
 from ..launch.preflight import check_ranks_fit
 from ..strategies import Strategy
 from ..tasks import Task, load_task
 from ..train import TrainConfig, worker_main
 from ..world import World
+from ..world.fastpath import compile_pays
 from .common import add_comm_args, add_launch_args, export_diagnostics, launch_spec
 from .observe import add_observe_args, observe_options
 from .parallel import add_parallel_arg, check_layout
@@ -100,9 +100,9 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 def validate(cfg: TrainConfig, world: World, *, distributed: bool) -> tuple[Strategy | None, Task]:
     """Fail on bad input here, once, before any worker starts; returns the strategy and the task
     it built, for a run in this process (``distributed``: whether the job has several processes)."""
-    from ..convnets import check_channels_last
+    from ..parallel.convnets import check_channels_last
+    from ..parallel.transforms import check_options
     from ..precision import Precision
-    from ..transforms import check_options
 
     comm = cfg.comm if isinstance(cfg.comm, CommSpec) else None  # TrainConfig parsed --comm
     if comm is not None and cfg.strategy != "auto":  # a strategy named with a --comm it cannot take is a

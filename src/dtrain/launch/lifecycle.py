@@ -69,8 +69,8 @@ def _skip_final_gc() -> None:
 
 
 def stop_signal() -> int:
-    """The stop signal this worker received (SIGINT here, SIGTERM/SIGUSR1 via dtrain.preempt); 0: none."""
-    from .. import preempt
+    """The stop signal this worker received (SIGINT here, SIGTERM/SIGUSR1 via dtrain.context.preempt); 0: none."""
+    from ..context import preempt
 
     return _stop_signal or preempt.received()
 

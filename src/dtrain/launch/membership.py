@@ -89,7 +89,7 @@ def _c10d_backend(params: Any) -> tuple[Any, Any]:
     from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 
     from ..errors import LaunchError
-    from ..reach import unreachable_cause
+    from ..world.reach import unreachable_cause
     from .store import host_store
 
     host, port = parse_rendezvous_endpoint(params.endpoint, default_port=29400)

@@ -18,11 +18,11 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from .._log import logger
+from ..context.preempt import REJOIN_EXIT
 from ..diag.watchdog import STALL_EXIT
 from ..errors import DtrainError, LaunchError
-from ..preempt import REJOIN_EXIT
-from ..reach import advertised_address
 from ..world import use_route_interface
+from ..world.reach import advertised_address
 from . import membership
 from .lifecycle import run_worker
 from .preflight import check_nodes, connect_store, wait_for_master

@@ -27,7 +27,7 @@ import subprocess
 from pathlib import Path
 
 from ..errors import ConfigError, LaunchError
-from ..slurm import PORT_BASE
+from ..world.slurm import PORT_BASE
 from .jobspec import JobSpec, mem_mib
 
 ELASTIC_NOTE = ("SLURM starts an elastic job on MIN to MAX nodes and, with --no-kill, goes on when nodes fail (down to "

@@ -5,7 +5,7 @@
 Each SLURM task is one node's agent: node rank = the task's index, nodes = the step's task
 count, so the world size is tasks x processes per task (not the task count, the mistake that
 breaks scripts with more than one GPU per task). The master address is the step's first node,
-resolved through SLURM (see ``dtrain.slurm``); the port is derived from the job id unless
+resolved through SLURM (see ``dtrain.world.slurm``); the port is derived from the job id unless
 ``MASTER_PORT`` or ``--master-port`` says otherwise.
 """
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ..errors import ConfigError
-from ..slurm import SlurmStep, master_address
+from ..world.slurm import SlurmStep, master_address
 from .spec import LaunchSpec
 
 

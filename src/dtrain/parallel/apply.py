@@ -29,8 +29,8 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from .. import transforms
 from ..errors import ConfigError
+from . import transforms
 from .dims import ParallelDims
 from .fsdp import FSDPConfig, apply_fully_shard
 from .pipeline import PipelineConfig, split_stage
@@ -97,12 +97,12 @@ def _layout(p: torch.Tensor) -> str:
 
 
 def apply_ac(blocks: Sequence[nn.Module]) -> int:
-    """Recompute each block's activations in backward (``dtrain.transforms``)."""
+    """Recompute each block's activations in backward (``dtrain.parallel.transforms``)."""
     return transforms.apply_activation_checkpointing(blocks)
 
 
 def apply_compile(blocks: Sequence[nn.Module]) -> None:
-    """``torch.compile`` each block in place (``dtrain.transforms``)."""
+    """``torch.compile`` each block in place (``dtrain.parallel.transforms``)."""
     transforms.compile_blocks(blocks)
 
 

@@ -21,7 +21,7 @@ from ..errors import ConfigError
 from ..precision import Precision
 
 if TYPE_CHECKING:
-    from ..collectives import Collectives
+    from ..comm.collectives import Collectives
     from ..world import World
     from .pipeline import PipelineConfig
 

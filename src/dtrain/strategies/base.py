@@ -16,7 +16,7 @@ from ..precision import Precision
 from ..world import World
 
 if TYPE_CHECKING:
-    from ..collectives import Collectives
+    from ..comm.collectives import Collectives
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -29,7 +29,7 @@ from . import register
 from .base import Capabilities, Strategy
 
 if TYPE_CHECKING:
-    from ..collectives import Collectives
+    from ..comm.collectives import Collectives
 
 
 @register("composed")

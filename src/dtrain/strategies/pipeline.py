@@ -30,7 +30,7 @@ from . import register
 from .base import Capabilities, Strategy
 
 if TYPE_CHECKING:
-    from ..collectives import Collectives
+    from ..comm.collectives import Collectives
 
 @register("pipeline")
 class PipelineStrategy(Strategy):

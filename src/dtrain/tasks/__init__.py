@@ -100,10 +100,10 @@ OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
 
 
 def make_optimizer(name: str, params, lr: float, device: torch.device | None = None) -> torch.optim.Optimizer:
-    """Optimizer ``name``; on a CUDA ``device`` its fused implementation (``dtrain.fastpath``)."""
+    """Optimizer ``name``; on a CUDA ``device`` its fused implementation (``dtrain.world.fastpath``)."""
     if name not in OPTIMIZERS:
         raise ConfigError(f"unknown optimizer {name!r}; choose one of: {', '.join(OPTIMIZERS)}.")
-    from ..fastpath import optimizer_options
+    from ..world.fastpath import optimizer_options
 
     return OPTIMIZERS[name](params, lr, **optimizer_options(name, device))
 

@@ -37,7 +37,7 @@ class TrainConfig:
     log_every: int = 20
     warmup_steps: int = 5
     fast: bool = False
-    """``--fast``: also channels-last for a conv net on CUDA (``dtrain.fastpath.auto_channels_last``)."""
+    """``--fast``: also channels-last for a conv net on CUDA (``dtrain.world.fastpath.auto_channels_last``)."""
     """Steps left out of every rate (compilation, autotuning, first batches; ``dtrain.metrics.throughput``)."""
     metrics_file: str | None = None
     checkpoint_dir: str | None = None

@@ -11,20 +11,21 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from .. import init, preempt
 from .._log import configure_cli_logging, logger
-from ..context import Context
+from ..context import preempt
+from ..context.core import Context
+from ..context.startup import init
 from ..data import loader_options, usable_cores
 from ..data.ledger import SampleLedger
 from ..data.plan import plan_input
 from ..errors import ConfigError, DtrainError
-from ..fastpath import auto_channels_last
 from ..metrics import DataWait, JsonlSink, ProgressSink, render_summary
 from ..metrics.throughput import SteadyRate
 from ..options import Options, launcher_link
 from ..strategies import Strategy
 from ..tasks import Task, load_task, make_optimizer
 from ..world import World
+from ..world.fastpath import auto_channels_last
 from .config import TrainConfig, check_accum
 from .elastic import split
 from .listeners import Listeners, LoopState

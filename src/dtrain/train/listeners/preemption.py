@@ -1,4 +1,4 @@
-"""Preemption as a listener: SIGUSR1/SIGTERM (caught from the run's start, ``dtrain.preempt``)
+"""Preemption as a listener: SIGUSR1/SIGTERM (caught from the run's start, ``dtrain.context.preempt``)
 make every rank save at the next log interval and stop; the job is then requeued, or, in an
 elastic job, the ranks whose peers leave go on in the next rendezvous round."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ... import preempt
 from ..._log import logger
+from ...context import preempt
 from . import Listener, LoopState
 
 

@@ -8,13 +8,13 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from . import _check as check
-from .collectives import Collectives
-from .data.loader import to_device
-from .data.sampler import EvalShardSampler
-from .errors import ConfigError
-from .precision import Precision
-from .strategies.base import Strategy
+from .. import _check as check
+from ..comm.collectives import Collectives
+from ..data.loader import to_device
+from ..data.sampler import EvalShardSampler
+from ..errors import ConfigError
+from ..precision import Precision
+from ..strategies.base import Strategy
 
 Metric = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 

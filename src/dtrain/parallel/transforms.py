@@ -23,7 +23,7 @@ from typing import Any
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 
 def apply_activation_checkpointing(blocks: Sequence[nn.Module]) -> int:

@@ -10,18 +10,18 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import _check as check
-from . import strategies
-from .comm import CommSpec
-from .context import Context
-from .diag import Watchdog
-from .diag.startwatch import DEFAULT_STARTUP_S, start_watch
-from .errors import DtrainError
-from .options import Options
-from .precision import Precision
-from .strategies.base import Strategy
-from .strategies.composed import strategy_for
-from .world import World, init_process_group
+from .. import _check as check
+from .. import strategies
+from ..comm import CommSpec
+from ..diag import Watchdog
+from ..diag.startwatch import DEFAULT_STARTUP_S, start_watch
+from ..errors import DtrainError
+from ..options import Options
+from ..precision import Precision
+from ..strategies.base import Strategy
+from ..strategies.composed import strategy_for
+from ..world import World, init_process_group
+from .core import Context
 
 
 def init(
@@ -55,7 +55,7 @@ def init(
     ``comm_warmup`` plain steps (default ``$DTRAIN_COMM_WARMUP``, else 10; auto: 8 measured steps).
     ``compile``: ``torch.compile`` the model in ``ctx.setup`` (whole; per block under fsdp, pipeline or activation checkpointing).
     ``activation_checkpointing``: recompute each block's activations in backward (needs
-    ``ctx.setup(..., blocks=...)``). See ``dtrain.transforms`` for the order they are applied in.
+    ``ctx.setup(..., blocks=...)``). See ``dtrain.parallel.transforms`` for the order they are applied in.
     ``parallel`` (default ``$DTRAIN_PARALLEL``): how ranks split, e.g. ``{"dp_shard": 2, "tp": 2}``
     or ``"dp_shard=2,tp=2"`` (see ``dtrain.parallel``); ``tp_plan=`` then gives the TP plan.
     """

@@ -7,7 +7,7 @@ is tested on a CPU machine with a CUDA ``torch.device`` standing in.
 - bf16 autocast where the GPU has bf16 (Ampere and newer), else fp32 (``--precision auto``);
 - channels-last (NHWC) for conv nets on CUDA: cuDNN's tensor-core convolutions run NHWC, and an NCHW
   model pays a layout change around each convolution (not under fully_shard, which shards only
-  contiguous parameters: ``dtrain.convnets.check_channels_last``);
+  contiguous parameters: ``dtrain.parallel.convnets.check_channels_last``);
 - pinned host memory for batches (``dtrain.data.loader_options``) and, for data that must be
   decoded, DataLoader workers (``dtrain.data.plan.plan_input``).
 """

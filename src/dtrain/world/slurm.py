@@ -19,8 +19,8 @@ import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ._log import logger
-from .errors import ConfigError
+from .._log import logger
+from ..errors import ConfigError
 
 #: Port used under SLURM when the job does not set MASTER_PORT: derived from the job id
 #: so that two jobs sharing a node do not collide (the same rule as Lightning's).

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .errors import ConfigError, LaunchError
+from ..errors import ConfigError, LaunchError
 from .slurm import SlurmStep, expand_hostlist, master_address
 
 __all__ = ["World", "default_backend", "destroy_process_group", "expand_hostlist", "init_process_group"]
@@ -272,7 +272,7 @@ def _versions() -> dict[str, str]:
     import platform
     import socket
 
-    from ._version import __version__
+    from .._version import __version__
 
     return {"dtrain": __version__, "torch": torch.__version__, "python": platform.python_version(), "host": socket.gethostname()}
 
@@ -303,9 +303,9 @@ def _check_same_versions(world: World) -> None:
 
 def use_route_interface(master_addr: str, *, quiet: bool = False) -> dict[str, str]:
     """Point gloo's and NCCL's sockets at the interface that routes to ``master_addr`` (the
-    loopback interface for a loopback master) unless the user chose one (see ``dtrain.netif``);
+    loopback interface for a loopback master) unless the user chose one (see ``dtrain.world.netif``);
     returns the variables set in this process."""
-    from ._log import logger
+    from .._log import logger
     from .netif import is_loopback, socket_env
 
     chosen = socket_env(master_addr, os.environ)

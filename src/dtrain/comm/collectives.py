@@ -18,11 +18,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from . import _check as check
-from .diag import Tracker
-from .diag.checker import check_call, check_same
-from .errors import ConfigError
-from .world import World
+from .. import _check as check
+from ..diag import Tracker
+from ..diag.checker import check_call, check_same
+from ..errors import ConfigError
+from ..world import World
 
 OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN, "mean": dist.ReduceOp.SUM}
 

@@ -13,9 +13,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from ._log import note_once
-from .errors import ConfigError
-from .world import World
+from .._log import note_once
+from ..errors import ConfigError
+from ..world import World
 
 
 def apply_sync_bn(model: nn.Module, world: World, data_parallel_size: int) -> nn.Module:

@@ -27,11 +27,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ._log import logger
-from .slurm import job_state, requeue
+from .._log import logger
+from ..world.slurm import job_state, requeue
 
 if TYPE_CHECKING:
-    from .context import Context
+    from .core import Context
 
 SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import socket
 from typing import Any
 
-from .errors import ConfigError, LaunchError
+from ..errors import ConfigError, LaunchError
 from .netif import is_loopback, source_address
 
 

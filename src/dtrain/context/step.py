@@ -15,13 +15,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import _check as check
-from .collectives import Collectives
-from .convnets import to_channels_last
-from .errors import ConfigError
-from .metrics.breakdown import SCHEDULE, StepBreakdown
-from .precision import Precision
-from .strategies.base import ForwardingOptimizer, Strategy
+from .. import _check as check
+from ..comm.collectives import Collectives
+from ..errors import ConfigError
+from ..metrics.breakdown import SCHEDULE, StepBreakdown
+from ..parallel.convnets import to_channels_last
+from ..precision import Precision
+from ..strategies.base import ForwardingOptimizer, Strategy
 
 
 class DtrainModule(nn.Module):

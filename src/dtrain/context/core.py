@@ -22,20 +22,21 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from . import _check as check
-from . import evaluation, transforms
-from .checkpoint import CheckpointManager, RunState, atomic_save, load_into, resolve, safe_load
-from .collectives import Collectives
-from .convnets import apply_channels_last, apply_sync_bn
-from .data.loader import DeviceLoader, reshard
-from .diag import Tracker, Watchdog
-from .errors import CheckpointError, ConfigError
-from .metrics.memory import MemoryReport, memory_report
-from .parallel.apply import parallelize
-from .precision import Precision
+from .. import _check as check
+from ..checkpoint import CheckpointManager, RunState, atomic_save, load_into, resolve, safe_load
+from ..comm.collectives import Collectives
+from ..data.loader import DeviceLoader, reshard
+from ..diag import Tracker, Watchdog
+from ..errors import CheckpointError, ConfigError
+from ..metrics.memory import MemoryReport, memory_report
+from ..parallel import transforms
+from ..parallel.apply import parallelize
+from ..parallel.convnets import apply_channels_last, apply_sync_bn
+from ..precision import Precision
+from ..strategies.base import Strategy
+from ..world import World, destroy_process_group
+from . import evaluation
 from .step import DtrainModule, DtrainOptimizer, Step
-from .strategies.base import Strategy
-from .world import World, destroy_process_group
 
 __all__ = ["Context", "DtrainModule", "DtrainOptimizer"]
 
@@ -59,8 +60,8 @@ def _check_path_state(what: str, path: Any, state: Any) -> None:
 class Context:
     """What a training script holds: the world, the strategy, the precision and their helpers.
 
-    A face over three parts: ``collectives`` (labelled collectives), the step (``dtrain.step``:
-    wrappers, accumulation, backward, clipping) and evaluation (``dtrain.evaluation``)."""
+    A face over three parts: ``collectives`` (labelled collectives), the step (``dtrain.context.step``:
+    wrappers, accumulation, backward, clipping) and evaluation (``dtrain.context.evaluation``)."""
 
     def __init__(self, *, world: World, strategy: Strategy, precision: Precision, seed: int = 0, owns_group: bool = False,
                  debug: bool = False) -> None:
@@ -138,7 +139,7 @@ class Context:
         alone, or ``(model, optimizer, ...)`` when optimizers are given. Build the optimizer
         from the original model's parameters before calling this. ``channels_last``: the model
         and its 4-D inputs in NHWC layout (conv nets); ``sync_bn``: BatchNorm statistics over
-        every rank's batch (SyncBatchNorm; GPU only, see ``dtrain.convnets``); ``blocks``: the
+        every rank's batch (SyncBatchNorm; GPU only, see ``dtrain.parallel.convnets``); ``blocks``: the
         model's repeated blocks (transformer blocks, ResNet stages), the units of activation
         checkpointing, compilation, fsdp wrapping and pipeline splitting.
         """
@@ -206,7 +207,7 @@ class Context:
         """The user's own module inside the wrappers ``setup`` added."""
         return model.original if isinstance(model, DtrainModule) else self.strategy.unwrap(model)
 
-    # -- the step (dtrain.step) ---------------------------------------------------------------
+    # -- the step (dtrain.context.step) ---------------------------------------------------------------
     @property
     def sync_gradients(self) -> bool:
         """True when the current micro-step ends an accumulation window (always outside one)."""
@@ -260,7 +261,7 @@ class Context:
         _check_model("ctx.clip_grad_norm_", model)
         return self._step.clip_grad_norm_(model, max_norm, norm_type)
 
-    # -- collectives (dtrain.collectives) -------------------------------------------------------
+    # -- collectives (dtrain.comm.collectives) -------------------------------------------------------
     def all_reduce(self, tensor: torch.Tensor, op: str = "mean") -> torch.Tensor:
         """Reduce ``tensor`` over all ranks in place and return it.
 
@@ -304,7 +305,7 @@ class Context:
             kwargs.setdefault("flush", True)
             print(*args, **kwargs)
 
-    # -- evaluation (dtrain.evaluation) ---------------------------------------------------------
+    # -- evaluation (dtrain.context.evaluation) ---------------------------------------------------------
     def evaluate(
         self,
         model: nn.Module,
