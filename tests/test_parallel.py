@@ -8,6 +8,7 @@ gloo (slow on 2 cores: one run per composition, each with a timeout).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -15,12 +16,13 @@ import torch
 from torch.utils.data import DataLoader, Subset
 
 import dtrain
+from dtrain import strategies
 from dtrain.errors import ConfigError
 from dtrain.parallel import ParallelDims, parse, resolve
-from dtrain.strategies.composed import strategy_for
 from dtrain.tasks import load_task
 from dtrain.tasks.gpt import CausalSelfAttention, gpt, gpt_tp_plan
 from dtrain.testing import run_cli, run_distributed
+from dtrain.world import World
 
 TINY = {"layers": "2", "heads": "4", "width": "32", "context": "16", "max_bytes": "40000"}
 STEPS = 4
@@ -62,19 +64,28 @@ def test_tp_ranks_read_the_same_data_and_tp_is_fastest():
     ("dp_replicate=4", "ddp"), ("dp_shard=4", "fsdp"), ("dp_replicate=2,dp_shard=2", "hsdp"),
     ("pp=4", "pipeline"), ("dp_shard=2,tp=2", "composed"), ("tp=4", "composed"),
 ])
-def test_one_kind_layouts_are_todays_strategies(layout, expected):
-    name, options = strategy_for("auto", layout, 4, {})
-    assert name == expected
-    assert (options.get("shard_size") == 2) if expected == "hsdp" else True
+def test_one_kind_layouts_are_the_named_strategies(layout, expected):
+    # A layout of one way is the named strategy: the same name, layout on the world, declared
+    # capabilities and settings (hsdp: shard groups of dp_shard ranks).
+    world = World(rank=1, size=4, local_size=4)
+    strat = strategies.build("auto", parallel=layout)
+    assert strat.name == expected
+    if expected != "composed":
+        named = strategies.build(expected, **({"shard_size": 2} if expected == "hsdp" else {}))
+        assert strat.layout(world) == named.layout(world) == parse(layout)
+        assert strat.capabilities == named.capabilities
+        assert strat.config == (dataclasses.replace(named.config, shard_size=None) if expected == "hsdp" else named.config)
+        assert strat.data_parallel(world) == named.data_parallel(world)
 
 
 def test_layout_and_strategy_together_are_one_line_and_pp_composes():
     with pytest.raises(ConfigError, match="both say how to split"):
-        strategy_for("ddp", "tp=2", 2, {})
+        strategies.build("ddp", parallel="tp=2")
     with pytest.raises(ConfigError, match="drop bucket_cap_mb"):
-        strategy_for("auto", "tp=2", 2, {"bucket_cap_mb": 5})
-    name, options = strategy_for("auto", "pp=2,dp_shard=2", 4, {"microbatches": 2, "wrap": "none"})
-    assert name == "composed" and options["pipeline"].microbatches == 2 and options["fsdp"].wrap == "none"
+        strategies.build("auto", parallel="tp=2", bucket_cap_mb=5)
+    strat = strategies.build("auto", parallel="pp=2,dp_shard=2", microbatches=2, wrap="none")
+    assert strat.name == "composed" and strat.pipeline.microbatches == 2 and strat.fsdp.wrap == "none"
+    assert strat.capabilities.staged_step and strat.capabilities.sharded_params
 
 
 def test_tp_plan_splits_each_block_the_embeddings_and_head_and_refuses_uneven_heads():

@@ -19,7 +19,6 @@ from ..errors import DtrainError
 from ..options import Options
 from ..precision import Precision
 from ..strategies.base import Strategy
-from ..strategies.composed import strategy_for
 from ..world import World, init_process_group
 from .core import Context
 
@@ -70,11 +69,11 @@ def init(
     spec = CommSpec.parse(comm if comm is not None else env.comm,
                           warmup=comm_warmup if comm_warmup is not None else env.comm_warmup)  # fails on every strategy
     parallel = parallel if parallel is not None else env.parallel
-    if parallel is not None:  # a layout: today's strategy when it is one, else the composed one
-        strategy, strategy_options = strategy_for(strategy, parallel, world.size, strategy_options)
-    else:
+    if parallel is None:
         strategy_options.pop("tp_plan", None)  # a plan is used by layouts with tp only
-    strat = strategies.build(strategy, comm=spec, distributed=world.distributed, **strategy_options)
+    strat = strategies.build(strategy, comm=spec, distributed=world.distributed, parallel=parallel, **strategy_options)
+    if parallel is not None:
+        strat.layout(world)  # a layout that does not fill the world: one line, before the group forms
     prec = Precision.resolve(precision, world.device)
     stall = check.number("stall timeout (seconds; 0 turns the watchdog off)", env.stall_timeout if stall_timeout is None else stall_timeout)
     startup_s = env.startup_timeout or DEFAULT_STARTUP_S

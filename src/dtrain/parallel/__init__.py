@@ -1,5 +1,6 @@
-"""Parallelisms that compose: one ``ParallelDims`` value says how ranks split, builds the one
-``DeviceMesh``, and ``compose`` applies each parallelism in a fixed order (see ``apply``)."""
+"""Parallelisms that compose: one ``ParallelDims`` value says how ranks split and builds the one
+``DeviceMesh``; ``apply.parallelize`` applies each parallelism in one fixed order, for every
+strategy (each a ``ParallelDims`` preset) and every ``--parallel`` layout."""
 
 from .dims import DIMS, ParallelDims, parse, resolve
 

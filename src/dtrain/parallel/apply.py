@@ -1,15 +1,17 @@
 """Each parallelism as one short function, applied by ``parallelize`` in one fixed order for
-every strategy:
+every strategy, named or a ``--parallel`` layout:
 
-1. ``apply_pp``: pipeline split (``pp``): this rank keeps its stage's layers, and every later
-   step applies to that stage alone,
+1. ``apply_pp``: pipeline split (``pp``, or a staged strategy on one process): this rank keeps
+   its stage's layers, and every later step applies to that stage alone,
 2. ``apply_tp``: tensor parallelism (the task's plan, through ``parallelize_module``),
-   (1 and 2 are the strategy's ``split``: the composed strategy's layout),
 3. ``apply_ac``: activation checkpointing of each block,
 4. ``apply_compile``: ``torch.compile`` of each block,
-5. ``apply_fsdp`` (``dp_shard``, with ``dp_replicate``: HSDP) or ``apply_ddp`` (``dp_replicate``),
-   or a named strategy's own wrap (DDP with ``--comm``, ``fully_shard``, ...): ``setup_model``,
-6. ``torch.compile`` of the whole wrapped model when no blocks were given.
+5. ``apply_dp``, the data-parallel wrap, as the layout says: ``apply_fsdp`` (``fully_shard`` over
+   ``dp_shard``; HSDP over (``dp_replicate``, ``dp_shard``)) where the strategy shards, else the
+   strategy's own way of replicating over ``dp_replicate`` (``Strategy.replicate``: DDP with
+   ``--comm``, DDP and a sharded optimizer, Horovod's hooks, ``nn.DataParallel``; ``apply_ddp``,
+   FSDP2's ``replicate``, under TP or pipeline stages),
+6. ``torch.compile`` of the whole wrapped model when no blocks were compiled.
 
 The order is torchtitan's (its pipeline split, then ``parallelize_llama``): the pipeline cut
 first, so each stage is parallelised on its own; TP rewrites the layers' parameters into
@@ -29,22 +31,29 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from .._log import note_once
 from ..errors import ConfigError
 from . import transforms
 from .dims import ParallelDims
 from .fsdp import FSDPConfig, apply_fully_shard
 from .pipeline import PipelineConfig, split_stage
-from .stages import Stages
+from .placement import Placement
+from .stages import Pipe, Stages
 
 
-def apply_pp(model: nn.Module, pp_mesh: Any, config: PipelineConfig, blocks: Sequence[nn.Module] | None
-             ) -> tuple[nn.Module, list[nn.Module], Stages]:
-    """Cut ``model`` (an ``nn.Sequential``) into ``pp`` stages between its blocks; returns this
-    rank's stage (original layer names kept), the blocks in it, and its place in the pipeline."""
-    stages = Stages.of_mesh(pp_mesh)
-    stage = split_stage(model, stages.index, stages.count, config, list(blocks or []) or None)
+def apply_pp(model: nn.Module, place: Placement, config: PipelineConfig, blocks: Sequence[nn.Module]
+             ) -> tuple[nn.Module, list[nn.Module]]:
+    """Cut ``model`` (an ``nn.Sequential``) into the layout's ``pp`` stages between its blocks;
+    returns this rank's stage (original layer names kept) and the blocks in it, and sets up its
+    pipeline on ``place``. The stages of one pipeline spanning the world talk over the default
+    group (no mesh); else over the mesh's ``pp`` dimension. Collective: call on every rank."""
+    whole = place.dims.pp == place.world.size
+    stages = Stages.of_world(place.world) if whole else Stages.of_mesh(place["pp"])
+    stage = split_stage(model, stages.index, stages.count, config, list(blocks) or None)
     inside = {id(m) for m in stage.modules()}
-    return stage, [b for b in blocks or [] if id(b) in inside], stages
+    place.pipe = Pipe(stages, config, place.world.device)
+    place.stage_params = {id(p) for p in stage.parameters()}
+    return stage, [b for b in blocks if id(b) in inside]
 
 
 def apply_tp(model: nn.Module, tp_mesh: Any, plan: dict[str, Any]) -> nn.Module:
@@ -107,9 +116,13 @@ def apply_compile(blocks: Sequence[nn.Module]) -> None:
 
 
 def apply_fsdp(model: nn.Module, dp_mesh: Any, device: torch.device, blocks: Sequence[nn.Module] | None,
-               config: FSDPConfig | None = None) -> nn.Module:
+               config: FSDPConfig | None = None, name: str = "fsdp") -> nn.Module:
     """``fully_shard`` each block, then the root, over ``dp_mesh`` (1-D: FSDP; 2-D
-    (dp_replicate, dp_shard): HSDP); the fsdp strategy's own function."""
+    (dp_replicate, dp_shard): HSDP)."""
+    if not any(p.requires_grad for p in model.parameters()):
+        raise ConfigError(f"{name}: the model has no trainable parameters; nothing to shard.")
+    if any(True for _ in model.buffers()):
+        note_once(f"{name}: buffers (e.g. BatchNorm statistics) are not synchronised across ranks by fully_shard.")
     return apply_fully_shard(model, dp_mesh, config or FSDPConfig(), device, list(blocks or []))
 
 
@@ -125,53 +138,75 @@ def apply_ddp(model: nn.Module, dp_mesh: Any, device: torch.device) -> nn.Module
     return model
 
 
+def apply_dp(model: nn.Module, strategy: Wrapping, place: Placement, blocks: Sequence[nn.Module]) -> nn.Module:
+    """The data-parallel wrap: ``fully_shard`` over the data-parallel ranks where the strategy
+    shards (``strategy.fsdp``; over (dp_replicate, dp_shard), HSDP, when the layout replicates the
+    shards or the strategy is ``hybrid``), else the strategy's own way of replicating over
+    ``dp_replicate`` (on one replica: the model on the device). Collective: call on every rank."""
+    world = place.world
+    if strategy.fsdp is not None and world.distributed:
+        hybrid = strategy.hybrid or place.dims.dp_replicate > 1
+        dp_mesh = place["dp_replicate", "dp_shard"] if hybrid else place["dp_shard"]
+        return apply_fsdp(model, dp_mesh, world.device, blocks, strategy.fsdp, strategy.name)
+    return strategy.replicate(model, world, place)
+
+
 class Wrapping(Protocol):
-    """What ``parallelize`` asks of a strategy (``dtrain.strategies.base.Strategy`` declares both)."""
+    """What ``parallelize`` asks of a strategy (``dtrain.strategies.base.Strategy`` declares it)."""
 
-    def split(self, model: nn.Module, world: Any, blocks: list[nn.Module]) -> tuple[nn.Module, list[nn.Module]]: ...
-
-    def setup_model(self, model: nn.Module, world: Any, blocks: list[nn.Module] | None = None) -> nn.Module: ...
+    name: str
+    pipeline: PipelineConfig | None
+    """Cut the model into the layout's pipeline stages, with these settings (None: no stages)."""
+    fsdp: FSDPConfig | None
+    """Shard over the data-parallel ranks with these settings (None: replicate instead)."""
+    hybrid: bool
+    """Shard within groups and replicate across them (HSDP) even where the layout has one group."""
+    tp_plan: Callable[[nn.Module, int], dict[str, Any]] | None
 
     @property
     def capabilities(self) -> Any: ...
 
+    def layout(self, world: Any) -> ParallelDims: ...
+
+    def replicate(self, model: nn.Module, world: Any, place: Placement) -> nn.Module: ...
+
+    def placed(self, place: Placement) -> None: ...
+
 
 def parallelize(model: nn.Module, strategy: Wrapping, world: Any, *, blocks: Sequence[nn.Module] = (),
                 activation_checkpointing: bool = False, compile: bool = False) -> nn.Module:
-    """The one order every strategy goes through: its cuts (pipeline stage, TP), activation
-    checkpointing and compile of each block where compile goes per block
+    """The one order every strategy and every layout goes through: the pipeline cut, TP,
+    activation checkpointing and compile of each block where compile goes per block
     (``transforms.compile_per_block``: sharded parameters, pipeline stages, activation
-    checkpointing), its data-parallel wrap, then compile of the whole wrapped model otherwise (as
-    torch's documentation does for DDP: the compiled DDP module splits its graph at bucket
-    boundaries, DDPOptimizer). Collective: call on every rank."""
-    model, blocks = strategy.split(model, world, list(blocks))
+    checkpointing), the data-parallel wrap, then compile of the whole wrapped model otherwise
+    (as torch's documentation does for DDP: the compiled DDP module splits its graph at bucket
+    boundaries, DDPOptimizer). The strategy keeps the placement (``strategy.placed``).
+    Collective: call on every rank."""
+    place = Placement(strategy.layout(world), world)
+    blocks = list(blocks)
+    if place.dims.pp > 1 or strategy.pipeline is not None:  # first: every later step applies to this stage only
+        model, blocks = apply_pp(model, place, strategy.pipeline or PipelineConfig(), blocks)
+    before = dict(model.named_parameters())
+    if place.dims.tp > 1:
+        model = apply_layout_tp(model, place.dims, place, world.device, strategy.tp_plan)
+        place.scores = place.dims.coordinates(world.rank)["tp"] == 0
     if activation_checkpointing:
         apply_ac(blocks)
     per_block = bool(compile and blocks and transforms.compile_per_block(strategy.capabilities, activation_checkpointing))
     if per_block:
         apply_compile(blocks)
-    inner = strategy.setup_model(model, world, blocks=blocks or None)
+    model = apply_dp(model, strategy, place, blocks)
+    place.note_replaced(before, model)
     if compile and not per_block:
-        inner.compile()
-    return inner
-
-
-def compose(model: nn.Module, dims: ParallelDims, mesh: Any, device: torch.device, *,
-            blocks: Sequence[nn.Module] | None = None, fsdp: FSDPConfig | None = None) -> nn.Module:
-    """The data-parallel step of ``dims`` (after ``apply_pp``, ``apply_tp`` and ``parallelize``'s
-    per-block steps): FSDP over ``dp_shard`` (HSDP with ``dp_replicate``), else DDP over
-    ``dp_replicate``, else the model on the device. Collective: call on every rank."""
-    if dims.dp_shard > 1:
-        dp_mesh = mesh["dp_replicate", "dp_shard"] if dims.dp_replicate > 1 else mesh["dp_shard"]
-        return apply_fsdp(model, dp_mesh, device, blocks, fsdp)
-    if dims.dp_replicate > 1:
-        return apply_ddp(model, mesh["dp_replicate"], device)
-    return model.to(device)
+        model.compile()
+    strategy.placed(place)
+    return model
 
 
 def apply_layout_tp(model: nn.Module, dims: ParallelDims, mesh: Any, device: torch.device,
                     plan: Callable[[nn.Module, int], dict[str, Any]] | None) -> nn.Module:
-    """TP of ``dims`` (none when ``tp`` is 1), with the task's plan for this model."""
+    """TP of ``dims`` (none when ``tp`` is 1), with the task's plan for this model; ``mesh`` is
+    only indexed once the plan is known (a missing plan is one line, before any collective)."""
     if dims.tp > 1:
         if plan is None:
             raise ConfigError(f"--parallel {dims}: the task has no tensor-parallel plan; set Task.tp_plan "

@@ -82,3 +82,24 @@ def clip_grad_norm_(parameters: Iterable[torch.Tensor], max_norm: float, norm_ty
     for g in grads:
         _local(g).mul_(coef.to(g.dtype))
     return total.float()
+
+
+def clip_stages_(parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0, *,
+                 distributed: bool = True) -> torch.Tensor:
+    """Clip by the norm over every pipeline stage's gradients, when each rank holds one stage's
+    plain parameters and nothing else (a pipeline alone): each stage's norm, combined over the
+    ranks in one all-reduce. Collective: call on every rank."""
+    params = [p for p in parameters if p.grad is not None]
+    local = torch.nn.utils.get_total_norm([p.grad for p in params], norm_type)
+    if distributed:
+        if norm_type == float("inf"):
+            dist.all_reduce(local, op=dist.ReduceOp.MAX)
+            total = local
+        else:
+            powered = local.double() ** norm_type
+            dist.all_reduce(powered, op=dist.ReduceOp.SUM)
+            total = (powered ** (1.0 / norm_type)).to(local.dtype)
+    else:
+        total = local
+    torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+    return total

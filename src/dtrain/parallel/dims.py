@@ -10,17 +10,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConfigError
 
 DIMS = ("pp", "dp_replicate", "dp_shard", "tp")
 """The mesh's dimension names, outermost first."""
-
-PRESETS = {"ddp": "dp_replicate", "fsdp": "dp_shard", "pipeline": "pp"}
-"""Today's strategy names as layouts: every rank on one dimension (hsdp: both dp dimensions)."""
-
 
 @dataclass(frozen=True, kw_only=True)
 class ParallelDims:
@@ -80,12 +76,19 @@ class ParallelDims:
         c = self.coordinates(rank)
         return c["dp_replicate"] * self.dp_shard + c["dp_shard"]
 
-    def build_mesh(self, device_type: str) -> Any:
-        """The one ``DeviceMesh`` of shape (pp, dp_replicate, dp_shard, tp), named by ``DIMS``.
+    def build_mesh(self, device_type: str, backend: str = "") -> Any:
+        """The one ``DeviceMesh`` of shape (pp, dp_replicate, dp_shard, tp), named by ``DIMS``:
+        the only place dtrain builds one (``dtrain.parallel.placement.Placement.mesh`` asks).
         Collective: call on every rank."""
         from torch.distributed.device_mesh import init_device_mesh
 
-        return init_device_mesh(device_type, self.shape(), mesh_dim_names=DIMS)
+        try:
+            return init_device_mesh(device_type, self.shape(), mesh_dim_names=DIMS)
+        except (RuntimeError, NotImplementedError, ValueError) as exc:  # a backend without n-D meshes
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            shape = "x".join(str(n) for n in self.shape())
+            raise ConfigError(f"--parallel {self}: torch cannot build a {shape} device mesh on backend {backend or device_type} "
+                              f"({first}); use a layout of fewer dimensions (e.g. --strategy fsdp).") from None
 
 
 def _suggest(dims: ParallelDims, world_size: int) -> str:
@@ -129,14 +132,3 @@ def resolve(value: str | Mapping[str, int] | ParallelDims) -> ParallelDims:
             raise ConfigError(f"parallel={dict(value)!r} has unknown dimension(s) {', '.join(map(str, unknown))}; use {', '.join(DIMS)}.")
         return ParallelDims(**value)
     raise ConfigError(f"parallel={value!r} is a {type(value).__name__}; give a dict such as {{'dp_shard': 2, 'tp': 2}} or text 'dp_shard=2,tp=2'.")
-
-
-def preset(strategy: str, world_size: int) -> ParallelDims | None:
-    """The layout a strategy name stands for on ``world_size`` processes (None: not a layout)."""
-    if strategy in PRESETS:
-        return ParallelDims(**{PRESETS[strategy]: world_size})
-    return None
-
-
-def as_dict(dims: ParallelDims) -> dict[str, int]:
-    return asdict(dims)

@@ -2,9 +2,9 @@
 two passes through the stages -- the training step (a ``torch.distributed.pipelining``
 schedule) and evaluation's forward-only pass.
 
-Shared by the ``pipeline`` strategy (one pipeline over the whole world) and the ``composed``
-strategy under ``--parallel pp=P,...`` (one pipeline per data-parallel coordinate: the ranks
-along the mesh's ``pp`` dimension), so they are a plain component, not a base class.
+Built by the apply path's pipeline cut (``apply.apply_pp``) for any layout with stages: one
+pipeline over the whole world (``pipeline``, ``pp=N``), or one per data-parallel coordinate (the
+ranks along the mesh's ``pp`` dimension, ``--parallel pp=P,...``).
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ class Stages:
 
     @classmethod
     def of_world(cls, world: World) -> Stages:
-        """One pipeline over every rank (the ``pipeline`` strategy): stage = rank."""
+        """One pipeline over every rank (``pp`` = the world size): stage = rank."""
         return cls(index=world.rank, ranks=tuple(range(world.size)))
 
     @classmethod

@@ -1,26 +1,33 @@
 """Strategies: how a model and its optimizer are spread over the ranks.
 
-One module per method, each small; ``build(name)`` is the only way to get one, so no code
-outside this package branches on a strategy's name.
+One module per method, each small: a ``ParallelDims`` preset of the world and its way of
+replicating, all going through the one apply path (``dtrain.parallel.apply``); ``build(name)``
+(or ``build(parallel=...)`` for a layout as given) is the only way to get one, so no code outside
+this package branches on a strategy's name.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from typing import Any
 
 from .._log import note_once
 from ..comm import CommSpec
 from ..errors import ConfigError
+from ..parallel.dims import ParallelDims, resolve
 from .base import Capabilities, Strategy
 
 _REGISTRY: dict[str, Callable[..., Strategy]] = {}
 
 
-def register(name: str) -> Callable[[Callable[..., Strategy]], Callable[..., Strategy]]:
-    """Class decorator: make a strategy available to ``build(name)``."""
+def register(name: str, *, capabilities: Capabilities | None = None) -> Callable[[Callable[..., Strategy]], Callable[..., Strategy]]:
+    """Decorator of a strategy class, or of a function that builds one (``capabilities``: what
+    it declares): make it available to ``build(name)``."""
 
     def deco(factory: Callable[..., Strategy]) -> Callable[..., Strategy]:
+        if capabilities is not None:
+            factory.capabilities = capabilities  # type: ignore[attr-defined]
         _REGISTRY[name] = factory
         return factory
 
@@ -38,9 +45,17 @@ def resolve_name(name: str, *, distributed: bool) -> str:
     return name
 
 
-def build(name: str | Strategy, *, comm: CommSpec | None = None, distributed: bool = True, **options) -> Strategy:
+def build(name: str | Strategy, *, comm: CommSpec | None = None, distributed: bool = True,
+          parallel: str | dict | ParallelDims | None = None, **options: Any) -> Strategy:
     """Build the strategy called ``name`` (``auto`` resolved by ``distributed``) with its options;
-    ConfigError lists what exists. ``comm`` (``--comm``) goes through ``comm_options``."""
+    ConfigError lists what exists. ``parallel``: a layout as given (``name`` auto or composed),
+    each of its dimensions run its usual way. ``comm`` (``--comm``) goes through ``comm_options``,
+    which asks the strategy as built (a layout of replicas alone takes it, as ddp does)."""
+    if parallel is not None:
+        if not isinstance(name, str) or name not in ("auto", "composed"):
+            raise ConfigError(f"parallel={resolve(parallel)} and strategy={name!r} both say how to split the ranks; drop one "
+                              "(a strategy name is a layout: ddp = all dp_replicate, fsdp = all dp_shard, pipeline = pp).")
+        name, options = "composed", {**options, "parallel": parallel}
     if not isinstance(name, str):  # built by the caller, with its own options
         if comm_options(name, comm, distributed=distributed):
             note_once(f"--comm {comm} is not applied to a strategy passed as an object; build it with comm=... instead.")
@@ -49,7 +64,12 @@ def build(name: str | Strategy, *, comm: CommSpec | None = None, distributed: bo
     factory = _REGISTRY.get(name)
     if factory is None:
         raise ConfigError(f"unknown strategy {name!r}; choose one of: {', '.join(available())}.")
-    options.update(comm_options(name, comm, distributed=distributed))
+    strategy = _make(name, factory, options)
+    extra = comm_options(strategy, comm, distributed=distributed)
+    return _make(name, factory, {**options, **extra}) if extra else strategy
+
+
+def _make(name: str, factory: Callable[..., Strategy], options: dict[str, Any]) -> Strategy:
     try:
         return factory(**options)
     except TypeError as exc:
@@ -83,7 +103,6 @@ def comm_options(strategy: str | Strategy, comm: CommSpec | None, *, distributed
 
 
 # Importing the modules registers them.
-from . import ddp, dp, fsdp, hvd, pipeline, single, zero1  # noqa: E402,F401  # isort: skip
-from . import composed  # noqa: E402,F401  # isort: skip  (after fsdp: it reuses fsdp's functions)
+from . import composed, ddp, dp, fsdp, hvd, pipeline, single, zero1  # noqa: E402,F401  # isort: skip
 
 __all__ = ["Capabilities", "Strategy", "available", "build", "comm_options", "register", "resolve_name"]

@@ -7,11 +7,16 @@ import abc
 import contextlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
+from ..parallel.apply import parallelize
+from ..parallel.dims import ParallelDims
+from ..parallel.fsdp import FSDPConfig
+from ..parallel.pipeline import PipelineConfig
+from ..parallel.placement import Placement
 from ..precision import Precision
 from ..world import World
 
@@ -43,33 +48,58 @@ class Capabilities:
 class Strategy(abc.ABC):
     """How a model and its optimizer are spread over ranks: the contract every strategy meets.
 
-    A strategy subclasses this, declares ``name`` and ``capabilities``, and implements
-    ``setup_model``; every other hook has a default that fits a strategy without that feature
-    (no communication state, no sharding, one replica per rank). Callers use the hooks and
-    ``capabilities`` only, never ``getattr`` or the strategy's name. (A subclass is the contract,
-    not a way to reuse another strategy: shared steps are plain functions in this module.)
+    A strategy subclasses this and declares ``name``, ``capabilities`` and its layout on a world
+    (``layout``: a ``ParallelDims`` preset, e.g. ddp's ``dp_replicate=N``); every strategy then
+    goes through the same apply path (``dtrain.parallel.apply.parallelize``: pipeline cut, TP,
+    activation checkpointing, compile, the data-parallel wrap), in which it supplies its small
+    pieces: ``replicate`` (its way of replicating), ``fsdp`` (how it shards), ``pipeline`` (its
+    stages), ``tp_plan``. Every other hook has a default that fits a strategy without that
+    feature (no communication state, no sharding, one replica per rank). Callers use the hooks
+    and ``capabilities`` only, never ``getattr`` or the strategy's name. (A subclass is the
+    contract, not a way to reuse another strategy: shared steps are plain functions.)
     """
 
-    name: ClassVar[str] = ""
+    name: str = ""
+    """Declared on the class (a layout's strategy is named by its instance: ``fsdp``, ``composed``, ...)."""
     capabilities: Capabilities = Capabilities()
     """Declared on the class; a strategy whose answers depend on how it was built sets its own
-    in ``__init__`` (composed: ``staged_step`` when its layout has pipeline stages)."""
+    in ``__init__`` (a ``--parallel`` layout: what each of its dimensions declares)."""
+    pipeline: PipelineConfig | None = None
+    """Cut the model into the layout's pipeline stages with these settings (None: no stages)."""
+    fsdp: FSDPConfig | None = None
+    """Shard the model over the layout's data-parallel ranks with these settings (None: ``replicate``)."""
+    hybrid: bool = False
+    """Shard within groups and replicate across them (HSDP), even where the layout has one group."""
+    tp_plan: Callable[[nn.Module, int], dict] | None = None
+    """The tensor-parallel plan, ``(model, tp) -> {submodule name: ParallelStyle}``, for ``tp`` > 1."""
+    placement: Placement | None = None
+    """Where this rank sits in the layout, once ``setup_model`` has run (``placed``)."""
 
-    # -- wrapping --------------------------------------------------------------------------------
-    @abc.abstractmethod
+    # -- the layout and the apply path -------------------------------------------------------------
+    def layout(self, world: World) -> ParallelDims:
+        """How this strategy splits ``world``'s ranks (its preset). By default every rank is a
+        replica: ``dp_replicate`` = the world size, replicated by ``replicate``."""
+        return ParallelDims(dp_replicate=world.size)
+
     def setup_model(self, model: nn.Module, world: World, blocks: list[nn.Module] | None = None) -> nn.Module:
-        """Move ``model`` to the world's device and wrap it for this strategy. ``blocks``: the
-        model's repeated blocks (fsdp units, pipeline cut points); ignored where they mean nothing.
+        """Move ``model`` to the world's device and parallelise it for this strategy's layout,
+        through the one apply path (``ctx.setup`` adds activation checkpointing and compile).
+        ``blocks``: the model's repeated blocks (fsdp units, pipeline cut points).
 
         Collective: call on every rank."""
+        return parallelize(model, self, world, blocks=blocks or ())
 
-    def split(self, model: nn.Module, world: World, blocks: list[nn.Module]) -> tuple[nn.Module, list[nn.Module]]:
-        """The cuts made before activation checkpointing and compile (``dtrain.parallel.apply.parallelize``):
-        this rank's pipeline stage and tensor-parallel layers, and the blocks left in them. By default
-        the model and its blocks as they are; ``setup_model`` then does the data-parallel wrap.
+    def replicate(self, model: nn.Module, world: World, place: Placement) -> nn.Module:
+        """This strategy's way of replicating ``model`` over the layout's ``dp_replicate`` ranks
+        (``place.group("dp_replicate")``), the data-parallel wrap where it does not shard; with one
+        replica, the model on the device. By default: the model on the device, no communication.
 
-        Collective where a strategy cuts: call on every rank."""
-        return model, blocks
+        Collective where a strategy communicates: call on every rank."""
+        return move_to_device(model, world)
+
+    def placed(self, place: Placement) -> None:
+        """Keep where this rank sits in the layout (called by the apply path after the wrap)."""
+        self.placement = place
 
     def setup_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module | None) -> torch.optim.Optimizer:
         """Wrap or re-point ``optimizer`` if the strategy communicates through it or replaced the
@@ -81,9 +111,11 @@ class Strategy(abc.ABC):
         return unwrap_module(model)
 
     def data_parallel(self, world: World) -> tuple[int, int]:
-        """(rank, size) for sharding the data: by default every rank is a replica reading its own
-        share (pipeline: one replica, every rank reads the same batches)."""
-        return world.rank, world.size
+        """(rank, size) for sharding the data, from the layout: ranks that differ only in their
+        TP rank or pipeline stage read the same batches (pipeline alone: one replica, every rank
+        reads the same)."""
+        dims = self.layout(world)
+        return dims.dp_rank(world.rank), dims.dp
 
     # -- the step --------------------------------------------------------------------------------
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager:

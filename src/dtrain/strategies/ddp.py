@@ -1,11 +1,15 @@
 """torch's DistributedDataParallel: one process per device, gradients all-reduced in buckets
 while the backward pass runs; ``comm=`` swaps the all-reduce for a method of ``dtrain.comm``
-(compression, PowerSGD, local SGD, auto)."""
+(compression, PowerSGD, local SGD, auto).
+
+``ddp`` is the layout ``dp_replicate`` = every process, replicated by ``DDPReplicas`` (the same
+piece replicates a ``--parallel`` layout of replicas alone; zero1 holds one too).
+"""
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -14,9 +18,11 @@ from torch.nn.parallel import DistributedDataParallel
 from .._log import logger, note_once
 from ..comm import CommSpec, Method, attach, needs_one_bucket, one_bucket_mb
 from ..errors import ConfigError
+from ..parallel.dims import ParallelDims
 from ..world import World
 from . import register
-from .base import Capabilities, Strategy, move_to_device
+from .base import move_to_device
+from .layout import REPLICAS, LayoutStrategy
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -38,22 +44,21 @@ class DDPConfig:
             raise ConfigError(f"bucket_cap_mb must be > 0, got {self.bucket_cap_mb}.")
 
 
-@register("ddp")
-class DDPStrategy(Strategy):
-    name = "ddp"
-    capabilities = Capabilities(supports_comm=True)
+class DDPReplicas:
+    """Replication by ``DistributedDataParallel`` over a group of replicas, with the ``--comm``
+    method attached to it and its state (a component: the strategies that replicate this way
+    hold one)."""
 
-    def __init__(self, config: DDPConfig | None = None, *, comm: str | CommSpec | None = None, comm_warmup: int | None = None,
-                 **options) -> None:
-        if config is None:
-            config = DDPConfig(comm=CommSpec.parse(comm, warmup=comm_warmup), **options)
+    def __init__(self, config: DDPConfig) -> None:
         self.config = config
         self.comm: Method | None = None
         """The communication method attached to the DDP model (None: DDP's own all-reduce)."""
         self._world_size = 1
         self._pending: dict | None = None
 
-    def setup_model(self, model: nn.Module, world: World, blocks: list[nn.Module] | None = None) -> nn.Module:
+    def wrap(self, model: nn.Module, world: World, group: Any = None) -> nn.Module:
+        """``model`` on the device, in DDP over ``group`` (None: the default group).
+        Collective: call on every rank (DDP broadcasts rank 0's parameters)."""
         model = move_to_device(model, world)
         if not world.distributed:
             note_once("ddp with one process: running without DistributedDataParallel (nothing to synchronise).")
@@ -67,6 +72,7 @@ class DDPStrategy(Strategy):
         ddp = DistributedDataParallel(
             model,
             device_ids=[world.device.index] if world.device.type == "cuda" else None,
+            process_group=group,
             bucket_cap_mb=bucket_mb,
             find_unused_parameters=c.find_unused_parameters,
             gradient_as_bucket_view=c.gradient_as_bucket_view,
@@ -79,12 +85,17 @@ class DDPStrategy(Strategy):
             self.load_state_dict(self._pending)
         return ddp
 
-    def after_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+    def register_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        register = getattr(self.comm, "register_optimizer", None)
+        if register is not None:  # local SGD keeps each rank's own optimizer state
+            register(optimizer)
+
+    def after_step(self, optimizer: torch.optim.Optimizer) -> None:
         """Collective: every rank, after each optimizer step (local SGD averages parameters here)."""
         if self.comm is not None:
             self.comm.after_step(optimizer)
 
-    def comm_record(self) -> dict:
+    def record(self) -> dict:
         """For result records: ``comm`` as asked, and ``comm_choice``, what ran (auto's pick)."""
         spec = str(self.config.comm)
         if self.config.comm.kind == "auto":  # None until auto has decided (or with one process)
@@ -98,7 +109,7 @@ class DDPStrategy(Strategy):
 
     def load_state_dict(self, state: dict) -> None:
         if self.comm is None:
-            self._pending = state  # restored when setup_model attaches the method
+            self._pending = state  # restored when wrap attaches the method
             return
         self._pending = None
         if state.get("comm") != str(self.config.comm) or state.get("state") is None:
@@ -106,16 +117,19 @@ class DDPStrategy(Strategy):
             return
         self.comm.load_state_dict(state["state"], same_ranks=state.get("world_size") == self._world_size)
 
-    def setup_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module | None) -> torch.optim.Optimizer:
-        register = getattr(self.comm, "register_optimizer", None)
-        if register is not None:  # local SGD keeps each rank's own optimizer state
-            register(optimizer)
-        return optimizer
 
-    def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager:
-        ddp = _find_ddp(model)
-        return ddp.no_sync() if ddp is not None else contextlib.nullcontext()
+def replicas(world: World) -> ParallelDims:
+    """Every process a replica of the whole model."""
+    return ParallelDims(dp_replicate=world.size)
 
 
-def _find_ddp(model: nn.Module) -> DistributedDataParallel | None:
-    return model if isinstance(model, DistributedDataParallel) else None
+@register("ddp", capabilities=REPLICAS)
+def ddp(config: DDPConfig | None = None, *, comm: str | CommSpec | None = None, comm_warmup: int | None = None,
+        **options: Any) -> LayoutStrategy:
+    """The layout ``dp_replicate=N``, replicated by DDP (with ``--comm``)."""
+    if config is None:
+        config = DDPConfig(comm=CommSpec.parse(comm, warmup=comm_warmup), **options)
+    return LayoutStrategy("ddp", replicas, capabilities=REPLICAS, ddp=DDPReplicas(config))
+
+
+__all__ = ["DDPConfig", "DDPReplicas", "ddp", "replicas"]

@@ -13,6 +13,8 @@ from torch import nn
 
 from .._log import note_once
 from ..errors import ConfigError
+from ..parallel.dims import ParallelDims
+from ..parallel.placement import Placement
 from ..world import World
 from . import register
 from .base import Capabilities, Strategy, move_to_device
@@ -23,12 +25,17 @@ class DataParallelStrategy(Strategy):
     name = "dp"
     capabilities = Capabilities()  # gradients land on the first device: nothing to hold back in no_sync
 
-    def setup_model(self, model: nn.Module, world: World, blocks: list[nn.Module] | None = None) -> nn.Module:
+    def layout(self, world: World) -> ParallelDims:
+        """One process (DataParallel replicates over the GPUs inside it)."""
         if world.distributed:
             raise ConfigError(
                 f"strategy 'dp' runs in one process, but this job has {world.size}; "
                 "start it with -n 1, or use --strategy ddp for several processes."
             )
+        return ParallelDims()
+
+    def replicate(self, model: nn.Module, world: World, place: Placement) -> nn.Module:
+        """``nn.DataParallel`` over every visible GPU (the model on the device without two)."""
         model = move_to_device(model, world)
         n_gpus = torch.cuda.device_count() if world.device.type == "cuda" else 0
         if n_gpus < 2:

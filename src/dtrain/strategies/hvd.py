@@ -22,6 +22,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..errors import ConfigError
+from ..parallel.placement import Placement
 from ..world import World
 from . import register
 from .base import Capabilities, ForwardingOptimizer, Strategy, move_to_device
@@ -218,18 +219,21 @@ class HorovodStrategy(Strategy):
     def __init__(self, config: HvdConfig | None = None, **options: Any) -> None:
         self.config = config or HvdConfig(**options)
         self._optimizers: list[GradientAllReduceOptimizer] = []
+        self._group: dist.ProcessGroup | None = None
 
-    def setup_model(self, model: nn.Module, world: World, blocks: list[nn.Module] | None = None) -> nn.Module:
+    def replicate(self, model: nn.Module, world: World, place: Placement) -> nn.Module:
+        """Rank 0's parameters and buffers on every replica; the optimizer all-reduces later."""
         model = move_to_device(model, world)
+        self._group = place.group("dp_replicate")
         if world.distributed:
             with torch.no_grad():
                 for t in list(model.parameters()) + list(model.buffers()):
-                    dist.broadcast(t, src=0)
+                    dist.broadcast(t, src=0, group=self._group)
         return model
 
     def setup_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module | None) -> torch.optim.Optimizer:
         named = model.named_parameters() if model is not None else None
-        opt = GradientAllReduceOptimizer(optimizer, named, config=self.config)
+        opt = GradientAllReduceOptimizer(optimizer, named, config=self.config, group=self._group)
         self._optimizers.append(opt)
         return opt
 

@@ -1,18 +1,17 @@
-"""One process, no communication: the reference every other strategy is measured against."""
+"""One process, no communication: the reference every other strategy is measured against.
+
+Its layout is the default (every rank a replica: ``dp_replicate=1`` in one process; under a
+launcher of several, each rank trains on its own share of the data, as ``dtrain.compat.horovod``
+uses it), and its way of replicating is the default: the model on the device, nothing shared.
+"""
 
 from __future__ import annotations
 
-from torch import nn
-
-from ..world import World
 from . import register
-from .base import Capabilities, Strategy, move_to_device
+from .base import Capabilities, Strategy
 
 
 @register("single")
 class SingleStrategy(Strategy):
     name = "single"
     capabilities = Capabilities()
-
-    def setup_model(self, model: nn.Module, world: World, blocks: list[nn.Module] | None = None) -> nn.Module:
-        return move_to_device(model, world)

@@ -22,10 +22,12 @@ from torch import nn
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from ..errors import ConfigError
+from ..parallel.placement import Placement
 from ..world import World
 from . import register
 from .base import Capabilities, Strategy
-from .ddp import DDPConfig, DDPStrategy
+from .ddp import DDPConfig, DDPReplicas
+from .layout import no_sync
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,12 +71,12 @@ class Zero1Strategy(Strategy):
 
     def __init__(self, config: Zero1Config | None = None, **options) -> None:
         self.config = config or Zero1Config(**options)
-        # Not a subclass of DDPStrategy: the DDP wrapping is reused as a plain component.
-        self._ddp = DDPStrategy(DDPConfig(bucket_cap_mb=self.config.bucket_cap_mb))
+        # The layout is ddp's (every rank a replica, the default), replicated by DDP's piece.
+        self._ddp = DDPReplicas(DDPConfig(bucket_cap_mb=self.config.bucket_cap_mb))
 
-    def setup_model(self, model: nn.Module, world: World, blocks: list[nn.Module] | None = None) -> nn.Module:
+    def replicate(self, model: nn.Module, world: World, place: Placement) -> nn.Module:
         self._distributed = world.distributed
-        return self._ddp.setup_model(model, world)
+        return self._ddp.wrap(model, world, place.group("dp_replicate"))
 
     def setup_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module | None) -> torch.optim.Optimizer:
         if not getattr(self, "_distributed", True):
@@ -82,7 +84,7 @@ class Zero1Strategy(Strategy):
         return shard_optimizer(optimizer)
 
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager:
-        return self._ddp.no_sync(model)
+        return no_sync(model)
 
     def comm_payload_bytes(self, model: nn.Module) -> int:
         """Bytes handed to collectives per step: the gradients (all-reduce) and the updated

@@ -176,19 +176,13 @@ def host_names(per_rank: list[tuple[str, int]]) -> list[str]:
 
 
 def comm_bytes_per_step(ctx: Any, model: torch.nn.Module) -> float | None:
-    """Bytes one rank hands to gradient communication per synchronised step: the strategy's own
-    count where it has one (zero1, fsdp), else every trainable gradient (DDP's all-reduce); 0
-    with one process; None when unknown."""
+    """Bytes one rank hands to gradient communication per synchronised step: the strategy's count
+    (``Strategy.comm_payload_bytes``: every trainable gradient by default, DDP's all-reduce; zero1's
+    and fsdp's their own); 0 with one process; None when unknown."""
     if not ctx.world.distributed:
         return 0.0
-    inner = ctx.unwrap(model)
-    own = getattr(ctx.strategy, "comm_payload_bytes", None)
-    if own is not None:
-        value = own(inner)
-        return None if value is None else float(value)
-    if ctx.strategy.name != "ddp":
-        return None
-    return float(sum(p.numel() * p.element_size() for p in inner.parameters() if p.requires_grad))
+    value = ctx.strategy.comm_payload_bytes(ctx.unwrap(model))
+    return None if value is None else float(value)
 
 
 class SlowDown:

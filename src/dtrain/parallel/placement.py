@@ -1,0 +1,77 @@
+"""Where this rank sits in a layout, and what ``dtrain.parallel.apply.parallelize`` made of the
+model there: the layout on this world, its one ``DeviceMesh``, this rank's pipeline stage, and
+the parameters the apply path replaced. The strategy keeps it (``Strategy.placed``) for the
+hooks that come after setup: the optimizer, the staged step, evaluation, clipping.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..errors import ConfigError
+from ..world import World
+from .dims import ParallelDims
+from .pipeline import keep_params
+from .stages import Pipe
+
+
+@dataclass(eq=False)
+class Placement:
+    """The layout ``dims`` on ``world``, as this rank holds it."""
+
+    dims: ParallelDims
+    world: World
+    pipe: Pipe | None = None
+    """This rank's pipeline (its stage's place and the schedule), when the model was cut into stages."""
+    stage_params: set[int] | None = None
+    """Ids of the parameters of this rank's stage (None: the whole model is here)."""
+    replaced: dict[int, nn.Parameter] = field(default_factory=dict)
+    """id of a parameter the optimizer was built on -> the parameter TP or FSDP put in its place."""
+    scores: bool = True
+    """Whether this rank's evaluation outputs are counted: under TP only the first rank of each
+    TP group's (its peers compute the same outputs, which would count every sample tp times)."""
+    _mesh: Any = None
+
+    @property
+    def mesh(self) -> Any:
+        """The layout's one ``DeviceMesh`` (``ParallelDims.build_mesh``), built when a step first
+        needs it: layouts whose every dimension but one is 1 and whose groups are the whole world
+        (ddp, pipeline) need none. Collective the first time: every rank asks at the same step."""
+        if self._mesh is None:
+            self._mesh = self.dims.build_mesh(self.world.device.type, self.world.backend)
+        return self._mesh
+
+    def __getitem__(self, names: str | tuple[str, ...]) -> Any:
+        """``place["tp"]``: the sub-mesh of these dimensions (``mesh[...]``)."""
+        return self.mesh[names]
+
+    def group(self, dim: str) -> Any:
+        """The process group of this rank's peers along ``dim``: None (the default group) when
+        ``dim`` spans the whole world, as the mesh itself would then use it, so no mesh is built."""
+        if getattr(self.dims, dim) == self.world.size:
+            return None
+        return self.mesh.get_group(dim)
+
+    def note_replaced(self, before: dict[str, nn.Parameter], model: nn.Module) -> None:
+        """Record which of the ``before`` parameters (by name) the model now holds in another form."""
+        after = dict(model.named_parameters())
+        self.replaced.update({id(p): after[n] for n, p in before.items() if n in after and after[n] is not p})
+
+    def fit_optimizer(self, optimizer: torch.optim.Optimizer, name: str) -> torch.optim.Optimizer:
+        """The optimizer, built on the whole model, as this rank's part needs it: only this stage's
+        parameters (pp), pointed at the DTensors TP and FSDP put in place of the ones it was built
+        on (torch's FSDP2 expects the optimizer built after ``fully_shard``)."""
+        if self.stage_params is not None:
+            optimizer = keep_params(optimizer, self.stage_params, name)
+        if not self.replaced:
+            return optimizer
+        if any(optimizer.state.values()):
+            raise ConfigError(f"{name}: the {type(optimizer).__name__} already holds state; build it fresh, "
+                              "call ctx.setup, then load a checkpoint.")
+        for group in optimizer.param_groups:
+            group["params"] = [self.replaced.get(id(p), p) for p in group["params"]]
+        return optimizer
