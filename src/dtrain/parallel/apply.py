@@ -162,6 +162,8 @@ class Wrapping(Protocol):
     hybrid: bool
     """Shard within groups and replicate across them (HSDP) even where the layout has one group."""
     tp_plan: Callable[[nn.Module, int], dict[str, Any]] | None
+    placement: Placement | None
+    """Where the last ``parallelize`` placed this rank (its mesh is reused by the next)."""
 
     @property
     def capabilities(self) -> Any: ...
@@ -182,7 +184,8 @@ def parallelize(model: nn.Module, strategy: Wrapping, world: Any, *, blocks: Seq
     (as torch's documentation does for DDP: the compiled DDP module splits its graph at bucket
     boundaries, DDPOptimizer). The strategy keeps the placement (``strategy.placed``).
     Collective: call on every rank."""
-    place = Placement(strategy.layout(world), world)
+    dims = strategy.layout(world)
+    place = strategy.placement.again(dims, world) if strategy.placement is not None else Placement(dims, world)
     blocks = list(blocks)
     if place.dims.pp > 1 or strategy.pipeline is not None:  # first: every later step applies to this stage only
         model, blocks = apply_pp(model, place, strategy.pipeline or PipelineConfig(), blocks)

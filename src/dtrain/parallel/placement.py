@@ -45,6 +45,12 @@ class Placement:
             self._mesh = self.dims.build_mesh(self.world.device.type, self.world.backend)
         return self._mesh
 
+    def again(self, dims: ParallelDims, world: World) -> Placement:
+        """A fresh placement of ``dims`` on ``world`` for another model, sharing this one's mesh
+        when the layout is the same (a strategy set up twice builds its process groups once)."""
+        same = dims == self.dims and world == self.world
+        return Placement(dims, world, _mesh=self._mesh if same else None)
+
     def __getitem__(self, names: str | tuple[str, ...]) -> Any:
         """``place["tp"]``: the sub-mesh of these dimensions (``mesh[...]``)."""
         return self.mesh[names]

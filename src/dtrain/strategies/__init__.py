@@ -38,6 +38,15 @@ def available() -> list[str]:
     return sorted(_REGISTRY)
 
 
+def declared(name: str, *, distributed: bool = True) -> Capabilities:
+    """What the strategy called ``name`` declares, without building it; ConfigError lists what exists."""
+    name = resolve_name(name, distributed=distributed)
+    factory = _REGISTRY.get(name)
+    if factory is None:
+        raise ConfigError(f"unknown strategy {name!r}; choose one of: {', '.join(available())}.")
+    return factory.capabilities
+
+
 def resolve_name(name: str, *, distributed: bool) -> str:
     """``auto`` is ``ddp`` with several processes and ``single`` with one; other names as given."""
     if name == "auto":
@@ -87,11 +96,7 @@ def comm_options(strategy: str | Strategy, comm: CommSpec | None, *, distributed
     if comm is None or comm.kind == "none":
         return {}
     if isinstance(strategy, str):
-        name = resolve_name(strategy, distributed=distributed)
-        factory = _REGISTRY.get(name)
-        if factory is None:
-            raise ConfigError(f"unknown strategy {name!r}; choose one of: {', '.join(available())}.")
-        capabilities = factory.capabilities
+        name, capabilities = resolve_name(strategy, distributed=distributed), declared(strategy, distributed=distributed)
     else:
         name, capabilities = strategy.name, strategy.capabilities
     if capabilities.supports_comm:
@@ -105,4 +110,4 @@ def comm_options(strategy: str | Strategy, comm: CommSpec | None, *, distributed
 # Importing the modules registers them.
 from . import composed, ddp, dp, fsdp, hvd, pipeline, single, zero1  # noqa: E402,F401  # isort: skip
 
-__all__ = ["Capabilities", "Strategy", "available", "build", "comm_options", "register", "resolve_name"]
+__all__ = ["Capabilities", "Strategy", "available", "build", "comm_options", "declared", "register", "resolve_name"]
