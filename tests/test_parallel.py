@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader, Subset
 
 import dtrain
 from dtrain import strategies
+from dtrain.comm import CommSpec
 from dtrain.errors import ConfigError
 from dtrain.parallel import ParallelDims, parse, resolve
 from dtrain.tasks import load_task
@@ -86,6 +87,16 @@ def test_layout_and_strategy_together_are_one_line_and_pp_composes():
     strat = strategies.build("auto", parallel="pp=2,dp_shard=2", microbatches=2, wrap="none")
     assert strat.name == "composed" and strat.pipeline.microbatches == 2 and strat.fsdp.wrap == "none"
     assert strat.capabilities.staged_step and strat.capabilities.sharded_params
+
+
+def test_a_layout_of_replicas_alone_takes_comm_as_ddp_does():
+    fp16 = CommSpec.parse("fp16")
+    strat = strategies.build("auto", parallel="dp_replicate=4", comm=fp16, distributed=True)
+    assert strat.config.comm == fp16 and strat.capabilities.supports_comm
+    with pytest.raises(ConfigError, match="works with the ddp strategy, not 'fsdp'"):
+        strategies.build("auto", parallel="dp_shard=4", comm=fp16, distributed=True)
+    with pytest.raises(ConfigError, match="works with the ddp strategy, not 'composed'"):
+        strategies.build("auto", parallel="dp_replicate=2,tp=2", comm=fp16, distributed=True)
 
 
 def test_tp_plan_splits_each_block_the_embeddings_and_head_and_refuses_uneven_heads():
@@ -259,6 +270,39 @@ def test_tp_without_a_plan_is_one_line_before_any_collective():
 
     with pytest.raises(ConfigError, match="has no tensor-parallel plan; set Task.tp_plan"):
         apply_layout_tp(torch.nn.Linear(2, 2), ParallelDims(tp=2), None, torch.device("cpu"), None)
+
+
+def _one_way(strategy: str, parallel: str | None, comm: str | None) -> dict:
+    """5 clipped SGD steps of a small Sequential (2 ranks; --comm after 2); everything that could differ."""
+    ctx = dtrain.init(strategy, seed=0, parallel=parallel, comm=comm, comm_warmup=2)
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+    model, opt = ctx.setup(net, torch.optim.SGD(net.parameters(), lr=0.1))
+    g = torch.Generator().manual_seed(1)
+    data = torch.utils.data.TensorDataset(torch.randn(128, 8, generator=g), torch.randn(128, 4, generator=g))
+    it = iter(ctx.setup_dataloader(DataLoader(data, batch_size=8, shuffle=True)))
+    losses, norms = [], []
+    for _ in range(5):
+        x, y = next(it)
+        losses.append(ctx.forward_backward(model, x, y, torch.nn.functional.mse_loss).item())
+        norms.append(ctx.clip_grad_norm_(model, 0.05).item())
+        opt.step()
+        opt.zero_grad()
+    out = {"losses": losses, "norms": norms, "name": ctx.strategy.name, "record": ctx.strategy.comm_record(),
+           "state": {k: v.tolist() for k, v in ctx.unwrap(model).state_dict().items()},
+           "checkpoint": ctx.strategy.state_dict() is not None, "data": ctx.strategy.data_parallel(ctx.world)}
+    ctx.close()
+    return out
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("layout, named, comm", [("dp_replicate=2", "ddp", "powersgd:2"), ("pp=2", "pipeline", None)])
+def test_a_layout_of_one_way_runs_as_the_named_strategy_bit_for_bit(layout, named, comm):
+    # The same preset and the same way: the same losses, norms, weights, record and checkpoint
+    # entries to the last bit, --comm included.
+    by_layout = run_distributed(_one_way, "auto", layout, comm, world_size=2, timeout=250)
+    by_name = run_distributed(_one_way, named, None, comm, world_size=2, timeout=250)
+    assert by_layout == by_name and by_layout[0]["name"] == named
 
 
 def test_run_checks_the_layout_before_starting_workers(tmp_path):
