@@ -139,12 +139,13 @@ def apply_ddp(model: nn.Module, dp_mesh: Any, device: torch.device) -> nn.Module
 
 
 def apply_dp(model: nn.Module, strategy: Wrapping, place: Placement, blocks: Sequence[nn.Module]) -> nn.Module:
-    """The data-parallel wrap: ``fully_shard`` over the data-parallel ranks where the strategy
-    shards (``strategy.fsdp``; over (dp_replicate, dp_shard), HSDP, when the layout replicates the
-    shards or the strategy is ``hybrid``), else the strategy's own way of replicating over
-    ``dp_replicate`` (on one replica: the model on the device). Collective: call on every rank."""
+    """The data-parallel wrap the layout decides: ``fully_shard`` over ``dp_shard`` (over
+    (dp_replicate, dp_shard), HSDP, when the shards are replicated too, or the strategy is
+    ``hybrid``: hsdp with groups of one), with the strategy's ``fsdp`` settings; else the
+    strategy's own way of replicating over ``dp_replicate`` (on one replica: the model on the
+    device). Collective: call on every rank."""
     world = place.world
-    if strategy.fsdp is not None and world.distributed:
+    if (place.dims.dp_shard > 1 or strategy.fsdp is not None) and world.distributed:
         hybrid = strategy.hybrid or place.dims.dp_replicate > 1
         dp_mesh = place["dp_replicate", "dp_shard"] if hybrid else place["dp_shard"]
         return apply_fsdp(model, dp_mesh, world.device, blocks, strategy.fsdp, strategy.name)
@@ -158,7 +159,8 @@ class Wrapping(Protocol):
     pipeline: PipelineConfig | None
     """Cut the model into the layout's pipeline stages, with these settings (None: no stages)."""
     fsdp: FSDPConfig | None
-    """Shard over the data-parallel ranks with these settings (None: replicate instead)."""
+    """How to shard over ``dp_shard`` (None: the defaults; set: shard even where ``dp_shard`` is 1,
+    with ``hybrid``)."""
     hybrid: bool
     """Shard within groups and replicate across them (HSDP) even where the layout has one group."""
     tp_plan: Callable[[nn.Module, int], dict[str, Any]] | None

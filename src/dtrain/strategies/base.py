@@ -67,7 +67,8 @@ class Strategy(abc.ABC):
     pipeline: PipelineConfig | None = None
     """Cut the model into the layout's pipeline stages with these settings (None: no stages)."""
     fsdp: FSDPConfig | None = None
-    """Shard the model over the layout's data-parallel ranks with these settings (None: ``replicate``)."""
+    """How to shard the model over the layout's ``dp_shard`` ranks (None: FSDPConfig's defaults
+    where the layout has ``dp_shard`` > 1, else ``replicate``)."""
     hybrid: bool = False
     """Shard within groups and replicate across them (HSDP), even where the layout has one group."""
     tp_plan: Callable[[nn.Module, int], dict] | None = None
