@@ -77,7 +77,7 @@ def slurm_step(args: argparse.Namespace) -> SlurmStep | None:
     """The srun step this command runs as a task of, unless the node flags say where it runs."""
     if any(v is not None for v in (args.nnodes, args.node_rank, args.master_addr)):
         return None
-    return SlurmStep.from_env(os.environ)
+    return SlurmStep.from_env()
 
 
 def launch_spec(args: argparse.Namespace) -> LaunchSpec:
@@ -96,7 +96,7 @@ def launch_spec(args: argparse.Namespace) -> LaunchSpec:
     restarts = args.max_restarts if args.max_restarts is not None else (ELASTIC_RESTARTS if max_nodes is not None else 0)
     step = slurm_step(args)
     if step is not None:
-        return spec_for_step(step, os.environ, nproc=nproc, master_port=args.master_port,
+        return spec_for_step(step, nproc=nproc, master_port=args.master_port,
                              launcher=args.launcher, max_restarts=restarts)
     return LaunchSpec(
         nproc=nproc,

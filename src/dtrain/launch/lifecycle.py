@@ -29,6 +29,7 @@ from typing import Any
 from ..checkpoint.lock import pid_alive
 from ..errors import DtrainError
 from ..options import launcher_link
+from ..world.sources import SlurmTasks, TorchrunEnv
 
 STOP_MARKER = "stop"
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -92,7 +93,7 @@ def bind_to_launcher() -> None:
         threading.Thread(target=_watch_launcher, args=(launcher,), name="dtrain-launcher-watch", daemon=True).start()
     if launch_dir:
         with open(os.path.join(launch_dir, f"pid-{os.getpid()}"), "w") as f:
-            f.write(os.environ.get("RANK", "?"))
+            f.write(TorchrunEnv.rank_label())
 
 
 def own_session() -> None:
@@ -110,7 +111,7 @@ def own_session() -> None:
     launcher (PR_SET_PDEATHSIG and the watch thread do not depend on the session)."""
     if not launcher_link()[0] or not hasattr(os, "setsid"):
         return
-    if os.environ.get("SLURM_JOB_ID"):
+    if SlurmTasks.job_id():
         # Inside a SLURM job the node's CPUs are the job's (cgroups share them, not autogroups),
         # and Slurm's proctrack/pgid finds, signals and cleans up a step's processes by their
         # process group: a worker that left it would escape Slurm's signals and cleanup.
@@ -172,7 +173,7 @@ _quiet_exit = exit_now
 def _report(exc: BaseException, *, user_error: bool) -> None:
     """Hand the error to the launcher (it shows the first rank's, once); print it when there is
     no launcher to read it."""
-    rank = os.environ.get("RANK", "?")
+    rank = TorchrunEnv.rank_label()
     text = f"dtrain: error: {exc}" if user_error else _format(exc)
     launch_dir = launcher_link()[1]
     if launch_dir and os.path.isdir(launch_dir):
