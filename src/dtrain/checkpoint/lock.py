@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 
 from .._log import logger
 from ..errors import CheckpointError
+from ..options import launch_link
 from ..world.sources import SlurmTasks, TorchrunEnv
 
 LOCK_FILE = "dtrain.lock"
@@ -52,7 +53,7 @@ def run_id(host: str, pid: int) -> str:
     The launchers' own ids (not a World: the launching process checks the lock before any
     worker has one): SLURM's job id survives requeues; the elastic agent's run id and pid (the
     workers' parent) survive worker restarts; without a launcher, the process is the job."""
-    slurm_job, elastic, agent_run = SlurmTasks.job_id(), os.environ.get("DTRAIN_ELASTIC"), TorchrunEnv.run_id()
+    slurm_job, elastic, agent_run = SlurmTasks.job_id(), launch_link().elastic, TorchrunEnv.run_id()
     if slurm_job:
         return f"slurm-{slurm_job}"
     if elastic:  # --nnodes MIN:MAX: rank 0 may move to another node's agent

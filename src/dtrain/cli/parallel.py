@@ -4,9 +4,9 @@
 from __future__ import annotations
 
 import argparse
-import os
 
 from ..errors import ConfigError
+from ..options import hand_over
 from ..parallel import parse
 
 HELP = ("how ranks split, e.g. dp_shard=2,tp=2 (names: dp_replicate, dp_shard, tp, pp; their product is the "
@@ -33,4 +33,4 @@ def export_parallel(args: argparse.Namespace, world_size: int) -> None:
     if getattr(args, "parallel", None) is None:
         return
     check_layout(args.parallel, world_size)
-    os.environ["DTRAIN_PARALLEL"] = str(parse(args.parallel))
+    hand_over(layout={"parallel": str(parse(args.parallel))})

@@ -14,14 +14,13 @@ would wait forever for ranks that never come. Each worker checks this where the 
 from __future__ import annotations
 
 import functools
-import os
 import re
 from typing import Any
 
 from ..errors import LaunchError
+from ..options import launch_link
 from ..world.sources import TorchrunEnv
 
-ENV_FLAG = "DTRAIN_LOCAL_RANK_ARG"
 _DECLARES = re.compile(r"""add_argument\(\s*['"](--local[_-]rank)['"]""")
 
 
@@ -37,7 +36,7 @@ def declared_local_rank_flag(script: str) -> str | None:
 
 def script_argv(argv: list[str]) -> list[str]:
     """``argv`` with ``--local_rank=N`` in front when the launcher was asked to pass it."""
-    flag, local_rank = os.environ.get(ENV_FLAG), TorchrunEnv.local_rank()
+    flag, local_rank = launch_link().local_rank_arg, TorchrunEnv.local_rank()
     if not flag or local_rank is None:
         return argv
     return [f"{flag}={local_rank}", *argv]

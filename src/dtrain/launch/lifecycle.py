@@ -28,7 +28,7 @@ from typing import Any
 
 from ..checkpoint.lock import pid_alive
 from ..errors import DtrainError
-from ..options import launcher_link
+from ..options import launch_link
 from ..world.sources import SlurmTasks, TorchrunEnv
 
 STOP_MARKER = "stop"
@@ -83,7 +83,8 @@ def bind_to_launcher() -> None:
     launcher's main thread (torch's elastic agent runs inside the launcher and starts workers
     from it; so does torch.multiprocessing.spawn). Where the parent is not the launcher (a
     wrapper in between) or prctl is missing, a thread polls the launcher instead."""
-    launcher, launch_dir = launcher_link()
+    link = launch_link()
+    launcher, launch_dir = link.launcher_pid, link.launch_dir
     if not launcher:
         return
     bound = _set_pdeathsig(signal.SIGKILL)
@@ -109,7 +110,7 @@ def own_session() -> None:
     benchmarks/README.md, issue 17), and 1.0x on an idle machine. Stop signals still arrive:
     the launcher forwards them to every worker (supervise.py); the worker still dies with its
     launcher (PR_SET_PDEATHSIG and the watch thread do not depend on the session)."""
-    if not launcher_link()[0] or not hasattr(os, "setsid"):
+    if not launch_link().launcher_pid or not hasattr(os, "setsid"):
         return
     if SlurmTasks.job_id():
         # Inside a SLURM job the node's CPUs are the job's (cgroups share them, not autogroups),
@@ -175,7 +176,7 @@ def _report(exc: BaseException, *, user_error: bool) -> None:
     no launcher to read it."""
     rank = TorchrunEnv.rank_label()
     text = f"dtrain: error: {exc}" if user_error else _format(exc)
-    launch_dir = launcher_link()[1]
+    launch_dir = launch_link().launch_dir
     if launch_dir and os.path.isdir(launch_dir):
         record = {"rank": rank, "time": time.time(), "user_error": user_error, "type": type(exc).__name__, "text": text}
         tmp = os.path.join(launch_dir, f".error-{os.getpid()}.tmp")

@@ -21,7 +21,7 @@ from ..data.plan import plan_input
 from ..errors import ConfigError, DtrainError
 from ..metrics import DataWait, JsonlSink, ProgressSink, render_summary
 from ..metrics.throughput import SteadyRate
-from ..options import Options, launcher_link
+from ..options import current, launch_link
 from ..strategies import Strategy
 from ..tasks import Task, load_task, make_optimizer
 from ..world import World
@@ -53,7 +53,7 @@ def worker_main(cfg: TrainConfig, *, world: World | None = None, strategy: Strat
     try:
         result = run(cfg, world=world, strategy=strategy, task=task)
     except DtrainError as exc:
-        if launcher_link()[1]:
+        if launch_link().launch_dir:
             # Started by dtrain's launcher: it shows the earliest rank's error once (every
             # rank raises the same one for a setting all of them check, e.g. pipeline's model).
             raise
@@ -68,7 +68,7 @@ def worker_main(cfg: TrainConfig, *, world: World | None = None, strategy: Strat
         exit_now(preempt.REJOIN_EXIT)
     if world.is_main:
         print(json.dumps(result), flush=True)
-    if result.get("preempted") and Options.from_env().elastic:
+    if result.get("preempted") and launch_link().elastic:
         # Saved; leave now. Returning would hand the result to torch's agent, which reads it only
         # while it watches its workers: while it restarts them for a node that joins it does not,
         # and each worker waited the agent's 30 s grace for SIGKILL (seen on the test bed).
@@ -199,8 +199,8 @@ def _resume(ctx: Context, cfg: TrainConfig, ckpt: Any, model: Any, optimizer: An
 def _listeners(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float, state: LoopState, ckpt: Any,
                model: Any, optimizer: Any, loader: Any, rate: SteadyRate) -> tuple[Listeners, Report, Preemption]:
     """The loop's listeners, in the order they hear each step (dtrain.train.listeners)."""
-    options = Options.from_env()
-    fault = fault_step(options.fault_inject, ctx.rank, ctx.world.restart_count)
+    options = current()
+    fault = fault_step(options.testing.fault_inject, ctx.rank, ctx.world.restart_count)
     ledger = SampleLedger(cfg.ledger, loader, ctx) if cfg.ledger else None
     progress = ProgressSink(state.total, start=state.step) if ctx.is_main else None
     sink = JsonlSink(cfg.metrics_file) if cfg.metrics_file and ctx.is_main else None
@@ -209,7 +209,7 @@ def _listeners(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float
     objects = {"model": model, "optimizer": optimizer, "loader": loader}
     saves = Checkpoints(ckpt, save_every=cfg.save_every, objects=objects, breakdown=ctx.breakdown, is_main=ctx.is_main,
                         async_save=cfg.async_save) if ckpt is not None else None
-    preemption = Preemption(ctx, cfg.log_every, elastic=options.elastic is not None,
+    preemption = Preemption(ctx, cfg.log_every, elastic=options.link.elastic is not None,
                             save=(lambda step: ckpt.save(step, **objects)) if ckpt is not None else None)
     report = Report(observer=obs, wait=ctx.breakdown.data, t0=t0, rate=lambda steps: _round(rate.window()),
                     extra=lambda sps: _tokens(task, sps), progress=progress, sink=sink)
