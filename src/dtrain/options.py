@@ -6,6 +6,7 @@ variables by hand (``DTRAIN_DEBUG=1``, ``DTRAIN_FAULT_INJECT=1:25``). This modul
 and the only writer of ``DTRAIN_*`` variables:
 
     current().diag.stall_timeout           # 900.0: every section, parsed once per process
+    section(TestHooks).fake_gpus           # one section alone
     launch_link().launch_dir               # the launcher's folder; never fails (error paths need it)
     hand_over(diag={"debug": True})        # a launcher: its workers see DTRAIN_DEBUG=1
 
@@ -227,9 +228,9 @@ class Options:
 _parsed: dict[type, tuple[tuple[str | None, ...], Any]] = {}
 
 
-def _section(cls: type[_Section]) -> Any:
-    """``cls`` as os.environ gives it, parsed once (and again only when one of its variables changed:
-    a launcher that hands settings over, a test)."""
+def section(cls: type[_Section]) -> Any:
+    """One section as os.environ gives it, parsed once (and again only when one of its variables
+    changed: a launcher that hands settings over, a test)."""
     key = tuple(os.environ.get(v) for v in cls.variables())
     hit = _parsed.get(cls)
     if hit is None or hit[0] != key:
@@ -239,12 +240,12 @@ def _section(cls: type[_Section]) -> Any:
 
 def current() -> Options:
     """This process's options, every section (ConfigError names a malformed variable)."""
-    return Options(**{name: _section(cls) for name, cls in SECTIONS.items()})
+    return Options(**{name: section(cls) for name, cls in SECTIONS.items()})
 
 
 def launch_link() -> LaunchLink:
     """The launch link alone: a worker's error path needs it even when another setting is malformed."""
-    return _section(LaunchLink)
+    return section(LaunchLink)
 
 
 # -- the one writer ---------------------------------------------------------------------------------
