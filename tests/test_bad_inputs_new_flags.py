@@ -102,13 +102,13 @@ def test_write_probe_leaves_nothing_behind(tmp_path):
 
 
 def test_train_config_checks_tensorboard_and_ledger_before_training(tmp_path):
-    from dtrain.train import TrainConfig
+    from dtrain.train.config import ObserveConfig
 
     (tmp_path / "f").write_text("x")
     with pytest.raises(ConfigError, match="is a file, not a folder"):
-        TrainConfig(ledger=str(tmp_path / "f" / "ledger"))
+        ObserveConfig(ledger=str(tmp_path / "f" / "ledger"))
     with pytest.raises(ConfigError, match="--tensorboard"):
-        TrainConfig(tensorboard=str(tmp_path / "f" / "tb"))
+        ObserveConfig(tensorboard=str(tmp_path / "f" / "tb"))
 
 
 # -- values that switch a feature off ----------------------------------------------------------

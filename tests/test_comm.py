@@ -97,13 +97,16 @@ MODES = ("none", "fp16", "bf16", "powersgd:2", "localsgd:4")
 
 def train_digits_each_mode(modes: tuple[str, ...], epochs: int) -> dict[str, dict]:
     """The built-in loop on `digits` once per mode, in one process group (one spawn for all)."""
+    from dtrain.comm import CommSpec
     from dtrain.train import TrainConfig, run
+    from dtrain.train.config import ParallelConfig, ScheduleConfig
     from dtrain.world import World, destroy_process_group, init_process_group
 
     world = World.detect()
     init_process_group(world)
     try:
-        return {m: run(TrainConfig(task="digits", comm=m, seed=0, epochs=epochs), world=world) for m in modes}
+        return {m: run(TrainConfig(parallel=ParallelConfig(comm=CommSpec.parse(m)), schedule=ScheduleConfig(seed=0, epochs=epochs)),
+                       world=world) for m in modes}
     finally:
         destroy_process_group()
 

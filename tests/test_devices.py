@@ -17,7 +17,7 @@ from dtrain.cli import doctor_checks as doctor
 from dtrain.errors import ConfigError
 from dtrain.launch import preflight
 from dtrain.launch.preflight import check_ranks_fit
-from dtrain.options import fake_gpu_count
+from dtrain.options import TestHooks
 from dtrain.testing import DistributedTestError, exception_line, run_cli
 
 
@@ -29,10 +29,10 @@ def gpus(monkeypatch):
 
 
 def test_the_fake_count_is_read_from_one_variable():
-    assert fake_gpu_count({}) is None
-    assert fake_gpu_count({"DTRAIN_FAKE_GPUS": "3"}) == 3
+    assert TestHooks.from_env({}).fake_gpus is None
+    assert TestHooks.from_env({"DTRAIN_FAKE_GPUS": "3"}).fake_gpus == 3
     with pytest.raises(ConfigError, match="DTRAIN_FAKE_GPUS='x' is not a number"):
-        fake_gpu_count({"DTRAIN_FAKE_GPUS": "x"})
+        TestHooks.from_env({"DTRAIN_FAKE_GPUS": "x"})
 
 
 @pytest.mark.smoke

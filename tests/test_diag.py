@@ -144,11 +144,11 @@ def test_nodes_with_different_versions_or_sizes_are_named():
 
 
 def _init_with_another_torch_on_rank_1() -> None:
-    import dtrain.world
+    import dtrain.world.group
 
     if os.environ["RANK"] == "1":  # as if this rank's node had another torch installed
-        real = dtrain.world._versions
-        dtrain.world._versions = lambda: {**real(), "torch": "2.12.1", "host": "nodeb"}
+        real = dtrain.world.group._versions
+        dtrain.world.group._versions = lambda: {**real(), "torch": "2.12.1", "host": "nodeb"}
     dtrain.init("ddp", stall_timeout=0).close()
 
 

@@ -7,10 +7,10 @@ import pathlib
 
 import pytest
 
-from dtrain import strategies
+from dtrain import options, strategies
 from dtrain.comm import CommSpec
 from dtrain.errors import ConfigError
-from dtrain.options import Options, launcher_link
+from dtrain.options import LaunchLink, Options, SlowInject
 from dtrain.strategies import Capabilities, Strategy
 
 
@@ -43,13 +43,46 @@ def test_options_read_every_dtrain_setting_once():
     env = {"DTRAIN_STALL_TIMEOUT": "30", "DTRAIN_DEBUG": "1", "DTRAIN_COMM": "powersgd:4", "DTRAIN_COMM_WARMUP": "5",
            "DTRAIN_FAULT_INJECT": "1:25", "DTRAIN_LAUNCHER_PID": "123", "DTRAIN_LAUNCH_DIR": "/tmp/x"}
     opts = Options.from_env(env)
-    assert (opts.stall_timeout, opts.debug, opts.comm, opts.comm_warmup, opts.fault_inject) == (30.0, True, "powersgd:4", 5, (1, 25))
+    assert (opts.diag.stall_timeout, opts.diag.debug, opts.comm.method, opts.comm.warmup, opts.testing.fault_inject) == (
+        30.0, True, "powersgd:4", 5, (1, 25))
     assert Options.from_env({}) == Options()
-    assert launcher_link(env) == (123, "/tmp/x") and launcher_link({}) == (0, None)
+    link = LaunchLink.from_env(env)
+    assert (link.launcher_pid, link.launch_dir) == (123, "/tmp/x") and LaunchLink.from_env({}) == LaunchLink()
     with pytest.raises(ConfigError, match=r"DTRAIN_FAULT_INJECT='x' is not RANK:STEP"):
         Options.from_env({"DTRAIN_FAULT_INJECT": "x"})
     with pytest.raises(ConfigError, match=r"DTRAIN_STALL_TIMEOUT='soon' is not a number of seconds"):
         Options.from_env({"DTRAIN_STALL_TIMEOUT": "soon"})
+
+
+def test_options_go_back_to_the_variables_they_came_from():
+    env = {"DTRAIN_STALL_TIMEOUT": "30.0", "DTRAIN_DEBUG": "1", "DTRAIN_RUN_DIR": "/r", "DTRAIN_COMM": "fp16",
+           "DTRAIN_COMM_WARMUP": "5", "DTRAIN_PARALLEL": "dp_shard=2", "DTRAIN_STARTUP_TIMEOUT": "60.0",
+           "DTRAIN_FAULT_INJECT": "1:25", "DTRAIN_SLOW_INJECT": "1:input:50", "DTRAIN_FAKE_GPUS": "2",
+           "DTRAIN_LAUNCHER_PID": "123", "DTRAIN_LAUNCH_DIR": "/tmp/x", "DTRAIN_ELASTIC": "job@h:1",
+           "DTRAIN_LOCAL_RANK_ARG": "--local_rank"}
+    opts = Options.from_env(env)
+    assert opts.testing.slow_inject == SlowInject(1, "input", 50.0) and opts.testing.fake_gpus == 2
+    assert opts.to_env() == env and Options().to_env() == {}
+    assert LaunchLink.from_env({"DTRAIN_LAUNCHER_PID": "x"}).launcher_pid == 0  # the link never fails
+    with pytest.raises(ConfigError, match=r"DTRAIN_SLOW_INJECT kind 'sleepy' is unknown"):
+        Options.from_env({"DTRAIN_SLOW_INJECT": "1:sleepy"})
+
+
+def test_options_are_parsed_once_and_handed_over_through_one_writer(monkeypatch):
+    parses = []
+    real = options.Diagnostics.from_env.__func__
+    monkeypatch.setattr(options.Diagnostics, "from_env", classmethod(lambda cls, env: parses.append(1) or real(cls, env)))
+    monkeypatch.delenv("DTRAIN_DEBUG", raising=False)
+    monkeypatch.setenv("DTRAIN_STALL_TIMEOUT", "30")
+    assert options.current().diag.stall_timeout == 30.0 and options.current().diag.debug is False
+    assert len(parses) == 1  # the second read comes from the cache
+    previous = options.hand_over(diag={"debug": True, "stall_timeout": 900.0})  # 900 is the default: the variable goes
+    assert previous == {"DTRAIN_DEBUG": None, "DTRAIN_STALL_TIMEOUT": "30"}
+    assert options.current().diag == options.Diagnostics(debug=True) and len(parses) == 2
+    options.put_back(previous)
+    assert options.current().diag.stall_timeout == 30.0 and not options.current().diag.debug
+    with pytest.raises(ConfigError, match=r"run option debug \(DTRAIN_DEBUG\) got str"):
+        options.hand_over(diag={"debug": "yes"})
 
 
 # -- the map holds (../shared/STYLE.md): imports flow one way, no cycles --------------------------------------------

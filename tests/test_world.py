@@ -61,3 +61,27 @@ def test_cuda_device_without_cuda_is_refused():
         pytest.skip("CUDA present")
     with pytest.raises(ConfigError, match="CUDA is not available"):
         World.detect({}, device="cuda")
+
+
+def test_each_source_answers_only_its_own_environment():
+    from dtrain.world import sources
+
+    torchrun = {"RANK": "1", "WORLD_SIZE": "2"}
+    slurm = {"SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_STEP_ID": "0", "SLURM_JOB_NODELIST": "n1"}
+    assert [s.__name__ for s in sources.SOURCES] == ["TorchrunEnv", "SlurmTasks", "OneProcess"]
+    assert sources.TorchrunEnv.detect(torchrun)["rank"] == 1 and sources.TorchrunEnv.detect(slurm) is None
+    assert sources.SlurmTasks.detect(slurm)["rank"] == 1 and sources.SlurmTasks.detect(torchrun) is None
+    assert sources.SlurmTasks.detect({**slurm, "SLURM_NTASKS": "1"}) is None  # one task: a launcher, not a rank
+    assert sources.OneProcess.detect({}) == {"source": "single"}
+    assert sources.detect({**torchrun, "SLURM_JOB_ID": "9"})["slurm_job_id"] == 9  # the job, whoever started the process
+
+
+def test_launcher_facts_are_read_by_their_source():
+    from dtrain.world.sources import SlurmTasks, TorchrunEnv
+
+    env = {"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "TORCHELASTIC_RUN_ID": "r",
+           "TORCHELASTIC_MAX_RESTARTS": "3", "TORCHELASTIC_RESTART_COUNT": "1", "SLURM_JOB_ID": "77"}
+    assert (TorchrunEnv.rank_label(env), TorchrunEnv.local_rank(env), TorchrunEnv.size(env)) == ("3", "1", 4)
+    assert (TorchrunEnv.run_id(env), TorchrunEnv.restarts_left(env), SlurmTasks.job_id(env)) == ("r", 2, "77")
+    assert (TorchrunEnv.rank_label({}), TorchrunEnv.local_rank({}), TorchrunEnv.size({})) == ("?", None, 1)
+    assert (TorchrunEnv.run_id({}), TorchrunEnv.restarts_left({}), SlurmTasks.job_id({})) == (None, 0, None)

@@ -23,6 +23,8 @@ from dataclasses import asdict, dataclass
 
 from .._log import logger
 from ..errors import CheckpointError
+from ..options import launch_link
+from ..world.sources import SlurmTasks, TorchrunEnv
 
 LOCK_FILE = "dtrain.lock"
 _held: dict[str, int] = {}  # real path of a lock file this process holds -> how many managers use it
@@ -48,16 +50,16 @@ def this_holder() -> Holder:
 def run_id(host: str, pid: int) -> str:
     """The job this process belongs to, as the launchers name it.
 
-    Read from the environment here (not through World) because it is this lock's own notion:
-    SLURM's job id survives requeues; the elastic agent's run id and pid (the workers' parent)
-    survive worker restarts; without a launcher, the process is the job."""
-    env = os.environ
-    if env.get("SLURM_JOB_ID"):
-        return f"slurm-{env['SLURM_JOB_ID']}"
-    if env.get("DTRAIN_ELASTIC"):  # --nnodes MIN:MAX: rank 0 may move to another node's agent
-        return f"elastic-{env['DTRAIN_ELASTIC']}"
-    if env.get("TORCHELASTIC_RUN_ID"):
-        return f"elastic-{env['TORCHELASTIC_RUN_ID']}@{host}:{os.getppid()}"
+    The launchers' own ids (not a World: the launching process checks the lock before any
+    worker has one): SLURM's job id survives requeues; the elastic agent's run id and pid (the
+    workers' parent) survive worker restarts; without a launcher, the process is the job."""
+    slurm_job, elastic, agent_run = SlurmTasks.job_id(), launch_link().elastic, TorchrunEnv.run_id()
+    if slurm_job:
+        return f"slurm-{slurm_job}"
+    if elastic:  # --nnodes MIN:MAX: rank 0 may move to another node's agent
+        return f"elastic-{elastic}"
+    if agent_run:
+        return f"elastic-{agent_run}@{host}:{os.getppid()}"
     return f"pid-{pid}@{host}"
 
 

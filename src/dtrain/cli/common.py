@@ -9,6 +9,7 @@ from .. import _check as check
 from ..errors import ConfigError
 from ..launch import LaunchSpec
 from ..launch.srun import spec_for_step
+from ..options import hand_over
 from ..world.slurm import SlurmStep
 
 
@@ -55,29 +56,31 @@ def export_comm(args: argparse.Namespace) -> None:
     from ..comm import CommSpec
 
     spec = CommSpec.parse(args.comm, warmup=args.comm_warmup)
-    if args.comm is not None:
-        os.environ["DTRAIN_COMM"] = str(spec)
+    given = {"method": str(spec)} if args.comm is not None else {}
     if args.comm_warmup is not None:
-        os.environ["DTRAIN_COMM_WARMUP"] = str(spec.warmup)
+        given["warmup"] = spec.warmup
+    hand_over(comm=given)
 
 
 def export_diagnostics(args: argparse.Namespace) -> None:
     """Hand the diagnostics flags to the workers (they inherit this environment)."""
+    given: dict[str, object] = {}
     if args.stall_timeout is not None:
         check.number("--stall-timeout (seconds; 0 turns the watchdog off)", args.stall_timeout)
-        os.environ["DTRAIN_STALL_TIMEOUT"] = repr(args.stall_timeout)
+        given["stall_timeout"] = args.stall_timeout
     if args.debug:
-        os.environ["DTRAIN_DEBUG"] = "1"
+        given["debug"] = True
     if args.run_dir:
         check.output_dir("--run-dir", args.run_dir)
-        os.environ["DTRAIN_RUN_DIR"] = os.path.abspath(args.run_dir)
+        given["run_dir"] = os.path.abspath(args.run_dir)
+    hand_over(diag=given)
 
 
 def slurm_step(args: argparse.Namespace) -> SlurmStep | None:
     """The srun step this command runs as a task of, unless the node flags say where it runs."""
     if any(v is not None for v in (args.nnodes, args.node_rank, args.master_addr)):
         return None
-    return SlurmStep.from_env(os.environ)
+    return SlurmStep.from_env()
 
 
 def launch_spec(args: argparse.Namespace) -> LaunchSpec:
@@ -90,13 +93,13 @@ def launch_spec(args: argparse.Namespace) -> LaunchSpec:
     if args.local_addr is not None:
         check.host("--local-addr", args.local_addr)
     startup = check.number("--startup-timeout (seconds)", args.startup_timeout, positive=True)
-    os.environ["DTRAIN_STARTUP_TIMEOUT"] = repr(startup)
+    hand_over(startup={"timeout": startup})
     nproc = 1 if args.nproc is None else args.nproc
     nnodes, max_nodes = parse_nnodes(args.nnodes)
     restarts = args.max_restarts if args.max_restarts is not None else (ELASTIC_RESTARTS if max_nodes is not None else 0)
     step = slurm_step(args)
     if step is not None:
-        return spec_for_step(step, os.environ, nproc=nproc, master_port=args.master_port,
+        return spec_for_step(step, nproc=nproc, master_port=args.master_port,
                              launcher=args.launcher, max_restarts=restarts)
     return LaunchSpec(
         nproc=nproc,

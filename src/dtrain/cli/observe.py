@@ -22,7 +22,7 @@ def add_observe_args(p: argparse.ArgumentParser) -> None:
 
 
 def observe_options(args: argparse.Namespace) -> dict[str, Any]:
-    """TrainConfig fields from the flags (the straggler settings validate themselves). A flag
+    """ObserveConfig fields from the flags (the straggler settings validate themselves). A flag
     that another one makes do nothing is refused here, rather than ignored."""
     from ..errors import ConfigError
     from ..metrics.stragglers import StragglerConfig

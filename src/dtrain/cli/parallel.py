@@ -4,9 +4,8 @@
 from __future__ import annotations
 
 import argparse
-import os
 
-from ..errors import ConfigError
+from ..options import hand_over
 from ..parallel import parse
 
 HELP = ("how ranks split, e.g. dp_shard=2,tp=2 (names: dp_replicate, dp_shard, tp, pp; their product is the "
@@ -17,15 +16,12 @@ def add_parallel_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--parallel", default=None, metavar="LAYOUT", help=HELP)
 
 
-def check_layout(text: str | None, world_size: int, strategy: str = "auto") -> None:
-    """One line, before any worker starts, for a layout that cannot run on ``world_size``."""
+def check_layout(text: str | None, world_size: int) -> None:
+    """One line, before any worker starts, for a layout that cannot run on ``world_size``
+    (`dtrain train` checks its own, with --strategy, in ``dtrain.train.config.ParallelConfig``)."""
     if text is None:
         return
-    dims = parse(text)
-    if strategy not in ("auto", "composed"):
-        raise ConfigError(f"--parallel {dims} and --strategy {strategy} both say how to split the ranks; drop --strategy "
-                          "(a strategy name is a layout: ddp = all dp_replicate, fsdp = all dp_shard, pipeline = pp).")
-    dims.check_world(world_size)
+    parse(text).check_world(world_size)
 
 
 def export_parallel(args: argparse.Namespace, world_size: int) -> None:
@@ -33,4 +29,4 @@ def export_parallel(args: argparse.Namespace, world_size: int) -> None:
     if getattr(args, "parallel", None) is None:
         return
     check_layout(args.parallel, world_size)
-    os.environ["DTRAIN_PARALLEL"] = str(parse(args.parallel))
+    hand_over(layout={"parallel": str(parse(args.parallel))})

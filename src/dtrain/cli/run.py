@@ -11,6 +11,7 @@ from ..errors import ConfigError
 from ..launch import launch_script
 from ..launch.preflight import check_ranks_fit
 from ..launch.runner import run_script
+from ..options import hand_over
 from .common import add_comm_args, add_launch_args, export_comm, export_diagnostics, launch_spec, slurm_step
 from .parallel import add_parallel_arg, export_parallel
 
@@ -83,7 +84,7 @@ def _explain_local_rank_refusal(args: argparse.Namespace, code: int) -> None:
 
 def _local_rank_arg(args: argparse.Namespace) -> None:
     """Hand --local_rank=N to the workers (launch/dropin.py) when asked, or when the script declares it."""
-    from ..launch.dropin import ENV_FLAG, declared_local_rank_flag
+    from ..launch.dropin import declared_local_rank_flag
 
     flag = args.local_rank_arg
     if flag is None:
@@ -92,4 +93,4 @@ def _local_rank_arg(args: argparse.Namespace) -> None:
             print(f"dtrain: {args.script} declares {flag} (torch.distributed.launch style); passing {flag}=N to "
                   "each worker (--local-rank-arg none: don't)", file=sys.stderr)
     if flag is not None and flag != "none":
-        os.environ[ENV_FLAG] = flag
+        hand_over(link={"local_rank_arg": flag})

@@ -4,20 +4,26 @@ from __future__ import annotations
 
 import argparse
 
-from .. import strategies
 from .._log import configure_cli_logging
 from ..comm import CommSpec
 from ..errors import ConfigError
-from ..launch import launch_function
-from ..launch.preflight import check_ranks_fit
-from ..strategies import Strategy
-from ..tasks import Task, load_task
-from ..train import TrainConfig, worker_main
+from ..train import start, worker_main
+from ..train.config import (
+    BatchConfig,
+    CheckpointConfig,
+    ObserveConfig,
+    OptimConfig,
+    ParallelConfig,
+    RuntimeConfig,
+    ScheduleConfig,
+    TaskConfig,
+    TrainConfig,
+)
 from ..world import World
 from ..world.fastpath import compile_pays
 from .common import add_comm_args, add_launch_args, export_diagnostics, launch_spec
 from .observe import add_observe_args, observe_options
-from .parallel import add_parallel_arg, check_layout
+from .parallel import add_parallel_arg
 from .sharding import add_sharding_args, strategy_options
 
 
@@ -84,81 +90,33 @@ def parse_task_args(pairs: list[str]) -> dict[str, str]:
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    """The flags as a TrainConfig; each section checks its own values (one ConfigError line)."""
+    task_args, sharding, observed = parse_task_args(args.task_arg), strategy_options(args), observe_options(args)
+    schedule = ScheduleConfig(epochs=args.epochs, max_steps=args.max_steps, seed=args.seed)
+    batch = BatchConfig(size=args.batch_size, grad_accum=args.grad_accum, num_workers=args.num_workers)
+    optim = OptimConfig(name=args.optimizer, lr=args.lr)
+    checkpoint = CheckpointConfig(dir=args.checkpoint_dir, save_every=args.save_every, keep=args.keep, resume=args.resume,
+                                  async_save=args.async_save)
+    comm = None if args.comm is None and args.comm_warmup is None else CommSpec.parse(args.comm, warmup=args.comm_warmup)
     return TrainConfig(
-        task=args.task, task_args=parse_task_args(args.task_arg), data_dir=args.data_dir,
-        strategy=args.strategy, strategy_options=strategy_options(args),
-        precision=args.precision or ("auto" if args.fast else "fp32"), fast=args.fast, epochs=args.epochs, max_steps=args.max_steps,
-        batch_size=args.batch_size, lr=args.lr, optimizer=args.optimizer, grad_accum=args.grad_accum,
-        seed=args.seed, log_every=args.log_every, warmup_steps=args.warmup_steps, metrics_file=args.metrics_file,
-        checkpoint_dir=args.checkpoint_dir, save_every=args.save_every, device=args.device,
-        num_workers=args.num_workers, channels_last=args.channels_last, sync_bn=args.sync_bn, keep=args.keep, resume=args.resume, async_save=args.async_save,
-        comm=args.comm, comm_warmup=args.comm_warmup, compile=args.compile or (args.fast and compile_pays(args.device)),
-        activation_checkpointing=args.activation_checkpointing, parallel=args.parallel, ledger=args.ledger, **observe_options(args),
+        task=TaskConfig(name=args.task, args=task_args, data_dir=args.data_dir),
+        batch=batch, optim=optim, schedule=schedule, checkpoint=checkpoint,
+        parallel=ParallelConfig(strategy=args.strategy, strategy_options=sharding, layout=args.parallel, comm=comm),
+        runtime=RuntimeConfig(device=args.device, precision=args.precision or ("auto" if args.fast else "fp32"), fast=args.fast,
+                              compile=args.compile or (args.fast and compile_pays(args.device)),
+                              activation_checkpointing=args.activation_checkpointing, channels_last=args.channels_last,
+                              sync_bn=args.sync_bn),
+        observe=ObserveConfig(log_every=args.log_every, warmup_steps=args.warmup_steps, metrics_file=args.metrics_file,
+                              ledger=args.ledger, **observed),
     )
-
-
-def validate(cfg: TrainConfig, world: World, *, distributed: bool) -> tuple[Strategy | None, Task]:
-    """Fail on bad input here, once, before any worker starts; returns the strategy and the task
-    it built, for a run in this process (``distributed``: whether the job has several processes)."""
-    from ..parallel.convnets import check_channels_last
-    from ..parallel.transforms import check_options
-    from ..precision import Precision
-
-    comm = cfg.comm if isinstance(cfg.comm, CommSpec) else None  # TrainConfig parsed --comm
-    if comm is not None and cfg.strategy != "auto":  # a strategy named with a --comm it cannot take is a
-        strategies.comm_options(cfg.strategy, comm, distributed=True)  # mistake at any size: the rule's error
-    # --parallel: the layout was checked against the job's size; each process builds its strategy.
-    strategy = None if cfg.parallel else strategies.build(cfg.strategy, comm=comm, distributed=distributed, **cfg.strategy_options)
-    if cfg.channels_last and strategy is not None:
-        check_channels_last(strategy)
-    Precision.resolve(cfg.precision, world.device)
-    task = load_task(cfg.task, data_dir=cfg.data_dir, options=cfg.task_args)
-    check_options(compile=cfg.compile, activation_checkpointing=cfg.activation_checkpointing, has_blocks=task.blocks is not None)
-    return strategy, task
 
 
 def main(args: argparse.Namespace) -> int:
     configure_cli_logging(0, verbose=args.verbose)
     cfg = config_from_args(args)
     export_diagnostics(args)
-    world = World.detect(device=cfg.device)  # once per process; a worker's run() reuses it
+    world = World.detect(device=cfg.runtime.device)  # once per process; a worker's run() reuses it
     if world.distributed and args.nproc is None:  # under torchrun/srun: this process is a worker
         worker_main(cfg, world=world)
         return 0
-    spec = launch_spec(args)
-    if spec.needs_launch:
-        check_ranks_fit(spec.nproc, cfg.device)  # one line now, not NCCL's "Duplicate GPU" after the start
-    check_layout(cfg.parallel, spec.world_size, cfg.strategy)
-    # Built here to check the input; a run in this process uses them (a launched worker builds its own).
-    strategy, task = validate(cfg, world, distributed=spec.needs_launch and spec.world_size > 1 or world.distributed)
-    if spec.elastic:
-        cfg = elastic_config(cfg, spec, args.elastic_batch)
-    elif args.elastic_batch != "per-process":
-        raise ConfigError("--elastic-batch global needs --nnodes MIN:MAX (a job whose world size can change).")
-    if cfg.checkpoint_dir:  # a file, an unwritable place or another job's folder: one line now, not after training
-        from ..checkpoint import lock
-
-        # Only rank 0's node takes the lock; another node cannot tell whether a holder there is alive.
-        # A node joining an elastic job finds the lock held by the job it joins.
-        lock.preflight(cfg.checkpoint_dir, check_holder=spec.node_rank == 0 and not spec.elastic)
-    if not spec.needs_launch:
-        worker_main(cfg, world=world, strategy=strategy, task=task)
-        return 0
-    return launch_function(spec, worker_main, cfg)
-
-
-def elastic_config(cfg: TrainConfig, spec, semantics: str) -> TrainConfig:
-    """``--nnodes MIN:MAX``: every attempt resumes from the checkpoint folder (a node that joins
-    starts its first attempt), and ``--elastic-batch global`` fixes the global batch."""
-    import dataclasses
-
-    from ..train.elastic import global_batch
-
-    if not cfg.checkpoint_dir:
-        raise ConfigError(f"--nnodes {spec.nnodes}:{spec.max_nodes} needs --checkpoint-dir (and --save-every): "
-                          "after a node leaves or joins, the workers resume from the newest checkpoint.")
-    fixed = None
-    if semantics == "global":
-        batch = cfg.batch_size or load_task(cfg.task, data_dir=cfg.data_dir, options=cfg.task_args).batch_size
-        fixed = global_batch(batch, spec.nproc, spec.nnodes, spec.max_nodes)
-    return dataclasses.replace(cfg, resume=True, global_batch=fixed)
+    return start(cfg, launch_spec(args), world, elastic_batch=args.elastic_batch)

@@ -16,7 +16,7 @@ from ..comm import CommSpec
 from ..diag import Watchdog
 from ..diag.startwatch import DEFAULT_STARTUP_S, start_watch
 from ..errors import DtrainError
-from ..options import Options
+from ..options import current
 from ..precision import Precision
 from ..strategies.base import Strategy
 from ..world import World, init_process_group
@@ -64,29 +64,29 @@ def init(
         check.instance("dtrain.init(comm=...)", comm, (str, CommSpec), "give a name such as none, fp16, powersgd:2 or auto")
     if comm_warmup is not None:
         check.integer("dtrain.init(comm_warmup=...)", comm_warmup, minimum=0)
-    env = Options.from_env()
+    env = current()
     world = world or World.detect(device=device)
-    spec = CommSpec.parse(comm if comm is not None else env.comm,
-                          warmup=comm_warmup if comm_warmup is not None else env.comm_warmup)  # fails on every strategy
-    parallel = parallel if parallel is not None else env.parallel
+    spec = CommSpec.parse(comm if comm is not None else env.comm.method,
+                          warmup=comm_warmup if comm_warmup is not None else env.comm.warmup)  # fails on every strategy
+    parallel = parallel if parallel is not None else env.layout.parallel
     if parallel is None:
         strategy_options.pop("tp_plan", None)  # a plan is used by layouts with tp only
     strat = strategies.build(strategy, comm=spec, distributed=world.distributed, parallel=parallel, **strategy_options)
     if parallel is not None:
         strat.layout(world)  # a layout that does not fill the world: one line, before the group forms
     prec = Precision.resolve(precision, world.device)
-    stall = check.number("stall timeout (seconds; 0 turns the watchdog off)", env.stall_timeout if stall_timeout is None else stall_timeout)
-    startup_s = env.startup_timeout or DEFAULT_STARTUP_S
-    with start_watch(world, env.elastic, startup_s):  # a node lost while the group forms ends this wait in seconds
+    stall = check.number("stall timeout (seconds; 0 turns the watchdog off)", env.diag.stall_timeout if stall_timeout is None else stall_timeout)
+    startup_s = env.startup.timeout or DEFAULT_STARTUP_S
+    with start_watch(world, env.link.elastic, startup_s):  # a node lost while the group forms ends this wait in seconds
         owns_group = init_process_group(world, timeout_s=timeout_s, startup_s=startup_s)
     if seed is not None:
         seed_everything(seed)
     ctx = Context(world=world, strategy=strat, precision=prec, seed=seed or 0, owns_group=owns_group,
-                  debug=env.debug if debug is None else debug)
+                  debug=env.diag.debug if debug is None else debug)
     ctx.compile, ctx.activation_checkpointing = bool(compile), bool(activation_checkpointing)
     if world.distributed and stall > 0:
         ctx._watchdog = Watchdog(
-            ctx.tracker, rank=world.rank, size=world.size, timeout_s=stall, run_dir=run_dir or env.run_dir,
+            ctx.tracker, rank=world.rank, size=world.size, timeout_s=stall, run_dir=run_dir or env.diag.run_dir,
             master_addr=world.master_addr, master_port=world.master_port, attempt=world.restart_count,
         ).start()
     return ctx
@@ -113,8 +113,8 @@ def _check_init_args(strategy: Any, precision: Any, seed: Any, world: Any, timeo
 def comm_options(strategy: str | Strategy, world: World, comm: str | None, warmup: int | None) -> dict[str, Any]:
     """The strategy options that carry ``--comm`` (default ``$DTRAIN_COMM``, which ``dtrain run
     --comm`` sets); the rule itself is ``strategies.comm_options``."""
-    env = Options.from_env()
-    spec = CommSpec.parse(comm if comm is not None else env.comm, warmup=warmup if warmup is not None else env.comm_warmup)
+    env = current().comm
+    spec = CommSpec.parse(comm if comm is not None else env.method, warmup=warmup if warmup is not None else env.warmup)
     return strategies.comm_options(strategy, spec, distributed=world.distributed)
 
 

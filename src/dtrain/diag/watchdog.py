@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 import torch.distributed as dist
 
-from ..options import launcher_link
+from ..options import launch_link
 from .tracker import Tracker
 
 STALL_EXIT = 124
@@ -152,7 +152,7 @@ class Watchdog:
 
 
 def _leave_marker() -> None:
-    folder = launcher_link()[1]
+    folder = launch_link().launch_dir
     if folder and os.path.isdir(folder):
         try:
             with open(os.path.join(folder, STALL_MARKER), "w"):

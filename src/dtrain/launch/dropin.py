@@ -14,13 +14,13 @@ would wait forever for ranks that never come. Each worker checks this where the 
 from __future__ import annotations
 
 import functools
-import os
 import re
 from typing import Any
 
 from ..errors import LaunchError
+from ..options import launch_link
+from ..world.sources import TorchrunEnv
 
-ENV_FLAG = "DTRAIN_LOCAL_RANK_ARG"
 _DECLARES = re.compile(r"""add_argument\(\s*['"](--local[_-]rank)['"]""")
 
 
@@ -36,16 +36,16 @@ def declared_local_rank_flag(script: str) -> str | None:
 
 def script_argv(argv: list[str]) -> list[str]:
     """``argv`` with ``--local_rank=N`` in front when the launcher was asked to pass it."""
-    flag = os.environ.get(ENV_FLAG)
-    if not flag or "LOCAL_RANK" not in os.environ:
+    flag, local_rank = launch_link().local_rank_arg, TorchrunEnv.local_rank()
+    if not flag or local_rank is None:
         return argv
-    return [f"{flag}={os.environ['LOCAL_RANK']}", *argv]
+    return [f"{flag}={local_rank}", *argv]
 
 
 def guard_own_world() -> None:
     """In a worker of a multi-process ``dtrain run``: refuse ``mp.spawn`` and a mismatched
     ``init_process_group(world_size=...)`` with one line that says what to do."""
-    size = int(os.environ.get("WORLD_SIZE", "1"))
+    size = TorchrunEnv.size()
     if size <= 1:
         return
     import torch.distributed as dist

@@ -28,7 +28,8 @@ from typing import Any
 
 from ..checkpoint.lock import pid_alive
 from ..errors import DtrainError
-from ..options import launcher_link
+from ..options import launch_link
+from ..world.sources import SlurmTasks, TorchrunEnv
 
 STOP_MARKER = "stop"
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -82,7 +83,8 @@ def bind_to_launcher() -> None:
     launcher's main thread (torch's elastic agent runs inside the launcher and starts workers
     from it; so does torch.multiprocessing.spawn). Where the parent is not the launcher (a
     wrapper in between) or prctl is missing, a thread polls the launcher instead."""
-    launcher, launch_dir = launcher_link()
+    link = launch_link()
+    launcher, launch_dir = link.launcher_pid, link.launch_dir
     if not launcher:
         return
     bound = _set_pdeathsig(signal.SIGKILL)
@@ -92,7 +94,7 @@ def bind_to_launcher() -> None:
         threading.Thread(target=_watch_launcher, args=(launcher,), name="dtrain-launcher-watch", daemon=True).start()
     if launch_dir:
         with open(os.path.join(launch_dir, f"pid-{os.getpid()}"), "w") as f:
-            f.write(os.environ.get("RANK", "?"))
+            f.write(TorchrunEnv.rank_label())
 
 
 def own_session() -> None:
@@ -108,9 +110,9 @@ def own_session() -> None:
     benchmarks/README.md, issue 17), and 1.0x on an idle machine. Stop signals still arrive:
     the launcher forwards them to every worker (supervise.py); the worker still dies with its
     launcher (PR_SET_PDEATHSIG and the watch thread do not depend on the session)."""
-    if not launcher_link()[0] or not hasattr(os, "setsid"):
+    if not launch_link().launcher_pid or not hasattr(os, "setsid"):
         return
-    if os.environ.get("SLURM_JOB_ID"):
+    if SlurmTasks.job_id():
         # Inside a SLURM job the node's CPUs are the job's (cgroups share them, not autogroups),
         # and Slurm's proctrack/pgid finds, signals and cleans up a step's processes by their
         # process group: a worker that left it would escape Slurm's signals and cleanup.
@@ -172,9 +174,9 @@ _quiet_exit = exit_now
 def _report(exc: BaseException, *, user_error: bool) -> None:
     """Hand the error to the launcher (it shows the first rank's, once); print it when there is
     no launcher to read it."""
-    rank = os.environ.get("RANK", "?")
+    rank = TorchrunEnv.rank_label()
     text = f"dtrain: error: {exc}" if user_error else _format(exc)
-    launch_dir = launcher_link()[1]
+    launch_dir = launch_link().launch_dir
     if launch_dir and os.path.isdir(launch_dir):
         record = {"rank": rank, "time": time.time(), "user_error": user_error, "type": type(exc).__name__, "text": text}
         tmp = os.path.join(launch_dir, f".error-{os.getpid()}.tmp")

@@ -159,9 +159,9 @@ def cuda_device_count() -> int:
     CUDA_VISIBLE_DEVICES), 0 without CUDA. The one place that counts them, so the checks of ranks
     against GPUs (``dtrain.launch.preflight.check_ranks_fit``) are tested with a fake count
     (``DTRAIN_FAKE_GPUS``, or monkeypatching this function)."""
-    from ..options import fake_gpu_count
+    from ..options import TestHooks, section
 
-    fake = fake_gpu_count()
+    fake = section(TestHooks).fake_gpus
     if fake is not None:
         return fake
     try:

@@ -21,6 +21,7 @@ from .._log import logger
 from ..context.preempt import REJOIN_EXIT
 from ..diag.watchdog import STALL_EXIT
 from ..errors import DtrainError, LaunchError
+from ..options import handed_over, launch_link
 from ..world import use_route_interface
 from ..world.reach import advertised_address
 from . import membership
@@ -68,8 +69,7 @@ def _rendezvous(spec: LaunchSpec) -> Iterator[int]:
         # Each round builds its workers' store afresh: torch's shared store (the default) keeps the
         # first round's rank-0 address on the other nodes, and a join after a loss then waited 60 s
         # for keys nobody could see (torch 2.14, two launchers on one host).
-        with _env_default(ELASTIC_ENV, f"{spec.rdzv_id}@{spec.addr}:{spec.port}"), \
-                _env_default("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1"):
+        with _elastic_id(f"{spec.rdzv_id}@{spec.addr}:{spec.port}"), _env_default("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1"):
             yield spec.port
         return
     if spec.node_rank != 0:
@@ -201,10 +201,14 @@ def _run_agent(spec: LaunchSpec, config: LaunchConfig, entrypoint: Any, args: tu
                   f"{str(exc).splitlines()[0][:160]}); this node joins the next round.", file=sys.stderr, flush=True)
 
 
-#: Set for the workers of an elastic job (``--nnodes MIN:MAX``): ``run id@endpoint``. Its
-#: checkpoint lock keys on it (rank 0 may move to another node), and ``dtrain train`` resumes
-#: from its checkpoint folder in every attempt (a joining node's agent starts at restart 0).
-ELASTIC_ENV = "DTRAIN_ELASTIC"
+def _elastic_id(run: str) -> contextlib.AbstractContextManager:
+    """Hand the workers of an elastic job (``--nnodes MIN:MAX``) its ``run id@endpoint``, unless
+    the user set one. Its checkpoint lock keys on it (rank 0 may move to another node), and
+    ``dtrain train`` resumes from its checkpoint folder in every attempt (a joining node's agent
+    starts at restart 0)."""
+    if launch_link().elastic is not None:
+        return contextlib.nullcontext()
+    return handed_over(link={"elastic": run})
 
 
 def _rdzv_options(spec: LaunchSpec, port: int) -> dict[str, Any]:

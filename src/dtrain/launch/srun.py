@@ -11,16 +11,20 @@ resolved through SLURM (see ``dtrain.world.slurm``); the port is derived from th
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 
 from ..errors import ConfigError
 from ..world.slurm import SlurmStep, master_address
+from ..world.slurm import master_port as env_master_port
 from .spec import LaunchSpec
 
 
-def spec_for_step(step: SlurmStep, env: Mapping[str, str], *, nproc: int, master_port: int | None = None,
+def spec_for_step(step: SlurmStep, env: Mapping[str, str] | None = None, *, nproc: int, master_port: int | None = None,
                   launcher: str = "torchrun", max_restarts: int = 0) -> LaunchSpec:
-    """The launch of this task's share of the job: ``nproc`` workers, node rank = task index."""
+    """The launch of this task's share of the job: ``nproc`` workers, node rank = task index
+    (``env``, default ``os.environ``, is read by ``dtrain.world.slurm`` for the master's address and port)."""
+    env = os.environ if env is None else env
     if step.tasks_on_node > 1 and step.ntasks > 1:
         raise ConfigError(
             f"srun started {step.tasks_on_node} tasks on this node and each would start -n {nproc} process(es); "
@@ -30,7 +34,7 @@ def spec_for_step(step: SlurmStep, env: Mapping[str, str], *, nproc: int, master
     step.check_gpus(nproc, how=f"dtrain run -n {nproc} in each task")
     if step.ntasks == 1:
         return LaunchSpec(nproc=nproc, master_port=master_port, launcher=launcher, max_restarts=max_restarts)
-    port = master_port if master_port is not None else int(env.get("MASTER_PORT") or step.default_port)
+    port = master_port if master_port is not None else env_master_port(step, env)
     return LaunchSpec(
         nproc=nproc, nnodes=step.ntasks, node_rank=step.procid, master_addr=master_address(step, env),
         master_port=port, launcher=launcher, max_restarts=max_restarts,

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ..options import LAUNCH_DIR_ENV, LAUNCHER_PID_ENV
+from ..options import LAUNCH_DIR_ENV, hand_over, put_back
 from .lifecycle import STOP_MARKER, read_errors
 from .reaper import StallReaper
 
@@ -58,9 +58,7 @@ class Supervisor:
     def __enter__(self) -> Supervisor:
         _remove_stale_dirs()
         self.dir = tempfile.mkdtemp(prefix=f"{_DIR_PREFIX}{os.getpid()}-")
-        for key, value in ((LAUNCHER_PID_ENV, str(os.getpid())), (LAUNCH_DIR_ENV, self.dir)):
-            self._env[key] = os.environ.get(key)
-            os.environ[key] = value
+        self._env = hand_over(link={"launcher_pid": os.getpid(), "launch_dir": self.dir})
         if threading.current_thread() is threading.main_thread():
             for sig in GRACE_S:
                 self._previous[sig] = signal.signal(sig, self._on_signal)
@@ -74,11 +72,7 @@ class Supervisor:
         for sig, prev in self._previous.items():
             signal.signal(sig, prev)
         self.kill_workers()
-        for key, value in self._env.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        put_back(self._env)
         shutil.rmtree(self.dir, ignore_errors=True)
 
     @contextlib.contextmanager

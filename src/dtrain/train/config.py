@@ -1,4 +1,10 @@
-"""What ``dtrain train`` runs, as one frozen, self-validating value."""
+"""What ``dtrain train`` runs, as one frozen value in sections, each of which validates itself.
+
+    TrainConfig(task=TaskConfig(name="mnist"), batch=BatchConfig(size=64, grad_accum=2),
+                checkpoint=CheckpointConfig(dir="ckpt", save_every=100))
+
+Each section's errors name the ``dtrain train`` flag behind the field (``--grad-accum must be >= 1``).
+"""
 
 from __future__ import annotations
 
@@ -10,67 +16,146 @@ from ..errors import ConfigError
 from ..metrics.stragglers import StragglerConfig
 from ..metrics.tensorboard import check_tensorboard
 from ..metrics.trace import parse_steps
+from ..parallel import parse as parse_layout
+
+
+def _at_least(minimum: int, **flags: int | None) -> None:
+    for flag, value in flags.items():
+        if value is not None and value < minimum:
+            raise ConfigError(f"--{flag.replace('_', '-')} must be >= {minimum}, got {value}.")
 
 
 @dataclass(frozen=True, kw_only=True)
-class TrainConfig:
-    task: str = "digits"
-    """Built-in task name or MODULE:FUNCTION."""
-    task_args: dict[str, str] = field(default_factory=dict)
+class TaskConfig:
+    name: str = "digits"
+    """Built-in task name or MODULE:FUNCTION (``--task``)."""
+    args: dict[str, str] = field(default_factory=dict)
     """Keyword options for the task function (``--task-arg KEY=VALUE``)."""
     data_dir: str | None = None
+    """Folder with the task's data files (``--data-dir``)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class BatchConfig:
+    size: int | None = None
+    """Batch of one process, what its DataLoader yields (``--batch-size``); the task's default when None."""
+    grad_accum: int = 1
+    """Split each batch into this many micro-batches and step once per batch (``--grad-accum``)."""
+    global_batch: int | None = None
+    """Keep this global batch whatever the world size (``--elastic-batch global``): each process
+    takes its share and accumulates micro-batches of ``size`` (``train/elastic.py``)."""
+    num_workers: int | None = None
+    """DataLoader worker processes per rank (``--num-workers``); None: ``dtrain.data.default_num_workers``
+    (0 for data already in memory, else from the cores available per process)."""
+
+    def __post_init__(self) -> None:
+        _at_least(1, batch_size=self.size, grad_accum=self.grad_accum)
+        if self.num_workers is not None and self.num_workers < 0:
+            raise ConfigError(f"--num-workers must be >= 0, got {self.num_workers}.")
+        if self.size is not None:
+            check_accum(self.size, self.grad_accum)
+
+
+@dataclass(frozen=True, kw_only=True)
+class OptimConfig:
+    name: str | None = None
+    """sgd, adam, adamw or adadelta (``--optimizer``); the task's when None."""
+    lr: float | None = None
+    """Learning rate (``--lr``); the task's when None."""
+
+    def __post_init__(self) -> None:
+        if self.lr is not None:
+            check.number("--lr", self.lr, positive=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScheduleConfig:
+    epochs: int | None = None
+    """Passes over the training set (``--epochs``); the task's default when None."""
+    max_steps: int | None = None
+    """Stop after this many optimizer steps, across epochs (``--max-steps``)."""
+    seed: int = 0
+    """Seeds Python, NumPy and torch on every rank alike (``--seed``)."""
+
+    def __post_init__(self) -> None:
+        _at_least(1, epochs=self.epochs, max_steps=self.max_steps)
+        check.seed("--seed", self.seed)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointConfig:
+    dir: str | None = None
+    """Save the full training state here (``--checkpoint-dir``); nothing is saved without it."""
+    save_every: int | None = None
+    """Also save every N steps (``--save-every``)."""
+    keep: int = 3
+    """Checkpoints kept in ``dir``, the newest (``--keep``)."""
+    resume: bool = False
+    """Continue from the newest valid checkpoint in ``dir`` (``--resume``; also done by itself
+    after an elastic restart)."""
+    async_save: bool = False
+    """Write checkpoints in a background thread after copying the state to host memory (``--async-save``)."""
+
+    def __post_init__(self) -> None:
+        _at_least(1, save_every=self.save_every)
+        if self.save_every is not None and not self.dir:
+            raise ConfigError("--save-every needs --checkpoint-dir, the folder to write checkpoints to.")
+        if self.async_save and not self.dir:
+            raise ConfigError("--async-save needs --checkpoint-dir, the folder to write checkpoints to (without it nothing is saved).")
+        if self.resume and not self.dir:
+            raise ConfigError("--resume needs --checkpoint-dir, the folder holding the checkpoints to resume from.")
+        if self.keep < 1:
+            raise ConfigError(f"--keep must be >= 1, got {self.keep}.")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParallelConfig:
     strategy: str = "auto"
+    """single, ddp, dp, hvd, zero1, fsdp, hsdp or pipeline (``--strategy``; auto: ddp on several processes)."""
     strategy_options: dict[str, object] = field(default_factory=dict)
     """Options for the strategy's config (e.g. fsdp ``wrap``, pipeline ``schedule``)."""
+    layout: str | None = None
+    """How ranks split (``--parallel dp_shard=2,tp=2``; see ``dtrain.parallel``); replaces ``strategy``."""
+    comm: CommSpec | None = None
+    """How DDP's gradients travel and after how many plain steps (``--comm``, ``--comm-warmup``,
+    parsed by ``CommSpec.parse``); None: ``$DTRAIN_COMM`` or none."""
+
+    def __post_init__(self) -> None:
+        check.instance("the comm setting", self.comm, (CommSpec, type(None)), "give a CommSpec (CommSpec.parse('fp16'))")
+        if self.layout is not None:
+            dims = parse_layout(self.layout)
+            if self.strategy not in ("auto", "composed"):
+                raise ConfigError(f"--parallel {dims} and --strategy {self.strategy} both say how to split the ranks; drop --strategy "
+                                  "(a strategy name is a layout: ddp = all dp_replicate, fsdp = all dp_shard, pipeline = pp).")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RuntimeConfig:
+    device: str | None = None
+    """cpu or cuda (``--device``); None: cuda:<local rank> when available."""
     precision: str = "fp32"
-    epochs: int | None = None
-    """Passes over the training set; the task's default when None."""
-    max_steps: int | None = None
-    """Stop after this many optimizer steps (across epochs)."""
-    batch_size: int | None = None
-    """Batch of one process, what its DataLoader yields; the task's default when None."""
-    lr: float | None = None
-    optimizer: str | None = None
-    grad_accum: int = 1
-    """Split each batch into this many micro-batches and step once per batch."""
-    seed: int = 0
-    log_every: int = 20
-    warmup_steps: int = 5
+    """fp32, bf16-mixed, fp16-mixed or auto (``--precision``)."""
     fast: bool = False
     """``--fast``: also channels-last for a conv net on CUDA (``dtrain.world.fastpath.auto_channels_last``)."""
-    """Steps left out of every rate (compilation, autotuning, first batches; ``dtrain.metrics.throughput``)."""
-    metrics_file: str | None = None
-    checkpoint_dir: str | None = None
-    save_every: int | None = None
-    device: str | None = None
-    num_workers: int | None = None
-    """DataLoader worker processes per rank; None: ``dtrain.data.default_num_workers`` (0 for
-    data already in memory, else from the cores available per process)."""
-    channels_last: bool = False
-    """Model and 4-D inputs in channels-last (NHWC) memory layout (conv nets)."""
-    sync_bn: bool = False
-    """BatchNorm statistics over every rank's batch (SyncBatchNorm; GPU only)."""
-    keep: int = 3
-    """Checkpoints kept in ``checkpoint_dir`` (the newest)."""
-    resume: bool = False
-    """Continue from the newest valid checkpoint in ``checkpoint_dir`` (also done by itself after
-    an elastic restart)."""
-    async_save: bool = False
-    """Write checkpoints in a background thread after copying the state to host memory."""
-    comm: str | CommSpec | None = None
-    """How DDP's gradients travel (``--comm``): none, fp16, bf16, powersgd[:RANK], localsgd[:H], auto;
-    parsed here, once, into a ``CommSpec`` (None: ``$DTRAIN_COMM`` or none)."""
-    comm_warmup: int | None = None
-    """Plain all-reduce steps before the ``comm`` method starts (``--comm-warmup``; default 10)."""
     compile: bool = False
     """``torch.compile`` the model (``--compile``; whole, or per block where ``transforms.compile_per_block`` says)."""
     activation_checkpointing: bool = False
     """Recompute each block's activations in backward (``--activation-checkpointing``)."""
-    parallel: str | None = None
-    """How ranks split (``--parallel dp_shard=2,tp=2``; see ``dtrain.parallel``); replaces ``strategy``."""
-    global_batch: int | None = None
-    """Keep this global batch whatever the world size (``--elastic-batch global``): each process
-    takes its share and accumulates micro-batches of ``batch_size`` (``train/elastic.py``)."""
+    channels_last: bool = False
+    """Model and 4-D inputs in channels-last (NHWC) memory layout (``--channels-last``; conv nets)."""
+    sync_bn: bool = False
+    """BatchNorm statistics over every rank's batch (``--sync-bn``; SyncBatchNorm, GPU only)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ObserveConfig:
+    log_every: int = 20
+    """Steps between progress lines and metrics records (``--log-every``)."""
+    warmup_steps: int = 5
+    """Steps left out of every rate: compilation, autotuning, first batches (``--warmup-steps``;
+    ``dtrain.metrics.throughput``)."""
+    metrics_file: str | None = None
+    """Append one JSON line per log interval to this file (``--metrics-file``)."""
     ledger: str | None = None
     """Folder of the samples ledger (``--ledger``): every rank appends the samples of each step
     it commits, for ``dtrain ckpt ledger`` to check exactly-once (``dtrain.data.ledger``)."""
@@ -86,44 +171,47 @@ class TrainConfig:
     """Where rank 0 writes that trace (``--trace-file``)."""
 
     def __post_init__(self) -> None:
-        positive = {"--epochs": self.epochs, "--max-steps": self.max_steps, "--batch-size": self.batch_size,
-                    "--grad-accum": self.grad_accum, "--log-every": self.log_every, "--save-every": self.save_every}
-        for flag, value in positive.items():
-            if value is not None and value < 1:
-                raise ConfigError(f"{flag} must be >= 1, got {value}.")
-        if self.lr is not None:
-            check.number("--lr", self.lr, positive=True)
-        check.seed("--seed", self.seed)
+        _at_least(1, log_every=self.log_every)
         if self.metrics_file is not None:
             check.output_file("--metrics-file", self.metrics_file)
-        if self.num_workers is not None and self.num_workers < 0:
-            raise ConfigError(f"--num-workers must be >= 0, got {self.num_workers}.")
         if self.warmup_steps < 0:
             raise ConfigError(f"--warmup-steps must be >= 0, got {self.warmup_steps}; 0 counts every step in the rates.")
-        if self.batch_size is not None:
-            check_accum(self.batch_size, self.grad_accum)
-        if self.save_every is not None and not self.checkpoint_dir:
-            raise ConfigError("--save-every needs --checkpoint-dir, the folder to write checkpoints to.")
-        if self.async_save and not self.checkpoint_dir:
-            raise ConfigError("--async-save needs --checkpoint-dir, the folder to write checkpoints to (without it nothing is saved).")
-        if self.resume and not self.checkpoint_dir:
-            raise ConfigError("--resume needs --checkpoint-dir, the folder holding the checkpoints to resume from.")
         if self.ledger is not None:
             check.output_dir("--ledger", self.ledger)
-        if self.keep < 1:
-            raise ConfigError(f"--keep must be >= 1, got {self.keep}.")
-        if self.comm is not None or self.comm_warmup is not None:
-            object.__setattr__(self, "comm", CommSpec.parse(self.comm, warmup=self.comm_warmup))
         if self.tensorboard is not None:
             check_tensorboard(self.tensorboard)
         if self.trace is not None:
-            start, end = parse_steps(self.trace)
-            if self.max_steps is not None and start > self.max_steps:
-                raise ConfigError(f"--trace {self.trace}: --max-steps {self.max_steps} ends the run before step {start}, so "
-                                  f"nothing would be traced; pick steps inside 1..{self.max_steps}.")
+            parse_steps(self.trace)
             check.output_file("--trace-file", self.trace_file)
             if not self.breakdown:
                 raise ConfigError("--trace draws the breakdown's spans; drop --no-breakdown.")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    task: TaskConfig = field(default_factory=TaskConfig)
+    batch: BatchConfig = field(default_factory=BatchConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    observe: ObserveConfig = field(default_factory=ObserveConfig)
+
+    def __post_init__(self) -> None:
+        for name, kind in SECTIONS.items():
+            check.instance(f"TrainConfig({name}=...)", getattr(self, name), kind, f"give a {kind.__name__}")
+        trace, max_steps = self.observe.trace, self.schedule.max_steps  # the one check across sections
+        if trace is not None and max_steps is not None:
+            start, _ = parse_steps(trace)
+            if start > max_steps:
+                raise ConfigError(f"--trace {trace}: --max-steps {max_steps} ends the run before step {start}, so "
+                                  f"nothing would be traced; pick steps inside 1..{max_steps}.")
+
+
+SECTIONS: dict[str, type] = {"task": TaskConfig, "batch": BatchConfig, "optim": OptimConfig, "schedule": ScheduleConfig,
+                             "checkpoint": CheckpointConfig, "parallel": ParallelConfig, "runtime": RuntimeConfig,
+                             "observe": ObserveConfig}
 
 
 def check_accum(batch_size: int, grad_accum: int) -> None:

@@ -21,7 +21,7 @@ from ..data.plan import plan_input
 from ..errors import ConfigError, DtrainError
 from ..metrics import DataWait, JsonlSink, ProgressSink, render_summary
 from ..metrics.throughput import SteadyRate
-from ..options import Options, launcher_link
+from ..options import current, launch_link
 from ..strategies import Strategy
 from ..tasks import Task, load_task, make_optimizer
 from ..world import World
@@ -45,7 +45,7 @@ def worker_main(cfg: TrainConfig, *, world: World | None = None, strategy: Strat
     this process (``dtrain train`` without a launch), so nothing is detected or built twice."""
     if world is None:
         try:
-            world = World.detect(device=cfg.device)
+            world = World.detect(device=cfg.runtime.device)
         except DtrainError as exc:
             print(f"dtrain: error: {exc}", file=sys.stderr, flush=True)
             sys.exit(exc.exit_code)
@@ -53,7 +53,7 @@ def worker_main(cfg: TrainConfig, *, world: World | None = None, strategy: Strat
     try:
         result = run(cfg, world=world, strategy=strategy, task=task)
     except DtrainError as exc:
-        if launcher_link()[1]:
+        if launch_link().launch_dir:
             # Started by dtrain's launcher: it shows the earliest rank's error once (every
             # rank raises the same one for a setting all of them check, e.g. pipeline's model).
             raise
@@ -68,7 +68,7 @@ def worker_main(cfg: TrainConfig, *, world: World | None = None, strategy: Strat
         exit_now(preempt.REJOIN_EXIT)
     if world.is_main:
         print(json.dumps(result), flush=True)
-    if result.get("preempted") and Options.from_env().elastic:
+    if result.get("preempted") and launch_link().elastic:
         # Saved; leave now. Returning would hand the result to torch's agent, which reads it only
         # while it watches its workers: while it restarts them for a node that joins it does not,
         # and each worker waited the agent's 30 s grace for SIGKILL (seen on the test bed).
@@ -89,19 +89,20 @@ def _run(cfg: TrainConfig, world: World | None, strategy: Strategy | None, task:
     t0 = time.perf_counter()
     preempt.install()
     if task is None:
-        task = load_task(cfg.task, data_dir=cfg.data_dir, options=cfg.task_args)  # bad input fails before any rendezvous
-    batch = cfg.batch_size or task.batch_size
-    check_accum(batch, cfg.grad_accum)
-    if cfg.global_batch:  # --elastic-batch global: this world size's share, in micro-batches
-        batch, accum = split(cfg.global_batch, world.size if world is not None else World.detect().size, batch)
-        cfg = dataclasses.replace(cfg, batch_size=batch, grad_accum=accum)
+        task = load_task(cfg.task.name, data_dir=cfg.task.data_dir, options=cfg.task.args)  # bad input fails before any rendezvous
+    batch = cfg.batch.size or task.batch_size
+    check_accum(batch, cfg.batch.grad_accum)
+    if cfg.batch.global_batch:  # --elastic-batch global: this world size's share, in micro-batches
+        batch, accum = split(cfg.batch.global_batch, world.size if world is not None else World.detect().size, batch)
+        cfg = dataclasses.replace(cfg, batch=dataclasses.replace(cfg.batch, size=batch, grad_accum=accum))
     # A strategy built already carries its options and --comm.
+    par = cfg.parallel
     built = {"strategy": strategy} if strategy is not None else {
-        "strategy": cfg.strategy, "comm": cfg.comm, **cfg.strategy_options}  # a CommSpec holds its warm-up
-    if strategy is None and cfg.parallel:
-        built.update(parallel=cfg.parallel, tp_plan=task.tp_plan)
-    ctx = init(precision=cfg.precision, seed=cfg.seed, world=world, compile=cfg.compile,
-               activation_checkpointing=cfg.activation_checkpointing, **built)
+        "strategy": par.strategy, "comm": par.comm, **par.strategy_options}  # a CommSpec holds its warm-up
+    if strategy is None and par.layout:
+        built.update(parallel=par.layout, tp_plan=task.tp_plan)
+    ctx = init(precision=cfg.runtime.precision, seed=cfg.schedule.seed, world=world, compile=cfg.runtime.compile,
+               activation_checkpointing=cfg.runtime.activation_checkpointing, **built)
     try:
         return _train(ctx, cfg, task, batch, t0)
     finally:
@@ -110,13 +111,14 @@ def _run(cfg: TrainConfig, world: World | None, strategy: Strategy | None, task:
 
 def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) -> dict[str, Any]:
     model, optimizer, loader, workers = _setup(ctx, cfg, task, batch)
-    ckpt = ctx.checkpoints(cfg.checkpoint_dir, keep=cfg.keep, async_save=cfg.async_save) if cfg.checkpoint_dir else None
+    saving = cfg.checkpoint
+    ckpt = ctx.checkpoints(saving.dir, keep=saving.keep, async_save=saving.async_save) if saving.dir else None
     step = _resume(ctx, cfg, ckpt, model, optimizer, loader)
     # The steps still to run follow from the data position, not from the step count: after a
     # resume on another world size the steps already done were of another global batch.
-    total = step + _steps_left(loader, loader.full_epoch_len(), cfg.epochs or task.epochs)
-    if cfg.max_steps is not None:
-        total = min(total, max(cfg.max_steps, step))
+    total = step + _steps_left(loader, loader.full_epoch_len(), cfg.schedule.epochs or task.epochs)
+    if cfg.schedule.max_steps is not None:
+        total = min(total, max(cfg.schedule.max_steps, step))
     logger.info(
         f"{task.name}: {ctx.world_size} process(es), strategy {ctx.strategy.name}, precision {ctx.precision.effective}, "
         f"batch {batch}/process, {total} steps on {ctx.device}, {workers} data worker(s)/process"
@@ -126,7 +128,7 @@ def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) ->
     listeners, report, preemption = _listeners(ctx, cfg, task, batch, t0, state, ckpt, model, optimizer, loader, rate)
     obs = report.obs
     listeners.on_start(state)
-    k = cfg.grad_accum
+    k = cfg.batch.grad_accum
     model.train()
     rate.start()
     ctx.breakdown.step_starts()
@@ -167,11 +169,12 @@ def _setup(ctx: Context, cfg: TrainConfig, task: Task, batch: int) -> tuple[Any,
     model = task.new_model()
     if ctx.is_main:
         print(render_summary(model), flush=True)
-    optimizer = make_optimizer(cfg.optimizer or task.optimizer, model.parameters(), cfg.lr or task.lr, device=ctx.device)
-    channels_last = cfg.channels_last or (cfg.fast and auto_channels_last(model, ctx.device, ctx.strategy))
-    model, optimizer = ctx.setup(model, optimizer, channels_last=channels_last, sync_bn=cfg.sync_bn,
+    optimizer = make_optimizer(cfg.optim.name or task.optimizer, model.parameters(), cfg.optim.lr or task.lr, device=ctx.device)
+    run = cfg.runtime
+    channels_last = run.channels_last or (run.fast and auto_channels_last(model, ctx.device, ctx.strategy))
+    model, optimizer = ctx.setup(model, optimizer, channels_last=channels_last, sync_bn=run.sync_bn,
                                  blocks=task.blocks(model) if task.blocks else None)
-    plan = plan_input(task.train_set, local_size=ctx.world.local_size, device=ctx.device, batch_size=batch, workers=cfg.num_workers)
+    plan = plan_input(task.train_set, local_size=ctx.world.local_size, device=ctx.device, batch_size=batch, workers=cfg.batch.num_workers)
     workers = plan.workers
     loader = ctx.setup_dataloader(DataLoader(task.train_set, batch_size=batch, shuffle=True, drop_last=True,
                                              **loader_options(workers, ctx.device, plan.prefetch_factor or 2)))
@@ -184,40 +187,40 @@ def _resume(ctx: Context, cfg: TrainConfig, ckpt: Any, model: Any, optimizer: An
     """The step to start at: the newest checkpoint's with --resume, after an elastic restart or
     a requeue; else 0."""
     restarts = ctx.world.restart_count
-    if ckpt is None or not (cfg.resume or restarts > 0 or ctx.world.requeue_count > 0):
+    if ckpt is None or not (cfg.checkpoint.resume or restarts > 0 or ctx.world.requeue_count > 0):
         return 0
     meta = ckpt.resume(model=model, optimizer=optimizer, loader=loader)
     if meta is not None:
         why = f"; elastic restart {restarts} after a worker failed" if restarts else ""
         logger.info(f"resumed from {meta['path']} at step {meta['step']} (saved by {meta['world_size']} process(es){why})")
         return meta["step"]
-    if cfg.resume:
-        logger.info(f"--resume: no checkpoint in {cfg.checkpoint_dir} yet; starting from step 0")
+    if cfg.checkpoint.resume:
+        logger.info(f"--resume: no checkpoint in {cfg.checkpoint.dir} yet; starting from step 0")
     return 0
 
 
 def _listeners(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float, state: LoopState, ckpt: Any,
                model: Any, optimizer: Any, loader: Any, rate: SteadyRate) -> tuple[Listeners, Report, Preemption]:
     """The loop's listeners, in the order they hear each step (dtrain.train.listeners)."""
-    options = Options.from_env()
-    fault = fault_step(options.fault_inject, ctx.rank, ctx.world.restart_count)
-    ledger = SampleLedger(cfg.ledger, loader, ctx) if cfg.ledger else None
+    options, seen = current(), cfg.observe
+    fault = fault_step(options.testing.fault_inject, ctx.rank, ctx.world.restart_count)
+    ledger = SampleLedger(seen.ledger, loader, ctx) if seen.ledger else None
     progress = ProgressSink(state.total, start=state.step) if ctx.is_main else None
-    sink = JsonlSink(cfg.metrics_file) if cfg.metrics_file and ctx.is_main else None
-    obs = Observer(ctx, model, optimizer, cfg.stragglers, enabled=cfg.breakdown, tensorboard=cfg.tensorboard,
-                   trace=cfg.trace, trace_file=cfg.trace_file, first_step=state.step, total=state.total)
+    sink = JsonlSink(seen.metrics_file) if seen.metrics_file and ctx.is_main else None
+    obs = Observer(ctx, model, optimizer, seen.stragglers, enabled=seen.breakdown, tensorboard=seen.tensorboard,
+                   trace=seen.trace, trace_file=seen.trace_file, first_step=state.step, total=state.total)
     objects = {"model": model, "optimizer": optimizer, "loader": loader}
-    saves = Checkpoints(ckpt, save_every=cfg.save_every, objects=objects, breakdown=ctx.breakdown, is_main=ctx.is_main,
-                        async_save=cfg.async_save) if ckpt is not None else None
-    preemption = Preemption(ctx, cfg.log_every, elastic=options.elastic is not None,
+    saves = Checkpoints(ckpt, save_every=cfg.checkpoint.save_every, objects=objects, breakdown=ctx.breakdown, is_main=ctx.is_main,
+                        async_save=cfg.checkpoint.async_save) if ckpt is not None else None
+    preemption = Preemption(ctx, seen.log_every, elastic=options.link.elastic is not None,
                             save=(lambda step: ckpt.save(step, **objects)) if ckpt is not None else None)
     report = Report(observer=obs, wait=ctx.breakdown.data, t0=t0, rate=lambda steps: _round(rate.window()),
                     extra=lambda sps: _tokens(task, sps), progress=progress, sink=sink)
     listeners = [
         LedgerListener(ledger) if ledger is not None else None,
         FaultInjection(fault) if fault is not None else None,
-        LossWindow(ctx, cfg.log_every),
-        DivergenceCheck(ctx, lr=cfg.lr or task.lr, checkpoint_dir=cfg.checkpoint_dir, save_due=saves.due if saves else lambda s: False),
+        LossWindow(ctx, seen.log_every),
+        DivergenceCheck(ctx, lr=cfg.optim.lr or task.lr, checkpoint_dir=cfg.checkpoint.dir, save_due=saves.due if saves else lambda s: False),
         report,
         preemption,
         saves,
@@ -351,11 +354,11 @@ def _round(rate: float | None) -> float | None:
 
 
 def steady_rate(ctx: Context, cfg: TrainConfig, batch: int, steps: int) -> SteadyRate:
-    """The rate meter of this run: ``cfg.warmup_steps`` steps of warm-up, then steady state;
+    """The rate meter of this run: ``cfg.observe.warmup_steps`` steps of warm-up, then steady state;
     on CUDA the end of warm-up waits for the device once, so its queued work counts as warm-up."""
     device = ctx.device
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else None
-    return SteadyRate(batch * ctx.data_parallel_size, steps=steps, warmup_steps=cfg.warmup_steps, sync=sync)
+    return SteadyRate(batch * ctx.data_parallel_size, steps=steps, warmup_steps=cfg.observe.warmup_steps, sync=sync)
 
 
 def raise_small(task: Task, batch: int, world_size: int) -> None:

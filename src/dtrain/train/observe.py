@@ -4,7 +4,6 @@ stragglers named with their cause, and the test hooks that slow one rank down on
 from __future__ import annotations
 
 import math
-import os
 import socket
 import threading
 import time
@@ -21,6 +20,7 @@ from ..metrics.memory import peak_memory
 from ..metrics.stragglers import StragglerConfig, StragglerDetector
 from ..metrics.tensorboard import TensorBoardSink
 from ..metrics.trace import Tracer, parse_steps
+from ..options import current
 
 
 class Observer:
@@ -194,18 +194,9 @@ class SlowDown:
         self.kind, self.ms = None, 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        spec = os.environ.get("DTRAIN_SLOW_INJECT")
-        if not spec:
-            return
-        parts = spec.split(":")
-        try:
-            r, kind, ms = int(parts[0]), parts[1], float(parts[2]) if len(parts) > 2 else 0.0
-        except (ValueError, IndexError):
-            raise ConfigError(f"DTRAIN_SLOW_INJECT={spec!r} is not RANK:KIND[:MS]; e.g. 1:input:50, 1:compute:20 or 1:hog.") from None
-        if kind not in ("input", "compute", "hog"):
-            raise ConfigError(f"DTRAIN_SLOW_INJECT kind {kind!r} is unknown; choose input, compute or hog.")
-        if r == rank:
-            self.kind, self.ms = kind, ms
+        spec = current().testing.slow_inject  # parsed and checked in dtrain.options
+        if spec is not None and spec.rank == rank:
+            self.kind, self.ms = spec.kind, spec.ms
 
     def attach(self, model: torch.nn.Module) -> None:
         if self.kind == "compute":

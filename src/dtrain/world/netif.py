@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import fcntl
 import ipaddress
+import os
 import socket
 import struct
 from collections.abc import Mapping
+
+from .._log import logger
 
 VARIABLES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 _SIOCGIFADDR = 0x8915
@@ -108,3 +111,15 @@ def socket_env(master_addr: str, environ: Mapping[str, str]) -> dict[str, str]:
     if found is None:
         return {}
     return {v: found[0] for v in VARIABLES if not environ.get(v)}
+
+
+def use_route_interface(master_addr: str, *, quiet: bool = False) -> dict[str, str]:
+    """Point gloo's and NCCL's sockets at the interface that routes to ``master_addr`` (the
+    loopback interface for a loopback master) unless the user chose one (``socket_env``);
+    returns the variables set in this process (its workers inherit them)."""
+    chosen = socket_env(master_addr, os.environ)
+    os.environ.update(chosen)
+    if chosen and not quiet and not is_loopback(master_addr):
+        names = ", ".join(f"{k}={v}" for k, v in chosen.items())
+        logger.info(f"sockets between nodes use the interface that routes to {master_addr}: {names} (set them yourself to choose another)")
+    return chosen

@@ -13,6 +13,7 @@ node names are not host names). Where scontrol cannot answer, the host name itse
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -51,8 +52,10 @@ class SlurmStep:
     """How often the job was requeued (``SLURM_RESTART_COUNT``)."""
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> SlurmStep | None:
-        """The step this process is a task of; None outside ``srun`` (batch script, salloc shell, no SLURM)."""
+    def from_env(cls, env: Mapping[str, str] | None = None) -> SlurmStep | None:
+        """The step this process is a task of (``env``: default ``os.environ``); None outside
+        ``srun`` (batch script, salloc shell, no SLURM)."""
+        env = os.environ if env is None else env
         if "SLURM_PROCID" not in env or not (env.get("SLURM_STEP_ID") or env.get("SLURM_STEPID")):
             return None
         ntasks = _int(env, "SLURM_STEP_NUM_TASKS", _int(env, "SLURM_NTASKS", 1))
@@ -198,6 +201,11 @@ def node_address(host: str, env: Mapping[str, str] | None = None) -> str:
         return m.group(1)
     logger.debug(f"scontrol gave no NodeAddr for {host}; using the host name")
     return host
+
+
+def master_port(step: SlurmStep, env: Mapping[str, str]) -> int:
+    """``MASTER_PORT`` when the job sets it, else the port derived from the job id."""
+    return int(env.get("MASTER_PORT") or step.default_port)
 
 
 def master_address(step: SlurmStep, env: Mapping[str, str]) -> str:

@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from dtrain import preempt
+from dtrain.world.sources import TorchrunEnv
 
 from .. import _basics
 from .. import _ops as ops
@@ -111,7 +112,7 @@ def _stop(state: State, why: str, code: int, loud: bool) -> None:
     assert store is not None
     written = store.flush() if store.writer else state._number
     if loud or _basics.rank() == 0:
-        restarts = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) - int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        restarts = TorchrunEnv.restarts_left()
         if code != RESTART_EXIT:
             after = ""
         elif restarts <= 0:

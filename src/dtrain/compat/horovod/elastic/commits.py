@@ -23,12 +23,14 @@ from typing import Any
 
 import torch
 
+from dtrain.options import launch_link
+
 _PREFIX, _SUFFIX = "hvd-elastic-commit-", ".pt"
 
 
 def folder_from_env() -> str | None:
     """Where this node keeps its commits, or None when not started by ``dtrain run``."""
-    launch_dir = os.environ.get("DTRAIN_LAUNCH_DIR")
+    launch_dir = launch_link().launch_dir
     return launch_dir if launch_dir and os.path.isdir(launch_dir) else None
 
 
