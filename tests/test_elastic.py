@@ -17,7 +17,7 @@ import pytest
 
 from dtrain.cli.common import parse_nnodes
 from dtrain.data.ledger import check_ledger, render
-from dtrain.errors import ConfigError
+from dtrain.errors import ConfigError, LaunchError
 from dtrain.launch.runner import _rdzv_options
 from dtrain.launch.spec import LaunchSpec
 from dtrain.testing import netbed
@@ -195,3 +195,30 @@ def test_nodes_leave_and_join_on_the_test_bed_and_each_sample_is_trained_once(tm
     expected = json.loads(out.strip().splitlines()[-1])
     assert final and abs(final[-1]["test_acc"] - expected["test_acc"]) <= ACC_TOLERANCE, (final, expected)
     assert grown.world_size == 3
+
+
+def test_a_closed_rendezvous_means_the_job_finished_without_this_node(monkeypatch, capsys):
+    """Only a node whose workers finished closes a dtrain rendezvous (a failed or stopped one
+    leaves), so a node that finds it closed (it was rejoining after a loss, or came late) ends
+    with exit 0 and one line, not 'the elastic agent failed'."""
+    from torch.distributed.elastic.rendezvous import RendezvousClosedError
+
+    from dtrain.launch import membership, runner
+
+    def closed(*_args):
+        raise RendezvousClosedError()
+
+    monkeypatch.setattr(runner, "_run_agent", closed)
+    spec = LaunchSpec(nnodes=1, max_nodes=2, master_addr="127.0.0.1", master_port=29799)
+    assert runner._elastic(spec, "print", ()) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("dtrain: the job finished on the other node(s) while this node was joining"), err
+    assert membership.finished_without_this_node(RendezvousClosedError())
+    assert not membership.finished_without_this_node(RuntimeError("wait timeout"))
+
+    def timeout(*_args):
+        raise RuntimeError("Timed out waiting for MIN nodes")
+
+    monkeypatch.setattr(runner, "_run_agent", timeout)
+    with pytest.raises(LaunchError, match="the elastic agent failed: RuntimeError"):
+        runner._elastic(spec, "print", ())

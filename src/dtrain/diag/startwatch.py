@@ -69,7 +69,7 @@ class StartWatch:
                                       f"--startup-timeout waits of {self.startup_s:g} s and a margin); see the output above")
             if backend is None:
                 continue
-            state = _read_state(backend)
+            state = read_state(backend)
             if state is None:
                 continue
             if first is None:
@@ -80,23 +80,34 @@ class StartWatch:
                 self._end(LOST_EXIT, lost)
 
     def _lost(self, state: Any, round_: int, participants: dict) -> str | None:
-        if state.round != round_:
-            return f"the rendezvous moved on to round {state.round} while this node's round {round_} was forming"
-        now = datetime.datetime.now(datetime.timezone.utc)
-        for node in participants:
-            beat = state.last_heartbeats.get(node)
-            if node not in state.participants or beat is None:
-                return f"node {_addr(node)} left the rendezvous (lost or stopped) while the process group was forming"
-            silent = (now - beat).total_seconds()
-            if silent > self.dead_after_s:
-                return f"node {_addr(node)} was lost while the process group was forming (no keep-alive for {silent:.0f} s)"
-        return None
+        return lost_node(state, round_, participants, self.dead_after_s, "while the process group was forming")
 
     def _end(self, code: int, why: str) -> None:
         if self.world.local_rank == 0:
             tail = "; this node's workers restart and the job goes on without it" if code == LOST_EXIT else ""
             print(f"dtrain: error: node {self.world.node_rank}: {why}{tail}.", file=sys.stderr, flush=True)
         os._exit(code)
+
+
+def lost_node(state: Any, round_: int, participants: dict, dead_after_s: float, when: str) -> str | None:
+    """What lost a node of round ``round_`` (its ``participants``) in the rendezvous ``state``, or
+    None: the round moved on, a participant left, or one has been silent for ``dead_after_s``."""
+    if state.round != round_:
+        return f"the rendezvous moved on to round {state.round} {when} (this node's round: {round_})"
+    now = datetime.datetime.now(datetime.timezone.utc)
+    for node in participants:
+        beat = state.last_heartbeats.get(node)
+        if node not in state.participants or beat is None:
+            return f"node {_addr(node)} left the rendezvous (lost or stopped) {when}"
+        silent = (now - beat).total_seconds()
+        if silent > dead_after_s:
+            return f"node {_addr(node)} was lost {when} (no keep-alive for {silent:.0f} s)"
+    return None
+
+
+def dead_after_s() -> float:
+    """Seconds of silence after which a node is dead to torch's rendezvous (and to dtrain's watches)."""
+    return KEEP_ALIVE_S * KEEP_ALIVE_ATTEMPTS + 2.0
 
 
 def _addr(node: Any) -> str:
@@ -117,7 +128,7 @@ def _rendezvous_backend(elastic: str) -> Any:
         return None
 
 
-def _read_state(backend: Any) -> Any:
+def read_state(backend: Any) -> Any:
     try:
         got = backend.get_state()
         return pickle.loads(got[0]) if got else None  # torch's own _RendezvousState, as its handler reads it
@@ -132,7 +143,7 @@ def start_watch(world: Any, elastic: str | None, startup_s: float) -> Iterator[N
         yield
         return
     watch = StartWatch(world, startup_s=startup_s, elastic=elastic,
-                       dead_after_s=KEEP_ALIVE_S * KEEP_ALIVE_ATTEMPTS + 2.0).start()
+                       dead_after_s=dead_after_s()).start()
     try:
         yield
     finally:

@@ -18,14 +18,16 @@ keep-alive to expire instead.
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any
 
 from .._log import logger
-from ..diag.startwatch import KEEP_ALIVE_ATTEMPTS, KEEP_ALIVE_S  # noqa: F401 -- the rendezvous options (runner.py)
+from ..diag.startwatch import KEEP_ALIVE_ATTEMPTS, KEEP_ALIVE_S, dead_after_s, lost_node, read_state  # noqa: F401 -- KEEP_ALIVE_*: the rendezvous options (runner.py)
 
 BACKEND = "dtrain-c10d"
 _LEAVE_TIMEOUT_S = 10.0
+_BARRIER_POLL_S = 0.5
 
 _handler: Any = None
 """The rendezvous handler of this launcher's elastic agent (one job per launcher process)."""
@@ -40,6 +42,7 @@ def _create(params: Any) -> Any:
     params.backend = "c10d"
     backend, store = _c10d_backend(params)
     _handler = create_handler(store, backend, params)
+    _handler._dtrain_backend = backend  # the exit barrier reads the rendezvous state through it
     _leave_if_lost(_handler)
     return _handler
 
@@ -58,13 +61,21 @@ def lost_in_rendezvous(exc: BaseException) -> bool:
         isinstance(exc, RuntimeError) and "wait timeout" in str(exc))
 
 
+def finished_without_this_node(exc: BaseException) -> bool:
+    """Whether an agent's failure is a *closed* rendezvous: in a dtrain job only a node whose
+    workers finished closes it (``_leave_if_lost``: a failed or stopped node leaves instead), so
+    the job is done. Seen in a random-kill trial: node 1 killed while a round assigned ranks and
+    started again; node 0 waited out the lost node's role info (the store timeout) while node 1,
+    alone in the next round, trained what was left and closed the rendezvous."""
+    return type(exc).__name__ == "RendezvousClosedError"
+
+
 def _leave_if_lost(handler: Any) -> None:
     """torch's launcher shuts the handler down (closing the rendezvous for every node) on any way
     out. Only a node whose workers finished closes it (the job is done); an agent that failed
     leaves instead: a node lost inside the rendezvous (runner._run_agent joins the next round),
     or a node that could not join in time, whose close ended the job of the nodes still training
     (seen in a random-kill trial: the restarted node's join timed out under load)."""
-    import sys
 
     close = handler.shutdown
 
@@ -147,3 +158,49 @@ def forget() -> None:
     _handler = None
     _kept.clear()
     _hosted.clear()
+
+
+def agent_class() -> type:
+    """torch's LocalElasticAgent with an exit barrier that stops waiting for a node lost after its
+    workers finished. torch's barrier waits ``exit_barrier_timeout`` (300 s) for every node's agent
+    to check in; a node killed in that window (seen in a random-kill trial: killed as the job
+    ended, then started again into a round of its own) held the survivor for those 300 s. This
+    one checks in the same way (torch's own barrier keys), looks for the last check-in twice a second, and between
+    them reads the rendezvous state: the round moved on, or a node of it left or went silent past
+    torch's expiry, ends the wait with one line. The bound stays torch's."""
+    from torch.distributed.elastic.agent.server import api
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+    from torch.distributed.elastic.utils import store as store_util
+
+    class Agent(LocalElasticAgent):
+        def _exit_barrier(self) -> None:
+            backend = getattr(self._worker_group.spec.rdzv_handler, "_dtrain_backend", None)
+            nonblocking = getattr(store_util, "_barrier_nonblocking", None)
+            if backend is None or nonblocking is None:  # a static job, or a torch without the private helper
+                return super()._exit_barrier()
+            first = read_state(backend)
+            nodes = self._worker_group.group_world_size
+            if first is not None and len(first.participants) < nodes:  # one left already (expired, or stopped)
+                print(f"dtrain: {nodes - len(first.participants)} node(s) of this round left the rendezvous after this "
+                      "node's workers finished; this node does not wait for them.", file=sys.stderr, flush=True)
+                return None
+            key = nonblocking(self._store, nodes, api._TERMINAL_STATE_SYNC_ID)
+            deadline = time.monotonic() + self._exit_barrier_timeout
+            while time.monotonic() < deadline:
+                try:
+                    if self._store.check([key]):
+                        return
+                except Exception:  # noqa: BLE001 -- the store is gone (its host ended): nobody left to wait for
+                    return
+                time.sleep(_BARRIER_POLL_S)
+                now = read_state(backend)
+                lost = first is not None and now is not None and lost_node(
+                    now, first.round, dict(first.participants), dead_after_s(), "after this node's workers finished")
+                if lost:
+                    print(f"dtrain: {lost}; this node does not wait for it.", file=sys.stderr, flush=True)
+                    return
+            print(f"dtrain: the other nodes did not finish within {self._exit_barrier_timeout:g} s of this one; "
+                  "this node ends.", file=sys.stderr, flush=True)
+            return None
+
+    return Agent

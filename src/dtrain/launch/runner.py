@@ -171,6 +171,10 @@ def _elastic(spec: LaunchSpec, entrypoint: Callable[..., Any] | str, args: tuple
             name = type(exc).__name__
             if name == "SignalException":
                 return 128 + int(getattr(exc, "sigval", 15))
+            if membership.finished_without_this_node(exc):
+                print("dtrain: the job finished on the other node(s) while this node was joining (they closed the "
+                      "rendezvous on success); nothing is left for this node to do.", file=sys.stderr, flush=True)
+                return 0
             raise LaunchError(f"the elastic agent failed: {name}: {exc}") from None
         finally:
             membership.forget()
@@ -189,7 +193,8 @@ def _run_agent(spec: LaunchSpec, config: LaunchConfig, entrypoint: Any, args: tu
     attempts = spec.max_restarts if spec.elastic else 0
     while True:
         try:
-            elastic_launch(config, entrypoint)(*args)
+            with _agent(spec):
+                elastic_launch(config, entrypoint)(*args)
             return
         except (ChildFailedError, DtrainError, KeyboardInterrupt, Stopped):
             raise
@@ -199,6 +204,23 @@ def _run_agent(spec: LaunchSpec, config: LaunchConfig, entrypoint: Any, args: tu
             attempts -= 1
             print(f"dtrain: a node was lost while this round of the rendezvous assigned ranks ({type(exc).__name__}: "
                   f"{str(exc).splitlines()[0][:160]}); this node joins the next round.", file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def _agent(spec: LaunchSpec) -> Iterator[None]:
+    """An elastic job's agents use membership's exit barrier (torch's launch_agent builds its agent
+    from its module's ``LocalElasticAgent``; the name is swapped back after)."""
+    import torch.distributed.launcher.api as launcher
+
+    if not spec.elastic:
+        yield
+        return
+    torch_agent = launcher.LocalElasticAgent
+    launcher.LocalElasticAgent = membership.agent_class()
+    try:
+        yield
+    finally:
+        launcher.LocalElasticAgent = torch_agent
 
 
 def _elastic_id(run: str) -> contextlib.AbstractContextManager:
