@@ -96,7 +96,20 @@ class Prediction:
 
     @property
     def mem_bytes(self) -> float:
+        """Everything the device must hold for this rank (what ``fits`` compares)."""
         return sum(self.memory.values())
+
+    @property
+    def state_bytes(self) -> float:
+        """Parameters, gradients and optimizer state."""
+        return sum(self.memory.get(k, 0.0) for k in ("params", "grads", "optimizer"))
+
+    @property
+    def peak_bytes(self) -> float:
+        """What a measured peak reports: on CPU the process's peak resident set (all of
+        ``memory``), on a GPU the allocator's peak (``torch.cuda.max_memory_allocated``: all but
+        the fixed reserve of the CUDA context)."""
+        return self.mem_bytes - self.memory.get("fixed", 0.0)
 
     @property
     def fits(self) -> bool:
@@ -114,6 +127,7 @@ class Prediction:
                 "step_ms": round(self.step_s * 1e3, 3), "samples_per_s": round(self.samples_per_s, 2),
                 "tokens_per_s": round(self.samples_per_s * self.tokens_per_sample, 1) if self.tokens_per_sample else None,
                 "scaling_efficiency": _round(self.scaling_efficiency(world), 4), "mem_mib_per_rank": round(self.mem_bytes / MIB, 1),
+                "peak_mib_per_rank": round(self.peak_bytes / MIB, 1), "state_mib_per_rank": round(self.state_bytes / MIB, 2),
                 "mem_headroom_mib": round((self.capacity - self.mem_bytes) / MIB, 1), "fits": self.fits,
                 "exposed_comm_ms": ms.get("exposed_comm", 0.0), "comm_ms": round(self.comm_s * 1e3, 3), "phases_ms": ms,
                 "memory_mib": {k: round(v / MIB, 2) for k, v in self.memory.items()}, "notes": self.notes}
@@ -181,7 +195,7 @@ def predict(prof: ModelProfile, c: Cluster, layout: Layout, s: Settings) -> Pred
 
 
 def memory(prof: ModelProfile, c: Cluster, layout: Layout, s: Settings) -> dict[str, float]:
-    """Bytes per rank by kind (the largest pipeline stage)."""
+    """Bytes per rank by kind (the largest pipeline stage), at the step's peak."""
     d = layout.dims
     _, p_share, a_share = stage_share(prof, d.pp)
     params_rank = prof.params * p_share / d.tp
@@ -203,5 +217,25 @@ def memory(prof: ModelProfile, c: Cluster, layout: Layout, s: Settings) -> dict[
     if shard > 1:  # the unit being used and the one prefetched, whole
         unit = max([b.params for b in prof.blocks] + [prof.params - sum(b.params for b in prof.blocks)])
         mem["gathered"] = 2 * s.param_comm_bytes * unit / d.tp
+    if layout.comm.startswith("powersgd"):  # error feedback: one more copy of the gradient (torch's PowerSGD state)
+        mem["comm_state"] = 4 * params_rank
+    mem.update(_transient(prof, c, s, micro))
     mem["fixed"] = c.device.fixed_bytes
+    m = prof.machinery
+    if m is not None and not c.is_gpu:
+        mem["baseline"] = m.rss.get("baseline", 0.0) + (m.rss.get("pipelining", 0.0) if d.pp > 1 else 0.0)
     return mem
+
+
+def _transient(prof: ModelProfile, c: Cluster, s: Settings, micro: float) -> dict[str, float]:
+    """What the step allocates beyond the tensors above at its peak. On CPU, measured: the plain
+    step's peak resident growth (``machinery``) beyond its modelled gradients, optimizer state and
+    activations (the loss's temporaries, the allocator's slack). On a GPU, the gradient of the
+    model's output (the loss's input, fp32), alive with every activation as backward starts."""
+    m = prof.machinery
+    if c.is_gpu:
+        return {"transient": prof.out_bytes * micro} if prof.out_bytes else {}
+    if m is None or "plain_peak" not in m.rss:
+        return {}
+    modelled = 4 * prof.params * (1 + OPT_STATES.get(s.optimizer, 2)) + prof.act_bytes * s.batch
+    return {"transient": max(0.0, m.rss["plain_peak"] - modelled)}
