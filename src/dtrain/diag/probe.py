@@ -72,15 +72,17 @@ def _ops(kind: str, nbytes: int, n: int, rank: int, device: torch.device) -> Cal
 
 def time_collectives(device: torch.device, sizes: tuple[int, ...] = LINK_SIZES, reps: int = 3) -> dict[str, dict[int, float]]:
     """Collective: every rank of the default group (at least 2). Median seconds of each of
-    ``KINDS`` at each size, as this rank timed it after a barrier; ``send_recv`` is half a
-    round trip between ranks 0 and 1 (one transfer one way)."""
+    ``KINDS`` at each size after a barrier, the slowest rank's (a sender's call may return once
+    its socket buffers hold the data; its receivers' do not); ``send_recv`` is half a round
+    trip between ranks 0 and 1 (one transfer one way). The same values on every rank."""
     n, rank = dist.get_world_size(), dist.get_rank()
-    out: dict[str, dict[int, float]] = {}
-    for kind in KINDS:
-        out[kind] = {}
-        for size in sizes:
-            seconds = _median_time(_ops(kind, size, n, rank, device), device, reps)
-            out[kind][size] = seconds / 2 if kind == "send_recv" else seconds
+    plan = [(kind, size) for kind in KINDS for size in sizes]
+    mine = torch.tensor([_median_time(_ops(kind, size, n, rank, device), device, reps) for kind, size in plan],
+                        dtype=torch.float64, device=device)
+    dist.all_reduce(mine, op=dist.ReduceOp.MAX)
+    out: dict[str, dict[int, float]] = {kind: {} for kind in KINDS}
+    for (kind, size), seconds in zip(plan, mine.tolist()):
+        out[kind][size] = seconds / 2 if kind == "send_recv" else seconds
     return out
 
 

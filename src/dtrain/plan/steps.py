@@ -192,19 +192,22 @@ def step_phases(prof: ModelProfile, c: Cluster, layout: Layout, s, fwd: float, b
         wire, exposed = wire + w, exposed + e
         if note:
             notes.append(note)
-    opt_div = d.dp_shard
+    more = serial_comm(prof, c, layout, s, params_rank, g_rep, g_tp)
+    phases["exposed_comm"] = exposed + more
+    phases["optimizer"] = opt * params_rank / (d.dp if layout.zero1 else d.dp_shard) + extra_o
+    return phases, wire + more, notes
+
+
+def serial_comm(prof: ModelProfile, c: Cluster, layout: Layout, s, params_rank: float, g_rep: Group, g_tp: Group) -> float:
+    """Seconds of the collectives nothing overlaps: zero1's parameter broadcasts, TP's activations."""
+    out = 0.0
     if layout.zero1:
-        opt_div = d.dp
         # torch's ZeroRedundancyOptimizer broadcasts each parameter from the rank that stepped it
         # (parameters_as_bucket_view=False), one broadcast after another: every parameter byte
         # crosses the link in turn (not all ranks at once, as in an all-gather), and each tensor
         # pays a broadcast's latency. On the bed: 2.7 MB at 100 Mbit/s took 221 ms, not 115.
-        gather = costs.broadcast(4 * params_rank, g_rep, c, messages=prof.tensors)
-        wire, exposed = wire + gather, exposed + gather
-    if d.tp > 1:
-        per = costs.gather(b * prof.boundary_bytes, g_tp, c)
-        tp_comm = 8 * len(prof.blocks) * per + 2 * costs.gather(b * prof.out_bytes, g_tp, c)
-        wire, exposed = wire + tp_comm, exposed + tp_comm
-    phases["exposed_comm"] = exposed
-    phases["optimizer"] = opt * params_rank / opt_div + extra_o
-    return phases, wire, notes
+        out += costs.broadcast(4 * params_rank, g_rep, c, messages=prof.tensors)
+    if layout.dims.tp > 1:
+        per = costs.gather(s.batch * prof.boundary_bytes, g_tp, c)
+        out += 8 * len(prof.blocks) * per + 2 * costs.gather(s.batch * prof.out_bytes, g_tp, c)
+    return out
