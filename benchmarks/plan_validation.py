@@ -4,11 +4,12 @@ Per group (task x hosts x link), on one bed:
 
 1. `dtrain doctor --links-out` on every host: every collective timed between the hosts over the
    group's shaped link (the plan's link figures, measured, not given);
-2. `dtrain plan --json --links` (its profile: the plain step and each layout's own CPU cost in a
-   world of one, a worker's memory), made right before the group's runs and again right after
-   them, so the profile sees the machine's load the runs saw: the prediction is the mean;
-3. `dtrain train` of each configuration, ``--repeats`` times in alternating order (medians), the
-   machine's load average noted at each run's end.
+2. `dtrain plan --json --links` of the whole group (its profile: the plain step and each layout's
+   own CPU cost in a world of one, a worker's memory): the plan's pick, as a user gets it;
+3. each configuration, ``--repeats`` times in alternating order: `dtrain plan` of that
+   configuration alone right before its `dtrain train` run, so the profile sees the load the run
+   sees (this machine is shared: its speed changes by 2x within minutes), then the run; medians
+   of the repeats, the machine's load average noted at each run's end.
 
 Measured step time: wall time per step over the steps after the first log interval (from the
 --metrics-file records' wall_s: everything a step costs, local SGD's periodic averaging and the
@@ -133,37 +134,36 @@ def _state_mib(line: str) -> float:
 def run_group(name: str, args: argparse.Namespace, port: int) -> list[dict]:
     group = GROUPS[name]
     hosts, rate = group[0], group[1]
-    measured: dict[tuple[str, str], list[dict]] = {}
+    measured: dict[tuple[str, str], list[tuple[dict, dict]]] = {}
     with tempfile.TemporaryDirectory() as tmp, NetBed(hosts=hosts, rate_mbit=rate) as bed:
         links_path = os.path.join(tmp, "links.json")
         links = measure_links(bed, hosts, port, links_path)
         print(f"# {name}: links {json.dumps(links['seconds'])} load {links['load']:.2f}", flush=True)
-        before, whole = plan(group, links_path, args.cores, args.profile_seconds)
-        print(f"# {name}: plan before {json.dumps(whole['model'])} load {os.getloadavg()[0]:.2f}", flush=True)
+        whole, data = plan(group, links_path, args.cores, args.profile_seconds)
+        print(f"# {name}: group plan {json.dumps(data['model'])} load {os.getloadavg()[0]:.2f}", flush=True)
         for rep in range(args.repeats):
             for layout, comm in (group[5] if rep % 2 == 0 else group[5][::-1]):
                 port += 1
-                measured.setdefault((layout, comm), []).append(train(bed, group, layout, comm, args.steps, port))
-        after, whole = plan(group, links_path, args.cores, args.profile_seconds)
-        print(f"# {name}: plan after {json.dumps(whole['model'])} load {os.getloadavg()[0]:.2f}", flush=True)
-    return [row(name, layout, comm, before[(canonical(layout), comm)], after[(canonical(layout), comm)], measured[(layout, comm)])
-            for layout, comm in group[5]]
+                one = (*group[:5], [(layout, comm)])
+                pred = plan(one, links_path, args.cores, args.profile_seconds)[0][(canonical(layout), comm)]
+                measured.setdefault((layout, comm), []).append((pred, train(bed, group, layout, comm, args.steps, port)))
+    return [row(name, layout, comm, whole[(canonical(layout), comm)], measured[(layout, comm)]) for layout, comm in group[5]]
 
 
-def row(name: str, layout: str, comm: str, before: dict, after: dict, runs: list[dict]) -> dict:
-    pred_ms = (before["step_ms"] + after["step_ms"]) / 2
-    m = statistics.median(r["window_ms"] for r in runs)
-    per_step = before["samples_per_s"] * before["step_ms"] / 1e3  # samples per step
-    peak = [r["peak_mib"] for r in runs if r["peak_mib"]]
+def row(name: str, layout: str, comm: str, group_plan: dict, runs: list[tuple[dict, dict]]) -> dict:
+    pred_ms = statistics.median(p["step_ms"] for p, _ in runs)
+    m = statistics.median(r["window_ms"] for _, r in runs)
+    per_step = group_plan["samples_per_s"] * group_plan["step_ms"] / 1e3  # samples per step
+    peak = [r["peak_mib"] for _, r in runs if r["peak_mib"]]
     return {"group": name, "layout": layout, "comm": comm, "predicted_ms": round(pred_ms, 3),
-            "predicted_before_after_ms": [before["step_ms"], after["step_ms"]], "measured_ms": round(m, 2),
-            "measured_runs_ms": [round(r["window_ms"], 2) for r in runs],
-            "median_step_ms": round(statistics.median(r["median_ms"] for r in runs), 2), "error": round((pred_ms - m) / m, 4),
-            "pred_samples_per_s": per_step / pred_ms * 1e3, "meas_samples_per_s": round(per_step / m * 1e3, 2),
-            "pred_state_mib": after["state_mib_per_rank"], "meas_state_mib": runs[0]["state_mib"],
-            "pred_peak_mib": round((before["peak_mib_per_rank"] + after["peak_mib_per_rank"]) / 2, 1),
+            "predicted_runs_ms": [round(p["step_ms"], 2) for p, _ in runs], "group_plan_ms": group_plan["step_ms"],
+            "measured_ms": round(m, 2), "measured_runs_ms": [round(r["window_ms"], 2) for _, r in runs],
+            "median_step_ms": round(statistics.median(r["median_ms"] for _, r in runs), 2), "error": round((pred_ms - m) / m, 4),
+            "pred_samples_per_s": group_plan["samples_per_s"], "meas_samples_per_s": round(per_step / m * 1e3, 2),
+            "pred_state_mib": group_plan["state_mib_per_rank"], "meas_state_mib": runs[0][1]["state_mib"],
+            "pred_peak_mib": statistics.median(p["peak_mib_per_rank"] for p, _ in runs),
             "meas_peak_mib": statistics.median(peak) if peak else None,
-            "load": [round(r["load"], 2) for r in runs]}
+            "load": [round(r["load"], 2) for _, r in runs]}
 
 
 def main() -> int:
@@ -171,7 +171,7 @@ def main() -> int:
     p.add_argument("--groups", default=",".join(GROUPS))
     p.add_argument("--steps", type=int, default=50, help="training steps per run; the first fifth is left out of the window")
     p.add_argument("--repeats", type=int, default=1, help="runs of each configuration (median; alternating order)")
-    p.add_argument("--profile-seconds", type=float, default=6.0, help="the plan's per-layout profile (dtrain plan --profile-seconds)")
+    p.add_argument("--profile-seconds", type=float, default=4.0, help="the plan's per-layout profile (dtrain plan --profile-seconds)")
     p.add_argument("--cores", type=int, default=len(os.sched_getaffinity(0)))
     p.add_argument("--out", default=None, help="append each row as a JSON line here")
     p.add_argument("--raw", default=None, help="append each run's result line (with its breakdown) here")

@@ -38,11 +38,11 @@ def _load(r: dict) -> str:
 
 def print_table(rows: list[dict]) -> None:
     ratios = ratio_errors(rows)
-    print("\n| group | layout | comm | predicted ms (before / after) | measured ms (runs) | error | error of ratio to group's first "
+    print("\n| group | layout | comm | predicted ms (per run) | measured ms (per run) | error | error of ratio to group's first "
           "| state MiB pred / meas | peak MiB pred / meas | load |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        ba = " / ".join(f"{v:.0f}" for v in r.get("predicted_before_after_ms", []))
+        ba = ", ".join(f"{v:.0f}" for v in r.get("predicted_runs_ms", r.get("predicted_before_after_ms", [])))
         runs = ", ".join(f"{v:.0f}" for v in r.get("measured_runs_ms", [r["measured_ms"]]))
         print(f"| {r['group']} | {r['layout']} | {r['comm']} | {r['predicted_ms']:.1f} ({ba}) | {r['measured_ms']:.1f} ({runs}) "
               f"| {r['error']:+.1%} | {ratios[(r['group'], r['layout'], r['comm'])]:+.1%} "
@@ -62,7 +62,7 @@ def summary(rows: list[dict], ratios: dict) -> None:
         mem = [abs(r[f"pred_{key}_mib"] / r[f"meas_{key}_mib"] - 1) for r in rows if r.get(f"meas_{key}_mib") and r.get(f"pred_{key}_mib")]
         if mem:
             print(f"{name} per rank: median |error| {statistics.median(mem):.1%}, max {max(mem):.1%} over {len(mem)} configurations")
-    picks = picks_of(rows)
+    picks = picks_of(rows)  # the group's plan (all its layouts at one moment) against the measured medians
     right = 0
     for name, bp, bm in picks:
         ok = bp["layout"] == bm["layout"] and bp["comm"] == bm["comm"]

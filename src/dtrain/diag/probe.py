@@ -16,9 +16,12 @@ import torch.distributed as dist
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "send_recv")
 """What ``time_collectives`` measures. Sizes are the bytes of the whole tensor: the all-reduced
 one, the gathered result, the input that is reduce-scattered, the broadcast one, the one sent."""
-LINK_SIZES = (64, 256 << 10, 1 << 20)
+LINK_SIZES = (64, 1 << 20, 4 << 20)
 """Bytes per collective in a link measurement: one latency-bound, two whose difference gives the
-bandwidth (a slow link's 1 MiB all-reduce takes ~0.5 s at 20 Mbit/s)."""
+bandwidth. Megabytes, as gradient buckets and FSDP units are: a shaped link's queue and TCP's
+windows slow long transfers more than short ones (on the test bed at 100 Mbit/s, gloo moved
+2.7 MB 1.3x slower than the 256 KiB-to-1 MiB slope said). A 4 MiB all-reduce takes ~1.8 s at
+20 Mbit/s."""
 
 
 def time_all_reduce(device: torch.device, sizes: list[int], reps: int) -> dict[int, float]:

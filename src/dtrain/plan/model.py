@@ -22,36 +22,50 @@ OPT_BYTES_TOUCHED = {"sgd": 20, "adam": 28, "adamw": 28, "adadelta": 28}
 """Bytes read + written per parameter by one optimizer step (memory-bound on a GPU)."""
 
 ASSUMPTIONS = (
-    "compute: measured forward/backward/optimizer times when profiled on this device, else FLOPs / (peak x achieved fraction); "
-    "backward = measured ratio x forward (2x from FLOPs); activation checkpointing adds one forward of the blocks",
+    "compute: on CPU measured (forward/backward/optimizer medians of the plain step, in a fresh process of a world of "
+    "one, or in this process with --no-layout-profile), on a GPU preset FLOPs / (peak x achieved fraction), backward = "
+    "the counted ratio x forward; activation checkpointing adds one forward of the blocks; the CPU profile is the load "
+    "of the moment it ran",
+    "layouts' own CPU cost (CPU, measured): each layout's step in a world of one (DDP and the --comm method's hook, "
+    "ZeRO's optimizer, fully_shard, the TP plan on DTensors) minus the plain step, per phase, added in full and the "
+    "same at any world size: the 16-bit casts, PowerSGD's products and orthogonalisation, DDP's reducer, FSDP's "
+    "per-unit hooks and its optimizer step on DTensors, TP's DTensor dispatch; not measured on a GPU preset",
     "data: the profile's batch collation time per sample (in-memory data sets; a slow loader is not modelled)",
     "parameters and gradients fp32 (4 bytes; autocast keeps fp32 masters), optimizer state fp32 "
     "(SGD momentum 1, Adam/AdamW/Adadelta 2 tensors); ranks are numbered node by node, tp fastest (dtrain's mesh order)",
     "collectives: ring all-reduce 2(n-1)/n x B / bw + 2(n-1) x latency, all-gather / reduce-scatter half that; "
     "a tree (2 log2 n latencies, 2 B / bw) where the cluster has one (NCCL) and it is cheaper; across nodes: "
-    "reduce-scatter in the node, all-reduce between nodes at the node's NIC bandwidth, all-gather in the node",
+    "reduce-scatter in the node, all-reduce between nodes at the node's NIC bandwidth, all-gather in the node; "
+    "where a collective was measured between real processes (--links from `dtrain doctor --links-out`, "
+    "--measure-links), its own latency per step and bandwidth replace the link's, carried to other group sizes "
+    "by these shapes (gloo's broadcast: a binomial tree)",
     "ddp: gradients in 25 MiB buckets (dtrain passes bucket_cap_mb, so the first bucket is 25 MiB too), each bucket "
     "all-reduced once backward has produced it (gradients assumed produced evenly by bytes), one after another; "
     "what ends after backward is exposed",
     "--comm: bf16/fp16 halve the bytes; powersgd:R sends R x (rows + columns) per matrix (vectors whole) in 3 "
-    "all-reduces and computes 4 x rows x cols x R FLOPs; localsgd:H all-reduces the parameters every H steps, "
-    "nothing otherwise (amortised); the warm-up steps are not counted",
+    "all-reduces after backward, its compute measured (CPU) or 4 x rows x cols x R FLOPs; localsgd:H all-reduces "
+    "the parameters every H steps (and, measured, averages them), nothing otherwise (amortised); the warm-up steps "
+    "are not counted",
     "zero1: ddp's all-reduce, the optimizer on 1/dp of the parameters, then each parameter broadcast by its owner "
     "(torch's ZeroRedundancyOptimizer: one broadcast after another, so all parameter bytes / bandwidth, and a latency per "
     "tensor; exposed)",
     "fsdp/hsdp: units are the task's blocks plus the rest of the model; each unit all-gathered in forward and again "
     "in backward, its gradient reduce-scattered (hsdp: then all-reduced between nodes), all in fp32 (dtrain sets no "
-    "mixed-precision policy), on one link in issue order, prefetching one unit ahead; on gloo a reduce-scatter costs "
-    "an all-reduce (torch's gloo backend all-reduces; measured on the test bed)",
+    "mixed-precision policy), on one link in issue order, prefetching one unit ahead; on gloo an unmeasured "
+    "reduce-scatter costs an all-reduce (torch's gloo backend all-reduces)",
     "tp: compute and activations / tp; per block 4 all-gathers or reduce-scatters of its output in forward and 4 in "
     "backward (Megatron-LM with sequence parallelism), the logits gathered once each way; none overlapped",
     "pp: blocks split evenly, the rest of the model on the end stages; (m + p - 1) micro-batch slots of the slowest "
-    "stage (1F1B and GPipe have the same bubble, (p-1)/(m+p-1)); sends are asynchronous: a slot takes the longer of its "
-    "compute and one transfer, plus 2(p-1) transfers to fill and drain; data-parallel gradient sync after the schedule, "
-    "not overlapped",
-    "memory: parameters + gradients + optimizer state + saved activations of the micro-batches in flight + fsdp's "
-    "two gathered units + the device's fixed reserve, all at once (an upper bound: activations are freed as "
-    "gradients appear)",
+    "stage (1F1B and GPipe have the same bubble, (p-1)/(m+p-1)); on CPU a slot is one micro-batch's own measured "
+    "forward and backward (batch / m) x the stage's share, plus the one-stage schedule's measured work per "
+    "micro-batch; sends are asynchronous: a slot takes the longer of its compute and one transfer, plus 2(p-1) "
+    "transfers to fill and drain; data-parallel gradient sync after the schedule, not overlapped",
+    "memory per rank at the step's peak: parameters + gradients + optimizer state + saved activations of the "
+    "micro-batches in flight + fsdp's two gathered units + PowerSGD's error feedback (a gradient's copy), all at once "
+    "(an upper bound: activations are freed as gradients appear); on CPU (peak resident set) + a worker's measured "
+    "memory before its model (interpreter, torch, dtrain, the process group, the data; + torch's pipelining modules "
+    "for pp) + the plain step's measured transient beyond its modelled tensors; on a GPU (the allocator's peak) + the "
+    "output's gradient; 'fits' adds the device's fixed reserve (CUDA context); the final evaluation's batch is not modelled",
     "scaling efficiency: samples/s over world size x the samples/s of one device running the same per-process batch",
 )
 
