@@ -180,3 +180,14 @@ def test_gpu_peak_is_the_allocators_without_the_context_and_holds_the_outputs_gr
     p = predict(prof, c, Layout("ddp", ParallelDims(dp_replicate=2)), Settings(batch=8))
     assert p.memory["transient"] == 8000.0 and "baseline" not in p.memory
     assert p.peak_bytes == pytest.approx(p.mem_bytes - c.device.fixed_bytes)
+
+
+def test_processes_sharing_cores_slow_down_by_their_share_beside_the_measured_other_load():
+    c = cluster.build({"device": "cpu", "nodes": 4, "procs_per_node": 1, "shared_cores": 2})
+    assert c.compute_slowdown(1) == pytest.approx(2.0)  # 4 processes on 2 cores; the profile had a core alone
+    # 10 other runnable threads: the profile got 2/11 of a core, each of the 4 processes 2/14
+    assert c.compute_slowdown(1, other=10.0) == pytest.approx(14 / 11)
+    assert cluster.build({"device": "cpu", "nodes": 4, "procs_per_node": 1}).compute_slowdown(1, other=10.0) == 1.0
+    m = replace(_machinery(), other_load=10.0)
+    p = predict(_prof(m), replace(c, device=cluster.cpu_device(1e9)), Layout("ddp", ParallelDims(dp_replicate=4)), Settings(batch=8))
+    assert p.phases_s["forward"] == pytest.approx(0.010 * 14 / 11)

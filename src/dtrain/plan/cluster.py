@@ -122,11 +122,15 @@ class Cluster:
     def with_world(self, nodes: int, procs_per_node: int) -> Cluster:
         return replace(self, nodes=nodes, procs_per_node=procs_per_node)
 
-    def compute_slowdown(self, threads_per_proc: int = 1) -> float:
-        """How much slower each process computes than alone (> 1 only on a shared machine)."""
+    def compute_slowdown(self, threads_per_proc: int = 1, other: float = 0.0) -> float:
+        """How much slower each process computes than the profile did (> 1 only on a shared
+        machine): all processes' threads and ``other`` runnable threads (the machine's other load,
+        measured while profiling) share the cores, where the profile's one process shared them
+        with ``other`` alone (each runnable thread gets cores / runnable, at most one core)."""
         if not self.shared_cores:
             return 1.0
-        return max(1.0, self.world_size * threads_per_proc / self.shared_cores)
+        ours = self.world_size * threads_per_proc
+        return max(1.0, (ours + other) / self.shared_cores) / max(1.0, (threads_per_proc + other) / self.shared_cores)
 
     def describe(self) -> dict[str, Any]:
         d = self.device

@@ -56,6 +56,10 @@ class Machinery:
     """Bytes: ``baseline`` (a worker before its model), ``pipelining`` (importing torch's
     pipelining adds), ``plain_peak`` (the peak of plain steps above the baseline)."""
     threads: int = 1
+    other_load: float = 0.0
+    """Runnable threads besides the profile's own while it ran (the mean of ``/proc/loadavg``'s
+    running count after each step, less one): the machine's other load, which the profile's times
+    include (``Cluster.compute_slowdown`` for processes that share its cores)."""
 
     def extra(self, kind: str) -> Phases:
         """What ``kind`` adds to the plain step, per phase (0 where noise made it negative)."""
@@ -70,6 +74,7 @@ class Machinery:
                 "steps_ms": {k: {"forward": round(v.forward * 1e3, 3), "backward": round(v.backward * 1e3, 3),
                                  "optimizer": round(v.optimizer * 1e3, 3)} for k, v in self.steps.items()},
                 "average_ms": None if self.average_s is None else round(self.average_s * 1e3, 3),
+                "other_load": round(self.other_load, 2),
                 "rss_mib": {k: round(v / MIB, 1) for k, v in self.rss.items()}}
 
 
@@ -105,7 +110,7 @@ def measure(task_spec: tuple[str, str | None, dict[str, str]], *, batch: int, pr
             "microbatches": microbatches, "schedule": schedule, "threads": threads, "budget_s": budget_s}
     raw = run_distributed(body, spec, world_size=1, timeout=120 + 4 * budget_s, env={"OMP_NUM_THREADS": str(threads)})[0]
     return Machinery(batch=batch, microbatches=microbatches, steps={k: Phases(*v) for k, v in raw["steps"].items()},
-                     average_s=raw["average_s"], rounds=raw["rounds"], rss=raw["rss"], threads=threads)
+                     average_s=raw["average_s"], rounds=raw["rounds"], rss=raw["rss"], threads=threads, other_load=raw["other_load"])
 
 
 def _status(key: str) -> float:
@@ -150,26 +155,39 @@ def body(spec: dict[str, Any]) -> dict[str, Any]:
         runners["plain"]()
     if peak_known:
         rss["plain_peak"] = max(0.0, _status("VmHWM") - before)
-    steps, rounds = _rounds(runners, spec["budget_s"])
+    steps, rounds, other = _rounds(runners, spec["budget_s"])
     average = _average_s(task, runners) if any(k.startswith("ddp:localsgd") for k in spec["kinds"]) else None
     dist.destroy_process_group()
-    return {"steps": steps, "rounds": rounds, "average_s": average, "rss": rss}
+    return {"steps": steps, "rounds": rounds, "average_s": average, "rss": rss, "other_load": other}
 
 
-def _rounds(runners: dict[str, Callable[[], tuple[float, float, float]]], budget_s: float) -> tuple[dict[str, tuple], int]:
+def _running() -> float | None:
+    """Runnable threads on the machine now, this one included (``/proc/loadavg``'s 4th field)."""
+    try:
+        with open("/proc/loadavg") as fh:
+            return float(fh.read().split()[3].split("/")[0])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _rounds(runners: dict[str, Callable[[], tuple[float, float, float]]], budget_s: float) -> tuple[dict[str, tuple], int, float]:
     """Every runner once per round (3 warm-up rounds: PowerSGD compresses from its third step),
-    then rounds until ``budget_s`` is spent (at least 3, at most 15); per-phase medians."""
+    then rounds until ``budget_s`` is spent (at least 3, at most 15); per-phase medians, and the
+    mean of the other runnable threads sampled after each step."""
     for _ in range(3):
         for run in runners.values():
             run()
     times: dict[str, list[tuple[float, float, float]]] = {k: [] for k in runners}
-    order = list(runners)
+    order, running = list(runners), []
     start, rounds = time.perf_counter(), 0
     while rounds < 15 and (rounds < 3 or time.perf_counter() - start < budget_s):
         for k in order[rounds % len(order):] + order[:rounds % len(order)]:  # each kind first in turn
             times[k].append(runners[k]())
+            running.append(_running())
         rounds += 1
-    return {k: tuple(statistics.median(t[i] for t in v) for i in range(3)) for k, v in times.items()}, rounds
+    seen = [r for r in running if r is not None]
+    other = max(0.0, statistics.mean(seen) - 1) if seen else 0.0
+    return {k: tuple(statistics.median(t[i] for t in v) for i in range(3)) for k, v in times.items()}, rounds, other
 
 
 def _runners(task: Any, x: Any, y: Any, spec: dict[str, Any]) -> dict[str, Callable[[], tuple[float, float, float]]]:

@@ -197,9 +197,10 @@ def predict(prof: ModelProfile, c: Cluster, layout: Layout, s: Settings) -> Pred
     from .steps import step_phases  # the per-layout step, kept apart for size
 
     fwd, bwd, opt = compute_rates(prof, c, s)
-    slow = c.compute_slowdown(s.threads_per_proc)
+    other = prof.machinery.other_load if prof.machinery is not None else 0.0
+    slow = c.compute_slowdown(s.threads_per_proc, other)
     phases, comm_s, notes = step_phases(prof, c, layout, s, fwd * slow, bwd * slow, opt * slow, slow)
-    alone = c.with_world(1, 1).compute_slowdown(s.threads_per_proc)
+    alone = c.with_world(1, 1).compute_slowdown(s.threads_per_proc, other)
     single = s.batch * (fwd + bwd + s.data_s_per_sample) + opt * prof.params
     if s.activation_checkpointing:
         single += s.batch * fwd * _block_share(prof)
