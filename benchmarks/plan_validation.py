@@ -66,11 +66,23 @@ def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (SRC, os.environ.get("PYTHONPATH")) if p)}
 
 
+WAIT = ("import os, socket, sys, time\n"
+        "for _ in range(240):\n"
+        "    try:\n"
+        "        socket.create_connection((sys.argv[1], int(sys.argv[2])), 1).close(); break\n"
+        "    except OSError: time.sleep(0.5)\n"
+        "os.execv(sys.executable, [sys.executable, '-m', 'dtrain', *sys.argv[3:]])\n")
+"""Wait until node 0 listens, then become `dtrain ARGS` (the doctor on another node checks node 0's
+port once, at once; under load node 0's may not be up yet)."""
+
+
 def measure_links(bed: NetBed, hosts: int, port: int, path: str) -> dict:
     """`dtrain doctor --links-out` on every host of the bed: the collectives between them."""
-    outs = bed.run_nodes(lambda r, master: [
-        sys.executable, "-m", "dtrain", "doctor", "--nnodes", str(hosts), "--node-rank", str(r), "--master-addr", master,
-        "--master-port", str(port), "--timeout", "120", "--links-out", path], timeout=900, env=_env())
+    def command(r: int, master: str) -> list[str]:
+        doctor = ["doctor", "--nnodes", str(hosts), "--node-rank", str(r), "--master-addr", master, "--master-port", str(port),
+                  "--timeout", "120", "--links-out", path]
+        return [sys.executable, "-m", "dtrain", *doctor] if r == 0 else [sys.executable, "-c", WAIT, master, str(port), *doctor]
+    outs = bed.run_nodes(command, timeout=900, env=_env())
     if any(o.returncode for o in outs) or not os.path.exists(path):
         raise RuntimeError("doctor failed: " + "\n".join(o.output[-1500:] for o in outs))
     with open(path) as fh:
@@ -113,15 +125,20 @@ def train(bed: NetBed, group: tuple, layout: str, comm: str, steps: int, port: i
     result = json.loads(next(line for line in reversed(outs[0].output.splitlines()) if line.startswith("{")))
     first, last = records[0], records[-1]
     state = [_state_mib(line) for o in outs for line in o.output.splitlines() if "memory after the first step" in line]
-    row = {"window_ms": (last["wall_s"] - first["wall_s"]) / (last["step"] - first["step"]) * 1e3,
-           "median_ms": statistics.mean(b["median_ms"]["step"] for b in result["breakdown"]),
-           "state_mib": max(state) if state else None, "peak_mib": max(last.get("peak_mib") or [0]) or None,
-           "load": os.getloadavg()[0]}
+    return {"window_ms": (last["wall_s"] - first["wall_s"]) / (last["step"] - first["step"]) * 1e3,
+            "median_ms": statistics.mean(b["median_ms"]["step"] for b in result["breakdown"]),
+            "state_mib": max(state) if state else None, "peak_mib": max(last.get("peak_mib") or [0]) or None,
+            "peak_mib_ranks": last.get("peak_mib"), "load": os.getloadavg()[0], "result": result}
+
+
+def keep_raw(name: str, layout: str, comm: str, pred: dict, profile: dict, run: dict) -> None:
+    """The run's result line (breakdown per rank), the prediction's phases and its profile: small,
+    kept beside the table (``--raw``)."""
     if RAW:
-        with open(RAW, "a") as fh:  # the run's result line (breakdown per rank): small, kept beside the table
-            fh.write(json.dumps({"layout": layout, "comm": comm, "hosts": hosts, "rate_mbit": rate, "peak_mib": last.get("peak_mib"),
-                                 "load": row["load"], "result": result}) + "\n")
-    return row
+        with open(RAW, "a") as fh:
+            fh.write(json.dumps({"group": name, "layout": layout, "comm": comm, "load": run["load"], "peak_mib": run["peak_mib_ranks"],
+                                 "predicted": {k: pred[k] for k in ("step_ms", "phases_ms", "memory_mib", "peak_mib_per_rank")},
+                                 "profile": profile, "result": run["result"]}) + "\n")
 
 
 def _state_mib(line: str) -> float:
@@ -145,8 +162,10 @@ def run_group(name: str, args: argparse.Namespace, port: int) -> list[dict]:
             for layout, comm in (group[5] if rep % 2 == 0 else group[5][::-1]):
                 port += 1
                 one = (*group[:5], [(layout, comm)])
-                pred = plan(one, links_path, args.cores, args.profile_seconds)[0][(canonical(layout), comm)]
-                measured.setdefault((layout, comm), []).append((pred, train(bed, group, layout, comm, args.steps, port)))
+                by_key, data = plan(one, links_path, args.cores, args.profile_seconds)
+                pred, run = by_key[(canonical(layout), comm)], train(bed, group, layout, comm, args.steps, port)
+                keep_raw(name, layout, comm, pred, data["model"], run)
+                measured.setdefault((layout, comm), []).append((pred, run))
     return [row(name, layout, comm, whole[(canonical(layout), comm)], measured[(layout, comm)]) for layout, comm in group[5]]
 
 
