@@ -191,3 +191,7 @@ def test_processes_sharing_cores_slow_down_by_their_share_beside_the_measured_ot
     m = replace(_machinery(), other_load=10.0)
     p = predict(_prof(m), replace(c, device=cluster.cpu_device(1e9)), Layout("ddp", ParallelDims(dp_replicate=4)), Settings(batch=8))
     assert p.phases_s["forward"] == pytest.approx(0.010 * 14 / 11)
+    # Linux's autogroups share the cores between sessions, and each worker has its own: with 3 other
+    # busy sessions the profile had 2/4 of the cores, each of the 4 workers 2/7
+    assert c.compute_slowdown(1, other=3.0, by_session=True) == pytest.approx((2 / 4) / (2 / 7))
+    assert c.compute_slowdown(1, other=0.0, by_session=True) == pytest.approx(2.0)

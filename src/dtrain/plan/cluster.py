@@ -122,15 +122,19 @@ class Cluster:
     def with_world(self, nodes: int, procs_per_node: int) -> Cluster:
         return replace(self, nodes=nodes, procs_per_node=procs_per_node)
 
-    def compute_slowdown(self, threads_per_proc: int = 1, other: float = 0.0) -> float:
+    def compute_slowdown(self, threads_per_proc: int = 1, other: float = 0.0, by_session: bool = False) -> float:
         """How much slower each process computes than the profile did (> 1 only on a shared
-        machine): all processes' threads and ``other`` runnable threads (the machine's other load,
-        measured while profiling) share the cores, where the profile's one process shared them
-        with ``other`` alone (each runnable thread gets cores / runnable, at most one core)."""
+        machine): the job's processes and ``other`` (the machine's other load, measured while
+        profiling) share the cores, where the profile's one process shared them with ``other``
+        alone. Each runnable thread gets cores / runnable threads, at most one core; with
+        ``by_session`` (Linux's autogroups; every worker its own session) each session gets
+        cores / sessions, at most one core per thread."""
         if not self.shared_cores:
             return 1.0
-        ours = self.world_size * threads_per_proc
-        return max(1.0, (ours + other) / self.shared_cores) / max(1.0, (threads_per_proc + other) / self.shared_cores)
+        t, c = threads_per_proc, self.shared_cores
+        if by_session:
+            return min(t, c / (1 + other)) / min(t, c / (self.world_size + other))
+        return max(1.0, (self.world_size * t + other) / c) / max(1.0, (t + other) / c)
 
     def describe(self) -> dict[str, Any]:
         d = self.device

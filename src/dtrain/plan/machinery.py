@@ -57,9 +57,13 @@ class Machinery:
     pipelining adds), ``plain_peak`` (the peak of plain steps above the baseline)."""
     threads: int = 1
     other_load: float = 0.0
-    """Runnable threads besides the profile's own while it ran (the mean of ``/proc/loadavg``'s
-    running count after each step, less one): the machine's other load, which the profile's times
-    include (``Cluster.compute_slowdown`` for processes that share its cores)."""
+    """What else wanted the cores while the profile ran (sampled once a round): other sessions
+    with a runnable thread where the kernel shares the CPU by session (``by_session``), else
+    other runnable threads. The profile's times include it; ``Cluster.compute_slowdown`` counts
+    it for processes that share the profile's cores."""
+    by_session: bool = False
+    """Linux's autogroups are on: the CPU is shared between sessions first (each `dtrain train`
+    worker has a session of its own), then between a session's threads."""
 
     def extra(self, kind: str) -> Phases:
         """What ``kind`` adds to the plain step, per phase (0 where noise made it negative)."""
@@ -74,7 +78,7 @@ class Machinery:
                 "steps_ms": {k: {"forward": round(v.forward * 1e3, 3), "backward": round(v.backward * 1e3, 3),
                                  "optimizer": round(v.optimizer * 1e3, 3)} for k, v in self.steps.items()},
                 "average_ms": None if self.average_s is None else round(self.average_s * 1e3, 3),
-                "other_load": round(self.other_load, 2),
+                "other_load": round(self.other_load, 2), "other_load_by": "sessions" if self.by_session else "threads",
                 "rss_mib": {k: round(v / MIB, 1) for k, v in self.rss.items()}}
 
 
@@ -110,7 +114,8 @@ def measure(task_spec: tuple[str, str | None, dict[str, str]], *, batch: int, pr
             "microbatches": microbatches, "schedule": schedule, "threads": threads, "budget_s": budget_s}
     raw = run_distributed(body, spec, world_size=1, timeout=120 + 4 * budget_s, env={"OMP_NUM_THREADS": str(threads)})[0]
     return Machinery(batch=batch, microbatches=microbatches, steps={k: Phases(*v) for k, v in raw["steps"].items()},
-                     average_s=raw["average_s"], rounds=raw["rounds"], rss=raw["rss"], threads=threads, other_load=raw["other_load"])
+                     average_s=raw["average_s"], rounds=raw["rounds"], rss=raw["rss"], threads=threads, other_load=raw["other_load"],
+                     by_session=raw["by_session"])
 
 
 def _status(key: str) -> float:
@@ -155,18 +160,56 @@ def body(spec: dict[str, Any]) -> dict[str, Any]:
         runners["plain"]()
     if peak_known:
         rss["plain_peak"] = max(0.0, _status("VmHWM") - before)
-    steps, rounds, other = _rounds(runners, spec["budget_s"])
+    steps, rounds, (other, by_group) = _rounds(runners, spec["budget_s"])
     average = _average_s(task, runners) if any(k.startswith("ddp:localsgd") for k in spec["kinds"]) else None
     dist.destroy_process_group()
-    return {"steps": steps, "rounds": rounds, "average_s": average, "rss": rss, "other_load": other}
+    return {"steps": steps, "rounds": rounds, "average_s": average, "rss": rss, "other_load": other, "by_session": by_group}
 
 
-def _running() -> float | None:
-    """Runnable threads on the machine now, this one included (``/proc/loadavg``'s 4th field)."""
+def _autogroups_on() -> bool:
     try:
-        with open("/proc/loadavg") as fh:
-            return float(fh.read().split()[3].split("/")[0])
-    except (OSError, IndexError, ValueError):
+        with open("/proc/sys/kernel/sched_autogroup_enabled") as fh:
+            return fh.read().strip() == "1"
+    except OSError:
+        return False
+
+
+def _runnable_others(by_group: bool) -> float | None:
+    """What else wants the cores now: the other sessions (autogroups) with a runnable thread,
+    where Linux shares the CPU between sessions first (``kernel.sched_autogroup_enabled``), else
+    the runnable threads besides this one. None where /proc cannot tell."""
+    import os
+
+    mine = _group(os.getpid()) if by_group else None
+    groups, threads = set(), 0
+    try:
+        pids = [p for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return None
+    for pid in pids:
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        running = 0
+        for tid in tids:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/stat") as fh:
+                    running += fh.read().rpartition(")")[2].split()[0] == "R"
+            except (OSError, IndexError):
+                continue
+        if running and int(pid) != os.getpid():
+            threads += running
+            if by_group and (g := _group(int(pid))) is not None and g != mine:
+                groups.add(g)
+    return float(len(groups)) if by_group else float(threads)
+
+
+def _group(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/autogroup") as fh:
+            return fh.read().split()[0]
+    except (OSError, IndexError):
         return None
 
 
@@ -178,16 +221,16 @@ def _rounds(runners: dict[str, Callable[[], tuple[float, float, float]]], budget
         for run in runners.values():
             run()
     times: dict[str, list[tuple[float, float, float]]] = {k: [] for k in runners}
-    order, running = list(runners), []
+    order, others, by_group = list(runners), [], _autogroups_on()
     start, rounds = time.perf_counter(), 0
     while rounds < 15 and (rounds < 3 or time.perf_counter() - start < budget_s):
         for k in order[rounds % len(order):] + order[:rounds % len(order)]:  # each kind first in turn
             times[k].append(runners[k]())
-            running.append(_running())
+        others.append(_runnable_others(by_group))  # once a round: reading every thread's state takes a while
         rounds += 1
-    seen = [r for r in running if r is not None]
-    other = max(0.0, statistics.mean(seen) - 1) if seen else 0.0
-    return {k: tuple(statistics.median(t[i] for t in v) for i in range(3)) for k, v in times.items()}, rounds, other
+    seen = [o for o in others if o is not None]
+    other = statistics.mean(seen) if seen else 0.0
+    return {k: tuple(statistics.median(t[i] for t in v) for i in range(3)) for k, v in times.items()}, rounds, (other, by_group)
 
 
 def _runners(task: Any, x: Any, y: Any, spec: dict[str, Any]) -> dict[str, Callable[[], tuple[float, float, float]]]:

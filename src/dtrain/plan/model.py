@@ -197,10 +197,11 @@ def predict(prof: ModelProfile, c: Cluster, layout: Layout, s: Settings) -> Pred
     from .steps import step_phases  # the per-layout step, kept apart for size
 
     fwd, bwd, opt = compute_rates(prof, c, s)
-    other = prof.machinery.other_load if prof.machinery is not None else 0.0
-    slow = c.compute_slowdown(s.threads_per_proc, other)
+    m = prof.machinery
+    other, by_session = (m.other_load, m.by_session) if m is not None else (0.0, False)
+    slow = c.compute_slowdown(s.threads_per_proc, other, by_session)
     phases, comm_s, notes = step_phases(prof, c, layout, s, fwd * slow, bwd * slow, opt * slow, slow)
-    alone = c.with_world(1, 1).compute_slowdown(s.threads_per_proc, other)
+    alone = c.with_world(1, 1).compute_slowdown(s.threads_per_proc, other, by_session)
     single = s.batch * (fwd + bwd + s.data_s_per_sample) + opt * prof.params
     if s.activation_checkpointing:
         single += s.batch * fwd * _block_share(prof)
