@@ -58,8 +58,10 @@ ASSUMPTIONS = (
     "pp: blocks split evenly, the rest of the model on the end stages; (m + p - 1) micro-batch slots of the slowest "
     "stage (1F1B and GPipe have the same bubble, (p-1)/(m+p-1)); on CPU a slot is one micro-batch's own measured "
     "forward and backward (batch / m) x the stage's share, plus the one-stage schedule's measured work per "
-    "micro-batch; sends are asynchronous: a slot takes the longer of its compute and one transfer, plus 2(p-1) "
-    "transfers to fill and drain; data-parallel gradient sync after the schedule, not overlapped",
+    "micro-batch; torch's schedule (GPipe, 1F1B) played out in time with every stage as slow as the busiest: each "
+    "activation and gradient crosses its link one after another, a send completes when its bytes have crossed, and a "
+    "stage waits where torch's schedule waits (1F1B: each send with the next receive); data-parallel gradient sync "
+    "after the schedule, not overlapped",
     "memory per rank at the step's peak: parameters + gradients + optimizer state + saved activations of the "
     "micro-batches in flight + fsdp's two gathered units + PowerSGD's error feedback (a gradient's copy), all at once "
     "(an upper bound: activations are freed as gradients appear); on CPU (peak resident set) + a worker's measured "

@@ -107,16 +107,18 @@ def comm_cost(prof: ModelProfile, c: Cluster, layout: Layout, s, bwd_window: flo
 def pipeline_step(prof: ModelProfile, c: Cluster, layout: Layout, s, fwd_t: float, bwd_t: float, params_rank: float,
                   groups: tuple[Group, Group, Group]) -> tuple[dict[str, float], float, float]:
     """(bubble and p2p phases, wire s, exposed s) of pp x dp: the schedule, then the dp sync."""
-    d, b = layout.dims, s.batch
+    from .pipeline_sim import makespan
+
+    d, b, m = layout.dims, s.batch, s.microbatches
     g_pp, g_rep, g_shard = groups
-    slots = s.microbatches + d.pp - 1
-    per_mb = (fwd_t + bwd_t) / s.microbatches
-    hop = costs.p2p(b / s.microbatches * prof.boundary_bytes / d.tp, g_pp, c)
-    # Sends are asynchronous (torch.distributed.pipelining's batched isend/irecv): activations
-    # and gradients go opposite ways, one per slot each; a slot takes the longer of its compute
-    # and its transfer, and filling and draining the pipeline wait for 2(p-1) transfers.
-    phases = {"bubble": (d.pp - 1) * per_mb, "p2p": slots * max(0.0, hop - per_mb) + 2 * (d.pp - 1) * hop}
-    wire = 2 * s.microbatches * (d.pp - 1) * hop / d.pp
+    hop = costs.p2p(b / m * prof.boundary_bytes / d.tp, g_pp, c)
+    # torch's schedule played out: every stage as slow as the busiest, each transfer on its link
+    # in turn, waits where torch's schedule waits (pipeline_sim); what it adds beyond the
+    # compute is the bubble ((p-1) slots) and the waits for transfers
+    span = makespan(d.pp, m, fwd_t / m, bwd_t / m, hop, s.schedule)
+    bubble = (d.pp - 1) * (fwd_t + bwd_t) / m
+    phases = {"bubble": bubble, "p2p": max(0.0, span - fwd_t - bwd_t - bubble)}
+    wire = 2 * m * (d.pp - 1) * hop / d.pp
     grad_bytes = s.grad_comm_bytes * params_rank
     if d.dp_shard > 1:
         sync = costs.gather(s.param_comm_bytes * params_rank, g_shard, c) + costs.gather(grad_bytes, g_shard, c, reduce=True)
