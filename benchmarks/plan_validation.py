@@ -11,9 +11,10 @@ Per group (task x hosts x link), on one bed:
    sees (this machine is shared: its speed changes by 2x within minutes), then the run; medians
    of the repeats, the machine's load average noted at each run's end.
 
-Measured step time: wall time per step over the steps after the first log interval (from the
---metrics-file records' wall_s: everything a step costs, local SGD's periodic averaging and the
-loss all-reduce of each log interval included); the breakdown's median step beside it. Memory:
+Measured step time: wall time per step over steps 10 to --steps (from the --metrics-file records'
+wall_s: everything a step costs, local SGD's periodic averaging and the loss all-reduce of each
+log interval included; 32 steps by default, two local SGD periods); the breakdown's median step
+beside it. Memory:
 the parameter + gradient + optimizer bytes each rank reports after its first step, and the peak
 resident set of the busiest rank over the training steps (the last log interval's ``peak_mib``,
 before the final evaluation), against the plan's state and peak per rank. The kernel here has no
@@ -112,7 +113,7 @@ def canonical(layout: str) -> str:
 def train(bed: NetBed, group: tuple, layout: str, comm: str, steps: int, port: int) -> dict:
     hosts, rate, task, targs, batch, _ = group
     where = ["--strategy", layout] if "=" not in layout else ["--parallel", layout]
-    every = max(1, steps // 5)
+    every = 10
     with tempfile.TemporaryDirectory() as tmp:
         outs = bed.run_nodes(lambda r, master: [
             sys.executable, "-m", "dtrain", "train", *task_flags(task, targs, batch), *where, "--comm", comm, "--comm-warmup", "2",
@@ -188,7 +189,8 @@ def row(name: str, layout: str, comm: str, group_plan: dict, runs: list[tuple[di
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--groups", default=",".join(GROUPS))
-    p.add_argument("--steps", type=int, default=50, help="training steps per run; the first fifth is left out of the window")
+    p.add_argument("--steps", type=int, default=42, help="training steps per run; the window is steps 10..STEPS (42: 32 steps, two "
+                   "local SGD periods of 16, so its averaging counts as often as it runs)")
     p.add_argument("--repeats", type=int, default=1, help="runs of each configuration (median; alternating order)")
     p.add_argument("--profile-seconds", type=float, default=4.0, help="the plan's per-layout profile (dtrain plan --profile-seconds)")
     p.add_argument("--cores", type=int, default=len(os.sched_getaffinity(0)))
