@@ -9,6 +9,12 @@ that makes the small configuration's prediction match), so the larger one tests 
 of the model only.
 
     PYTHONPATH=src python3 benchmarks/plan_published.py [--json]
+
+Not here: the PyTorch DDP paper (Li et al., VLDB 2020, arXiv 2006.15704). Its scaling results
+(ResNet-50 and BERT, up to 256 GPUs) are plots; the material reachable from here (searched again
+for issue 31: stored pages, documentation, code and issue threads, and an exact-string search for
+the arXiv id) quotes only its abstract ("near-linear scalability using 256 GPUs"), not a figure's
+value, the per-GPU batch or the network, so no case is written for it rather than an invented one.
 """
 
 from __future__ import annotations

@@ -1,20 +1,27 @@
-"""`dtrain plan` against real `dtrain train` runs on the network test bed (dtrain.testing.netbed):
-per configuration the predicted step time (the plan's --json, made right before the group's runs
-and again right after them, so its compute profile sees the machine load the runs saw: the mean of
-the two), the measured one, and the error; per group
-(task x hosts x link), whether the layout the plan ranks fastest was the fastest measured.
+"""`dtrain plan` against real `dtrain train` runs on the network test bed (dtrain.testing.netbed).
 
-Measured step time: wall time per step over the steps after the first log interval (from the
---metrics-file records' wall_s; it includes everything a step costs, also local SGD's periodic
-averaging and the loss all-reduce of each log interval); the breakdown's median step is printed
-beside it. Memory: the parameter + gradient + optimizer bytes each rank reports after its first
-step against the plan's (peak RSS is mostly the interpreter and torch, ~700 MiB, not modelled).
+Per group (task x hosts x link), on one bed:
 
-Links: the bed's rate (tbf) x 0.94, TCP's payload share at MTU 1500 (1448 of 1538 bytes on the
-wire); latency as `dtrain doctor` measured it between two bed hosts (--latency-us). The kernel
-here has no netem, so no added delay. Needs root and iproute2.
+1. `dtrain doctor --links-out` on every host: every collective timed between the hosts over the
+   group's shaped link (the plan's link figures, measured, not given);
+2. `dtrain plan --json --links` of the whole group (its profile: the plain step and each layout's
+   own CPU cost in a world of one, a worker's memory): the plan's pick, as a user gets it;
+3. each configuration, ``--repeats`` times in alternating order: `dtrain plan` of that
+   configuration alone right before its `dtrain train` run, so the profile sees the load the run
+   sees (this machine is shared: its speed changes by 2x within minutes), then the run; medians
+   of the repeats, the machine's load average noted at each run's end.
 
-    PYTHONPATH=src python3 benchmarks/plan_validation.py [--groups lm-1g,mlp-100m] [--repeats 1]
+Measured step time: wall time per step over steps 10 to --steps (from the --metrics-file records'
+wall_s: everything a step costs, local SGD's periodic averaging and the loss all-reduce of each
+log interval included; 32 steps by default, two local SGD periods); the breakdown's median step
+beside it. Memory:
+the parameter + gradient + optimizer bytes each rank reports after its first step, and the peak
+resident set of the busiest rank over the training steps (the last log interval's ``peak_mib``,
+before the final evaluation), against the plan's state and peak per rank. The kernel here has no
+netem, so links are shaped in rate only (tbf), with no added delay. Needs root and iproute2.
+
+    PYTHONPATH=src python3 benchmarks/plan_validation.py [--groups lm-1g,mlp-100m] [--repeats 1] [--out rows.jsonl]
+    PYTHONPATH=src python3 benchmarks/plan_validation.py --table rows.jsonl      # the table of saved rows
 """
 
 from __future__ import annotations
@@ -30,6 +37,9 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 SRC = os.path.join(os.path.dirname(HERE), "src")
 sys.path.insert(0, SRC)
+sys.path.insert(0, HERE)
+
+from plan_validation_table import print_table  # noqa: E402
 
 from dtrain.testing.netbed import NetBed  # noqa: E402
 
@@ -43,7 +53,6 @@ GROUPS = {
     "mlp-1g": (2, 1000, "synthetic", MLP, 64, [("ddp", "none"), ("ddp", "bf16"), ("zero1", "none"), ("fsdp", "none")]),
     "lm-4h-100m": (4, 100, "lm", LM, 16, [("ddp", "none"), ("ddp", "bf16"), ("fsdp", "none"), ("pp=2,dp_replicate=2", "none")]),
 }
-TCP_PAYLOAD = 1448 / 1538
 RAW: str | None = None
 
 
@@ -54,14 +63,41 @@ def task_flags(task: str, args: list[str], batch: int) -> list[str]:
     return out
 
 
-def plan(group: tuple, latency_us: float, cores: int) -> dict[tuple[str, str], dict]:
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (SRC, os.environ.get("PYTHONPATH")) if p)}
+
+
+WAIT = ("import os, socket, sys, time\n"
+        "for _ in range(240):\n"
+        "    try:\n"
+        "        socket.create_connection((sys.argv[1], int(sys.argv[2])), 1).close(); break\n"
+        "    except OSError: time.sleep(0.5)\n"
+        "os.execv(sys.executable, [sys.executable, '-m', 'dtrain', *sys.argv[3:]])\n")
+"""Wait until node 0 listens, then become `dtrain ARGS` (the doctor on another node checks node 0's
+port once, at once; under load node 0's may not be up yet)."""
+
+
+def measure_links(bed: NetBed, hosts: int, port: int, path: str) -> dict:
+    """`dtrain doctor --links-out` on every host of the bed: the collectives between them."""
+    def command(r: int, master: str) -> list[str]:
+        doctor = ["doctor", "--nnodes", str(hosts), "--node-rank", str(r), "--master-addr", master, "--master-port", str(port),
+                  "--timeout", "120", "--links-out", path]
+        return [sys.executable, "-m", "dtrain", *doctor] if r == 0 else [sys.executable, "-c", WAIT, master, str(port), *doctor]
+    outs = bed.run_nodes(command, timeout=900, env=_env())
+    if any(o.returncode for o in outs) or not os.path.exists(path):
+        raise RuntimeError("doctor failed: " + "\n".join(o.output[-1500:] for o in outs))
+    with open(path) as fh:
+        return json.load(fh)
+
+
+def plan(group: tuple, links: str, cores: int, profile_s: float) -> tuple[dict, dict]:
     hosts, rate, task, targs, batch, configs = group
     layouts = ";".join(dict.fromkeys(lay for lay, _ in configs))
     comms = ",".join(dict.fromkeys(c for _, c in configs))
     cmd = [sys.executable, "-m", "dtrain", "plan", "--json", *task_flags(task, targs, batch), "--nnodes", str(hosts), "-n", "1",
-           "--inter-gbit", str(rate / 1000 * TCP_PAYLOAD), "--inter-latency-us", str(latency_us), "--shared-cores", str(cores),
-           "--profile-threads", "1", "--layouts", layouts, "--comm-methods", comms]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=_env())
+           "--inter-gbit", str(rate / 1000), "--links", links, "--shared-cores", str(cores), "--profile-threads", "1",
+           "--profile-seconds", str(profile_s), "--layouts", layouts, "--comm-methods", comms]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=_env())
     if out.returncode:
         raise RuntimeError(f"plan failed: {out.stderr[-2000:]}")
     data = json.loads(out.stdout)
@@ -74,31 +110,36 @@ def canonical(layout: str) -> str:
     return str(parse(layout)) if "=" in layout else layout
 
 
-def _env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (SRC, os.environ.get("PYTHONPATH")) if p)}
-
-
-def train(group: tuple, layout: str, comm: str, steps: int, port: int) -> dict:
+def train(bed: NetBed, group: tuple, layout: str, comm: str, steps: int, port: int) -> dict:
     hosts, rate, task, targs, batch, _ = group
     where = ["--strategy", layout] if "=" not in layout else ["--parallel", layout]
-    with tempfile.TemporaryDirectory() as tmp, NetBed(hosts=hosts, rate_mbit=rate) as bed:
+    every = 10
+    with tempfile.TemporaryDirectory() as tmp:
         outs = bed.run_nodes(lambda r, master: [
             sys.executable, "-m", "dtrain", "train", *task_flags(task, targs, batch), *where, "--comm", comm, "--comm-warmup", "2",
-            "--max-steps", str(steps), "--log-every", "20", "--nnodes", str(hosts), "--node-rank", str(r), "--master-addr", master,
-            "--master-port", str(port), "-v", "--metrics-file", os.path.join(tmp, "m.jsonl")], timeout=600, env=_env())
+            "--max-steps", str(steps), "--log-every", str(every), "--nnodes", str(hosts), "--node-rank", str(r), "--master-addr", master,
+            "--master-port", str(port), "-v", "--metrics-file", os.path.join(tmp, "m.jsonl")], timeout=900, env=_env())
         if any(o.returncode for o in outs):
             raise RuntimeError(f"{layout} {comm}: " + "\n".join(o.output[-1500:] for o in outs))
         with open(os.path.join(tmp, "m.jsonl")) as fh:
             records = [json.loads(line) for line in fh if line.strip()]
     result = json.loads(next(line for line in reversed(outs[0].output.splitlines()) if line.startswith("{")))
     first, last = records[0], records[-1]
-    window_ms = (last["wall_s"] - first["wall_s"]) / (last["step"] - first["step"]) * 1e3
-    median_ms = statistics.mean(b["median_ms"]["step"] for b in result["breakdown"])
     state = [_state_mib(line) for o in outs for line in o.output.splitlines() if "memory after the first step" in line]
+    return {"window_ms": (last["wall_s"] - first["wall_s"]) / (last["step"] - first["step"]) * 1e3,
+            "median_ms": statistics.mean(b["median_ms"]["step"] for b in result["breakdown"]),
+            "state_mib": max(state) if state else None, "peak_mib": max(last.get("peak_mib") or [0]) or None,
+            "peak_mib_ranks": last.get("peak_mib"), "load": os.getloadavg()[0], "result": result}
+
+
+def keep_raw(name: str, layout: str, comm: str, pred: dict, profile: dict, run: dict) -> None:
+    """The run's result line (breakdown per rank), the prediction's phases and its profile: small,
+    kept beside the table (``--raw``)."""
     if RAW:
-        with open(RAW, "a") as fh:  # the run's result line (breakdown per rank): small, kept beside the table
-            fh.write(json.dumps({"layout": layout, "comm": comm, "hosts": hosts, "rate_mbit": rate, "result": result}) + "\n")
-    return {"window_ms": window_ms, "median_ms": median_ms, "state_mib": max(state) if state else None}
+        with open(RAW, "a") as fh:
+            fh.write(json.dumps({"group": name, "layout": layout, "comm": comm, "load": run["load"], "peak_mib": run["peak_mib_ranks"],
+                                 "predicted": {k: pred[k] for k in ("step_ms", "phases_ms", "memory_mib", "peak_mib_per_rank")},
+                                 "profile": profile, "result": run["result"]}) + "\n")
 
 
 def _state_mib(line: str) -> float:
@@ -108,16 +149,50 @@ def _state_mib(line: str) -> float:
     return float(value) * {"B": 2**-20, "KiB": 2**-10, "MiB": 1.0, "GiB": 1024.0}[unit]
 
 
-def load() -> str:
-    return open("/proc/loadavg").read().split()[0]
+def run_group(name: str, args: argparse.Namespace, port: int) -> list[dict]:
+    group = GROUPS[name]
+    hosts, rate = group[0], group[1]
+    measured: dict[tuple[str, str], list[tuple[dict, dict]]] = {}
+    with tempfile.TemporaryDirectory() as tmp, NetBed(hosts=hosts, rate_mbit=rate) as bed:
+        links_path = os.path.join(tmp, "links.json")
+        links = measure_links(bed, hosts, port, links_path)
+        print(f"# {name}: links {json.dumps(links['seconds'])} load {links['load']:.2f}", flush=True)
+        whole, data = plan(group, links_path, args.cores, args.profile_seconds)
+        print(f"# {name}: group plan {json.dumps(data['model'])} load {os.getloadavg()[0]:.2f}", flush=True)
+        for rep in range(args.repeats):
+            for layout, comm in (group[5] if rep % 2 == 0 else group[5][::-1]):
+                port += 1
+                one = (*group[:5], [(layout, comm)])
+                by_key, data = plan(one, links_path, args.cores, args.profile_seconds)
+                pred, run = by_key[(canonical(layout), comm)], train(bed, group, layout, comm, args.steps, port)
+                keep_raw(name, layout, comm, pred, data["model"], run)
+                measured.setdefault((layout, comm), []).append((pred, run))
+    return [row(name, layout, comm, whole[(canonical(layout), comm)], measured[(layout, comm)]) for layout, comm in group[5]]
+
+
+def row(name: str, layout: str, comm: str, group_plan: dict, runs: list[tuple[dict, dict]]) -> dict:
+    pred_ms = statistics.median(p["step_ms"] for p, _ in runs)
+    m = statistics.median(r["window_ms"] for _, r in runs)
+    per_step = group_plan["samples_per_s"] * group_plan["step_ms"] / 1e3  # samples per step
+    peak = [r["peak_mib"] for _, r in runs if r["peak_mib"]]
+    return {"group": name, "layout": layout, "comm": comm, "predicted_ms": round(pred_ms, 3),
+            "predicted_runs_ms": [round(p["step_ms"], 2) for p, _ in runs], "group_plan_ms": group_plan["step_ms"],
+            "measured_ms": round(m, 2), "measured_runs_ms": [round(r["window_ms"], 2) for _, r in runs],
+            "median_step_ms": round(statistics.median(r["median_ms"] for _, r in runs), 2), "error": round((pred_ms - m) / m, 4),
+            "pred_samples_per_s": group_plan["samples_per_s"], "meas_samples_per_s": round(per_step / m * 1e3, 2),
+            "pred_state_mib": group_plan["state_mib_per_rank"], "meas_state_mib": runs[0][1]["state_mib"],
+            "pred_peak_mib": statistics.median(p["peak_mib_per_rank"] for p, _ in runs),
+            "meas_peak_mib": statistics.median(peak) if peak else None,
+            "load": [round(r["load"], 2) for _, r in runs]}
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--groups", default=",".join(GROUPS))
-    p.add_argument("--steps", type=int, default=80)
+    p.add_argument("--steps", type=int, default=42, help="training steps per run; the window is steps 10..STEPS (42: 32 steps, two "
+                   "local SGD periods of 16, so its averaging counts as often as it runs)")
     p.add_argument("--repeats", type=int, default=1, help="runs of each configuration (median; alternating order)")
-    p.add_argument("--latency-us", type=float, default=250.0, help="per message, as `dtrain doctor` measured on the bed")
+    p.add_argument("--profile-seconds", type=float, default=4.0, help="the plan's per-layout profile (dtrain plan --profile-seconds)")
     p.add_argument("--cores", type=int, default=len(os.sched_getaffinity(0)))
     p.add_argument("--out", default=None, help="append each row as a JSON line here")
     p.add_argument("--raw", default=None, help="append each run's result line (with its breakdown) here")
@@ -125,94 +200,22 @@ def main() -> int:
     args = p.parse_args()
     if args.table:
         with open(args.table) as fh:
-            saved = [json.loads(line) for line in fh if line.strip()]
-        print_table(saved, picks_of(saved))
+            print_table([json.loads(line) for line in fh if line.strip()])
         return 0
     global RAW
     RAW = args.raw
-    rows, picks, port = [], [], 29850
+    rows, port = [], 29850
     for name in args.groups.split(","):
-        group = GROUPS[name]
-        before, whole = plan(group, args.latency_us, args.cores)
-        print(f"# {name}: plan profile before {json.dumps(whole['model']['measured'])} load {load()}", flush=True)
-        measured: dict[tuple[str, str], list[dict]] = {}
-        for rep in range(args.repeats):
-            order = group[5] if rep % 2 == 0 else group[5][::-1]
-            for layout, comm in order:
-                port += 1
-                measured.setdefault((layout, comm), []).append(train(group, layout, comm, args.steps, port))
-        after, whole = plan(group, args.latency_us, args.cores)
-        print(f"# {name}: plan profile after {json.dumps(whole['model']['measured'])} load {load()}", flush=True)
-        group_rows = []
-        for layout, comm in group[5]:
-            key = (canonical(layout), comm)
-            pr = dict(after[key], step_ms=(before[key]["step_ms"] + after[key]["step_ms"]) / 2,
-                      samples_per_s=2 / (1 / before[key]["samples_per_s"] + 1 / after[key]["samples_per_s"]))
-            runs = measured[(layout, comm)]
-            m = statistics.median(r["window_ms"] for r in runs)
-            dp = pr["samples_per_s"] * pr["step_ms"] / 1e3
-            row = {"group": name, "layout": layout, "comm": comm, "predicted_ms": round(pr["step_ms"], 3),
-                   "predicted_before_after_ms": [before[key]["step_ms"], after[key]["step_ms"]], "measured_ms": round(m, 2),
-                   "median_step_ms": round(statistics.median(r["median_ms"] for r in runs), 2),
-                   "error": round((pr["step_ms"] - m) / m, 4), "pred_samples_per_s": pr["samples_per_s"],
-                   "meas_samples_per_s": round(dp / m * 1e3, 2), "pred_state_mib": round(sum(pr["memory_mib"][k] for k in ("params", "grads", "optimizer")), 3),
-                   "meas_state_mib": runs[0]["state_mib"], "load": load()}
-            group_rows.append(row)
-            print(json.dumps(row), flush=True)
+        group_rows = run_group(name, args, port)
+        port += 100
+        for r in group_rows:
+            print(json.dumps(r), flush=True)
             if args.out:
                 with open(args.out, "a") as fh:
-                    fh.write(json.dumps(row) + "\n")
-        best_pred = max(group_rows, key=lambda r: r["pred_samples_per_s"])
-        best_meas = max(group_rows, key=lambda r: r["meas_samples_per_s"])
-        picks.append((name, best_pred, best_meas))
+                    fh.write(json.dumps(r) + "\n")
         rows += group_rows
-    print_table(rows, picks)
+    print_table(rows)
     return 0
-
-
-def picks_of(rows: list[dict]) -> list:
-    groups: dict[str, list[dict]] = {}
-    for r in rows:
-        groups.setdefault(r["group"], []).append(r)
-    return [(g, max(rs, key=lambda r: r["pred_samples_per_s"]), max(rs, key=lambda r: r["meas_samples_per_s"]))
-            for g, rs in groups.items()]
-
-
-def ratio_errors(rows: list[dict]) -> dict[tuple[str, str, str], float]:
-    """Error of each configuration's step time relative to its group's first (ddp none), predicted
-    against measured: the machine's load, common to both, cancels."""
-    out, first = {}, {}
-    for r in rows:
-        base = first.setdefault(r["group"], r)
-        pred = r["predicted_ms"] / base["predicted_ms"]
-        meas = r["measured_ms"] / base["measured_ms"]
-        out[(r["group"], r["layout"], r["comm"])] = pred / meas - 1
-    return out
-
-
-def print_table(rows: list[dict], picks: list) -> None:
-    ratios = ratio_errors(rows)
-    print("\n| group | layout | comm | predicted ms (before / after) | measured ms (median step) | error | error of ratio to group's first | state MiB pred / meas | load |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        state = f"{r['pred_state_mib']:.2f} / {r['meas_state_mib']:.2f}" if r["meas_state_mib"] is not None else "-"
-        ba = " / ".join(f"{v:.0f}" for v in r.get("predicted_before_after_ms", []))
-        print(f"| {r['group']} | {r['layout']} | {r['comm']} | {r['predicted_ms']:.1f} ({ba}) | {r['measured_ms']:.1f} ({r['median_step_ms']:.1f}) "
-              f"| {r['error']:+.1%} | {ratios[(r['group'], r['layout'], r['comm'])]:+.1%} | {state} | {r['load']} |")
-    errs = [abs(r["error"]) for r in rows]
-    rel = [abs(v) for k, v in ratios.items() if v != 0.0]
-    if rel:
-        print(f"\nstep time relative to the group's first configuration: median |error| {statistics.median(rel):.1%}, max {max(rel):.1%}")
-    mem = [abs(r["pred_state_mib"] / r["meas_state_mib"] - 1) for r in rows if r["meas_state_mib"]]
-    print(f"step time: median |error| {statistics.median(errs):.1%}, max {max(errs):.1%} over {len(rows)} configurations")
-    if mem:
-        print(f"state memory per rank: median |error| {statistics.median(mem):.1%}, max {max(mem):.1%}")
-    right = sum(bp["layout"] == bm["layout"] and bp["comm"] == bm["comm"] for _, bp, bm in picks)
-    for name, bp, bm in picks:
-        regret = bm["meas_samples_per_s"] / bp["meas_samples_per_s"] - 1
-        print(f"{name}: plan picks {bp['layout']} {bp['comm']}; fastest measured {bm['layout']} {bm['comm']} "
-              f"(the pick measured {regret:.0%} slower than the fastest)")
-    print(f"fastest picked right in {right} of {len(picks)} groups")
 
 
 if __name__ == "__main__":

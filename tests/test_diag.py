@@ -281,3 +281,22 @@ def test_doctor_probes_between_nodes():
 def test_env_prints_versions():
     r = run_cli(["env"], timeout=60)
     assert r.returncode == 0 and f"torch {torch.__version__}" in r.stdout and "distributed backends" in r.stdout
+
+
+def _collectives_body() -> dict:
+    import torch.distributed as dist
+
+    from dtrain.diag.probe import KINDS, time_collectives
+
+    dist.init_process_group("gloo")
+    out = time_collectives(torch.device("cpu"), sizes=(64, 64 << 10), reps=2)
+    assert set(out) == set(KINDS)
+    return out
+
+
+def test_the_links_probe_times_every_collective_alike_on_every_rank():
+    # (dtrain doctor --links-out, dtrain plan --measure-links): the slowest rank's medians, the same on every rank
+    a, b = run_distributed(_collectives_body, world_size=2, timeout=120)
+    assert a == b
+    for kind, by_size in a.items():
+        assert set(by_size) == {64, 64 << 10} and all(s > 0 for s in by_size.values()), kind

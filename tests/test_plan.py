@@ -195,15 +195,25 @@ def test_best_exact_skips_methods_that_change_the_update():
     assert plan.as_dict()["best_exact"]["comm"] == "none"
 
 
-def test_pipeline_transfers_overlap_compute_except_fill_and_drain():
+def test_pipeline_transfers_follow_torchs_1f1b_waits():
+    # 2 stages, 4 micro-batches, forward 7 and backward 13 per micro-batch, 28 per transfer. By hand
+    # (a send completes when its bytes have crossed; 1F1B waits for each send with the next receive):
+    # stage 0: F0 0-7, F1 7-14, waits its act0 send (35); act1 crosses 35-63, grad0 55-83; B0 83-96,
+    # F2 96-103; act2 and grad1 cross 103-131; B1 131-144, F3 144-151; act3 and grad2 151-179;
+    # B2 179-192; stage 1: F3 179-186, B3 186-199, grad3 crosses 199-227; stage 0's B3 227-240.
+    from dtrain.plan.pipeline_sim import makespan
+
+    assert makespan(2, 4, 7.0, 13.0, 28.0, "1f1b") == pytest.approx(240.0)
+    assert makespan(4, 8, 1.0, 2.0, 0.0, "1f1b") == makespan(4, 8, 1.0, 2.0, 0.0, "gpipe") == pytest.approx(11 * 3.0)
     blocks = tuple(Block(params=100, fwd_flops=1e6, act_bytes=100.0, out_bytes=1e6) for _ in range(2))
     prof = ModelProfile(name="p", params=200, fwd_flops=2e6, act_bytes=200.0, blocks=blocks)
     c = flat(nodes=2, ppn=1, inter_bw=1e9, lat=0.0, device="cpu")
-    s = Settings(batch=8, microbatches=4)
-    p = predict(prof, c, Layout("pp=2", ParallelDims(pp=2)), s)
+    p = predict(prof, c, Layout("pp=2", ParallelDims(pp=2)), Settings(batch=8, microbatches=4))
     hop = 2 * 1e6 / 1e9  # 2 samples per micro-batch x 1 MB at 1 GB/s
-    per_mb = (p.phases_s["forward"] + p.phases_s["backward"]) / 4
-    assert p.phases_s["p2p"] == pytest.approx(5 * max(0.0, hop - per_mb) + 2 * hop)
+    fwd, bwd = p.phases_s["forward"] / 4, p.phases_s["backward"] / 4
+    span = makespan(2, 4, fwd, bwd, hop)
+    assert p.phases_s["bubble"] == pytest.approx(fwd + bwd)
+    assert p.phases_s["p2p"] == pytest.approx(span - 5 * (fwd + bwd))
 
 
 def test_gloo_reduce_scatter_costs_an_allreduce_and_zero1_pays_a_latency_per_tensor():

@@ -30,10 +30,16 @@ def test_plan_digits_json_has_the_issue_shape_and_a_best_train_accepts():
         assert parse(value).world_size == 4
     assert any("ring all-reduce" in a for a in out["assumptions"])
     assert out["model"]["measured"]["batch"] == 32
+    # the layouts' own CPU cost, measured in a world of one, and a worker's memory in the peak per rank
+    machinery = out["model"]["machinery"]
+    assert {"plain", "ddp:none", "ddp:bf16", "zero1", "fsdp"} <= set(machinery["steps_ms"])
+    assert machinery["rss_mib"]["baseline"] > 100
+    for row in out["layouts"]:
+        assert row["peak_mib_per_rank"] > machinery["rss_mib"]["baseline"] > row["state_mib_per_rank"]
 
 
 def test_plan_table_names_the_best(tmp_path):
-    r = run_cli(["plan", "--task", "digits", "-n", "2", "--comm-methods", "none"], timeout=240)
+    r = run_cli(["plan", "--task", "digits", "-n", "2", "--comm-methods", "none", "--no-layout-profile"], timeout=240)
     assert r.returncode == 0, r.stderr
     assert "best: " in r.stdout and "dtrain train --strategy" in r.stdout and "assumptions" in r.stdout
 
@@ -45,9 +51,17 @@ def test_plan_table_names_the_best(tmp_path):
     (["--comm-methods", "zip"], "unknown --comm"),
     (["--mfu", "2"], "fraction of the peak"),
     (["--batch-size", "10", "--grad-accum", "3"], "not divisible by --grad-accum 3"),
+    (["--links", "/nonexistent/links.json"], "--links '/nonexistent/links.json' cannot be read"),
+    (["--profile-seconds", "0"], "--profile-seconds must be > 0"),
 ])
 def test_plan_bad_input_is_one_line_and_status_2(args, message):
     r = run_cli(["plan", "--task", "digits", "-n", "2", *args], timeout=240)
     assert r.returncode == 2, (r.stdout, r.stderr)
     assert message in r.stderr and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_doctor_links_out_needs_the_probe():
+    r = run_cli(["doctor", "--links-out", "links.json", "--no-probe"], timeout=120)
+    assert r.returncode == 2 and "--links-out measures in the probe" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1

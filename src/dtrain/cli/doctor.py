@@ -17,6 +17,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--master-port", type=int, default=None, help="rendezvous port")
     p.add_argument("--no-probe", action="store_true", help="skip the all-reduce probe")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the other nodes (default 30)")
+    p.add_argument("--links-out", default=None, metavar="JSON", help="also time all-gather, reduce-scatter, broadcast and "
+                   "send/recv at a few sizes and write every collective's times here, for `dtrain plan --links` (node 0 writes)")
     p.set_defaults(func=main)
     e = sub.add_parser("env", help="print versions and distributed settings (paste into a bug report)")
     e.set_defaults(func=env_main)
@@ -34,8 +36,10 @@ def main(args: argparse.Namespace) -> int:
     check.seconds("--timeout", args.timeout)
     if args.master_addr is not None:
         check.host("--master-addr", args.master_addr)
+    if args.links_out and args.no_probe:
+        raise ConfigError("--links-out measures in the probe, which --no-probe skips; drop one of them.")
     cfg = DoctorConfig(nnodes=args.nnodes, node_rank=args.node_rank, master_addr=args.master_addr,
-                       master_port=args.master_port, probe=not args.no_probe, timeout_s=args.timeout)
+                       master_port=args.master_port, probe=not args.no_probe, timeout_s=args.timeout, links_out=args.links_out)
     checks = run_doctor(cfg, echo=lambda line: print(line, flush=True))
     failed = [c.name for c in checks if c.status == "FAIL"]
     print(f"\n{len(checks)} checks: " + (f"{len(failed)} failed ({', '.join(failed)})" if failed else "all passed"))

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from .._version import __version__
-from ..diag.probe import bus_bandwidth, time_all_reduce
+from ..diag.probe import bus_bandwidth, time_all_reduce, time_collectives
 from ..errors import DtrainError
 from ..launch import preflight
 from ..launch.store import host_store
@@ -47,6 +47,9 @@ class DoctorConfig:
     probe: bool = True
     """Run the all-reduce probe (starts 2 local processes, or one per node)."""
     timeout_s: float = 30.0
+    links_out: str | None = None
+    """Also time every collective a layout issues at a few sizes and write them here (JSON, for
+    ``dtrain plan --links``); node 0 writes it."""
 
 
 def check_torch() -> Check:
@@ -198,17 +201,19 @@ def check_rendezvous(cfg: DoctorConfig) -> tuple[Check, dist.Store | None, bool]
 _SIZES = [8, 1 << 20, 16 << 20]
 
 
-def _probe_body(sizes: list[int], reps: int, device: str | None = None) -> dict[int, float]:
-    """Collective: every rank. The probe between local processes (``device`` None: each rank's GPU)."""
+def _probe_body(sizes: list[int], reps: int, device: str | None = None, links: bool = False) -> tuple[dict[int, float], dict | None]:
+    """Collective: every rank. The probe between local processes (``device`` None: each rank's GPU);
+    with ``links``, every collective's times too."""
     import dtrain
 
     ctx = dtrain.init("single", device=device, stall_timeout=0)
     out = time_all_reduce(ctx.device, sizes, reps)
+    coll = time_collectives(ctx.device) if links else None
     ctx.close()
-    return out
+    return out, coll
 
 
-def _probe_nodes(cfg: DoctorConfig, store: dist.Store) -> dict[int, float]:
+def _probe_nodes(cfg: DoctorConfig, store: dist.Store) -> tuple[dict[int, float], dict | None]:
     """Collective: every node's doctor. The probe between the nodes, one process each, over the
     doctor's rendezvous store (the same transport a job's ranks use between nodes)."""
     cuda = torch.cuda.is_available()
@@ -218,9 +223,20 @@ def _probe_nodes(cfg: DoctorConfig, store: dist.Store) -> dict[int, float]:
     dist.init_process_group("nccl" if cuda else "gloo", store=dist.PrefixStore("doctor/probe", store), rank=cfg.node_rank,
                             world_size=cfg.nnodes, timeout=datetime.timedelta(seconds=cfg.timeout_s))
     try:
-        return time_all_reduce(device, _SIZES, 10)
+        return time_all_reduce(device, _SIZES, 10), (time_collectives(device) if cfg.links_out else None)
     finally:
         destroy_process_group()
+
+
+def _write_links(cfg: DoctorConfig, seconds: dict, ranks: int, backend: str) -> str:
+    """``--links-out``: the collectives' times as ``dtrain plan --links`` reads them; a note for the check's line."""
+    if cfg.node_rank != 0:
+        return ""
+    record = {"between": "nodes" if cfg.nnodes > 1 else "processes", "ranks": ranks, "backend": backend,
+              "load": os.getloadavg()[0], "seconds": {k: {str(b): s for b, s in v.items()} for k, v in seconds.items()}}
+    with open(cfg.links_out, "w") as fh:
+        json.dump(record, fh, indent=1)
+    return f"; every collective's times written to {cfg.links_out}"
 
 
 def check_allreduce(cfg: DoctorConfig, store: dist.Store | None = None) -> Check:
@@ -232,12 +248,13 @@ def check_allreduce(cfg: DoctorConfig, store: dist.Store | None = None) -> Check
         if cfg.nnodes > 1:
             if store is None:
                 return Check("all-reduce", "INFO", "probe between the nodes skipped (no rendezvous, or a node runs with --no-probe)")
-            res = _probe_nodes(cfg, store)
+            res, coll = _probe_nodes(cfg, store)
         else:
             n, device, note = local_probe_size(preflight.cuda_device_count())
             backend = "gloo" if device == "cpu" else "nccl"
             who = f"{n} local processes"
-            res = run_distributed(_probe_body, _SIZES, 10, device, world_size=n, timeout=120)[0]
+            res, coll = run_distributed(_probe_body, _SIZES, 10, device, bool(cfg.links_out), world_size=n,
+                                         timeout=300 if cfg.links_out else 120)[0]
     except Exception as exc:  # noqa: BLE001 - any failure is the check's result
         first = _cause(exc)
         fix = ("the nodes met in the store but cannot connect to each other: set GLOO_SOCKET_IFNAME (NCCL_SOCKET_IFNAME) to the "
@@ -245,6 +262,8 @@ def check_allreduce(cfg: DoctorConfig, store: dist.Store | None = None) -> Check
         return Check("all-reduce", "FAIL", f"{who} could not all-reduce ({first})", fix)
     lat = res[8] * 1e6
     bw = bus_bandwidth(16 << 20, res[16 << 20], n) / 1e9
+    if coll is not None:
+        note += _write_links(cfg, coll, n, backend)
     return Check("all-reduce", "PASS", f"{who} ({backend}): latency {lat:.0f} us (8 B), "
                  f"bus bandwidth {bw:.2f} GB/s (16 MiB, nccl-tests' definition){note}")
 

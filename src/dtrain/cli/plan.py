@@ -34,6 +34,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "`dtrain doctor` on two nodes prints the bus bandwidth in GB/s: x8")
     c.add_argument("--inter-latency-us", type=float, default=None, help="per message between nodes (`dtrain doctor`'s all-reduce latency / 2)")
     c.add_argument("--shared-cores", type=int, default=None, help="all processes share this many cores (a test bed on one machine)")
+    c.add_argument("--links", action="append", default=[], metavar="JSON", help="collectives measured by `dtrain doctor --links-out` "
+                   "(between nodes: the figures between nodes; between local processes: inside a node); repeatable")
+    c.add_argument("--measure-links", action="store_true", help="time the collectives between 2 processes on this machine "
+                   "now, for the figures inside a node (a few seconds)")
     o = p.add_argument_group("what to compare, and the output")
     o.add_argument("--comm-methods", default="none,bf16,powersgd:2,localsgd:16", metavar="LIST", help="--comm methods tried on ddp")
     o.add_argument("--layouts", default=None, metavar="LIST", help="only these layouts, ';'-separated as `dtrain train` takes them "
@@ -42,6 +46,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     o.add_argument("--pipeline-schedule", default=PipelineConfig.schedule, choices=("gpipe", "1f1b"))
     o.add_argument("--profile-threads", type=int, default=None, metavar="N",
                    help="torch threads while timing the model here (default: this machine's cores / processes per node)")
+    o.add_argument("--profile-seconds", type=float, default=10.0, metavar="S", help="seconds of steps when timing each layout's "
+                   "own CPU cost in a world of one process (cpu; default 10)")
+    o.add_argument("--no-layout-profile", action="store_true", help="cpu: time only the plain step, not each layout's machinery "
+                   "(faster; the layouts' own CPU costs are then left out)")
     o.add_argument("--top", type=int, default=None, metavar="N", help="show the N fastest only")
     o.add_argument("--json", action="store_true", help="print one JSON object: {layouts: [...], best: {...}, ...}")
     o.add_argument("--chart", default=None, metavar="PNG", help="also write a bar chart (needs matplotlib)")
@@ -60,7 +68,20 @@ def cluster_from_args(args: argparse.Namespace, nproc: int, nnodes: int):
         settings["procs_per_node"] = nproc
     if args.nnodes is not None or "nodes" not in settings:
         settings["nodes"] = nnodes
-    return cluster.build(settings)
+    return cluster.with_links(cluster.build(settings), measured_links(args))
+
+
+def measured_links(args: argparse.Namespace) -> dict:
+    """``--links`` files and ``--measure-links``, by where they were measured (``intra``/``inter``)."""
+    from ..plan import links
+
+    out = {}
+    for path in args.links:
+        got = links.load(path)
+        out["inter" if got.between == "nodes" else "intra"] = got
+    if args.measure_links:
+        out["intra"] = links.measure_local()
+    return out
 
 
 def _positive(name: str, value: int | None) -> None:
@@ -78,6 +99,7 @@ def main(args: argparse.Namespace) -> int:
     for name, value in (("--nproc", args.nproc), ("--batch-size", args.batch_size), ("--grad-accum", args.grad_accum),
                         ("--microbatches", args.microbatches), ("--profile-threads", args.profile_threads), ("--top", args.top)):
         _positive(name, value)
+    check.seconds("--profile-seconds", args.profile_seconds)
     if args.precision not in (*PRESETS, None, "auto"):
         raise ConfigError(f"unknown precision {args.precision!r}; choose one of: {', '.join(PRESETS)}.")
     nnodes, max_nodes = parse_nnodes(args.nnodes)
@@ -94,9 +116,11 @@ def main(args: argparse.Namespace) -> int:
     _check_comms(comms)
     layouts = _layouts(args.layouts, clu, comms) if args.layouts else None  # checked before the profile's cost
     threads = args.profile_threads or max(1, usable_cores() // clu.procs_per_node)
+    spec = None if args.no_layout_profile else (args.task, args.data_dir, parse_task_args(args.task_arg))
     plan = plan_task(task, clu, batch=batch, precision=args.precision, optimizer=args.optimizer, grad_accum=args.grad_accum,
                      activation_checkpointing=args.activation_checkpointing, microbatches=args.microbatches,
-                     schedule=args.pipeline_schedule, threads=threads, layouts=layouts, comms=comms)
+                     schedule=args.pipeline_schedule, threads=threads, layouts=layouts, comms=comms, task_spec=spec,
+                     profile_s=args.profile_seconds)
     if args.chart:
         report.chart(plan, args.chart)
     if args.json:

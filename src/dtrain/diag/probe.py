@@ -1,14 +1,27 @@
-"""The all-reduce probe of ``dtrain doctor``: how long an all-reduce of each size takes on the
-group already joined, and nccl-tests' bus bandwidth of it. The doctor (``dtrain.cli.doctor_checks``)
-starts the processes; this part only measures."""
+"""The collectives probe of ``dtrain doctor`` (and ``dtrain plan --measure-links``): how long an
+all-reduce of each size takes on the group already joined, and nccl-tests' bus bandwidth of it;
+and, for a plan's link figures, the other collectives a layout issues (all-gather,
+reduce-scatter, broadcast, a send and its receive), each at a few sizes. The doctor
+(``dtrain.cli.doctor_checks``) starts the processes; this part only measures."""
 
 from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
+
+KINDS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "send_recv")
+"""What ``time_collectives`` measures. Sizes are the bytes of the whole tensor: the all-reduced
+one, the gathered result, the input that is reduce-scattered, the broadcast one, the one sent."""
+LINK_SIZES = (64, 1 << 20, 4 << 20)
+"""Bytes per collective in a link measurement: one latency-bound, two whose difference gives the
+bandwidth. Megabytes, as gradient buckets and FSDP units are: a shaped link's queue and TCP's
+windows slow long transfers more than short ones (on the test bed at 100 Mbit/s, gloo moved
+2.7 MB 1.3x slower than the 256 KiB-to-1 MiB slope said). A 4 MiB all-reduce takes ~1.8 s at
+20 Mbit/s."""
 
 
 def time_all_reduce(device: torch.device, sizes: list[int], reps: int) -> dict[int, float]:
@@ -16,16 +29,63 @@ def time_all_reduce(device: torch.device, sizes: list[int], reps: int) -> dict[i
     out = {}
     for size in sizes:
         t = torch.ones(max(1, size // 4), dtype=torch.float32, device=device)
-        dist.all_reduce(t)  # warm-up: connections, buffers
-        times = []
-        for _ in range(reps):
-            dist.barrier()
-            t0 = time.perf_counter()
-            dist.all_reduce(t)
-            if t.is_cuda:
-                torch.cuda.synchronize()
-            times.append(time.perf_counter() - t0)
-        out[size] = statistics.median(times)
+        out[size] = _median_time(lambda t=t: dist.all_reduce(t), device, reps)
+    return out
+
+
+def _median_time(op: Callable[[], object], device: torch.device, reps: int) -> float:
+    op()  # warm-up: connections, buffers
+    times = []
+    for _ in range(reps):
+        dist.barrier()
+        t0 = time.perf_counter()
+        op()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _ops(kind: str, nbytes: int, n: int, rank: int, device: torch.device) -> Callable[[], object]:
+    """One ``kind`` collective of ``nbytes`` (rounded to whole float32 elements, a multiple of n)."""
+    numel = max(n, nbytes // 4 // n * n)
+    whole = torch.ones(numel, dtype=torch.float32, device=device)
+    part = torch.ones(numel // n, dtype=torch.float32, device=device)
+    if kind == "all_reduce":
+        return lambda: dist.all_reduce(whole)
+    # FSDP2's own calls (torch >= 2.14 names them *_single; the *_tensor names warn there)
+    gather = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
+    scatter = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
+    if kind == "all_gather":
+        return lambda: gather(whole, part)
+    if kind == "reduce_scatter":
+        return lambda: scatter(part, whole)
+    if kind == "broadcast":
+        return lambda: dist.broadcast(whole, src=0)
+
+    def ping_pong() -> None:  # rank 0 -> 1 -> 0; the others wait at the next barrier
+        if rank == 0:
+            dist.send(whole, 1)
+            dist.recv(whole, 1)
+        elif rank == 1:
+            dist.recv(whole, 0)
+            dist.send(whole, 0)
+    return ping_pong
+
+
+def time_collectives(device: torch.device, sizes: tuple[int, ...] = LINK_SIZES, reps: int = 3) -> dict[str, dict[int, float]]:
+    """Collective: every rank of the default group (at least 2). Median seconds of each of
+    ``KINDS`` at each size after a barrier, the slowest rank's (a sender's call may return once
+    its socket buffers hold the data; its receivers' do not); ``send_recv`` is half a round
+    trip between ranks 0 and 1 (one transfer one way). The same values on every rank."""
+    n, rank = dist.get_world_size(), dist.get_rank()
+    plan = [(kind, size) for kind in KINDS for size in sizes]
+    mine = torch.tensor([_median_time(_ops(kind, size, n, rank, device), device, reps) for kind, size in plan],
+                        dtype=torch.float64, device=device)
+    dist.all_reduce(mine, op=dist.ReduceOp.MAX)
+    out: dict[str, dict[int, float]] = {kind: {} for kind in KINDS}
+    for (kind, size), seconds in zip(plan, mine.tolist()):
+        out[kind][size] = seconds / 2 if kind == "send_recv" else seconds
     return out
 
 

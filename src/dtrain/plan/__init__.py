@@ -63,24 +63,39 @@ def make_plan(prof: ModelProfile, cluster: Cluster, settings: Settings, *, layou
 
 def plan_task(task: Any, cluster: Cluster, *, batch: int, precision: str = "fp32", optimizer: str | None = None,
               grad_accum: int = 1, activation_checkpointing: bool = False, microbatches: int = 4, schedule: str = "1f1b",
-              threads: int = 1, layouts: list[Layout] | None = None, comms: tuple[str, ...] = COMMS) -> Plan:
+              threads: int = 1, layouts: list[Layout] | None = None, comms: tuple[str, ...] = COMMS,
+              task_spec: tuple[str, str | None, dict[str, str]] | None = None, profile_s: float = 10.0) -> Plan:
     """Profile ``task`` (a ``dtrain.Task``) and plan it on ``cluster``: what `dtrain plan` does,
     and what `dtrain train --parallel auto` can call for the world at hand (``plan.best_exact``).
-    On a CPU cluster the profile's measured times are the compute; on a GPU preset its FLOPs."""
+    On a CPU cluster the profile's measured times are the compute; on a GPU preset its FLOPs.
+    ``task_spec`` ((name, data_dir, options) as ``load_task`` takes them): on a CPU cluster, also
+    measure each layout's machinery in a fresh process of a world of one (``machinery``, about
+    ``profile_s`` seconds of steps); without it the layouts' own CPU costs are left out."""
     from dataclasses import replace
 
+    from . import machinery
     from .cluster import cpu_device
-    from .profile import profile_task
+    from .profile import add_timing, profile_task
 
-    prof = profile_task(task, batch=batch, precision=precision, optimizer=optimizer, timed=not cluster.is_gpu, threads=threads)
+    tp_ok, pp_ok = task.tp_plan is not None, not _tied(task)
+    optimizer = optimizer or task.optimizer
+    prof = profile_task(task, batch=batch, precision=precision, optimizer=optimizer, timed=False)
+    if layouts is None:
+        layouts = candidates(cluster.world_size, cluster.procs_per_node, cluster.nodes, blocks=len(prof.blocks),
+                             tp_ok=tp_ok and bool(prof.blocks), pp_ok=pp_ok, comms=comms)
     if not cluster.is_gpu:  # this machine's CPU: the profile's achieved rate is the device's
+        mach = None
+        if task_spec is not None:
+            mach = machinery.measure(task_spec, batch=batch, precision=precision, optimizer=optimizer,
+                                     kinds=machinery.kinds_for(layouts), microbatches=microbatches, schedule=schedule,
+                                     threads=threads, budget_s=profile_s)
+        prof = add_timing(prof, task, batch=batch, optimizer=optimizer, threads=threads, machinery=mach)
         cluster = replace(cluster, device=cpu_device(prof.achieved_flops, cluster.device.memory_bytes))
-    settings = Settings(batch=batch, precision=precision, optimizer=optimizer or task.optimizer, grad_accum=grad_accum,
+    settings = Settings(batch=batch, precision=precision, optimizer=optimizer, grad_accum=grad_accum,
                         activation_checkpointing=activation_checkpointing, microbatches=microbatches, schedule=schedule,
                         threads_per_proc=threads,
                         data_s_per_sample=prof.timing.data_s / prof.timing.batch if prof.timing else 0.0)
-    return make_plan(prof, cluster, settings, layouts=layouts, comms=comms, tp_ok=task.tp_plan is not None,
-                     pp_ok=not _tied(task))
+    return make_plan(prof, cluster, settings, layouts=layouts, comms=comms, tp_ok=tp_ok, pp_ok=pp_ok)
 
 
 def _tied(task: Any) -> bool:

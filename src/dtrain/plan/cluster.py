@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from ..errors import ConfigError
+from .links import Figure, Links
 
 GB = 1e9
 GIB = 2**30
@@ -79,6 +80,10 @@ class Cluster:
     slows by the oversubscription. None: each process has its own device."""
     source: dict[str, str] = field(default_factory=dict)
     """Where each figure came from (preset, flag, file, measured)."""
+    links: dict[str, Links] = field(default_factory=dict)
+    """Collectives measured between real processes: ``intra`` (processes of one node, `dtrain
+    plan --measure-links`) and ``inter`` (nodes, `dtrain doctor --links-out`); where a kind was
+    measured, its figure replaces the bandwidth and latency above."""
 
     def __post_init__(self) -> None:
         for name in ("nodes", "procs_per_node"):
@@ -102,14 +107,34 @@ class Cluster:
         """A GPU's host queues work ahead of the device (collectives can be issued early)."""
         return not self.device.name.startswith("cpu")
 
+    def figure(self, kind: str, crossing: bool, sharing: int = 1) -> Figure:
+        """Latency per step and bandwidth of collective ``kind`` (``links.SHAPES``) inside a node
+        or between nodes (``crossing``), with ``sharing`` groups on the node's NICs at once."""
+        measured = self.links.get("inter" if crossing else "intra")
+        if measured is not None and kind in measured.figures:
+            f = measured.figures[kind]
+        elif crossing:
+            f = Figure(self.inter_lat, self.inter_bw)
+        else:
+            f = Figure(self.intra_lat, self.intra_bw)
+        return Figure(f.lat, f.bw / sharing) if crossing and sharing > 1 else f
+
     def with_world(self, nodes: int, procs_per_node: int) -> Cluster:
         return replace(self, nodes=nodes, procs_per_node=procs_per_node)
 
-    def compute_slowdown(self, threads_per_proc: int = 1) -> float:
-        """How much slower each process computes than alone (> 1 only on a shared machine)."""
+    def compute_slowdown(self, threads_per_proc: int = 1, other: float = 0.0, by_session: bool = False) -> float:
+        """How much slower each process computes than the profile did (> 1 only on a shared
+        machine): the job's processes and ``other`` (the machine's other load, measured while
+        profiling) share the cores, where the profile's one process shared them with ``other``
+        alone. Each runnable thread gets cores / runnable threads, at most one core; with
+        ``by_session`` (Linux's autogroups; every worker its own session) each session gets
+        cores / sessions, at most one core per thread."""
         if not self.shared_cores:
             return 1.0
-        return max(1.0, self.world_size * threads_per_proc / self.shared_cores)
+        t, c = threads_per_proc, self.shared_cores
+        if by_session:
+            return min(t, c / (1 + other)) / min(t, c / (self.world_size + other))
+        return max(1.0, (self.world_size * t + other) / c) / max(1.0, (t + other) / c)
 
     def describe(self) -> dict[str, Any]:
         d = self.device
@@ -118,7 +143,8 @@ class Cluster:
                 "achieved_fraction": d.achieved, "memory_gib": round(d.memory_bytes / GIB, 2),
                 "intra_gbytes_per_s": self.intra_bw / GB, "intra_latency_us": self.intra_lat * 1e6,
                 "inter_gbytes_per_s": self.inter_bw / GB, "inter_latency_us": self.inter_lat * 1e6,
-                "tree_allreduce": self.tree, "shared_cores": self.shared_cores, "source": dict(self.source)}
+                "tree_allreduce": self.tree, "shared_cores": self.shared_cores, "source": dict(self.source),
+                "links_measured": {k: v.describe() for k, v in self.links.items()}}
 
 
 # Links of known machines: NVLink 4 (H100 SXM: 450 GB/s one way per GPU) with 8 x 400 Gbit/s
@@ -225,6 +251,17 @@ def build(settings: dict[str, Any], base_device: Device | None = None) -> Cluste
     tree = bool(s.get("tree", kind in LINKS))
     return Cluster(nodes=int(s.get("nodes", 1)), procs_per_node=int(s.get("procs_per_node", 1)), device=device,
                    tree=tree, shared_cores=s.get("shared_cores"), source=source, **links)
+
+
+def with_links(c: Cluster, measured: dict[str, Links]) -> Cluster:
+    """``c`` with link measurements (``intra``/``inter``); where each came from in ``source``."""
+    if not measured:
+        return c
+    source = dict(c.source)
+    for where, got in measured.items():
+        load = "" if got.load is None else f", load {got.load:.1f}"
+        source[f"links_{where}"] = f"measured between {got.ranks} {got.between} ({got.backend}{load})"
+    return replace(c, links={**c.links, **measured}, source=source)
 
 
 def as_dict(cluster: Cluster) -> dict[str, Any]:

@@ -8,6 +8,10 @@ B/n bytes: ``2(n-1) * lat + 2(n-1)/n * B / bw``. A tree (NCCL's double binary tr
 when the cluster has ``tree``. A group spanning nodes does a reduce-scatter inside each node,
 an all-reduce of the shards between nodes (carried by the node's NICs together), and an
 all-gather inside each node.
+
+Each collective's latency and bandwidth come from ``Cluster.figure``: measured between real
+processes where the cluster has a link measurement for that collective (``links``), else the
+cluster's described bandwidth and latency.
 """
 
 from __future__ import annotations
@@ -16,6 +20,9 @@ import math
 from dataclasses import dataclass
 
 from .cluster import Cluster
+from .links import Links, shape
+
+_NONE = Links(between="processes", ranks=0, backend="", figures={})
 
 
 @dataclass(frozen=True)
@@ -63,9 +70,14 @@ def tree_allreduce(nbytes: float, n: int, bw: float, lat: float) -> float:
     return 2 * math.ceil(math.log2(n)) * lat + 2 * nbytes / bw
 
 
-def _flat_allreduce(nbytes: float, n: int, bw: float, lat: float, tree: bool) -> float:
-    ring = ring_allreduce(nbytes, n, bw, lat)
-    return min(ring, tree_allreduce(nbytes, n, bw, lat)) if tree else ring
+def _flat_allreduce(nbytes: float, n: int, c: Cluster, crossing: bool, sharing: int = 1) -> float:
+    f = c.figure("all_reduce", crossing, sharing)
+    ring = f.seconds("all_reduce", nbytes, n, c.backend)
+    return min(ring, tree_allreduce(nbytes, n, f.bw, f.lat)) if c.tree else ring
+
+
+def _flat(kind: str, nbytes: float, n: int, c: Cluster, crossing: bool, sharing: int = 1) -> float:
+    return c.figure(kind, crossing, sharing).seconds(kind, nbytes, n, c.backend)
 
 
 def allreduce(nbytes: float, group: Group, c: Cluster) -> float:
@@ -73,13 +85,13 @@ def allreduce(nbytes: float, group: Group, c: Cluster) -> float:
     if group.size <= 1 or nbytes <= 0:
         return 0.0
     if group.nodes == 1:
-        return _flat_allreduce(nbytes, group.per_node, c.intra_bw, c.intra_lat, c.tree)
-    inter = _flat_allreduce(nbytes, group.nodes, c.inter_bw / group.sharing, c.inter_lat, c.tree)
+        return _flat_allreduce(nbytes, group.per_node, c, False)
+    inter = _flat_allreduce(nbytes, group.nodes, c, True, group.sharing)
     if group.per_node == 1:
         return inter
     # Each of the node's members all-reduces 1/per_node of the data between nodes, in parallel,
     # over the node's NICs together: the node still sends ~2(N-1)/N x nbytes.
-    intra = 2 * ring_gather(nbytes, group.per_node, c.intra_bw, c.intra_lat)
+    intra = _flat("reduce_scatter", nbytes, group.per_node, c, False) + _flat("all_gather", nbytes, group.per_node, c, False)
     return intra + inter
 
 
@@ -87,27 +99,36 @@ def gather(nbytes: float, group: Group, c: Cluster, *, reduce: bool = False) -> 
     """Seconds for an all-gather (``reduce``: a reduce-scatter) whose full result is ``nbytes``."""
     if group.size <= 1 or nbytes <= 0:
         return 0.0
-    if reduce and c.backend == "gloo":
+    kind = "reduce_scatter" if reduce else "all_gather"
+    crossing = group.nodes > 1
+    if reduce and c.backend == "gloo" and kind not in c.links.get("inter" if crossing else "intra", _NONE).figures:
         # torch's gloo backend reduce-scatters by all-reducing: on the test bed (2 hosts, 20 Mbit/s)
         # a 1 MiB reduce_scatter_tensor took 487-568 ms, its all_reduce 441-449 ms.
         return allreduce(nbytes, group, c)
-    if group.nodes == 1:
-        return ring_gather(nbytes, group.per_node, c.intra_bw, c.intra_lat)
-    inter = ring_gather(nbytes, group.nodes, c.inter_bw / group.sharing, c.inter_lat)
+    if not crossing:
+        return _flat(kind, nbytes, group.per_node, c, False)
+    inter = _flat(kind, nbytes, group.nodes, c, True, group.sharing)
     if group.per_node == 1:
         return inter
     # Between nodes each member moves 1/per_node of the data (the NICs in parallel); then each
     # gathers the rest from its node's members.
-    return inter + ring_gather(nbytes, group.per_node, c.intra_bw, c.intra_lat)
+    return inter + _flat(kind, nbytes, group.per_node, c, False)
+
+
+def broadcast(nbytes: float, group: Group, c: Cluster, *, messages: int = 1) -> float:
+    """Seconds for ``messages`` broadcasts (one after another) of ``nbytes`` in all to ``group``."""
+    if group.size <= 1 or nbytes <= 0:
+        return 0.0
+    f = c.figure("broadcast", group.nodes > 1, group.sharing)
+    steps, _ = shape("broadcast", c.backend)
+    return f.seconds("broadcast", nbytes, group.size, c.backend) + (max(1, messages) - 1) * steps(group.size) * f.lat
 
 
 def p2p(nbytes: float, group: Group, c: Cluster) -> float:
     """One send from a rank to its neighbour in ``group`` (pipeline stages)."""
     if nbytes <= 0:
         return 0.0
-    if group.nodes > 1:
-        return c.inter_lat + nbytes * group.sharing / c.inter_bw
-    return c.intra_lat + nbytes / c.intra_bw
+    return _flat("send_recv", nbytes, 2, c, group.nodes > 1, group.sharing if group.nodes > 1 else 1)
 
 
 def fifo(jobs: list[tuple[float, float]]) -> list[float]:

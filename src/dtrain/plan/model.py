@@ -22,36 +22,52 @@ OPT_BYTES_TOUCHED = {"sgd": 20, "adam": 28, "adamw": 28, "adadelta": 28}
 """Bytes read + written per parameter by one optimizer step (memory-bound on a GPU)."""
 
 ASSUMPTIONS = (
-    "compute: measured forward/backward/optimizer times when profiled on this device, else FLOPs / (peak x achieved fraction); "
-    "backward = measured ratio x forward (2x from FLOPs); activation checkpointing adds one forward of the blocks",
+    "compute: on CPU measured (forward/backward/optimizer medians of the plain step, in a fresh process of a world of "
+    "one, or in this process with --no-layout-profile), on a GPU preset FLOPs / (peak x achieved fraction), backward = "
+    "the counted ratio x forward; activation checkpointing adds one forward of the blocks; the CPU profile is the load "
+    "of the moment it ran",
+    "layouts' own CPU cost (CPU, measured): each layout's step in a world of one (DDP and the --comm method's hook, "
+    "ZeRO's optimizer, fully_shard, the TP plan on DTensors) minus the plain step, per phase, added in full and the "
+    "same at any world size: the 16-bit casts, PowerSGD's products and orthogonalisation, DDP's reducer, FSDP's "
+    "per-unit hooks and its optimizer step on DTensors, TP's DTensor dispatch; not measured on a GPU preset",
     "data: the profile's batch collation time per sample (in-memory data sets; a slow loader is not modelled)",
     "parameters and gradients fp32 (4 bytes; autocast keeps fp32 masters), optimizer state fp32 "
     "(SGD momentum 1, Adam/AdamW/Adadelta 2 tensors); ranks are numbered node by node, tp fastest (dtrain's mesh order)",
     "collectives: ring all-reduce 2(n-1)/n x B / bw + 2(n-1) x latency, all-gather / reduce-scatter half that; "
     "a tree (2 log2 n latencies, 2 B / bw) where the cluster has one (NCCL) and it is cheaper; across nodes: "
-    "reduce-scatter in the node, all-reduce between nodes at the node's NIC bandwidth, all-gather in the node",
+    "reduce-scatter in the node, all-reduce between nodes at the node's NIC bandwidth, all-gather in the node; "
+    "where a collective was measured between real processes (--links from `dtrain doctor --links-out`, "
+    "--measure-links), its own latency per step and bandwidth replace the link's, carried to other group sizes "
+    "by these shapes (gloo's broadcast: a binomial tree)",
     "ddp: gradients in 25 MiB buckets (dtrain passes bucket_cap_mb, so the first bucket is 25 MiB too), each bucket "
     "all-reduced once backward has produced it (gradients assumed produced evenly by bytes), one after another; "
     "what ends after backward is exposed",
     "--comm: bf16/fp16 halve the bytes; powersgd:R sends R x (rows + columns) per matrix (vectors whole) in 3 "
-    "all-reduces and computes 4 x rows x cols x R FLOPs; localsgd:H all-reduces the parameters every H steps, "
-    "nothing otherwise (amortised); the warm-up steps are not counted",
+    "all-reduces after backward, its compute measured (CPU) or 4 x rows x cols x R FLOPs; localsgd:H all-reduces "
+    "the parameters every H steps (and, measured, averages them), nothing otherwise (amortised); the warm-up steps "
+    "are not counted",
     "zero1: ddp's all-reduce, the optimizer on 1/dp of the parameters, then each parameter broadcast by its owner "
     "(torch's ZeroRedundancyOptimizer: one broadcast after another, so all parameter bytes / bandwidth, and a latency per "
     "tensor; exposed)",
     "fsdp/hsdp: units are the task's blocks plus the rest of the model; each unit all-gathered in forward and again "
     "in backward, its gradient reduce-scattered (hsdp: then all-reduced between nodes), all in fp32 (dtrain sets no "
-    "mixed-precision policy), on one link in issue order, prefetching one unit ahead; on gloo a reduce-scatter costs "
-    "an all-reduce (torch's gloo backend all-reduces; measured on the test bed)",
+    "mixed-precision policy), on one link in issue order, prefetching one unit ahead; on gloo an unmeasured "
+    "reduce-scatter costs an all-reduce (torch's gloo backend all-reduces)",
     "tp: compute and activations / tp; per block 4 all-gathers or reduce-scatters of its output in forward and 4 in "
     "backward (Megatron-LM with sequence parallelism), the logits gathered once each way; none overlapped",
     "pp: blocks split evenly, the rest of the model on the end stages; (m + p - 1) micro-batch slots of the slowest "
-    "stage (1F1B and GPipe have the same bubble, (p-1)/(m+p-1)); sends are asynchronous: a slot takes the longer of its "
-    "compute and one transfer, plus 2(p-1) transfers to fill and drain; data-parallel gradient sync after the schedule, "
-    "not overlapped",
-    "memory: parameters + gradients + optimizer state + saved activations of the micro-batches in flight + fsdp's "
-    "two gathered units + the device's fixed reserve, all at once (an upper bound: activations are freed as "
-    "gradients appear)",
+    "stage (1F1B and GPipe have the same bubble, (p-1)/(m+p-1)); on CPU a slot is one micro-batch's own measured "
+    "forward and backward (batch / m) x the stage's share, plus the one-stage schedule's measured work per "
+    "micro-batch; torch's schedule (GPipe, 1F1B) played out in time with every stage as slow as the busiest: each "
+    "activation and gradient crosses its link one after another, a send completes when its bytes have crossed, and a "
+    "stage waits where torch's schedule waits (1F1B: each send with the next receive); data-parallel gradient sync "
+    "after the schedule, not overlapped",
+    "memory per rank at the step's peak: parameters + gradients + optimizer state + saved activations of the "
+    "micro-batches in flight + fsdp's two gathered units + PowerSGD's error feedback (a gradient's copy), all at once "
+    "(an upper bound: activations are freed as gradients appear); on CPU (peak resident set) + a worker's measured "
+    "memory before its model (interpreter, torch, dtrain, the process group, the data; + torch's pipelining modules "
+    "for pp) + the plain step's measured transient beyond its modelled tensors; on a GPU (the allocator's peak) + the "
+    "output's gradient; 'fits' adds the device's fixed reserve (CUDA context); the final evaluation's batch is not modelled",
     "scaling efficiency: samples/s over world size x the samples/s of one device running the same per-process batch",
 )
 
@@ -96,7 +112,20 @@ class Prediction:
 
     @property
     def mem_bytes(self) -> float:
+        """Everything the device must hold for this rank (what ``fits`` compares)."""
         return sum(self.memory.values())
+
+    @property
+    def state_bytes(self) -> float:
+        """Parameters, gradients and optimizer state."""
+        return sum(self.memory.get(k, 0.0) for k in ("params", "grads", "optimizer"))
+
+    @property
+    def peak_bytes(self) -> float:
+        """What a measured peak reports: on CPU the process's peak resident set (all of
+        ``memory``), on a GPU the allocator's peak (``torch.cuda.max_memory_allocated``: all but
+        the fixed reserve of the CUDA context)."""
+        return self.mem_bytes - self.memory.get("fixed", 0.0)
 
     @property
     def fits(self) -> bool:
@@ -114,6 +143,7 @@ class Prediction:
                 "step_ms": round(self.step_s * 1e3, 3), "samples_per_s": round(self.samples_per_s, 2),
                 "tokens_per_s": round(self.samples_per_s * self.tokens_per_sample, 1) if self.tokens_per_sample else None,
                 "scaling_efficiency": _round(self.scaling_efficiency(world), 4), "mem_mib_per_rank": round(self.mem_bytes / MIB, 1),
+                "peak_mib_per_rank": round(self.peak_bytes / MIB, 1), "state_mib_per_rank": round(self.state_bytes / MIB, 2),
                 "mem_headroom_mib": round((self.capacity - self.mem_bytes) / MIB, 1), "fits": self.fits,
                 "exposed_comm_ms": ms.get("exposed_comm", 0.0), "comm_ms": round(self.comm_s * 1e3, 3), "phases_ms": ms,
                 "memory_mib": {k: round(v / MIB, 2) for k, v in self.memory.items()}, "notes": self.notes}
@@ -169,9 +199,11 @@ def predict(prof: ModelProfile, c: Cluster, layout: Layout, s: Settings) -> Pred
     from .steps import step_phases  # the per-layout step, kept apart for size
 
     fwd, bwd, opt = compute_rates(prof, c, s)
-    slow = c.compute_slowdown(s.threads_per_proc)
+    m = prof.machinery
+    other, by_session = (m.other_load, m.by_session) if m is not None else (0.0, False)
+    slow = c.compute_slowdown(s.threads_per_proc, other, by_session)
     phases, comm_s, notes = step_phases(prof, c, layout, s, fwd * slow, bwd * slow, opt * slow, slow)
-    alone = c.with_world(1, 1).compute_slowdown(s.threads_per_proc)
+    alone = c.with_world(1, 1).compute_slowdown(s.threads_per_proc, other, by_session)
     single = s.batch * (fwd + bwd + s.data_s_per_sample) + opt * prof.params
     if s.activation_checkpointing:
         single += s.batch * fwd * _block_share(prof)
@@ -181,7 +213,7 @@ def predict(prof: ModelProfile, c: Cluster, layout: Layout, s: Settings) -> Pred
 
 
 def memory(prof: ModelProfile, c: Cluster, layout: Layout, s: Settings) -> dict[str, float]:
-    """Bytes per rank by kind (the largest pipeline stage)."""
+    """Bytes per rank by kind (the largest pipeline stage), at the step's peak."""
     d = layout.dims
     _, p_share, a_share = stage_share(prof, d.pp)
     params_rank = prof.params * p_share / d.tp
@@ -203,5 +235,25 @@ def memory(prof: ModelProfile, c: Cluster, layout: Layout, s: Settings) -> dict[
     if shard > 1:  # the unit being used and the one prefetched, whole
         unit = max([b.params for b in prof.blocks] + [prof.params - sum(b.params for b in prof.blocks)])
         mem["gathered"] = 2 * s.param_comm_bytes * unit / d.tp
+    if layout.comm.startswith("powersgd"):  # error feedback: one more copy of the gradient (torch's PowerSGD state)
+        mem["comm_state"] = 4 * params_rank
+    mem.update(_transient(prof, c, s, micro))
     mem["fixed"] = c.device.fixed_bytes
+    m = prof.machinery
+    if m is not None and not c.is_gpu:
+        mem["baseline"] = m.rss.get("baseline", 0.0) + (m.rss.get("pipelining", 0.0) if d.pp > 1 else 0.0)
     return mem
+
+
+def _transient(prof: ModelProfile, c: Cluster, s: Settings, micro: float) -> dict[str, float]:
+    """What the step allocates beyond the tensors above at its peak. On CPU, measured: the plain
+    step's peak resident growth (``machinery``) beyond its modelled gradients, optimizer state and
+    activations (the loss's temporaries, the allocator's slack). On a GPU, the gradient of the
+    model's output (the loss's input, fp32), alive with every activation as backward starts."""
+    m = prof.machinery
+    if c.is_gpu:
+        return {"transient": prof.out_bytes * micro} if prof.out_bytes else {}
+    if m is None or "plain_peak" not in m.rss:
+        return {}
+    modelled = 4 * prof.params * (1 + OPT_STATES.get(s.optimizer, 2)) + prof.act_bytes * s.batch
+    return {"transient": max(0.0, m.rss["plain_peak"] - modelled)}

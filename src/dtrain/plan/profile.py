@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError
+from .machinery import Machinery
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,6 +68,8 @@ class ModelProfile:
     timing: Timing | None = None
     precision: str = "fp32"
     notes: tuple[str, ...] = field(default=())
+    machinery: Machinery | None = None
+    """Each layout's own CPU cost and a worker's memory, measured in a world of one (``machinery``)."""
 
     @property
     def boundary_bytes(self) -> float:
@@ -87,7 +90,8 @@ class ModelProfile:
                 "act_mib_per_sample": self.act_bytes / 2**20, "blocks": len(self.blocks), "precision": self.precision,
                 "measured": None if t is None else {"batch": t.batch, "fwd_ms": t.fwd_s * 1e3, "bwd_ms": t.bwd_s * 1e3,
                                                     "opt_ms": t.opt_s * 1e3, "data_ms": t.data_s * 1e3, "threads": t.threads, "device": t.device,
-                                                    "achieved_gflops": (self.achieved_flops or 0) / 1e9}}
+                                                    "achieved_gflops": (self.achieved_flops or 0) / 1e9},
+                "machinery": None if self.machinery is None else self.machinery.describe()}
 
 
 def _first_tensor(value: Any) -> torch.Tensor | None:
@@ -210,18 +214,23 @@ def measure(task: Any, x: Any, y: Any, *, optimizer: str, lr: float, autocast_dt
     finally:
         torch.set_num_threads(old)
     batch = len(y) if hasattr(y, "__len__") else 1
+    return Timing(batch=batch, fwd_s=statistics.median(fwd), bwd_s=statistics.median(bwd), opt_s=statistics.median(step),
+                  threads=threads, device="cpu", data_s=data_time(task, batch))
+
+
+def data_time(task: Any, batch: int) -> float:
+    """Median seconds to fetch and collate one batch from the task's (in-memory) training set."""
     data = []
     for _ in range(5):
         t0 = time.perf_counter()
         sample_batch(task, batch)
         data.append(time.perf_counter() - t0)
-    return Timing(batch=batch, fwd_s=statistics.median(fwd), bwd_s=statistics.median(bwd), opt_s=statistics.median(step),
-                  threads=threads, device="cpu", data_s=statistics.median(data))
+    return statistics.median(data)
 
 
 def profile_task(task: Any, *, batch: int, precision: str = "fp32", optimizer: str | None = None,
-                 timed: bool = True, threads: int = 1) -> ModelProfile:
-    """Count (meta device) and, with ``timed``, time (CPU) one batch of ``task``."""
+                 timed: bool = True, threads: int = 1, machinery: Machinery | None = None) -> ModelProfile:
+    """Count (meta device) and, with ``timed``, time (CPU) one batch of ``task`` (``timing``)."""
     dtype = torch.bfloat16 if precision in ("bf16-mixed", "fp16-mixed") else None
     x, y = sample_batch(task, batch)
     try:
@@ -231,16 +240,31 @@ def profile_task(task: Any, *, batch: int, precision: str = "fp32", optimizer: s
                           f"({type(exc).__name__}: {exc}); dtrain plan needs FLOPs and activation sizes.") from None
     blocks = tuple(Block(params=int(b.get("params", 0)), fwd_flops=b.get("flops", 0) / batch,
                          act_bytes=b.get("saved", 0) / batch, out_bytes=b.get("out", 0) / batch) for b in c["blocks"])
-    notes = ["FLOPs and saved activations counted with FlopCounterMode and saved-tensor hooks on the meta device"]
+    notes = ("FLOPs and saved activations counted with FlopCounterMode and saved-tensor hooks on the meta device",)
     bwd_ratio = c["bwd"] / c["fwd"] if c["fwd"] else 2.0
     prof = ModelProfile(name=task.name, params=c["params"], fwd_flops=c["fwd"] / batch, act_bytes=c["act"] / batch,
                         blocks=blocks, matrices=c["matrices"], out_bytes=c["out"] / batch, tensors=c["tensors"],
-                        tokens_per_sample=task.tokens_per_sample, bwd_ratio=bwd_ratio, precision=precision)
-    if timed:
-        timing = measure(task, x, y, optimizer=optimizer or task.optimizer, lr=task.lr, autocast_dtype=dtype, threads=threads)
-        prof = replace(prof, timing=timing)
-        notes.append(f"forward/backward/optimizer timed on this CPU, {threads} thread(s), batch {batch}, median of up to 15 steps")
-    return replace(prof, notes=tuple(notes))
+                        tokens_per_sample=task.tokens_per_sample, bwd_ratio=bwd_ratio, precision=precision, notes=notes)
+    return add_timing(prof, task, batch=batch, optimizer=optimizer, threads=threads, machinery=machinery) if timed else prof
+
+
+def add_timing(prof: ModelProfile, task: Any, *, batch: int, optimizer: str | None = None, threads: int = 1,
+           machinery: Machinery | None = None) -> ModelProfile:
+    """``prof`` with this CPU's times for one batch: measured here, or, given ``machinery``
+    (measured in a worker-like process), its plain step and the layouts' extras."""
+    dtype = torch.bfloat16 if prof.precision in ("bf16-mixed", "fp16-mixed") else None
+    if machinery is not None:
+        plain = machinery.steps["plain"]
+        t = Timing(batch=batch, fwd_s=plain.forward, bwd_s=plain.backward, opt_s=plain.optimizer, threads=machinery.threads,
+                   device="cpu", data_s=data_time(task, batch))
+        kinds = ", ".join(k for k in machinery.steps if k != "plain") or "none"
+        note = (f"forward/backward/optimizer timed on this CPU in a fresh process of a world of one, {machinery.threads} thread(s), "
+                f"batch {batch}: the plain step and each layout's ({kinds}) in turn, medians of {machinery.rounds} rounds")
+        return replace(prof, timing=t, machinery=machinery, notes=(*prof.notes, note))
+    x, y = sample_batch(task, batch)
+    t = measure(task, x, y, optimizer=optimizer or task.optimizer, lr=task.lr, autocast_dtype=dtype, threads=threads)
+    note = f"forward/backward/optimizer timed on this CPU, {threads} thread(s), batch {batch}, median of up to 15 steps"
+    return replace(prof, timing=t, notes=(*prof.notes, note))
 
 
 def transformer(name: str, *, layers: int, width: int, ffn: int, heads: int, kv_heads: int, vocab: int, seq: int,

@@ -9,7 +9,7 @@ from typing import Any, TextIO
 
 from . import Plan
 
-COLUMNS = ("#", "layout", "comm", "step ms", "samples/s", "scaling", "exposed comm ms", "MiB/rank", "fits")
+COLUMNS = ("#", "layout", "comm", "step ms", "samples/s", "scaling", "exposed comm ms", "state MiB", "peak MiB", "fits")
 
 
 def rows(plan: Plan, top: int | None = None) -> list[tuple[str, ...]]:
@@ -21,7 +21,8 @@ def rows(plan: Plan, top: int | None = None) -> list[tuple[str, ...]]:
         head = d["mem_headroom_mib"]
         fits = "yes" if d["fits"] else f"no (+{-head:,.0f} MiB)"
         out.append((str(i), d["layout"], d["comm"], f"{d['step_ms']:.2f}", f"{d['samples_per_s']:,.1f}",
-                    "-" if eff is None else f"{eff:.0%}", f"{d['exposed_comm_ms']:.2f}", f"{d['mem_mib_per_rank']:,.0f}", fits))
+                    "-" if eff is None else f"{eff:.0%}", f"{d['exposed_comm_ms']:.2f}", f"{d['state_mib_per_rank']:,.1f}",
+                    f"{d['peak_mib_per_rank']:,.0f}", fits))
     return out
 
 
@@ -35,6 +36,16 @@ def summary(plan: Plan) -> list[str]:
         lines.append(f"profile: forward {t.fwd_s * 1e3:.2f} ms, backward {t.bwd_s * 1e3:.2f} ms, optimizer {t.opt_s * 1e3:.2f} ms, "
                      f"data {t.data_s * 1e3:.2f} ms per batch of {t.batch} ({t.threads} thread(s); "
                      f"{(prof.achieved_flops or 0) / 1e9:.1f} GFLOP/s achieved)")
+    m = prof.machinery
+    if m is not None:
+        extra = ", ".join(f"{k} +{m.extra(k).total * 1e3:.1f}" for k in m.steps if k not in ("plain", "micro", "pp"))
+        pp = f"; pipeline schedule {m.steps['pp'].forward * 1e3:.1f} ms per batch" if "pp" in m.steps else ""
+        others = f"{m.other_load:.1f} other {'sessions' if m.by_session else 'threads'} running"
+        lines.append(f"layouts' own CPU cost per step, ms (world of one, {m.rounds} rounds; {others}): {extra or '-'}{pp}; "
+                     f"a worker's memory before its model {m.rss.get('baseline', 0) / 2**20:,.0f} MiB")
+    for where, got in c.links.items():
+        figs = ", ".join(f"{k} {f.lat * 1e6:.0f} us + {f.bw * 8 / 1e9:.3g} Gbit/s" for k, f in got.figures.items())
+        lines.append(f"links {where} (measured between {got.ranks} {got.between}): {figs}")
     return lines
 
 

@@ -76,7 +76,7 @@ def fsdp_step(prof: ModelProfile, c: Cluster, layout: Layout, s, fwd_t: float, b
 
 
 def comm_cost(prof: ModelProfile, c: Cluster, layout: Layout, s, bwd_window: float, nbytes: float,
-              group: Group, rate: float) -> tuple[float, float, str | None]:
+              group: Group, rate: float, slow: float = 1.0) -> tuple[float, float, str | None]:
     """(wire s, exposed s, note) of ddp's gradient sync under ``--comm``."""
     kind, _, arg = layout.comm.partition(":")
     if kind in ("none", "fp16", "bf16"):
@@ -91,34 +91,67 @@ def comm_cost(prof: ModelProfile, c: Cluster, layout: Layout, s, bwd_window: flo
         tiny = costs.allreduce(4, group, c)  # the latency of the two extra all-reduces (P, then Q)
         flops = sum(4 * m * n * r for m, n in prof.matrices if m * n >= 2 * r * (m + n)) / layout.dims.tp
         wire = costs.allreduce(sent, group, c) + 2 * tiny
-        # one bucket (dtrain's powersgd needs every gradient in one), so nothing overlaps backward
-        return wire, wire + flops / rate, f"powersgd:{r}: {sent / max(1.0, nbytes):.3f} of the gradient bytes"
+        # one bucket (dtrain's powersgd needs every gradient in one), so nothing overlaps backward;
+        # its compression compute is the profile's where measured (in backward then), else FLOPs / rate
+        compute = 0.0 if prof.machinery is not None else flops / rate
+        return wire, wire + compute, f"powersgd:{r}: {sent / max(1.0, nbytes):.3f} of the gradient bytes"
     if kind == "localsgd":
         period = int(arg or 16)
         wire = costs.allreduce(nbytes, group, c) / period
-        return wire, wire, f"localsgd:{period}: parameters averaged every {period} steps (amortised)"
+        m = prof.machinery
+        average = (m.average_s or 0.0) * slow / period if m is not None else 0.0
+        return wire, wire + average, f"localsgd:{period}: parameters averaged every {period} steps (amortised)"
     raise ValueError(f"unknown comm {layout.comm!r}")
 
 
 def pipeline_step(prof: ModelProfile, c: Cluster, layout: Layout, s, fwd_t: float, bwd_t: float, params_rank: float,
                   groups: tuple[Group, Group, Group]) -> tuple[dict[str, float], float, float]:
     """(bubble and p2p phases, wire s, exposed s) of pp x dp: the schedule, then the dp sync."""
-    d, b = layout.dims, s.batch
+    from .pipeline_sim import makespan
+
+    d, b, m = layout.dims, s.batch, s.microbatches
     g_pp, g_rep, g_shard = groups
-    slots = s.microbatches + d.pp - 1
-    per_mb = (fwd_t + bwd_t) / s.microbatches
-    hop = costs.p2p(b / s.microbatches * prof.boundary_bytes / d.tp, g_pp, c)
-    # Sends are asynchronous (torch.distributed.pipelining's batched isend/irecv): activations
-    # and gradients go opposite ways, one per slot each; a slot takes the longer of its compute
-    # and its transfer, and filling and draining the pipeline wait for 2(p-1) transfers.
-    phases = {"bubble": (d.pp - 1) * per_mb, "p2p": slots * max(0.0, hop - per_mb) + 2 * (d.pp - 1) * hop}
-    wire = 2 * s.microbatches * (d.pp - 1) * hop / d.pp
+    hop = costs.p2p(b / m * prof.boundary_bytes / d.tp, g_pp, c)
+    # torch's schedule played out: every stage as slow as the busiest, each transfer on its link
+    # in turn, waits where torch's schedule waits (pipeline_sim); what it adds beyond the
+    # compute is the bubble ((p-1) slots) and the waits for transfers
+    span = makespan(d.pp, m, fwd_t / m, bwd_t / m, hop, s.schedule)
+    bubble = (d.pp - 1) * (fwd_t + bwd_t) / m
+    phases = {"bubble": bubble, "p2p": max(0.0, span - fwd_t - bwd_t - bubble)}
+    wire = 2 * m * (d.pp - 1) * hop / d.pp
     grad_bytes = s.grad_comm_bytes * params_rank
     if d.dp_shard > 1:
         sync = costs.gather(s.param_comm_bytes * params_rank, g_shard, c) + costs.gather(grad_bytes, g_shard, c, reduce=True)
     else:
         sync = costs.allreduce(grad_bytes, g_rep, c)
     return phases, wire + sync, sync
+
+
+def measured_extra(prof: ModelProfile, layout: Layout, slow: float) -> tuple[float, float, float]:
+    """(forward, backward, optimizer) seconds the layout's machinery adds to a step, as the
+    profile measured it on this CPU (``machinery``), x the shared cores' slowdown; 0 unmeasured."""
+    m = prof.machinery
+    if m is None:
+        return 0.0, 0.0, 0.0
+    from .machinery import kinds_of
+
+    f = b = o = 0.0
+    for kind in kinds_of(layout):
+        e = m.extra(kind)
+        f, b, o = f + e.forward, b + e.backward, o + e.optimizer
+    return f * slow, b * slow, o * slow
+
+
+def pipeline_compute(prof: ModelProfile, layout: Layout, s, f_share: float, slow: float) -> tuple[float, float] | None:
+    """(forward, backward) seconds of the busiest stage's micro-batches from the profile: one
+    micro-batch's own time (small batches run less efficiently) x the stage's share, plus the
+    schedule's measured work per micro-batch (in forward); None unmeasured."""
+    m = prof.machinery
+    if m is None or "micro" not in m.steps or "pp" not in m.steps:
+        return None
+    mb, n = m.steps["micro"], s.microbatches
+    schedule = max(0.0, m.steps["pp"].forward - m.microbatches * (mb.forward + mb.backward)) / m.microbatches
+    return (n * (mb.forward * f_share / layout.dims.tp + schedule) * slow, n * mb.backward * f_share / layout.dims.tp * slow)
 
 
 def step_phases(prof: ModelProfile, c: Cluster, layout: Layout, s, fwd: float, bwd: float, opt: float,
@@ -135,8 +168,12 @@ def step_phases(prof: ModelProfile, c: Cluster, layout: Layout, s, fwd: float, b
     params_rank = prof.params * p_share / d.tp
     fwd_t = b * fwd * f_share / d.tp
     bwd_t = b * bwd * f_share / d.tp
+    if d.pp > 1 and (piped := pipeline_compute(prof, layout, s, f_share, slow)) is not None:
+        fwd_t, bwd_t = piped
     if s.activation_checkpointing:
         bwd_t += b * fwd * _block_share(prof) * f_share / d.tp
+    extra_f, extra_b, extra_o = measured_extra(prof, layout, slow)
+    fwd_t, bwd_t = fwd_t + extra_f, bwd_t + extra_b
     phases = {"data": b * s.data_s_per_sample * slow, "forward": fwd_t, "backward": bwd_t}
     notes: list[str] = []
     wire, exposed = 0.0, 0.0
@@ -153,29 +190,26 @@ def step_phases(prof: ModelProfile, c: Cluster, layout: Layout, s, fwd: float, b
         exposed += (f_el - fwd_t) + (b_el - bwd_t)
     elif d.dp_replicate > 1:
         window = bwd_t / max(1, s.grad_accum)  # only the last micro-batch's backward overlaps
-        w, e, note = comm_cost(prof, c, layout, s, window, grad_bytes, g_rep, rate)
+        w, e, note = comm_cost(prof, c, layout, s, window, grad_bytes, g_rep, rate, slow)
         wire, exposed = wire + w, exposed + e
         if note:
             notes.append(note)
-    opt_div = d.dp_shard
+    more = serial_comm(prof, c, layout, s, params_rank, g_rep, g_tp)
+    phases["exposed_comm"] = exposed + more
+    phases["optimizer"] = opt * params_rank / (d.dp if layout.zero1 else d.dp_shard) + extra_o
+    return phases, wire + more, notes
+
+
+def serial_comm(prof: ModelProfile, c: Cluster, layout: Layout, s, params_rank: float, g_rep: Group, g_tp: Group) -> float:
+    """Seconds of the collectives nothing overlaps: zero1's parameter broadcasts, TP's activations."""
+    out = 0.0
     if layout.zero1:
-        opt_div = d.dp
         # torch's ZeroRedundancyOptimizer broadcasts each parameter from the rank that stepped it
         # (parameters_as_bucket_view=False), one broadcast after another: every parameter byte
-        # crosses the link once in turn (not all ranks at once, as in an all-gather), and each
-        # tensor pays a broadcast's latency. On the bed: 2.7 MB at 100 Mbit/s took 221 ms, not 115.
-        if g_rep.size > 1:
-            crossing = g_rep.nodes > 1
-            lat = c.inter_lat if crossing else c.intra_lat
-            bw = c.inter_bw / g_rep.sharing if crossing else c.intra_bw
-            gather = 4 * params_rank / bw + prof.tensors * math.ceil(math.log2(g_rep.size)) * lat
-        else:
-            gather = 0.0
-        wire, exposed = wire + gather, exposed + gather
-    if d.tp > 1:
-        per = costs.gather(b * prof.boundary_bytes, g_tp, c)
-        tp_comm = 8 * len(prof.blocks) * per + 2 * costs.gather(b * prof.out_bytes, g_tp, c)
-        wire, exposed = wire + tp_comm, exposed + tp_comm
-    phases["exposed_comm"] = exposed
-    phases["optimizer"] = opt * params_rank / opt_div
-    return phases, wire, notes
+        # crosses the link in turn (not all ranks at once, as in an all-gather), and each tensor
+        # pays a broadcast's latency. On the bed: 2.7 MB at 100 Mbit/s took 221 ms, not 115.
+        out += costs.broadcast(4 * params_rank, g_rep, c, messages=prof.tensors)
+    if layout.dims.tp > 1:
+        per = costs.gather(s.batch * prof.boundary_bytes, g_tp, c)
+        out += 8 * len(prof.blocks) * per + 2 * costs.gather(s.batch * prof.out_bytes, g_tp, c)
+    return out

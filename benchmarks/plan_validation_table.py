@@ -1,0 +1,73 @@
+"""The table and the goals' figures of plan_validation.py's rows (predicted vs measured per
+configuration; per group, whether the plan's fastest was the fastest measured)."""
+
+from __future__ import annotations
+
+import statistics
+
+
+def picks_of(rows: list[dict]) -> list[tuple[str, dict, dict]]:
+    """(group, the plan's fastest row, the fastest measured row) of each group."""
+    groups: dict[str, list[dict]] = {}
+    for r in rows:
+        groups.setdefault(r["group"], []).append(r)
+    return [(g, max(rs, key=lambda r: r["pred_samples_per_s"]), max(rs, key=lambda r: r["meas_samples_per_s"]))
+            for g, rs in groups.items()]
+
+
+def ratio_errors(rows: list[dict]) -> dict[tuple[str, str, str], float]:
+    """Error of each configuration's step time relative to its group's first (ddp none), predicted
+    against measured: a load common to both cancels."""
+    out, first = {}, {}
+    for r in rows:
+        base = first.setdefault(r["group"], r)
+        pred = r["predicted_ms"] / base["predicted_ms"]
+        meas = r["measured_ms"] / base["measured_ms"]
+        out[(r["group"], r["layout"], r["comm"])] = pred / meas - 1
+    return out
+
+
+def _pair(pred: float | None, meas: float | None, fmt: str) -> str:
+    return "-" if pred is None or meas is None else f"{pred:{fmt}} / {meas:{fmt}}"
+
+
+def _load(r: dict) -> str:
+    load = r["load"] if isinstance(r["load"], list) else [r["load"]]
+    return "-".join(f"{float(v):.1f}" for v in (min(map(float, load)), max(map(float, load)))) if len(load) > 1 else f"{float(load[0]):.1f}"
+
+
+def print_table(rows: list[dict]) -> None:
+    ratios = ratio_errors(rows)
+    print("\n| group | layout | comm | predicted ms (per run) | measured ms (per run) | error | error of ratio to group's first "
+          "| state MiB pred / meas | peak MiB pred / meas | load |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        ba = ", ".join(f"{v:.0f}" for v in r.get("predicted_runs_ms", r.get("predicted_before_after_ms", [])))
+        runs = ", ".join(f"{v:.0f}" for v in r.get("measured_runs_ms", [r["measured_ms"]]))
+        print(f"| {r['group']} | {r['layout']} | {r['comm']} | {r['predicted_ms']:.1f} ({ba}) | {r['measured_ms']:.1f} ({runs}) "
+              f"| {r['error']:+.1%} | {ratios[(r['group'], r['layout'], r['comm'])]:+.1%} "
+              f"| {_pair(r['pred_state_mib'], r['meas_state_mib'], '.2f')} | {_pair(r.get('pred_peak_mib'), r.get('meas_peak_mib'), '.0f')} "
+              f"| {_load(r)} |")
+    summary(rows, ratios)
+
+
+def summary(rows: list[dict], ratios: dict) -> None:
+    errs = [abs(r["error"]) for r in rows]
+    rel = [abs(v) for v in ratios.values() if v != 0.0]
+    print(f"\nstep time: median |error| {statistics.median(errs):.1%}, max {max(errs):.1%} over {len(rows)} configurations"
+          f" ({sum(e <= 0.10 for e in errs)} within 10%, {sum(e <= 0.25 for e in errs)} within 25%)")
+    if rel:
+        print(f"step time relative to the group's first configuration: median |error| {statistics.median(rel):.1%}, max {max(rel):.1%}")
+    for key, name in (("state", "state memory"), ("peak", "peak memory")):
+        mem = [abs(r[f"pred_{key}_mib"] / r[f"meas_{key}_mib"] - 1) for r in rows if r.get(f"meas_{key}_mib") and r.get(f"pred_{key}_mib")]
+        if mem:
+            print(f"{name} per rank: median |error| {statistics.median(mem):.1%}, max {max(mem):.1%} over {len(mem)} configurations")
+    picks = picks_of(rows)  # the group's plan (all its layouts at one moment) against the measured medians
+    right = 0
+    for name, bp, bm in picks:
+        ok = bp["layout"] == bm["layout"] and bp["comm"] == bm["comm"]
+        right += ok
+        regret = bm["meas_samples_per_s"] / bp["meas_samples_per_s"] - 1
+        print(f"{name}: plan picks {bp['layout']} {bp['comm']}; fastest measured {bm['layout']} {bm['comm']}"
+              + ("" if ok else f" (the pick measured {regret:.0%} slower than the fastest)"))
+    print(f"fastest picked right in {right} of {len(picks)} groups")

@@ -1,0 +1,148 @@
+"""Link figures measured between real processes: each collective a layout issues, timed at a few
+sizes (``dtrain.diag.probe.time_collectives``: between 2 local processes with ``dtrain plan
+--measure-links``, between nodes with ``dtrain doctor --nnodes N --links-out FILE``), and reduced
+to what the cost model needs: per collective, a latency per algorithm step and a bandwidth.
+
+A collective of B bytes on n ranks costs ``steps(n) x latency + volume(n) x B / bandwidth``
+(``SHAPES``: the ring all-reduce's 2(n-1) steps and 2(n-1)/n volume, ...). Measured on n0 ranks,
+the latency is the smallest size's time over steps(n0), and the bandwidth the volume(n0) x the
+extra bytes over the extra time between the two largest sizes. So whatever the backend does
+beyond the textbook algorithm (gloo's all-gather moving ~1.45x its bytes' time, its
+reduce-scatter all-reducing, TCP's headers, a loaded machine's scheduling delay per message)
+is in the figures, and the textbook shape only carries them to other group sizes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import ConfigError
+
+SHAPES = {
+    "all_reduce": (lambda n: 2 * (n - 1), lambda n: 2 * (n - 1) / n),
+    "all_gather": (lambda n: n - 1, lambda n: (n - 1) / n),
+    "reduce_scatter": (lambda n: n - 1, lambda n: (n - 1) / n),
+    # gloo's broadcast: a binomial tree, each of its ceil(log2 n) rounds sending the whole tensor
+    "broadcast": (lambda n: math.ceil(math.log2(n)), lambda n: math.ceil(math.log2(n))),
+    "send_recv": (lambda n: 1, lambda n: 1),
+}
+"""(steps(n), volume(n)) of each collective: latencies paid and bytes / bandwidth moved."""
+NCCL_BROADCAST = (lambda n: n - 1, lambda n: 1)
+"""NCCL's broadcast: a pipelined ring (each byte crosses one link once, n-1 hops of latency)."""
+
+
+def shape(kind: str, backend: str = "gloo") -> tuple:
+    return NCCL_BROADCAST if kind == "broadcast" and backend == "nccl" else SHAPES[kind]
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One collective's measured cost: ``lat`` seconds per step, ``bw`` bytes/s."""
+
+    lat: float
+    bw: float
+
+    def seconds(self, kind: str, nbytes: float, n: int, backend: str = "gloo") -> float:
+        if n <= 1 or nbytes <= 0:
+            return 0.0
+        steps, volume = shape(kind, backend)
+        return steps(n) * self.lat + volume(n) * nbytes / self.bw
+
+
+@dataclass(frozen=True, kw_only=True)
+class Links:
+    """What was measured between ``ranks`` processes (``between``: ``processes`` of one node or ``nodes``)."""
+
+    between: str
+    ranks: int
+    backend: str
+    figures: dict[str, Figure]
+    seconds: dict[str, dict[int, float]] = field(default_factory=dict)
+    """The measurements: kind -> bytes -> median seconds."""
+    load: float | None = None
+    """The machine's load average when measured (a loaded machine adds delay per message)."""
+
+    def describe(self) -> dict[str, Any]:
+        return {"between": self.between, "ranks": self.ranks, "backend": self.backend, "load": self.load,
+                "figures": {k: {"latency_us": round(f.lat * 1e6, 1), "gbit_per_s": round(f.bw * 8 / 1e9, 4)}
+                            for k, f in self.figures.items()}}
+
+    def as_record(self) -> dict[str, Any]:
+        """What ``dtrain doctor --links-out`` writes and ``from_record`` reads."""
+        return {"between": self.between, "ranks": self.ranks, "backend": self.backend, "load": self.load,
+                "seconds": {k: {str(b): s for b, s in v.items()} for k, v in self.seconds.items()}}
+
+
+def fit(kind: str, seconds: dict[int, float], n: int, backend: str = "gloo") -> Figure:
+    """A ``Figure`` from one collective's median times by size on ``n`` ranks."""
+    sizes = sorted(seconds)
+    if n < 2 or len(sizes) < 2:
+        raise ConfigError(f"links: {kind} needs times at >= 2 sizes between >= 2 ranks, got {len(sizes)} size(s) on {n}.")
+    steps, volume = shape(kind, backend)
+    lat = seconds[sizes[0]] / max(1, steps(n))
+    big, mid = sizes[-1], sizes[-2]
+    extra = seconds[big] - seconds[mid]
+    if extra <= 0:  # noise swamped the difference: take the largest size's own time beyond the latency
+        extra = max(seconds[big] - steps(n) * lat, 1e-9)
+        mid = 0
+    return Figure(lat=lat, bw=volume(n) * (big - mid) / extra)
+
+
+def from_measurement(seconds: dict[str, dict[int, float]], *, ranks: int, between: str, backend: str,
+                     load: float | None = None) -> Links:
+    figures = {kind: fit(kind, by_size, ranks, backend) for kind, by_size in seconds.items() if kind in SHAPES}
+    return Links(between=between, ranks=ranks, backend=backend, figures=figures, seconds=seconds, load=load)
+
+
+def from_record(record: dict[str, Any], source: str = "links") -> Links:
+    try:
+        seconds = {k: {int(b): float(s) for b, s in v.items()} for k, v in record["seconds"].items()}
+        between, ranks = str(record["between"]), int(record["ranks"])
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ConfigError(f"{source}: not a link measurement (as `dtrain doctor --links-out` writes): {exc!r} is missing or wrong.") from None
+    if between not in ("processes", "nodes"):
+        raise ConfigError(f"{source}: 'between' is {between!r}; a link measurement is between 'processes' or 'nodes'.")
+    return from_measurement(seconds, ranks=ranks, between=between, backend=str(record.get("backend", "gloo")),
+                            load=record.get("load"))
+
+
+def load(path: str) -> Links:
+    """A link measurement written by ``dtrain doctor --links-out`` (JSON)."""
+    try:
+        with open(path) as fh:
+            record = json.load(fh)
+    except OSError as exc:
+        raise ConfigError(f"--links {path!r} cannot be read ({exc.strerror}); write one with `dtrain doctor --links-out {path}`.") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"--links {path!r} is not valid JSON (line {exc.lineno}: {exc.msg}); write it with `dtrain doctor --links-out`.") from None
+    if not isinstance(record, dict):
+        raise ConfigError(f"--links {path!r} must hold one JSON object, as `dtrain doctor --links-out` writes.")
+    return from_record(record, f"--links {path!r}")
+
+
+def measure_body(sizes: tuple[int, ...], reps: int) -> dict[str, dict[int, float]]:
+    """Collective: every rank. The probe between local processes (``dtrain plan --measure-links``)."""
+    import torch
+    import torch.distributed as dist
+
+    from ..diag.probe import time_collectives
+
+    dist.init_process_group("gloo")
+    try:
+        return time_collectives(torch.device("cpu"), sizes, reps)
+    finally:
+        dist.destroy_process_group()
+
+
+def measure_local(ranks: int = 2, reps: int = 3) -> Links:
+    """Time the collectives between ``ranks`` fresh processes on this machine (gloo, CPU)."""
+    import os
+
+    from ..diag.probe import LINK_SIZES
+    from ..testing import run_distributed
+
+    seconds = run_distributed(measure_body, LINK_SIZES, reps, world_size=ranks, timeout=300)[0]
+    return from_measurement(seconds, ranks=ranks, between="processes", backend="gloo", load=os.getloadavg()[0])

@@ -1,0 +1,259 @@
+"""What each layout's own machinery costs on this CPU, measured in a short profile: the model's
+step run plainly and under each layout's wrapping, in a fresh process that joins a process
+group of one (as a `dtrain train` worker, with the worker's imports and one torch thread).
+
+With one rank every collective is a local no-op, so what a layout adds to the plain step is its
+CPU work: DDP's reducer and a ``--comm`` method's compute (the 16-bit casts, PowerSGD's matrix
+products and orthogonalisation on this model's gradient shapes, local SGD's parameter
+averaging), ``fully_shard``'s per-unit hooks and copies and its optimizer step on DTensors,
+tensor parallelism's DTensor dispatch, ZeRO's partitioned step, and a pipeline schedule's
+per-micro-batch work (one stage holding the whole model). The kinds run in turn, round after
+round, so a load that comes and goes touches them alike; medians are kept. The link's part
+(bytes, latency) is the link model's (``links``), not this one's.
+
+The same process reports memory as a worker has it: the resident set before any model (the
+interpreter, torch, dtrain, the process group, the task's data, the FLOP count's imports), what
+a pipeline's modules add, and the peak of plain steps above that.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+MIB = 2**20
+
+
+@dataclass(frozen=True)
+class Phases:
+    """Median seconds of one step's phases."""
+
+    forward: float
+    backward: float
+    optimizer: float
+
+    @property
+    def total(self) -> float:
+        return self.forward + self.backward + self.optimizer
+
+
+@dataclass(frozen=True, kw_only=True)
+class Machinery:
+    """The measurements (seconds, bytes) of one profile; see the module's docstring."""
+
+    batch: int
+    microbatches: int
+    steps: dict[str, Phases]
+    """By kind: ``plain``, ``micro`` (one micro-batch of ``batch / microbatches``, no optimizer),
+    ``ddp:<comm>``, ``zero1``, ``fsdp``, ``tp``, ``pp`` (the whole step through a one-stage schedule)."""
+    average_s: float | None = None
+    """Local SGD's averaging of every parameter, once (torch's ``average_parameters``)."""
+    rounds: int = 0
+    rss: dict[str, float] = field(default_factory=dict)
+    """Bytes: ``baseline`` (a worker before its model), ``pipelining`` (importing torch's
+    pipelining adds), ``plain_peak`` (the peak of plain steps above the baseline)."""
+    threads: int = 1
+    other_load: float = 0.0
+    """What else wanted the cores while the profile ran (sampled once a round): other sessions
+    with a runnable thread where the kernel shares the CPU by session (``by_session``), else
+    other runnable threads. The profile's times include it; ``Cluster.compute_slowdown`` counts
+    it for processes that share the profile's cores."""
+    by_session: bool = False
+    """Linux's autogroups are on: the CPU is shared between sessions first (each `dtrain train`
+    worker has a session of its own), then between a session's threads."""
+
+    def extra(self, kind: str) -> Phases:
+        """What ``kind`` adds to the plain step, per phase (0 where noise made it negative)."""
+        base, got = self.steps["plain"], self.steps.get(kind)
+        if got is None:
+            return Phases(0.0, 0.0, 0.0)
+        return Phases(max(0.0, got.forward - base.forward), max(0.0, got.backward - base.backward),
+                      max(0.0, got.optimizer - base.optimizer))
+
+    def describe(self) -> dict[str, Any]:
+        return {"rounds": self.rounds, "threads": self.threads, "batch": self.batch, "microbatches": self.microbatches,
+                "steps_ms": {k: {"forward": round(v.forward * 1e3, 3), "backward": round(v.backward * 1e3, 3),
+                                 "optimizer": round(v.optimizer * 1e3, 3)} for k, v in self.steps.items()},
+                "average_ms": None if self.average_s is None else round(self.average_s * 1e3, 3),
+                "other_load": round(self.other_load, 2), "other_load_by": "sessions" if self.by_session else "threads",
+                "rss_mib": {k: round(v / MIB, 1) for k, v in self.rss.items()}}
+
+
+def kinds_of(layout: Any) -> list[str]:
+    """The measured kinds whose extra cost ``layout`` pays (a pipeline's are its own: ``micro``, ``pp``)."""
+    d = layout.dims
+    if d.pp > 1:
+        return []
+    out = ["tp"] if d.tp > 1 else []
+    if d.dp_shard > 1:
+        out.append("fsdp")
+    elif d.tp == 1 and layout.zero1:
+        out.append("zero1")
+    elif d.tp == 1 and d.dp_replicate > 1:
+        out.append(f"ddp:{layout.comm}")
+    return out
+
+
+def kinds_for(layouts: list[Any]) -> list[str]:
+    """The kinds a list of ``Layout`` needs measured."""
+    out: list[str] = []
+    for lay in layouts:
+        out += ["micro", "pp"] if lay.dims.pp > 1 else kinds_of(lay)
+    return list(dict.fromkeys(out))
+
+
+def measure(task_spec: tuple[str, str | None, dict[str, str]], *, batch: int, precision: str, optimizer: str, kinds: list[str],
+            microbatches: int = 4, schedule: str = "1f1b", threads: int = 1, budget_s: float = 10.0) -> Machinery:
+    """Run the profile in a fresh process (a world of one) and return its measurements."""
+    from ..testing import run_distributed
+
+    spec = {"task": task_spec, "batch": batch, "precision": precision, "optimizer": optimizer, "kinds": kinds,
+            "microbatches": microbatches, "schedule": schedule, "threads": threads, "budget_s": budget_s}
+    raw = run_distributed(body, spec, world_size=1, timeout=120 + 4 * budget_s, env={"OMP_NUM_THREADS": str(threads)})[0]
+    return Machinery(batch=batch, microbatches=microbatches, steps={k: Phases(*v) for k, v in raw["steps"].items()},
+                     average_s=raw["average_s"], rounds=raw["rounds"], rss=raw["rss"], threads=threads, other_load=raw["other_load"],
+                     by_session=raw["by_session"])
+
+
+def _status(key: str) -> float:
+    with open("/proc/self/status") as fh:
+        return next(float(line.split()[1]) * 1024 for line in fh if line.startswith(key + ":"))
+
+
+def _reset_peak() -> bool:
+    """Set VmHWM to the current RSS (Linux >= 4.0: ``5`` to ``/proc/self/clear_refs``)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def body(spec: dict[str, Any]) -> dict[str, Any]:
+    """The profile, in a fresh process of a world of one. Collective: the only rank."""
+    import torch
+    import torch.distributed as dist
+
+    from ..tasks import load_task
+    from ..train import loop  # noqa: F401 - a worker's imports, for its baseline memory
+    from .profile import count, sample_batch
+
+    torch.set_num_threads(spec["threads"])
+    dist.init_process_group("gloo")
+    name, data_dir, options = spec["task"]
+    task = load_task(name, data_dir=data_dir, options=options)
+    x, y = sample_batch(task, spec["batch"])
+    count(task.build_model, x, y, task.loss_fn, blocks=task.blocks, autocast_dtype=None)  # as a worker counts its FLOPs
+    rss = {"baseline": _status("VmRSS")}
+    if "pp" in spec["kinds"]:
+        import torch.distributed.pipelining  # noqa: F401 - what a pipeline's worker imports besides
+
+        rss["pipelining"] = max(0.0, _status("VmRSS") - rss["baseline"])
+    runners = _runners(task, x, y, spec)
+    peak_known = _reset_peak()
+    before = _status("VmRSS")
+    for _ in range(2):
+        runners["plain"]()
+    if peak_known:
+        rss["plain_peak"] = max(0.0, _status("VmHWM") - before)
+    steps, rounds, (other, by_group) = _rounds(runners, spec["budget_s"])
+    average = _average_s(task, runners) if any(k.startswith("ddp:localsgd") for k in spec["kinds"]) else None
+    dist.destroy_process_group()
+    return {"steps": steps, "rounds": rounds, "average_s": average, "rss": rss, "other_load": other, "by_session": by_group}
+
+
+def _autogroups_on() -> bool:
+    try:
+        with open("/proc/sys/kernel/sched_autogroup_enabled") as fh:
+            return fh.read().strip() == "1"
+    except OSError:
+        return False
+
+
+def _runnable_others(by_group: bool) -> float | None:
+    """What else wants the cores now: the other sessions (autogroups) with a runnable thread,
+    where Linux shares the CPU between sessions first (``kernel.sched_autogroup_enabled``), else
+    the runnable threads besides this one. None where /proc cannot tell."""
+    import os
+
+    mine = _group(os.getpid()) if by_group else None
+    groups, threads = set(), 0
+    try:
+        pids = [p for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return None
+    for pid in pids:
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        running = 0
+        for tid in tids:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/stat") as fh:
+                    running += fh.read().rpartition(")")[2].split()[0] == "R"
+            except (OSError, IndexError):
+                continue
+        if running and int(pid) != os.getpid():
+            threads += running
+            if by_group and (g := _group(int(pid))) is not None and g != mine:
+                groups.add(g)
+    return float(len(groups)) if by_group else float(threads)
+
+
+def _group(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/autogroup") as fh:
+            return fh.read().split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def _rounds(runners: dict[str, Callable[[], tuple[float, float, float]]], budget_s: float) -> tuple[dict[str, tuple], int, float]:
+    """Every runner once per round (3 warm-up rounds: PowerSGD compresses from its third step),
+    then rounds until ``budget_s`` is spent (at least 3, at most 15); per-phase medians, and the
+    mean of the other runnable threads sampled after each step."""
+    for _ in range(3):
+        for run in runners.values():
+            run()
+    times: dict[str, list[tuple[float, float, float]]] = {k: [] for k in runners}
+    order, others, by_group = list(runners), [], _autogroups_on()
+    start, rounds = time.perf_counter(), 0
+    while rounds < 15 and (rounds < 3 or time.perf_counter() - start < budget_s):
+        for k in order[rounds % len(order):] + order[:rounds % len(order)]:  # each kind first in turn
+            times[k].append(runners[k]())
+        others.append(_runnable_others(by_group))  # once a round: reading every thread's state takes a while
+        rounds += 1
+    seen = [o for o in others if o is not None]
+    other = statistics.mean(seen) if seen else 0.0
+    return {k: tuple(statistics.median(t[i] for t in v) for i in range(3)) for k, v in times.items()}, rounds, (other, by_group)
+
+
+def _runners(task: Any, x: Any, y: Any, spec: dict[str, Any]) -> dict[str, Callable[[], tuple[float, float, float]]]:
+    from .machinery_kinds import build_runner
+
+    out = {"plain": build_runner("plain", task, x, y, spec)}
+    for kind in spec["kinds"]:
+        out[kind] = build_runner(kind, task, x, y, spec)
+    return out
+
+
+def _average_s(task: Any, runners: dict[str, Any]) -> float:
+    """Median seconds of one averaging of every parameter (post-local SGD's, every H steps)."""
+    import torch
+    from torch.distributed.algorithms.model_averaging.utils import average_parameters_or_parameter_groups
+
+    torch.manual_seed(0)
+    params = [p for p in task.new_model().parameters() if p.requires_grad]
+    for p in params:  # torch averages only parameters that have a gradient
+        p.grad = torch.zeros_like(p)
+    times = []
+    for _ in range(7):
+        t0 = time.perf_counter()
+        average_parameters_or_parameter_groups(params, None)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times[2:])

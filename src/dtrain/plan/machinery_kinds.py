@@ -1,0 +1,146 @@
+"""The steps ``machinery`` times, one per kind, each built the way `dtrain train` builds the
+layout (dtrain's own wrapping functions and defaults) on a process group of one rank: DDP with
+25 MiB buckets and the ``--comm`` method's hook (``dtrain.comm.attach``), ZeRO's rebuilt
+optimizer (``strategies.zero1.shard_optimizer``), ``fully_shard`` of the task's blocks then the
+root (``parallel.fsdp.apply_fully_shard``), the task's tensor-parallel plan
+(``parallel.apply.apply_tp``), and torch's pipeline schedule on one stage.
+
+A runner does one step and returns (forward, backward, optimizer) seconds; a pipeline's whole
+schedule is its forward (a schedule does not tell its phases apart).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+Runner = Callable[[], tuple[float, float, float]]
+
+
+def _autocast(precision: str) -> Callable[[], contextlib.AbstractContextManager]:
+    if precision in ("bf16-mixed", "fp16-mixed"):
+        return lambda: torch.autocast("cpu", dtype=torch.bfloat16)
+    return contextlib.nullcontext
+
+
+def _step(model: nn.Module, opt: Any, task: Any, x: Any, y: Any, cast: Callable, after: Callable[[], None] | None = None) -> Runner:
+    def run() -> tuple[float, float, float]:
+        t0 = time.perf_counter()
+        with cast():
+            loss = task.loss_fn(model(x), y)
+        t1 = time.perf_counter()
+        loss.backward()
+        t2 = time.perf_counter()
+        opt.step()
+        if after is not None:
+            after()
+        opt.zero_grad(set_to_none=True)
+        return t1 - t0, t2 - t1, time.perf_counter() - t2
+    return run
+
+
+def _fresh(task: Any) -> nn.Module:
+    torch.manual_seed(0)
+    return task.new_model()
+
+
+def _optimizer(name: str, params: Any, lr: float) -> torch.optim.Optimizer:
+    from ..tasks import make_optimizer
+
+    return make_optimizer(name, params, lr)
+
+
+def build_runner(kind: str, task: Any, x: Any, y: Any, spec: dict[str, Any]) -> Runner:
+    """The step of ``kind`` (see ``machinery.Machinery.steps``)."""
+    cast, opt_name = _autocast(spec["precision"]), spec["optimizer"]
+    model = _fresh(task)
+    if kind == "plain":
+        return _step(model, _optimizer(opt_name, model.parameters(), task.lr), task, x, y, cast)
+    if kind == "micro":
+        return _micro(model, task, x, y, spec, cast)
+    if kind.startswith("ddp:") or kind == "zero1":
+        return _ddp(model, kind, task, x, y, spec, cast)
+    blocks = list(task.blocks(model)) if task.blocks else []
+    mesh = _mesh()
+    if kind == "fsdp":
+        from ..parallel.fsdp import FSDPConfig, apply_fully_shard
+
+        model = apply_fully_shard(model, mesh, FSDPConfig(), torch.device("cpu"), blocks)
+        return _step(model, _optimizer(opt_name, model.parameters(), task.lr), task, x, y, cast)
+    if kind == "tp":
+        from ..parallel.apply import apply_tp
+
+        model = apply_tp(model, mesh, task.tp_plan(model, 1))
+        return _step(model, _optimizer(opt_name, model.parameters(), task.lr), task, x, y, cast)
+    if kind == "pp":
+        return _pipeline(model, task, x, y, spec, cast)
+    raise ValueError(f"unknown machinery kind {kind!r}")
+
+
+def _mesh() -> Any:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh("cpu", (1,))
+
+
+def _ddp(model: nn.Module, kind: str, task: Any, x: Any, y: Any, spec: dict[str, Any], cast: Callable) -> Runner:
+    from torch.nn.parallel import DistributedDataParallel
+
+    from ..comm import CommSpec, attach, needs_one_bucket, one_bucket_mb
+    from ..strategies.ddp import DDPConfig
+    from ..strategies.zero1 import shard_optimizer
+
+    comm = CommSpec.parse(kind.partition(":")[2] or "none", warmup=2)
+    cap = DDPConfig().bucket_cap_mb
+    bucket = max(cap, one_bucket_mb(model)) if needs_one_bucket(comm) else cap
+    ddp = DistributedDataParallel(model, bucket_cap_mb=bucket, gradient_as_bucket_view=True)
+    method = attach(ddp, comm)
+    opt = _optimizer(spec["optimizer"], ddp.parameters(), task.lr)
+    if kind == "zero1":
+        opt = shard_optimizer(opt)
+    after = (lambda: method.after_step(opt)) if method is not None else None
+    return _step(ddp, opt, task, x, y, cast, after)
+
+
+def _micro(model: nn.Module, task: Any, x: Any, y: Any, spec: dict[str, Any], cast: Callable) -> Runner:
+    """Forward and backward of one micro-batch (what a pipeline stage computes per slot)."""
+    size = max(1, spec["batch"] // spec["microbatches"])
+    xm, ym = x[:size], y[:size]
+
+    def run() -> tuple[float, float, float]:
+        t0 = time.perf_counter()
+        with cast():
+            loss = task.loss_fn(model(xm), ym)
+        t1 = time.perf_counter()
+        loss.backward()
+        t2 = time.perf_counter()
+        model.zero_grad(set_to_none=True)
+        return t1 - t0, t2 - t1, 0.0
+    return run
+
+
+def _pipeline(model: nn.Module, task: Any, x: Any, y: Any, spec: dict[str, Any], cast: Callable) -> Runner:
+    """torch's schedule (as ``dtrain.parallel.stages.Pipe`` builds it) over one stage: the
+    micro-batch split, the per-micro-batch loss and bookkeeping, no transfers."""
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+    m = spec["microbatches"]
+    stage = PipelineStage(model, 0, 1, torch.device("cpu"))
+    cls = ScheduleGPipe if spec["schedule"] == "gpipe" else Schedule1F1B
+    schedule = cls(stage, n_microbatches=m, loss_fn=lambda out, t: task.loss_fn(out, t) / m, scale_grads=False)
+    opt = _optimizer(spec["optimizer"], model.parameters(), task.lr)
+
+    def run() -> tuple[float, float, float]:
+        t0 = time.perf_counter()
+        with cast():
+            schedule.step(x, target=y, losses=[])
+        t1 = time.perf_counter()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return t1 - t0, 0.0, time.perf_counter() - t1
+    return run
