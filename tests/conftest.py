@@ -1,4 +1,7 @@
-"""Shared fixtures: every test must leave no process group, no changed environment and no stray thread."""
+"""Shared fixtures: every test must leave no process group, no changed environment and no stray thread.
+
+The tests live in three tiers (docs/testing.md): tests/logic/, tests/multiprocess/ and tests/gpu/,
+each mirroring src/dtrain/'s folders; tests/logic/conftest.py keeps processes out of the logic tier."""
 
 from __future__ import annotations
 
@@ -38,7 +41,16 @@ def mnist_dir() -> Path:
     return MNIST_DIR
 
 
+TIERS = ("logic", "multiprocess", "gpu")
+
+
 def pytest_collection_modifyitems(config, items):
+    # pyproject's testpaths names the tiers one by one (the logic tier first): a test file outside them would never run.
+    tests = ROOT / "tests"
+    stray = sorted(str(p.relative_to(ROOT)) for p in tests.rglob("test_*.py") if p.relative_to(tests).parts[0] not in TIERS)
+    if stray:
+        raise pytest.UsageError(f"test files outside the tiers {', '.join(f'tests/{t}/' for t in TIERS)}: {', '.join(stray)}; "
+                                "move each into the tier and area it belongs to (docs/testing.md)")
     if not torch.cuda.is_available():
         skip = pytest.mark.skip(reason="needs a CUDA GPU")
         for item in items:

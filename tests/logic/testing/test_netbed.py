@@ -1,0 +1,32 @@
+"""Between hosts: the socket interface chosen for the master address (tier 1), and a real
+two-host run over the network test bed (two namespaces, veth, tbf), skipped where the bed cannot
+be built (needs root and `ip netns`)."""
+
+from __future__ import annotations
+
+import pytest
+
+from dtrain.world import netif
+
+
+def test_loopback_master_gets_the_loopback_interface():
+    lo = netif.loopback_interface()
+    assert lo is not None
+    assert netif.socket_env("127.0.0.1", {}) == {"GLOO_SOCKET_IFNAME": lo, "NCCL_SOCKET_IFNAME": lo}
+    assert netif.socket_env("localhost", {"GLOO_SOCKET_IFNAME": "mine"}) == {"NCCL_SOCKET_IFNAME": lo}
+    assert netif.route_interface("127.0.0.1") == ("lo", "127.0.0.1")
+
+
+def test_interface_that_routes_to_the_master_unless_the_user_chose_one():
+    # Any non-loopback IPv4 address of this host routes through its own interface.
+    found = [(n, a) for n, addrs in netif.interface_addresses().items() if n != "lo" for a in addrs if ":" not in a]
+    if not found:
+        pytest.skip("this host has no IPv4 interface besides loopback")
+    name, addr = found[0]
+    assert netif.socket_env(addr, {}) == {"GLOO_SOCKET_IFNAME": name, "NCCL_SOCKET_IFNAME": name}
+    assert netif.socket_env(addr, {"GLOO_SOCKET_IFNAME": "mine"}) == {"NCCL_SOCKET_IFNAME": name}
+    assert netif.socket_env(addr, {"GLOO_SOCKET_IFNAME": "a", "NCCL_SOCKET_IFNAME": "b"}) == {}
+
+
+def test_unresolvable_master_leaves_the_choice_to_gloo():
+    assert netif.socket_env("no-such-host.invalid", {}) == {}

@@ -1,0 +1,44 @@
+"""dtrain bench: method selection, the figures, and the CLI end to end on a tiny task."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dtrain.bench import parse_methods
+from dtrain.testing import run_cli
+
+
+@pytest.mark.slow
+def test_bench_cli_writes_all_reports_with_every_method(tmp_path):
+    out = tmp_path / "bench"
+    r = run_cli(["bench", "--task", "digits", "--steps", "3", "--repeats", "1", "--warmup", "1", "--out", str(out)], timeout=400)
+    assert r.returncode == 0, r.stdout + r.stderr
+    report = json.loads((out / "report.json").read_text())
+    names = [m["method"] for m in report["methods"]]
+    assert set(names) == {m.name for m in parse_methods(None)}
+    for m in report["methods"]:
+        assert "error" not in m, m
+        assert m["samples_per_s"] > 0 and m["test_acc"] is not None
+        assert len(m["peak_mem_mib_per_rank"]) == m["processes"]
+        assert (m["comm_bytes_per_step"] > 0) == (m["processes"] > 1)
+    assert report["environment"]["torch"] and report["environment"]["world_size"] == 2
+    md = (out / "report.md").read_text()
+    assert all(f"| {n} |" in md for n in names)
+    assert (out / "chart.png").read_bytes()[:4] == b"\x89PNG"
+    assert "| hvd |" in r.stdout  # the table is printed too
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["--methods", "ddp,zzz"], "unknown bench method(s) zzz"),
+        (["--steps", "0"], "--steps must be >= 1, got 0"),
+        (["--task", "nope"], "unknown task 'nope'"),
+    ],
+)
+def test_bench_bad_input_is_one_line(argv, expected, tmp_path):
+    r = run_cli(["bench", "--out", str(tmp_path), *argv], timeout=60)
+    assert r.returncode == 2
+    assert expected in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr

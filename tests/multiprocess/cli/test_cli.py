@@ -1,0 +1,128 @@
+"""The command line as a user meets it: launchers, the ready job, and one clear line for bad input."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+import socket
+
+import pytest
+
+from dtrain.testing import run_cli
+from tests.paths import ROOT, TESTS
+
+SCRIPT = str(TESTS / "scripts" / "allreduce.py")
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "spawn"])
+def test_run_starts_two_processes(launcher):
+    r = run_cli(["run", "-n", "2", "--launcher", launcher, SCRIPT, "--flag", "x"], timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "world=2 sum=3 argv=['--flag', 'x']" in r.stdout
+
+
+def test_train_digits_two_processes_prints_summary_and_json_last(tmp_path):
+    metrics = tmp_path / "m.jsonl"
+    ckpt = tmp_path / "ckpt"
+    r = run_cli(["train", "-n", "2", "--epochs", "2", "--log-every", "5", "--metrics-file", str(metrics),
+                 "--checkpoint-dir", str(ckpt)], timeout=180)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.strip().splitlines()
+    assert "params" in r.stdout and "total" in r.stdout  # model summary table
+    result = json.loads(lines[-1])
+    assert set(result) == {"task", "world_size", "strategy", "precision", "steps", "samples_per_s", "train_loss", "test_acc",
+                           "wall_s", "comm", "comm_choice", "data_wait_ms", "data_wait_share", "data_first_wait_ms", "num_workers",
+                           "breakdown", "stragglers", "flops_per_sample", "achieved_tflops", "mfu", "warmup_s", "warmup_steps"}
+    assert result["num_workers"] == 0 and result["data_wait_ms"] >= 0  # digits is in memory: no workers by default
+    assert (result["task"], result["world_size"], result["strategy"], result["steps"]) == ("digits", 2, "ddp", 44)
+    assert (result["comm"], result["comm_choice"]) == ("none", "none")  # the ddp strategy says how gradients travelled
+    records = [json.loads(x) for x in metrics.read_text().splitlines()]
+    assert [x["step"] for x in records] == [5, 10, 15, 20, 25, 30, 35, 40, 44]
+    assert (ckpt / "latest").read_text().strip() == "step-00000044"
+
+
+def test_user_task_runs(tmp_path):
+    r = run_cli(["train", "--task", "tests.user_task:make", "--task-arg", "hidden=32"], timeout=120,
+                cwd=str(ROOT))
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout.strip().splitlines()[-1])["test_acc"] > 0.8
+
+
+def _bad(args: list[str], expect: str, **kw) -> None:
+    r = run_cli(args, timeout=60, **kw)
+    err = r.stderr.strip()
+    assert r.returncode == 2, (r.returncode, err)
+    assert "Traceback" not in err
+    assert len(err.splitlines()) == 1, f"expected one line, got:\n{err}"
+    assert err.startswith("dtrain: error: ") and expect in err, err
+
+
+def test_bad_strategy():
+    _bad(["train", "--strategy", "fdsp"], "unknown strategy 'fdsp'; choose one of:")
+
+
+def test_bad_precision():
+    _bad(["train", "--precision", "fp8"], "unknown precision 'fp8'; choose one of: fp32, bf16-mixed, fp16-mixed")
+
+
+def test_bad_task():
+    _bad(["train", "--task", "imagenet"], "unknown task 'imagenet'")
+
+
+def test_missing_data_dir(tmp_path):
+    _bad(["train", "--task", "mnist", "--data-dir", str(tmp_path / "nope")], "does not exist")
+
+
+def test_missing_data_file(tmp_path):
+    _bad(["train", "--task", "mnist", "--data-dir", str(tmp_path)], "has no train-images-idx3-ubyte.gz")
+
+
+def test_corrupt_idx_file(tmp_path, mnist_dir):
+    for f in mnist_dir.glob("*-ubyte.gz"):
+        shutil.copy(f, tmp_path / f.name)
+    labels = tmp_path / "t10k-labels-idx1-ubyte.gz"
+    labels.write_bytes(gzip.compress(gzip.decompress(labels.read_bytes())[:-100]))
+    _bad(["train", "--task", "mnist", "--data-dir", str(tmp_path)], "t10k-labels-idx1-ubyte.gz holds")
+
+
+def test_zero_processes():
+    _bad(["train", "-n", "0"], "-n/--nproc must be >= 1, got 0")
+    _bad(["run", "-n", "0", SCRIPT], "-n/--nproc must be >= 1, got 0")
+
+
+def test_port_in_use():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+        port = s.getsockname()[1]
+        _bad(["train", "-n", "2", "--master-port", str(port)], f"--master-port {port} is already in use")
+
+
+def test_batch_not_divisible_by_grad_accum():
+    _bad(["train", "--batch-size", "48", "--grad-accum", "5"], "--batch-size 48 is not divisible by --grad-accum 5")
+
+
+def test_unknown_flag_is_one_line():
+    _bad(["train", "--epoch", "3"], "unrecognized arguments")
+
+
+def test_missing_script():
+    _bad(["run", "-n", "2", "nope.py"], "script nope.py does not exist")
+
+
+@pytest.mark.slow
+def test_mnist_one_epoch_two_processes_reaches_97_percent(mnist_dir):
+    r = run_cli(["train", "--task", "mnist", "--data-dir", str(mnist_dir), "-n", "2", "--epochs", "1"], timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    result = json.loads(r.stdout.strip().splitlines()[-1])
+    assert result["test_acc"] >= 0.97, result
+    assert result["steps"] == 468 and result["world_size"] == 2
+
+
+@pytest.mark.parametrize("example", sorted(p.name for p in (ROOT / "examples").glob("*.py")))
+def test_examples_run_on_two_processes(example, tmp_path):
+    path = ROOT / "examples" / example
+    args = [str(tmp_path / "ckpt")] if example == "checkpoint_resume.py" else []  # its one required argument
+    r = run_cli(["run", "-n", "2", str(path), *args], timeout=180)
+    assert r.returncode == 0, r.stderr[-3000:]
