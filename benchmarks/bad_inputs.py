@@ -398,8 +398,8 @@ NEW_FLAG_CASES = [
     Case("train-stall-timeout-word", [*S, "--stall-timeout", "soon"]),
 ]
 ALL_CASES = [*CASES, *NEW_FLAG_CASES]
-"""What the benchmark runs: issue 22's cases (``CASES``, tried by tests/test_bad_inputs.py) and issue
-32's (``NEW_FLAG_CASES``, tried by tests/test_bad_inputs_new_flags.py)."""
+"""What the benchmark runs: issue 22's cases (``CASES``, tried by tests/{logic,multiprocess}/cli/test_bad_inputs.py)
+and issue 32's (``NEW_FLAG_CASES``, tried by tests/{logic,multiprocess}/cli/test_bad_inputs_new_flags.py)."""
 
 TASKS_BAD = '''
 import torch

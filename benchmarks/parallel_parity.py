@@ -1,6 +1,6 @@
 """A composed --parallel layout against one process, for the layouts too big for the test suite's
 time budget on 2 cores (HSDP x TP on 8 processes, --compile with TP): the same check as
-tests/test_parallel.py (4 SGD steps of the tiny lm with global-norm clipping, in fp32 and in
+tests/multiprocess/parallel/test_parallel.py (4 SGD steps of the tiny lm with global-norm clipping, in fp32 and in
 bf16 autocast; losses, norms, every weight and ctx.evaluate's result), with its tolerances.
 
 Usage (from the repository root):
@@ -22,7 +22,7 @@ from tests.test_parallel import TOL, TOL_BF16, _assert_close, train
 
 from dtrain.testing import run_distributed
 
-# Inductor fuses and reorders float operations: tests/test_lm.py allows 1e-4 after 4 steps.
+# Inductor fuses and reorders float operations: tests/multiprocess/tasks/test_lm.py allows 1e-4 after 4 steps.
 TOL_COMPILE = 1e-4
 
 

@@ -1,5 +1,5 @@
 """A node lost at a random moment of an elastic job (``--nnodes 1:2``) on the network test bed: the
-trial behind ``tests/test_multinode.py`` and ``benchmarks/node_loss_random.py``.
+trial behind ``tests/multiprocess/launch/test_multinode.py`` and ``benchmarks/node_loss_random.py``.
 
 Host 0 hosts the rendezvous and stays up; every process of host 1 is killed (``kill -9``) at a
 moment drawn over the whole life of the job, so it lands before the process group forms, in a

@@ -3,7 +3,7 @@ object with hooks the loop calls, in a fixed order, after every optimizer step.
 
     samples ledger -> fault injection -> loss window -> divergence -> report -> preemption -> checkpoints
 
-Each module holds one listener and is tested alone (tests/test_train_listeners.py).
+Each module holds one listener and is tested alone (tests/logic/train/test_train_listeners.py).
 """
 
 from __future__ import annotations
