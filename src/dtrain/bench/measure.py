@@ -7,6 +7,7 @@ import json
 import os
 import resource
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -67,6 +68,25 @@ class Recorder:
         if measured:
             self.steps.append([(t_data - t0) * 1e3, (t_fb - t_data) * 1e3, (t_comm - t_fb) * 1e3, (t_end - t_comm) * 1e3])
         self.loss_curve.append((round(t_end - self.start, 4), loss))
+
+    def time_repeats(self, step: Callable[[bool], None], args: Any, barrier: Callable[[], Any],
+                     after_warmup: Callable[[], None] | None = None) -> None:
+        """The schedule both workers are timed by: ``args.warmup`` steps unmeasured, then
+        ``args.repeats`` repeats of ``args.steps`` measured steps, every rank starting each repeat
+        together (``barrier``), so a repeat's time is the slowest rank's."""
+        t_warm = self.clock()
+        for _ in range(args.warmup):
+            step(False)
+        self.warmup_s = round(self.clock() - t_warm, 4)
+        self.steps_per_repeat = args.steps
+        if after_warmup is not None:
+            after_warmup()
+        for _ in range(args.repeats):
+            barrier()
+            start = self.clock()
+            for _ in range(args.steps):
+                step(True)
+            self.repeats.append(self.clock() - start)
 
     def finish(self) -> None:
         if self.device.startswith("cuda"):

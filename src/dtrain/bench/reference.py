@@ -70,17 +70,7 @@ def main(argv: list[str] | None = None) -> None:
         optimizer.zero_grad(set_to_none=True)
         rec.add_step(t0, t_data, t_fb, t_fb, rec.clock(), loss.item(), measured)
 
-    t_warm = rec.clock()
-    for _ in range(args.warmup):
-        step(False)
-    rec.warmup_s = round(rec.clock() - t_warm, 4)
-    rec.steps_per_repeat = args.steps
-    for _ in range(args.repeats):
-        dist.barrier()
-        start = rec.clock()
-        for _ in range(args.steps):
-            step(True)
-        rec.repeats.append(rec.clock() - start)
+    rec.time_repeats(step, args, dist.barrier)
     for _ in range(args.compute_steps):
         x, y = next(it)
         with model.no_sync():

@@ -66,19 +66,11 @@ def measure(ctx: dtrain.Context, task, args) -> Recorder:
         optimizer.zero_grad(set_to_none=True)
         rec.add_step(t0, t_data, t_fb, t_comm, rec.clock(), loss.item(), measured)
 
-    t_warm = rec.clock()
-    for _ in range(args.warmup):
-        step(False)
-    rec.warmup_s = round(rec.clock() - t_warm, 4)
-    rec.steps_per_repeat = args.steps
-    ctx.breakdown.finish()
-    ctx.breakdown.reset()  # the breakdown of the measured steps only
-    for _ in range(args.repeats):
-        ctx.barrier()  # every rank starts the repeat together
-        start = rec.clock()
-        for _ in range(args.steps):
-            step(True)
-        rec.repeats.append(rec.clock() - start)
+    def measured_steps_only() -> None:
+        ctx.breakdown.finish()
+        ctx.breakdown.reset()  # the breakdown of the measured steps only
+
+    rec.time_repeats(step, args, ctx.barrier, after_warmup=measured_steps_only)
     ctx.breakdown.finish()
     rec.breakdown = ctx.breakdown.summary()
     # forward+backward alone: the same steps without gradient communication, no update.

@@ -22,7 +22,7 @@ from .. import _check as check
 from ..diag import Tracker
 from ..diag.checker import check_call, check_same
 from ..errors import ConfigError
-from ..world import World
+from ..world import World, WorldView
 
 OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN, "mean": dist.ReduceOp.SUM}
 
@@ -31,7 +31,7 @@ def check_tensor(what: str, tensor: Any) -> None:
     check.instance(what, tensor, torch.Tensor, "give a torch.Tensor (e.g. torch.tensor(loss_value))")
 
 
-class Collectives:
+class Collectives(WorldView):
     """This rank's collectives over the world's default process group, each recorded and
     (``debug``) checked. With one process every call returns its input (or ``[input]``)."""
 
@@ -41,18 +41,6 @@ class Collectives:
         """Heartbeat and recent collectives of this rank (read by the stall watchdog)."""
         self.debug = debug
         """Check every collective across ranks before issuing it (``dtrain.init(debug=True)``)."""
-
-    @property
-    def rank(self) -> int:
-        return self.world.rank
-
-    @property
-    def world_size(self) -> int:
-        return self.world.size
-
-    @property
-    def is_main(self) -> bool:
-        return self.world.is_main
 
     @contextlib.contextmanager
     def labelled(self, op: str, *tensors: Any) -> Iterator[None]:

@@ -34,7 +34,7 @@ from ..parallel.apply import parallelize
 from ..parallel.convnets import apply_channels_last, apply_sync_bn
 from ..precision import Precision
 from ..strategies.base import Strategy
-from ..world import World, destroy_process_group
+from ..world import World, WorldView, destroy_process_group
 from . import evaluation
 from .step import DtrainModule, DtrainOptimizer, Step
 
@@ -57,7 +57,7 @@ def _check_path_state(what: str, path: Any, state: Any) -> None:
     check.instance(f"{what}(path, state)", state, dict, 'give a dict such as {"model": model, "optimizer": optimizer}')
 
 
-class Context:
+class Context(WorldView):
     """What a training script holds: the world, the strategy, the precision and their helpers.
 
     A face over three parts: ``collectives`` (labelled collectives), the step (``dtrain.context.step``:
@@ -82,21 +82,10 @@ class Context:
         """Recompute blocks' activations in backward (``dtrain.init(activation_checkpointing=True)``)."""
 
     # -- topology and parts -----------------------------------------------------------------
-    @property
-    def rank(self) -> int:
-        return self.world.rank
-
+    # rank, world_size, is_main: WorldView's
     @property
     def local_rank(self) -> int:
         return self.world.local_rank
-
-    @property
-    def world_size(self) -> int:
-        return self.world.size
-
-    @property
-    def is_main(self) -> bool:
-        return self.world.is_main
 
     @property
     def device(self) -> torch.device:

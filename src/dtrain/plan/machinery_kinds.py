@@ -19,29 +19,14 @@ from typing import Any
 import torch
 from torch import nn
 
-Runner = Callable[[], tuple[float, float, float]]
+from .profile import Runner
+from .profile import timed_step as _step
 
 
 def _autocast(precision: str) -> Callable[[], contextlib.AbstractContextManager]:
     if precision in ("bf16-mixed", "fp16-mixed"):
         return lambda: torch.autocast("cpu", dtype=torch.bfloat16)
     return contextlib.nullcontext
-
-
-def _step(model: nn.Module, opt: Any, task: Any, x: Any, y: Any, cast: Callable, after: Callable[[], None] | None = None) -> Runner:
-    def run() -> tuple[float, float, float]:
-        t0 = time.perf_counter()
-        with cast():
-            loss = task.loss_fn(model(x), y)
-        t1 = time.perf_counter()
-        loss.backward()
-        t2 = time.perf_counter()
-        opt.step()
-        if after is not None:
-            after()
-        opt.zero_grad(set_to_none=True)
-        return t1 - t0, t2 - t1, time.perf_counter() - t2
-    return run
 
 
 def _fresh(task: Any) -> nn.Module:

@@ -180,6 +180,29 @@ def sample_batch(task: Any, batch: int) -> tuple[Any, Any]:
     return default_collate([task.train_set[i % n] for i in range(batch)])
 
 
+Runner = Callable[[], tuple[float, float, float]]
+
+
+def timed_step(model: nn.Module, opt: Any, task: Any, x: Any, y: Any, cast: Callable, after: Callable[[], None] | None = None) -> Runner:
+    """A runner of one training step of ``model`` on (x, y): each call returns its forward, backward and
+    optimizer-step (with ``after``) seconds. ``measure`` and the machinery runners (plan/machinery_kinds.py)
+    time their steps this one way."""
+
+    def run() -> tuple[float, float, float]:
+        t0 = time.perf_counter()
+        with cast():
+            loss = task.loss_fn(model(x), y)
+        t1 = time.perf_counter()
+        loss.backward()
+        t2 = time.perf_counter()
+        opt.step()
+        if after is not None:
+            after()
+        opt.zero_grad(set_to_none=True)
+        return t1 - t0, t2 - t1, time.perf_counter() - t2
+    return run
+
+
 def measure(task: Any, x: Any, y: Any, *, optimizer: str, lr: float, autocast_dtype: torch.dtype | None,
             threads: int, repeats: int = 15, budget_s: float = 5.0) -> Timing:
     """Median forward, backward and optimizer-step times of up to ``repeats`` steps (at least 5;
@@ -195,22 +218,15 @@ def measure(task: Any, x: Any, y: Any, *, optimizer: str, lr: float, autocast_dt
         model = task.new_model()
         opt = make_optimizer(optimizer, model.parameters(), lr)
         cast = (lambda: torch.autocast("cpu", dtype=autocast_dtype)) if autocast_dtype is not None else _null
+        run = timed_step(model, opt, task, x, y, cast)
         fwd, bwd, step = [], [], []
         start = time.perf_counter()
         for i in range(repeats + 2):
             if i >= 7 and time.perf_counter() - start > budget_s:
                 break
-            t0 = time.perf_counter()
-            with cast():
-                loss = task.loss_fn(model(x), y)
-            t1 = time.perf_counter()
-            loss.backward()
-            t2 = time.perf_counter()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            t3 = time.perf_counter()
+            f_s, b_s, o_s = run()
             if i >= 2:
-                fwd.append(t1 - t0), bwd.append(t2 - t1), step.append(t3 - t2)
+                fwd.append(f_s), bwd.append(b_s), step.append(o_s)
     finally:
         torch.set_num_threads(old)
     batch = len(y) if hasattr(y, "__len__") else 1

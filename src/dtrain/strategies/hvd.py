@@ -189,21 +189,28 @@ class GradientAllReduceOptimizer(ForwardingOptimizer):
         self._hooks.clear()
 
 
+def match_names(named: list[tuple[str, nn.Parameter]], params: list[nn.Parameter]) -> tuple[dict[nn.Parameter, str], list[str], int]:
+    """``named_parameters`` matched to an optimizer's parameters: {parameter: name}, the names given
+    more than once, and how many of ``params`` have no name. The callers raise their own errors on
+    the last two: this strategy a ConfigError, ``dtrain.compat.horovod`` the ValueError Horovod raises."""
+    names = [n for n, _ in named]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    by_param = {p: n for n, p in named}
+    return by_param, dupes, sum(p not in by_param for p in params)
+
+
 def _check_names(named_parameters: Iterable[tuple[str, nn.Parameter]] | None, params: list[nn.Parameter]) -> dict[nn.Parameter, str]:
     if named_parameters is None:
         return {p: f"param.{i}" for i, p in enumerate(params)}
     named = list(named_parameters)
     if any(not isinstance(item, tuple) or len(item) != 2 for item in named):
         raise ConfigError("named_parameters must be (name, parameter) pairs, e.g. model.named_parameters().")
-    names = [n for n, _ in named]
-    dupes = sorted({n for n in names if names.count(n) > 1})
+    by_param, dupes, missing = match_names(named, params)
     if dupes:
         raise ConfigError(f"named_parameters has duplicate names {dupes}; pass model.named_parameters().")
-    by_param = {p: n for n, p in named}
-    missing = [i for i, p in enumerate(params) if p not in by_param]
     if missing:
         raise ConfigError(
-            f"{len(missing)} optimizer parameter(s) are not in named_parameters; pass the named_parameters "
+            f"{missing} optimizer parameter(s) are not in named_parameters; pass the named_parameters "
             "of the model the optimizer was built from."
         )
     return by_param

@@ -21,7 +21,7 @@ from .group import destroy_process_group, init_process_group, release_at_exit
 from .netif import use_route_interface
 from .slurm import expand_hostlist
 
-__all__ = ["World", "check_device", "default_backend", "destroy_process_group", "expand_hostlist", "init_process_group",
+__all__ = ["World", "WorldView", "check_device", "default_backend", "destroy_process_group", "expand_hostlist", "init_process_group",
            "release_at_exit", "usable_devices", "use_route_interface"]
 
 
@@ -93,3 +93,22 @@ class World:
     def with_device(self, device: str | torch.device) -> World:
         dev = torch.device(device)
         return replace(self, device=dev, backend=default_backend(dev))
+
+
+class WorldView:
+    """``rank``, ``world_size`` and ``is_main`` read from ``self.world``: the topology that what holds
+    a World shows (``Context``, ``comm.Collectives``), written once."""
+
+    world: World
+
+    @property
+    def rank(self) -> int:
+        return self.world.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.world.size
+
+    @property
+    def is_main(self) -> bool:
+        return self.world.is_main

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from dtrain import ConfigError
+from dtrain.strategies.hvd import match_names
 
 from . import _basics
 from . import _ops as ops
@@ -24,15 +25,11 @@ class _DistributedMixin:
     def _hvd_setup(self, named_parameters, compression, backward_passes_per_step, op, predivide, process_set):
         params = [p for group in self.param_groups for p in group["params"]]
         if named_parameters is not None:
-            named = list(named_parameters)
-            names = [n for n, _ in named]
-            dupes = sorted({n for n in names if names.count(n) > 1})
+            by_param, dupes, missing = match_names(list(named_parameters), params)
             if dupes:
                 raise ValueError(f"named_parameters has duplicate names {dupes}; give each parameter its own name.")
-            by_param = {p: n for n, p in named}
-            missing = [i for i, p in enumerate(params) if p not in by_param]
             if missing:
-                raise ValueError(f"named_parameters misses {len(missing)} of the optimizer's parameters; pass "
+                raise ValueError(f"named_parameters misses {missing} of the optimizer's parameters; pass "
                                  "model.named_parameters() for every parameter the optimizer holds, or None.")
         else:
             by_param = {p: f"allreduce.noname.{i}" for i, p in enumerate(params)}
