@@ -9,7 +9,7 @@ from ..options import hand_over
 from ..parallel import parse
 
 HELP = ("how ranks split, e.g. dp_shard=2,tp=2 (names: dp_replicate, dp_shard, tp, pp; their product is the "
-        "number of processes); replaces --strategy")
+        "number of processes); replaces --strategy. dtrain train also takes auto: the layout `dtrain plan` picks for this node")
 
 
 def add_parallel_arg(parser: argparse.ArgumentParser) -> None:

@@ -116,7 +116,14 @@ def main(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     export_diagnostics(args)
     world = World.detect(device=cfg.runtime.device)  # once per process; a worker's run() reuses it
-    if world.distributed and args.nproc is None:  # under torchrun/srun: this process is a worker
+    launched = world.distributed and args.nproc is None  # under torchrun/srun: this process is a worker
+    spec = None if launched else launch_spec(args)
+    if cfg.parallel.layout == "auto":
+        from ..plan import auto
+
+        auto.refuse(cfg, nnodes=spec.nnodes if spec else 1, elastic=bool(spec and spec.elastic), launches=spec is not None)
+        cfg = auto.resolve(cfg, spec.world_size, spec.nproc, cfg.runtime.device)
+    if launched:
         worker_main(cfg, world=world)
         return 0
-    return start(cfg, launch_spec(args), world, elastic_batch=args.elastic_batch)
+    return start(cfg, spec, world, elastic_batch=args.elastic_batch)

@@ -1,0 +1,94 @@
+"""``dtrain train --parallel auto``: the plan's pick for the world at hand.
+
+The launching process profiles the task here (as ``dtrain plan`` does, with a shorter budget for
+each layout's own CPU cost), predicts every layout that runs on this node's processes, and trains
+with the fastest that fits and averages the exact gradients every step (``Plan.best_exact``:
+compression and local SGD change the update, which a user opts into with ``--comm``). One node
+only: each node would profile on its own and could pick another layout; on several nodes,
+``dtrain plan --nnodes N`` once and the pick given to every node is the way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from typing import Any
+
+from ..errors import ConfigError
+
+AUTO = "auto"
+#: Seconds of steps for each layout's machinery in a world of one (``dtrain plan``: 10 by default).
+PROFILE_S = 3.0
+
+
+def refuse(cfg: Any, *, nnodes: int, elastic: bool, launches: bool) -> None:
+    """One line for what ``--parallel auto`` cannot do (before any profile is paid for)."""
+    par = cfg.parallel
+    if not launches:
+        raise ConfigError("--parallel auto needs dtrain train to start the workers (-n N): under torchrun or srun each "
+                          "worker would plan on its own; run `dtrain plan` once and pass its pick (--strategy or --parallel).")
+    if nnodes > 1 or elastic:
+        raise ConfigError(f"--parallel auto plans one node's processes, not --nnodes {nnodes}{':MAX' if elastic else ''}: "
+                          "run `dtrain plan --nnodes N -n P ...` once and give every node its pick (--strategy or --parallel).")
+    if par.comm is not None:
+        raise ConfigError(f"--parallel auto picks among layouts that average the exact gradients; --comm {par.comm} "
+                          "is a choice of yours: drop one of them (`dtrain plan` ranks the comm methods too).")
+    if par.strategy_options:
+        given = ", ".join(sorted(par.strategy_options))
+        raise ConfigError(f"--parallel auto chooses the layout, so its options ({given}) may not apply: drop them, "
+                          "or pick the layout yourself (`dtrain plan` shows the table).")
+
+
+def resolve(cfg: Any, world_size: int, nproc: int, device: str | None) -> Any:
+    """``cfg`` (a TrainConfig with ``parallel.layout == "auto"``) with the plan's pick for
+    ``world_size`` processes on one node; prints one line naming the pick and the runner-up."""
+    from ..data.loader import usable_cores
+    from ..tasks import load_task
+    from . import plan_task
+    from .cluster import build
+
+    if world_size == 1:
+        print("dtrain: --parallel auto: one process, nothing to split (single).", file=sys.stderr, flush=True)
+        return _with(cfg, strategy="auto", layout=None)
+    kind, gpu = _device_kind(device)
+    precision = cfg.runtime.precision
+    if precision == "auto":
+        precision = "bf16-mixed" if gpu else "fp32"
+    clu = build({"device": kind, "procs_per_node": nproc, "nodes": 1})
+    task = load_task(cfg.task.name, data_dir=cfg.task.data_dir, options=cfg.task.args)
+    plan = plan_task(task, clu, batch=cfg.batch.size or task.batch_size, precision=precision, optimizer=cfg.optim.name,
+                     grad_accum=cfg.batch.grad_accum, activation_checkpointing=cfg.runtime.activation_checkpointing,
+                     threads=max(1, usable_cores() // nproc), comms=("none",),
+                     task_spec=(cfg.task.name, cfg.task.data_dir, dict(cfg.task.args)), profile_s=PROFILE_S)
+    pick = plan.best_exact
+    if pick is None:
+        raise ConfigError(f"--parallel auto: no layout of {world_size} processes fits in memory by the plan; "
+                          "run `dtrain plan` for the table (memory per rank) and a smaller --batch-size or more processes.")
+    rest = [p for p in plan.predictions if p.fits and p.layout.comm == "none" and p is not pick]
+    runner = f"; next: {rest[0].layout.label()} at {rest[0].step_s * 1e3:.1f} ms" if rest else ""
+    print(f"dtrain: --parallel auto: the plan picked {pick.layout.label()} ({pick.step_s * 1e3:.1f} ms a step predicted, "
+          f"{pick.samples_per_s:,.0f} samples/s{runner}; `dtrain plan` shows the table).", file=sys.stderr, flush=True)
+    if pick.layout.is_strategy:
+        return _with(cfg, strategy=pick.layout.name, layout=None)
+    return _with(cfg, strategy="auto", layout=pick.layout.name)
+
+
+def _with(cfg: Any, **parallel: Any) -> Any:
+    return dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, **parallel))
+
+
+def _device_kind(device: str | None) -> tuple[str, bool]:
+    """The plan's device preset for this machine's device ('cpu' is profiled here)."""
+    import torch
+
+    from .cluster import DEVICES
+
+    if device == "cpu" or not torch.cuda.is_available():
+        return "cpu", False
+    name = torch.cuda.get_device_name()
+    flat = name.lower().replace(" ", "").replace("-", "")
+    for kind in sorted(DEVICES, key=len, reverse=True):  # a100-40 before a100
+        if kind.replace("-", "") in flat or (kind == "a100-40" and "a100" in flat and "40gb" in flat):
+            return kind, True
+    raise ConfigError(f"--parallel auto: no plan preset for the GPU {name!r} (known: {', '.join(DEVICES)}); run `dtrain plan "
+                      "--peak-tflops T --mem-gib M -n P ...` and pass its pick (--strategy or --parallel).")

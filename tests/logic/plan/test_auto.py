@@ -1,0 +1,48 @@
+"""`dtrain train --parallel auto`: what it refuses (one line, before any profile), and the config it accepts."""
+
+from __future__ import annotations
+
+import pytest
+
+from dtrain.comm import CommSpec
+from dtrain.errors import ConfigError
+from dtrain.plan import auto
+from dtrain.train.config import ParallelConfig, TaskConfig, TrainConfig
+
+
+def _cfg(**parallel) -> TrainConfig:
+    return TrainConfig(task=TaskConfig(name="digits"), parallel=ParallelConfig(layout="auto", **parallel))
+
+
+def test_auto_is_a_layout_the_config_takes_and_a_strategy_beside_it_is_refused():
+    assert _cfg().parallel.layout == "auto"
+    with pytest.raises(ConfigError, match="--parallel auto and --strategy fsdp both say how to split the ranks"):
+        _cfg(strategy="fsdp")
+
+
+@pytest.mark.parametrize("kw, message", [
+    ({"nnodes": 2, "elastic": False, "launches": True}, "plans one node's processes, not --nnodes 2"),
+    ({"nnodes": 1, "elastic": True, "launches": True}, "not --nnodes 1:MAX"),
+    ({"nnodes": 1, "elastic": False, "launches": False}, "needs dtrain train to start the workers"),
+])
+def test_auto_refuses_what_one_plan_cannot_decide(kw, message):
+    with pytest.raises(ConfigError, match=message):
+        auto.refuse(_cfg(), **kw)
+
+
+def test_auto_refuses_a_comm_method_and_strategy_options_it_would_override():
+    with pytest.raises(ConfigError, match="--comm powersgd"):
+        auto.refuse(_cfg(comm=CommSpec.parse("powersgd:2")), nnodes=1, elastic=False, launches=True)
+    with pytest.raises(ConfigError, match=r"its options \(wrap\) may not apply"):
+        auto.refuse(_cfg(strategy_options={"wrap": "block"}), nnodes=1, elastic=False, launches=True)
+    auto.refuse(_cfg(), nnodes=1, elastic=False, launches=True)  # the plain case goes on to the plan
+
+
+def test_one_process_needs_no_plan(capsys):
+    cfg = auto.resolve(_cfg(), world_size=1, nproc=1, device=None)
+    assert cfg.parallel.layout is None and cfg.parallel.strategy == "auto"
+    assert "one process, nothing to split" in capsys.readouterr().err
+
+
+def test_cpu_is_profiled_here():
+    assert auto._device_kind("cpu") == ("cpu", False)
