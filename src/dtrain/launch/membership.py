@@ -176,7 +176,8 @@ def agent_class() -> type:
         def _exit_barrier(self) -> None:
             backend = getattr(self._worker_group.spec.rdzv_handler, "_dtrain_backend", None)
             nonblocking = getattr(store_util, "_barrier_nonblocking", None)
-            if backend is None or nonblocking is None:  # a static job, or a torch without the private helper
+            prefix = getattr(api, "_TERMINAL_STATE_SYNC_ID", None)
+            if backend is None or nonblocking is None or prefix is None:  # a static job, or a torch without them
                 return super()._exit_barrier()
             first = read_state(backend)
             nodes = self._worker_group.group_world_size
@@ -184,7 +185,7 @@ def agent_class() -> type:
                 print(f"dtrain: {nodes - len(first.participants)} node(s) of this round left the rendezvous after this "
                       "node's workers finished; this node does not wait for them.", file=sys.stderr, flush=True)
                 return None
-            key = nonblocking(self._store, nodes, api._TERMINAL_STATE_SYNC_ID)
+            key = nonblocking(self._store, nodes, prefix)
             deadline = time.monotonic() + self._exit_barrier_timeout
             while time.monotonic() < deadline:
                 try:
