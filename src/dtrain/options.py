@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
+from . import _check as check
 from .errors import ConfigError
 
 LAUNCH_DIR_ENV = "DTRAIN_LAUNCH_DIR"
@@ -209,8 +210,7 @@ class Options:
 
     def __post_init__(self) -> None:
         for name, cls in SECTIONS.items():
-            if not isinstance(getattr(self, name), cls):
-                raise ConfigError(f"Options({name}=...) got {type(getattr(self, name)).__name__}; give a {cls.__name__}.")
+            check.instance(f"Options({name}=...)", getattr(self, name), cls, f"give a {cls.__name__}")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Options:
