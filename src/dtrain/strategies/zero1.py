@@ -19,7 +19,6 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from ..errors import ConfigError
 from ..parallel.placement import Placement
@@ -40,8 +39,17 @@ class Zero1Config:
             raise ConfigError(f"bucket_cap_mb must be > 0, got {self.bucket_cap_mb}.")
 
 
+def _zero_class() -> type:
+    """torch's ZeroRedundancyOptimizer, imported when first used: ``torch.distributed.optim`` loads
+    FSDP and DTensor (~0.9 s of every process's start, the launcher's included, on a CPU here)."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    return ZeroRedundancyOptimizer
+
+
 def shard_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
     """The same optimizer (class, param groups, settings) as a ZeroRedundancyOptimizer."""
+    ZeroRedundancyOptimizer = _zero_class()  # noqa: N806 -- torch's class, under its name
     if isinstance(optimizer, ZeroRedundancyOptimizer):
         return optimizer
     if any(optimizer.state.values()):
@@ -95,6 +103,7 @@ class Zero1Strategy(Strategy):
         """Gather every ZeroRedundancyOptimizer's state on rank 0 (its ``state_dict`` needs it).
 
         Collective: call on every rank."""
+        ZeroRedundancyOptimizer = _zero_class()  # noqa: N806
         for obj in objects.values():
             while isinstance(getattr(obj, "optimizer", None), torch.optim.Optimizer):
                 obj = obj.optimizer

@@ -22,10 +22,11 @@ def _digits(mnist_dir: str | os.PathLike | None, count: int) -> tuple[np.ndarray
         images = read_idx(Path(mnist_dir) / "train-images-idx3-ubyte.gz")[:count]
         labels = read_idx(Path(mnist_dir) / "train-labels-idx1-ubyte.gz")[:count]
         return images.astype(np.uint8), labels.astype(np.int64)
-    from sklearn.datasets import load_digits
+    from ..tasks.digits import load_arrays
 
-    data = load_digits()
-    return (data.images[:count] * 255.0 / 16.0).astype(np.uint8), data.target[:count].astype(np.int64)
+    pixels, labels = load_arrays()
+    images = pixels.reshape(-1, 8, 8)
+    return (images[:count] * 255.0 / 16.0).astype(np.uint8), labels[:count]
 
 
 def write_digit_folder(root: str | os.PathLike, *, classes: int = 10, train_per_class: int = 20, val_per_class: int = 5,
