@@ -89,6 +89,10 @@ def plan_task(task: Any, cluster: Cluster, *, batch: int, precision: str = "fp32
             mach = machinery.measure(task_spec, batch=batch, precision=precision, optimizer=optimizer,
                                      kinds=machinery.kinds_for(layouts), microbatches=microbatches, schedule=schedule,
                                      threads=threads, budget_s=profile_s)
+            if cluster.oversubscribed(threads):  # more processes than the shared cores: what it costs, measured
+                mach = replace(mach, corun=machinery.corun(task_spec, processes=cluster.world_size, batch=batch,
+                                                           precision=precision, optimizer=optimizer, threads=threads,
+                                                           budget_s=min(4.0, profile_s / 2)))
         prof = add_timing(prof, task, batch=batch, optimizer=optimizer, threads=threads, machinery=mach)
         cluster = replace(cluster, device=cpu_device(prof.achieved_flops, cluster.device.memory_bytes))
     settings = Settings(batch=batch, precision=precision, optimizer=optimizer, grad_accum=grad_accum,

@@ -122,19 +122,27 @@ class Cluster:
     def with_world(self, nodes: int, procs_per_node: int) -> Cluster:
         return replace(self, nodes=nodes, procs_per_node=procs_per_node)
 
-    def compute_slowdown(self, threads_per_proc: int = 1, other: float = 0.0, by_session: bool = False) -> float:
+    def compute_slowdown(self, threads_per_proc: int = 1, other: float = 0.0, by_session: bool = False,
+                         measured: float | None = None) -> float:
         """How much slower each process computes than the profile did (> 1 only on a shared
         machine): the job's processes and ``other`` (the machine's other load, measured while
         profiling) share the cores, where the profile's one process shared them with ``other``
-        alone. Each runnable thread gets cores / runnable threads, at most one core; with
-        ``by_session`` (Linux's autogroups; every worker its own session) each session gets
-        cores / sessions, at most one core per thread."""
+        alone. ``measured``: the profile's own ratio for this many processes at once (the
+        machinery's ``corun``), used as it is. Else each runnable thread gets cores / runnable
+        threads, at most one core; with ``by_session`` (Linux's autogroups; every worker its own
+        session) each session gets cores / sessions, at most one core per thread."""
         if not self.shared_cores:
             return 1.0
+        if measured is not None:
+            return measured
         t, c = threads_per_proc, self.shared_cores
         if by_session:
             return min(t, c / (1 + other)) / min(t, c / (self.world_size + other))
         return max(1.0, (self.world_size * t + other) / c) / max(1.0, (t + other) / c)
+
+    def oversubscribed(self, threads_per_proc: int = 1) -> bool:
+        """Whether the job's processes share cores (``shared_cores``) and want more than there are."""
+        return bool(self.shared_cores) and self.world_size * threads_per_proc > self.shared_cores
 
     def describe(self) -> dict[str, Any]:
         d = self.device

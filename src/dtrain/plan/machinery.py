@@ -64,6 +64,16 @@ class Machinery:
     by_session: bool = False
     """Linux's autogroups are on: the CPU is shared between sessions first (each `dtrain train`
     worker has a session of its own), then between a session's threads."""
+    corun: tuple[int, float, float] | None = None
+    """(processes, plain step seconds of one alone, of each with that many running at once),
+    measured where the job's processes share the profile's cores (``corun``); the ratio replaces
+    ``Cluster.compute_slowdown``'s share of the cores for a job of that many processes."""
+
+    def corun_slowdown(self, processes: int) -> float | None:
+        """The measured slowdown of ``processes`` plain steps at once over one alone, or None."""
+        if self.corun is None or self.corun[0] != processes or self.corun[1] <= 0:
+            return None
+        return self.corun[2] / self.corun[1]
 
     def extra(self, kind: str) -> Phases:
         """What ``kind`` adds to the plain step, per phase (0 where noise made it negative)."""
@@ -79,7 +89,9 @@ class Machinery:
                                  "optimizer": round(v.optimizer * 1e3, 3)} for k, v in self.steps.items()},
                 "average_ms": None if self.average_s is None else round(self.average_s * 1e3, 3),
                 "other_load": round(self.other_load, 2), "other_load_by": "sessions" if self.by_session else "threads",
-                "rss_mib": {k: round(v / MIB, 1) for k, v in self.rss.items()}}
+                "rss_mib": {k: round(v / MIB, 1) for k, v in self.rss.items()},
+                "corun": None if self.corun is None else {"processes": self.corun[0], "alone_ms": round(self.corun[1] * 1e3, 3),
+                                                          "together_ms": round(self.corun[2] * 1e3, 3)}}
 
 
 def kinds_of(layout: Any) -> list[str]:
@@ -116,6 +128,56 @@ def measure(task_spec: tuple[str, str | None, dict[str, str]], *, batch: int, pr
     return Machinery(batch=batch, microbatches=microbatches, steps={k: Phases(*v) for k, v in raw["steps"].items()},
                      average_s=raw["average_s"], rounds=raw["rounds"], rss=raw["rss"], threads=threads, other_load=raw["other_load"],
                      by_session=raw["by_session"])
+
+
+def corun(task_spec: tuple[str, str | None, dict[str, str]], *, processes: int, batch: int, precision: str,
+          optimizer: str, threads: int = 1, budget_s: float = 3.0) -> tuple[int, float, float]:
+    """(processes, plain step seconds of one process alone, of ``processes`` at once): the
+    plain step in ``processes`` fresh processes, first on rank 0 while the others wait, then on
+    all together, at one moment, so the ratio is what sharing the cores costs (time slices,
+    caches, context switches) with the load of that moment in both."""
+    from ..testing import run_distributed
+
+    spec = {"task": task_spec, "batch": batch, "precision": precision, "optimizer": optimizer, "kinds": [],
+            "microbatches": 1, "schedule": "1f1b", "threads": threads, "budget_s": budget_s}
+    raw = run_distributed(corun_body, spec, world_size=processes, timeout=120 + 6 * budget_s,
+                          env={"OMP_NUM_THREADS": str(threads)})
+    return processes, raw[0]["alone"], statistics.mean(r["together"] for r in raw)
+
+
+def corun_body(spec: dict[str, Any]) -> dict[str, float | None]:
+    """One rank of ``corun``. Collective."""
+    import torch
+    import torch.distributed as dist
+
+    from ..tasks import load_task
+    from .machinery_kinds import build_runner
+    from .profile import sample_batch
+
+    torch.set_num_threads(spec["threads"])
+    dist.init_process_group("gloo")
+    name, data_dir, options = spec["task"]
+    task = load_task(name, data_dir=data_dir, options=options)
+    x, y = sample_batch(task, spec["batch"])
+    run = build_runner("plain", task, x, y, spec)
+
+    def mean_step(seconds: float) -> float:
+        """Seconds per step over a window: a mean, not a median, since the time slices that
+        sharing costs fall on some steps only (a step shorter than a slice mostly runs whole)."""
+        steps, start = 0, time.perf_counter()
+        while steps < 5 or time.perf_counter() - start < seconds:
+            run()
+            steps += 1
+        return (time.perf_counter() - start) / steps
+
+    mean_step(0.0)  # warm-up, all at once
+    dist.barrier()
+    alone = mean_step(spec["budget_s"] / 2) if dist.get_rank() == 0 else None
+    dist.barrier()
+    together = mean_step(spec["budget_s"])
+    dist.barrier()
+    dist.destroy_process_group()
+    return {"alone": alone, "together": together}
 
 
 def _status(key: str) -> float:

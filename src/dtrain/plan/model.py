@@ -25,7 +25,9 @@ ASSUMPTIONS = (
     "compute: on CPU measured (forward/backward/optimizer medians of the plain step, in a fresh process of a world of "
     "one, or in this process with --no-layout-profile), on a GPU preset FLOPs / (peak x achieved fraction), backward = "
     "the counted ratio x forward; activation checkpointing adds one forward of the blocks; the CPU profile is the load "
-    "of the moment it ran",
+    "of the moment it ran; processes that share the profile's cores (--shared-cores) get cores / runnable threads each, at "
+    "most one core, and where they are more than the cores, the plain step's measured slowdown with that many running at "
+    "once (time slices, caches, context switches) instead",
     "layouts' own CPU cost (CPU, measured): each layout's step in a world of one (DDP and the --comm method's hook, "
     "ZeRO's optimizer, fully_shard, the TP plan on DTensors) minus the plain step, per phase, added in full and the "
     "same at any world size: the 16-bit casts, PowerSGD's products and orthogonalisation, DDP's reducer, FSDP's "
@@ -201,7 +203,8 @@ def predict(prof: ModelProfile, c: Cluster, layout: Layout, s: Settings) -> Pred
     fwd, bwd, opt = compute_rates(prof, c, s)
     m = prof.machinery
     other, by_session = (m.other_load, m.by_session) if m is not None else (0.0, False)
-    slow = c.compute_slowdown(s.threads_per_proc, other, by_session)
+    slow = c.compute_slowdown(s.threads_per_proc, other, by_session,
+                              measured=m.corun_slowdown(c.world_size) if m is not None else None)
     phases, comm_s, notes = step_phases(prof, c, layout, s, fwd * slow, bwd * slow, opt * slow, slow)
     alone = c.with_world(1, 1).compute_slowdown(s.threads_per_proc, other, by_session)
     single = s.batch * (fwd + bwd + s.data_s_per_sample) + opt * prof.params

@@ -195,3 +195,17 @@ def test_processes_sharing_cores_slow_down_by_their_share_beside_the_measured_ot
     # busy sessions the profile had 2/4 of the cores, each of the 4 workers 2/7
     assert c.compute_slowdown(1, other=3.0, by_session=True) == pytest.approx((2 / 4) / (2 / 7))
     assert c.compute_slowdown(1, other=0.0, by_session=True) == pytest.approx(2.0)
+
+
+def test_more_processes_than_shared_cores_take_the_measured_corun_slowdown():
+    c = cluster.build({"device": "cpu", "nodes": 4, "procs_per_node": 1, "shared_cores": 2})
+    assert c.oversubscribed(1) and not replace(c, nodes=2).oversubscribed(1) and not replace(c, shared_cores=None).oversubscribed(1)
+    assert c.compute_slowdown(1, measured=2.5) == 2.5
+    assert replace(c, shared_cores=None).compute_slowdown(1, measured=2.5) == 1.0  # own cores: nothing shared
+    m = replace(_machinery(), corun=(4, 0.010, 0.025))
+    assert m.corun_slowdown(4) == pytest.approx(2.5) and m.corun_slowdown(2) is None
+    assert m.describe()["corun"] == {"processes": 4, "alone_ms": 10.0, "together_ms": 25.0}
+    p = predict(_prof(m), replace(c, device=cluster.cpu_device(1e9)), Layout("ddp", ParallelDims(dp_replicate=4)), Settings(batch=8))
+    assert p.phases_s["forward"] == pytest.approx(0.010 * 2.5)  # not the formula's 2.0
+    two = replace(c, nodes=2, device=cluster.cpu_device(1e9))  # measured for 4 processes: a job of 2 keeps the formula
+    assert predict(_prof(m), two, Layout("ddp", ParallelDims(dp_replicate=2)), Settings(batch=8)).phases_s["forward"] == pytest.approx(0.010)
