@@ -11,8 +11,9 @@ from dtrain.testing import run_cli
 
 
 def test_plan_digits_json_has_the_issue_shape_and_a_best_train_accepts():
+    # --shared-cores 2: the 4 processes share 2 cores (as on the test bed), so the profile measures them at once too
     r = run_cli(["plan", "--task", "digits", "-n", "2", "--nnodes", "2", "--batch-size", "32", "--json",
-                 "--comm-methods", "none,bf16"], timeout=240)
+                 "--comm-methods", "none,bf16", "--shared-cores", "2"], timeout=240)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["world_size"] == 4 and out["layouts"]
@@ -36,6 +37,8 @@ def test_plan_digits_json_has_the_issue_shape_and_a_best_train_accepts():
     assert machinery["rss_mib"]["baseline"] > 100
     for row in out["layouts"]:
         assert row["peak_mib_per_rank"] > machinery["rss_mib"]["baseline"] > row["state_mib_per_rank"]
+    corun = machinery["corun"]
+    assert corun["processes"] == 4 and corun["alone_ms"] > 0 and corun["together_ms"] > 0, corun
 
 
 def test_plan_table_names_the_best(tmp_path):
