@@ -99,7 +99,7 @@ def run_distributed(
         p.start()
     outcome: dict[int, tuple[bool, Any]] = {}
     deadline = time.monotonic() + timeout
-    shortened = False
+    shortened = died = False
     try:
         while len(outcome) < world_size and (left := deadline - time.monotonic()) > 0:
             try:
@@ -107,6 +107,7 @@ def run_distributed(
                 outcome[rank] = (ok, value)
             except queue.Empty:
                 if all(procs[r].exitcode is not None for r in range(world_size) if r not in outcome):
+                    died = True
                     break  # the rest died without reporting
             if not shortened and any(not ok for ok, _ in outcome.values()):
                 # One rank failed: its peers are likely stuck in a collective; give them 10 s.
@@ -121,7 +122,8 @@ def run_distributed(
     missing = [r for r in range(world_size) if r not in outcome]
     if missing:
         codes = ", ".join(f"rank {r}: exit {procs[r].exitcode}" for r in missing)
-        failures.append(f"ranks {missing} did not finish within {timeout:.0f} s ({codes}); killed.")
+        failures.append(f"ranks {missing} exited without a result ({codes})." if died
+                        else f"ranks {missing} did not finish within {timeout:.0f} s ({codes}); killed.")
     causes = {r: exception_line(v) for r, (ok, v) in outcome.items() if not ok}
     causes.update({r: f"exited with status {procs[r].exitcode} without a result" for r in missing})
     if failures:
