@@ -10,10 +10,34 @@ if not {"-v", "--verbose"} & set(sys.argv[1:]):
 
 from .cli import main  # noqa: E402 -- after the environment above
 
+
+def _leave(code: int) -> None:
+    """Exit after a process that trained in a process group (srun or torchrun tasks): Python's exit
+    hooks run (the checkpoint folder's lock is released), then the process leaves without the
+    interpreter's finalization, where the groups dtrain keeps until the end (world/group.py) were
+    destroyed and once aborted a finished srun task ("terminate called without an active
+    exception", exit 134, CI of stop 36)."""
+    import atexit
+
+    run_hooks = getattr(atexit, "_run_exitfuncs", None)
+    if run_hooks is None:
+        sys.exit(code)
+    run_hooks()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
 if __name__ == "__main__":
     code = main()
     # The command is done: spare the exit a full collection of the heap (seconds of CPU after
     # a launch that loaded a data set), as the workers do (launch/lifecycle.py).
     gc.disable()
     gc.freeze()
+    group = sys.modules.get("dtrain.world.group")
+    if group is not None and getattr(group, "_left_groups", None):
+        _leave(code)
     sys.exit(code)
