@@ -23,12 +23,9 @@ def _leave(code: int) -> None:
     if run_hooks is None:
         sys.exit(code)
     run_hooks()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    os._exit(code)
+    from .launch.lifecycle import exit_now  # flush, then os._exit
+
+    exit_now(code)
 
 
 if __name__ == "__main__":
