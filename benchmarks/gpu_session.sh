@@ -1,0 +1,27 @@
+#!/bin/bash
+# One lent-GPU session in one call (device time counts from start-up): the GPU tier, then
+# `dtrain plan` against `dtrain train` on the GPU (plan_gpu.py), then dtrain against plain loops
+# (gpu_vs_plain.py, the lm table), each within what is left of BUDGET seconds. Logs and JSON lines
+# go to $OUT (or /tmp/gpu-session). Runs from the repository root, dtrain from src/ (no install).
+#
+#     BUDGET=470 bash benchmarks/gpu_session.sh
+set -u
+OUT=${OUT:-/tmp/gpu-session}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
+end=$(( $(date +%s) + ${BUDGET:-470} ))
+left() { local l=$(( end - $(date +%s) - 5 )); [ "$l" -lt "$1" ] && echo "$l" || echo "$1"; }
+step() {  # step NAME CAP COMMAND...: run within min(CAP, time left), log to $OUT/NAME.log
+  local name=$1 cap; cap=$(left "$2"); shift 2
+  if [ "$cap" -le 20 ]; then echo "$name: skipped (no time left)"; return; fi
+  local t0; t0=$(date +%s)
+  timeout "$cap" "$@" > "$OUT/$name.log" 2>&1; local rc=$?
+  echo "$name: rc=$rc in $(( $(date +%s) - t0 )) s (cap $cap s)"
+}
+{ date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+  python3 -c "import torch, numpy; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name(0), 'numpy', numpy.__version__)"
+  nproc; } > "$OUT/env.txt" 2>&1
+cat "$OUT/env.txt"
+step gpu_tier 200 python3 -m pytest -m gpu tests/gpu -q -p no:cacheprovider --timeout 170 -o addopts="-ra --strict-markers --durations=15"
+step plan_gpu 170 python3 benchmarks/plan_gpu.py --repeats 2 --out "$OUT/plan_gpu.jsonl"
+step gpu_vs_plain 200 python3 benchmarks/gpu_vs_plain.py --only lm --rounds 1 --out "$OUT/gpu_vs_plain.jsonl"
+for f in gpu_tier plan_gpu gpu_vs_plain; do echo "== $f"; tail -25 "$OUT/$f.log" 2>/dev/null; done
