@@ -64,3 +64,23 @@ class Precision:
 
     def grad_scaler(self) -> torch.amp.GradScaler | None:
         return torch.amp.GradScaler(self.device_type) if self.scale_loss else None
+
+
+def scaler_skips_itself(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """Make a GradScaler skip an overflowed step of torch's fused SGD itself.
+
+    A fused optimizer tells the scaler it handles overflow in its kernel
+    (``_step_supports_amp_scaling``), so the scaler hands it the inf flag instead of skipping the
+    step. Fused SGD's kernel then leaves the weights alone but creates its momentum buffers
+    uninitialised (seen with torch 2.11 on an H200 and 2.14 on CPU: fp16-mixed trained the
+    synthetic task to a NaN loss by step 10, the first steps' routine overflows). With the flag
+    cleared, the scaler unscales, skips an overflowed step and calls the fused kernel only on finite
+    gradients, as for any other optimizer. Fused Adam, AdamW and Adagrad honour the flag and keep it.
+    Follows wrappers' ``.optimizer`` to the torch optimizer; returns ``optimizer``."""
+    inner = optimizer
+    while not isinstance(inner, torch.optim.SGD) and isinstance(getattr(inner, "optimizer", None), torch.optim.Optimizer):
+        inner = inner.optimizer
+    if isinstance(inner, torch.optim.SGD) and inner.defaults.get("fused") and getattr(inner, "_step_supports_amp_scaling", False):
+        inner._step_supports_amp_scaling = False
+    return optimizer
+

@@ -20,7 +20,7 @@ from ..comm.collectives import Collectives
 from ..errors import ConfigError
 from ..metrics.breakdown import SCHEDULE, StepBreakdown
 from ..parallel.convnets import to_channels_last
-from ..precision import Precision
+from ..precision import Precision, scaler_skips_itself
 from ..strategies.base import ForwardingOptimizer, Strategy
 
 
@@ -57,6 +57,8 @@ class DtrainOptimizer(ForwardingOptimizer):
     def __init__(self, optimizer: torch.optim.Optimizer, step: Step) -> None:
         super().__init__(optimizer)
         self._step = step
+        if step.scaler is not None:
+            scaler_skips_itself(optimizer)  # torch's fused SGD mishandles a skipped step
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         run = self._step

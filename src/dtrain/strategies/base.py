@@ -176,7 +176,8 @@ class Strategy(abc.ABC):
 
 class ForwardingOptimizer(torch.optim.Optimizer):
     """An optimizer that wraps another and forwards its state (``isinstance`` checks and LR
-    schedulers keep working). Subclasses override ``step`` and ``zero_grad``."""
+    schedulers keep working). Subclasses override ``step``; ``zero_grad`` forwards (torch's own
+    would patch the wrapper's class as if it were a torch optimizer, and its next step fails)."""
 
     def __init__(self, optimizer: torch.optim.Optimizer) -> None:
         # Deliberately no super().__init__: the wrapped optimizer owns the state.
@@ -202,6 +203,9 @@ class ForwardingOptimizer(torch.optim.Optimizer):
 
     def add_param_group(self, param_group: dict) -> None:
         self.optimizer.add_param_group(param_group)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.optimizer.zero_grad(set_to_none=set_to_none)
 
 
 def move_to_device(model: nn.Module, world: World) -> nn.Module:

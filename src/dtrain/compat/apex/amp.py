@@ -19,6 +19,7 @@ from torch import nn
 import dtrain
 from dtrain import ConfigError
 from dtrain.compat._notes import note_once
+from dtrain.precision import scaler_skips_itself
 
 OPT_LEVELS = ("O0", "O1", "O2")
 
@@ -122,6 +123,7 @@ def _patch_step(optimizer: torch.optim.Optimizer) -> None:
     updates the scale, as apex's patched step did."""
     if _state.scaler is None or getattr(optimizer, "_dtrain_amp", False):
         return
+    scaler_skips_itself(optimizer)
     original = optimizer.step
     inside = {"now": False}
 
