@@ -133,7 +133,7 @@ def main() -> int:
         if args.out:
             with open(args.out, "a") as fh:
                 fh.write(json.dumps(row) + "\n")
-    print(f"\n| config | plan step ms | measured step ms (window / median) | error | plan peak MiB | measured peak MiB | error | plan MFU | measured MFU |")
+    print("\n| config | plan step ms | measured step ms (window / median) | error | plan peak MiB | measured peak MiB | error | plan MFU | measured MFU |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         pr = r["predicted"]
