@@ -5,6 +5,7 @@
 # go to $OUT (or /tmp/gpu-session). Runs from the repository root, dtrain from src/ (no install).
 #
 #     BUDGET=470 bash benchmarks/gpu_session.sh
+#     BUDGET=300 TIER_K=mixed_precision PLAN_REPEATS=1 VS=0 bash benchmarks/gpu_session.sh   # a shorter rerun
 set -u
 OUT=${OUT:-/tmp/gpu-session}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
@@ -21,7 +22,7 @@ step() {  # step NAME CAP COMMAND...: run within min(CAP, time left), log to $OU
   python3 -c "import torch, numpy; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name(0), 'numpy', numpy.__version__)"
   nproc; } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
-step gpu_tier 200 python3 -m pytest -m gpu tests/gpu -q -p no:cacheprovider --timeout 170 -o addopts="-ra --strict-markers --durations=15"
-step plan_gpu 170 python3 benchmarks/plan_gpu.py --repeats 2 --out "$OUT/plan_gpu.jsonl"
-step gpu_vs_plain 200 python3 benchmarks/gpu_vs_plain.py --only lm --rounds 1 --out "$OUT/gpu_vs_plain.jsonl"
+step gpu_tier 200 python3 -m pytest -m gpu tests/gpu -q -p no:cacheprovider --timeout 170 -o addopts="-ra --strict-markers --durations=15" ${TIER_K:+-k "$TIER_K"}
+step plan_gpu 240 python3 benchmarks/plan_gpu.py --repeats "${PLAN_REPEATS:-2}" --out "$OUT/plan_gpu.jsonl"
+[ "${VS:-1}" = 1 ] && step gpu_vs_plain 200 python3 benchmarks/gpu_vs_plain.py --only lm --rounds 1 --out "$OUT/gpu_vs_plain.jsonl"
 for f in gpu_tier plan_gpu gpu_vs_plain; do echo "== $f"; tail -25 "$OUT/$f.log" 2>/dev/null; done

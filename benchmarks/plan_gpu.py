@@ -1,17 +1,18 @@
 """`dtrain plan` against `dtrain train` on the one GPU at hand (issue 31, the single-device end).
 
-The plan predicts a GPU's step from the model's FLOPs and an achieved fraction of the device's
-peak (``--mfu``, default 0.4), and its memory from the model's tensors and saved activations
-counted on the meta device. Here both meet a real run, per configuration:
+Two ways the plan predicts a GPU's step: from the model's FLOPs and an achieved fraction of the
+named device's peak (``--device h200``: ``--mfu``, default 0.4), or timed on this GPU
+(``--device cuda``). Its memory comes from the model's tensors and saved activations counted on the
+meta device (autocast's casts and the GPU's fused attention emulated there). Per configuration:
 
-1. `dtrain plan --json --device h100|h200 -n 1` (the device named from torch.cuda's name): the
-   ``single`` row's step_ms and peak_mib_per_rank;
+1. `dtrain plan --json -n 1 --layouts single`, once with the preset named from torch.cuda's device
+   name and once with ``--device cuda``: step_ms and peak_mib_per_rank of each;
 2. `dtrain train --device cuda` ``--repeats`` times: the wall time per step over steps 10 to
    ``--steps`` (the --metrics-file records' wall_s), the breakdown's median step, the allocator's
    peak (``torch.cuda.max_memory_allocated``, the records' ``peak_mib``) and the run's MFU.
 
 One JSON line per configuration (``--out``) and a table. The plan trains nothing; nothing is
-fitted: the measured MFU is printed beside the plan's assumed one, so a user sees what to pass.
+fitted: the measured MFU is printed beside the plan's assumed one.
 
     python benchmarks/plan_gpu.py --out rows.jsonl           # on a GPU
     python benchmarks/plan_gpu.py --device cpu --quick       # tiny sizes on CPU: checks that it runs
@@ -121,9 +122,11 @@ def main() -> int:
     rows = []
     for name, (task, targs, batch, extra) in configs.items():
         flags = task_flags(task, targs, batch, extra, precision)
-        pred = plan(flags, device)
+        devices = [device] if args.device == "cpu" else [device, "cuda"]
+        preds = {d: plan(flags, d) for d in devices}
+        pred = preds[device]
         runs = [train(flags, args.device, args.steps) for _ in range(args.repeats)]
-        row = {"config": name, "plan_device": device, "flags": flags, "predicted": pred, "runs": runs,
+        row = {"config": name, "plan_device": device, "flags": flags, "predicted": pred, "predicted_by_device": preds, "runs": runs,
                "meas_window_ms": statistics.median(r["window_ms"] for r in runs),
                "meas_median_ms": statistics.median(r["median_ms"] for r in runs),
                "meas_peak_mib": statistics.median(r["peak_mib"] for r in runs if r["peak_mib"]) if any(r["peak_mib"] for r in runs) else None,
@@ -133,12 +136,14 @@ def main() -> int:
         if args.out:
             with open(args.out, "a") as fh:
                 fh.write(json.dumps(row) + "\n")
-    print("\n| config | plan step ms | measured step ms (window / median) | error | plan peak MiB | measured peak MiB | error | plan MFU | measured MFU |")
+    print("\n| config | plan step ms (device: step) | measured step ms (window / median) | error | plan peak MiB | measured peak MiB "
+          "| error | plan MFU | measured MFU |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        pr = r["predicted"]
-        print(f"| {r['config']} | {pr['step_ms']:.1f} | {r['meas_window_ms']:.1f} / {r['meas_median_ms']:.1f} | {err(pr['step_ms'], r['meas_window_ms'])} "
-              f"| {pr['peak_mib']:.0f} | {r['meas_peak_mib'] or 0:.0f} | {err(pr['peak_mib'], r['meas_peak_mib'])} | {pr['mfu']} | {r['meas_mfu']} |")
+        for dev, pr in r["predicted_by_device"].items():
+            print(f"| {r['config']} | {dev}: {pr['step_ms']:.1f} | {r['meas_window_ms']:.1f} / {r['meas_median_ms']:.1f} "
+                  f"| {err(pr['step_ms'], r['meas_window_ms'])} | {pr['peak_mib']:.0f} | {r['meas_peak_mib'] or 0:.0f} "
+                  f"| {err(pr['peak_mib'], r['meas_peak_mib'])} | {pr['mfu']} | {r['meas_mfu']} |")
     return 0
 
 

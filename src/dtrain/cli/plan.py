@@ -24,7 +24,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     c = p.add_argument_group("the cluster (a preset, a file, flags; flags win)")
     c.add_argument("--cluster", default=None, metavar="FILE", help="JSON (or YAML) with keys such as device, nodes, procs_per_node, "
                    "peak_tflops, memory_gib, achieved_fraction, intra_gbit, inter_gbit, intra_latency_us, inter_latency_us")
-    c.add_argument("--device", default=None, help="h100, h200, a100, a100-40, v100, p100, or cpu (default: cpu, profiled here)")
+    c.add_argument("--device", default=None, help="h100, h200, a100, a100-40, v100, p100 (from FLOPs x --mfu), cuda (this machine's GPU, its step "
+                   "timed here), or cpu (default: cpu, profiled here)")
     c.add_argument("--peak-tflops", type=float, default=None, help="the device's peak TFLOP/s at --precision")
     c.add_argument("--mfu", type=float, default=None, metavar="FRACTION", help="achieved fraction of the peak (default 0.4; cpu: measured)")
     c.add_argument("--mem-gib", type=float, default=None, help="memory per device, GiB")

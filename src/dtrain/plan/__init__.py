@@ -67,7 +67,8 @@ def plan_task(task: Any, cluster: Cluster, *, batch: int, precision: str = "fp32
               task_spec: tuple[str, str | None, dict[str, str]] | None = None, profile_s: float = 10.0) -> Plan:
     """Profile ``task`` (a ``dtrain.Task``) and plan it on ``cluster``: what `dtrain plan` does,
     and what `dtrain train --parallel auto` can call for the world at hand (``plan.best_exact``).
-    On a CPU cluster the profile's measured times are the compute; on a GPU preset its FLOPs.
+    On a CPU cluster the profile's measured times are the compute; on a GPU preset its FLOPs; on
+    ``--device cuda`` (``Device.profiled``) the step timed on this machine's GPU.
     ``task_spec`` ((name, data_dir, options) as ``load_task`` takes them): on a CPU cluster, also
     measure each layout's machinery in a fresh process of a world of one (``machinery``, about
     ``profile_s`` seconds of steps); without it the layouts' own CPU costs are left out."""
@@ -79,7 +80,7 @@ def plan_task(task: Any, cluster: Cluster, *, batch: int, precision: str = "fp32
 
     tp_ok, pp_ok = task.tp_plan is not None, not _tied(task)
     optimizer = optimizer or task.optimizer
-    prof = profile_task(task, batch=batch, precision=precision, optimizer=optimizer, timed=False)
+    prof = profile_task(task, batch=batch, precision=precision, optimizer=optimizer, timed=False, gpu=cluster.is_gpu)
     if layouts is None:
         layouts = candidates(cluster.world_size, cluster.procs_per_node, cluster.nodes, blocks=len(prof.blocks),
                              tp_ok=tp_ok and bool(prof.blocks), pp_ok=pp_ok, comms=comms)
@@ -95,6 +96,12 @@ def plan_task(task: Any, cluster: Cluster, *, batch: int, precision: str = "fp32
                                                            budget_s=min(4.0, profile_s / 2)))
         prof = add_timing(prof, task, batch=batch, optimizer=optimizer, threads=threads, machinery=mach)
         cluster = replace(cluster, device=cpu_device(prof.achieved_flops, cluster.device.memory_bytes))
+    elif cluster.device.profiled:  # this machine's GPU: its step timed, its achieved fraction of the peak reported
+        prof = add_timing(prof, task, batch=batch, optimizer=optimizer, threads=threads, device="cuda")
+        dev, achieved = cluster.device, prof.achieved_flops or 0.0
+        peak = dev.flops(precision)
+        dev = replace(dev, achieved=min(1.0, achieved / peak)) if peak else replace(dev, peak_flops=dict.fromkeys(dev.peak_flops, achieved))
+        cluster = replace(cluster, device=dev)
     settings = Settings(batch=batch, precision=precision, optimizer=optimizer, grad_accum=grad_accum,
                         activation_checkpointing=activation_checkpointing, microbatches=microbatches, schedule=schedule,
                         threads_per_proc=threads,

@@ -36,6 +36,8 @@ class Device:
     """Fraction of the peak a training step achieves (MFU); a profile measures it instead."""
     fixed_bytes: float = 0.0
     """Memory taken before the model: CUDA context, allocator reserve, the framework."""
+    profiled: bool = False
+    """This machine's GPU (``--device cuda``): the plan times the step on it instead of FLOPs x ``achieved``."""
 
     def flops(self, precision: str) -> float:
         return self.peak_flops.get(precision) or self.peak_flops["fp32"]
@@ -186,12 +188,36 @@ def _total_memory() -> float:
         return 16 * GIB
 
 
+def local_gpu() -> tuple[Device, str | None]:
+    """``--device cuda``: this machine's first GPU, to be profiled (``Device.profiled``), with the
+    data sheet's peak and links of the preset its name matches (key returned; None: no preset,
+    its peak is then what the profile achieves)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ConfigError("--device cuda: no CUDA GPU is visible here; name the GPU kind to plan for instead "
+                          f"(--device {', '.join(DEVICES)}), or run the plan where the GPU is.")
+    props = torch.cuda.get_device_properties(0)
+    lowered, mem = props.name.lower(), float(props.total_memory)
+    key = next((k for k in ("h200", "h100", "a100", "v100", "p100") if k in lowered), None)
+    if key == "a100" and mem < 60 * GIB:
+        key = "a100-40"
+    if key is None:
+        base = Device(name=props.name, peak_flops={"fp32": 0.0, "bf16-mixed": 0.0, "fp16-mixed": 0.0}, memory_bytes=mem,
+                      mem_bw=1e12, achieved=1.0, fixed_bytes=1.5 * GIB)
+    else:
+        base = DEVICES[key]
+    return replace(base, name=f"{props.name} (this GPU, profiled)", memory_bytes=mem, profiled=True), key
+
+
 def device_named(kind: str) -> Device:
     key = kind.lower()
     if key == "cpu":
         return cpu_device()
+    if key == "cuda":
+        return local_gpu()[0]
     if key not in DEVICES:
-        raise ConfigError(f"unknown --device {kind!r}; choose one of: {', '.join([*DEVICES, 'cpu'])}, "
+        raise ConfigError(f"unknown --device {kind!r}; choose one of: {', '.join([*DEVICES, 'cuda', 'cpu'])}, "
                           "or give --peak-tflops and --mem-gib.")
     return DEVICES[key]
 
@@ -227,8 +253,16 @@ def build(settings: dict[str, Any], base_device: Device | None = None) -> Cluste
     what is not given."""
     s = {k: v for k, v in settings.items() if v is not None}
     kind = str(s.get("device", "cpu")).lower()
+    if kind == "cuda" and base_device is None:
+        if "achieved_fraction" in s:
+            raise ConfigError(f"--mfu {s['achieved_fraction']} with --device cuda: the plan measures this GPU's step; "
+                              "leave out --mfu, or name the GPU kind (e.g. --device h100) to plan from FLOPs x --mfu.")
+        base_device, preset = local_gpu()
+        source = {"device": "this GPU, profiled" + (f" (data sheet and links: preset {preset})" if preset else "")}
+        kind = preset or "cuda"
+    else:
+        source = {"device": f"preset {kind}" if kind in DEVICES else "cpu"}
     device = base_device or device_named(kind)
-    source = {"device": f"preset {kind}" if kind in DEVICES else "cpu"}
     dev_changes: dict[str, Any] = {}
     if "peak_tflops" in s:
         rate = float(s["peak_tflops"]) * 1e12

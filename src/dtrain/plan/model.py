@@ -158,7 +158,7 @@ def _round(x: float | None, nd: int) -> float | None:
 def compute_rates(prof: ModelProfile, c: Cluster, s: Settings) -> tuple[float, float, float]:
     """(forward s per sample, backward s per sample, optimizer s per parameter) on one device alone."""
     t = prof.timing
-    if t is not None and not c.is_gpu:
+    if t is not None and (not c.is_gpu or c.device.profiled):  # measured on the device planned for
         return t.fwd_s / t.batch, t.bwd_s / t.batch, t.opt_s / max(1, prof.params)
     rate = c.device.flops(s.precision) * c.device.achieved
     fwd = prof.fwd_flops / rate

@@ -111,6 +111,12 @@ class _Saved:
 
     def __init__(self, params: set[int]) -> None:
         self.params, self.seen, self.total = params, {}, 0
+        self.kept: list[torch.Tensor] = []
+
+    def exclude(self, t: torch.Tensor) -> None:
+        """Leave ``t`` out too (a parameter's cast copy); a reference keeps its id unique."""
+        self.params.add(id(t))
+        self.kept.append(t)
 
     def pack(self, t: torch.Tensor) -> torch.Tensor:
         base = t._base if t._base is not None else t
@@ -120,9 +126,71 @@ class _Saved:
         return t
 
 
+class _MetaAutocast(torch.overrides.TorchFunctionMode):
+    """Autocast's casts, done on the meta device, where ``torch.autocast`` does nothing (it acts
+    on CPU or CUDA tensors only): what the forward saves for backward then has the dtypes a
+    mixed-precision run saves. Matrix products and convolutions run in ``dtype`` (their inputs and
+    outputs, weights included, as autocast's cached casts are); the ops autocast runs in fp32
+    (normalisations, softmax, losses) get fp32 inputs; the rest run in their inputs' dtype. With
+    ``fused_attention`` (a GPU), ``scaled_dot_product_attention`` without a mask is the fused
+    kernel the GPU runs (flash in 16 bits, else memory-efficient: they save q, k, v, the output and
+    a log-sum-exp, not the attention matrix that the meta device's reference version keeps)."""
+
+    F = torch.nn.functional
+    LOW = (F.linear, F.bilinear, F.conv1d, F.conv2d, F.conv3d, F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d,
+           torch.matmul, torch.mm, torch.bmm, torch.addmm, torch.baddbmm, torch.addbmm, torch.Tensor.matmul,
+           torch.Tensor.__matmul__, torch.Tensor.mm, torch.Tensor.bmm, torch.einsum, F.scaled_dot_product_attention)
+    FP32 = (F.layer_norm, F.group_norm, F.rms_norm, F.softmax, F.log_softmax, F.cross_entropy, F.nll_loss, F.mse_loss,
+            F.l1_loss, F.smooth_l1_loss, F.binary_cross_entropy_with_logits, F.kl_div, F.softplus, F.normalize,
+            torch.softmax, torch.log_softmax, torch.Tensor.softmax, torch.Tensor.log_softmax, torch.logsumexp)
+
+    def __init__(self, dtype: torch.dtype, *, fused_attention: bool, weights: _Saved | None = None) -> None:
+        super().__init__()
+        self.dtype, self.fused_attention, self.weights = dtype, fused_attention, weights
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in self.LOW:
+            args, kwargs = self._cast((args, kwargs), self.dtype)
+            if func is self.F.scaled_dot_product_attention and self.fused_attention:
+                return _fused_attention(*args, **kwargs)
+        elif func in self.FP32:
+            args, kwargs = self._cast((args, kwargs), torch.float32)
+        return func(*args, **kwargs)
+
+    def _cast(self, value: Any, dtype: torch.dtype) -> Any:
+        """Floating tensors in ``value`` (nested tuples, lists, dicts) as ``dtype``. A parameter's
+        cast copy is the weights', not an activation (it does not grow with the batch): ``weights``
+        (the saved-tensor counter) is told to leave it out."""
+        if torch.is_tensor(value):
+            if not value.is_floating_point() or value.dtype == dtype:
+                return value
+            out = value.to(dtype)
+            if isinstance(value, nn.Parameter) and self.weights is not None:
+                self.weights.exclude(out)
+            return out
+        if isinstance(value, (list, tuple)):
+            return type(value)(self._cast(v, dtype) for v in value)
+        if isinstance(value, dict):
+            return {k: self._cast(v, dtype) for k, v in value.items()}
+        return value
+
+
+def _fused_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    """The GPU's fused attention on meta tensors (torch's own kernels' meta functions and autograd
+    formulas: their saved tensors and FLOPs), the reference version where they do not apply."""
+    if attn_mask is not None or enable_gqa or q.shape[1] != k.shape[1]:
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p,
+                                                                is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+    if q.dtype in (torch.float16, torch.bfloat16):
+        return torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, dropout_p, is_causal, scale=scale)[0]
+    return torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, None, True, dropout_p, is_causal, scale=scale)[0]
+
+
 def count(build: Callable[[], nn.Module], x: Any, y: Any, loss_fn: Callable, *, blocks: Callable | None,
-          autocast_dtype: torch.dtype | None) -> dict[str, Any]:
-    """FLOPs and saved bytes of one forward+backward on the meta device, whole and per block."""
+          autocast_dtype: torch.dtype | None, gpu: bool = False) -> dict[str, Any]:
+    """FLOPs and saved bytes of one forward+backward on the meta device, whole and per block, with
+    autocast's casts (``autocast_dtype``) and, on a ``gpu``, its fused attention (``_MetaAutocast``)."""
     from torch.utils.flop_counter import FlopCounterMode
 
     from ..metrics.flops import _to_meta
@@ -145,7 +213,7 @@ def count(build: Callable[[], nn.Module], x: Any, y: Any, loss_fn: Callable, *, 
 
     handles = [u.register_forward_pre_hook(pre) for u in units] + [u.register_forward_hook(post) for u in units]
     xm, ym = _to_meta(x), _to_meta(y)
-    cast = torch.autocast("cpu", dtype=autocast_dtype) if autocast_dtype is not None else _null()
+    cast = _MetaAutocast(autocast_dtype or torch.float32, fused_attention=gpu, weights=saved) if autocast_dtype is not None or gpu else _null()
     with counter, torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda t: t):
         with cast:
             out = model(xm)
@@ -183,42 +251,54 @@ def sample_batch(task: Any, batch: int) -> tuple[Any, Any]:
 Runner = Callable[[], tuple[float, float, float]]
 
 
-def timed_step(model: nn.Module, opt: Any, task: Any, x: Any, y: Any, cast: Callable, after: Callable[[], None] | None = None) -> Runner:
+def timed_step(model: nn.Module, opt: Any, task: Any, x: Any, y: Any, cast: Callable, after: Callable[[], None] | None = None,
+               sync: Callable[[], None] = lambda: None) -> Runner:
     """A runner of one training step of ``model`` on (x, y): each call returns its forward, backward and
     optimizer-step (with ``after``) seconds. ``measure`` and the machinery runners (plan/machinery_kinds.py)
-    time their steps this one way."""
+    time their steps this one way; ``sync`` waits for a GPU's queued work before each clock reading."""
 
     def run() -> tuple[float, float, float]:
+        sync()
         t0 = time.perf_counter()
         with cast():
             loss = task.loss_fn(model(x), y)
+        sync()
         t1 = time.perf_counter()
         loss.backward()
+        sync()
         t2 = time.perf_counter()
         opt.step()
         if after is not None:
             after()
         opt.zero_grad(set_to_none=True)
+        sync()
         return t1 - t0, t2 - t1, time.perf_counter() - t2
     return run
 
 
 def measure(task: Any, x: Any, y: Any, *, optimizer: str, lr: float, autocast_dtype: torch.dtype | None,
-            threads: int, repeats: int = 15, budget_s: float = 5.0) -> Timing:
+            threads: int, repeats: int = 15, budget_s: float = 5.0, device: str = "cpu") -> Timing:
     """Median forward, backward and optimizer-step times of up to ``repeats`` steps (at least 5;
     fewer once ``budget_s`` is spent) after two warm-up steps, on CPU with ``threads`` torch
     threads (a process's share of the cores in the run). Many short steps spread over seconds:
-    on a shared machine the median then sees the load the runs will see, not one moment's."""
+    on a shared machine the median then sees the load the runs will see, not one moment's.
+    ``device="cuda"``: on this machine's GPU as `dtrain train --device cuda` runs it (the model and
+    batch there, CUDA autocast, the fused optimizer; each phase timed to the GPU's end), no data
+    time (a GPU run's loader works ahead of the step)."""
     from ..tasks import make_optimizer
 
+    gpu = device == "cuda"
     old = torch.get_num_threads()
     torch.set_num_threads(max(1, threads))
     try:
         torch.manual_seed(0)
         model = task.new_model()
-        opt = make_optimizer(optimizer, model.parameters(), lr)
-        cast = (lambda: torch.autocast("cpu", dtype=autocast_dtype)) if autocast_dtype is not None else _null
-        run = timed_step(model, opt, task, x, y, cast)
+        if gpu:
+            model, x, y = model.to("cuda"), _to_device(x, "cuda"), _to_device(y, "cuda")
+        opt = make_optimizer(optimizer, model.parameters(), lr, device=torch.device(device))
+        kind = "cuda" if gpu else "cpu"
+        cast = (lambda: torch.autocast(kind, dtype=autocast_dtype)) if autocast_dtype is not None else _null
+        run = timed_step(model, opt, task, x, y, cast, sync=torch.cuda.synchronize if gpu else (lambda: None))
         fwd, bwd, step = [], [], []
         start = time.perf_counter()
         for i in range(repeats + 2):
@@ -231,7 +311,17 @@ def measure(task: Any, x: Any, y: Any, *, optimizer: str, lr: float, autocast_dt
         torch.set_num_threads(old)
     batch = len(y) if hasattr(y, "__len__") else 1
     return Timing(batch=batch, fwd_s=statistics.median(fwd), bwd_s=statistics.median(bwd), opt_s=statistics.median(step),
-                  threads=threads, device="cpu", data_s=data_time(task, batch))
+                  threads=threads, device=device, data_s=0.0 if gpu else data_time(task, batch))
+
+
+def _to_device(value: Any, device: str) -> Any:
+    if torch.is_tensor(value):
+        return value.to(device)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_device(v, device) for v in value)
+    if isinstance(value, dict):
+        return {k: _to_device(v, device) for k, v in value.items()}
+    return value
 
 
 def data_time(task: Any, batch: int) -> float:
@@ -245,12 +335,13 @@ def data_time(task: Any, batch: int) -> float:
 
 
 def profile_task(task: Any, *, batch: int, precision: str = "fp32", optimizer: str | None = None,
-                 timed: bool = True, threads: int = 1, machinery: Machinery | None = None) -> ModelProfile:
-    """Count (meta device) and, with ``timed``, time (CPU) one batch of ``task`` (``timing``)."""
-    dtype = torch.bfloat16 if precision in ("bf16-mixed", "fp16-mixed") else None
+                 timed: bool = True, threads: int = 1, machinery: Machinery | None = None, gpu: bool = False) -> ModelProfile:
+    """Count (meta device; as a GPU runs it with ``gpu``) and, with ``timed``, time (CPU) one batch
+    of ``task`` (``timing``)."""
+    dtype = {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16}.get(precision)
     x, y = sample_batch(task, batch)
     try:
-        c = count(task.build_model, x, y, task.loss_fn, blocks=task.blocks, autocast_dtype=dtype)
+        c = count(task.build_model, x, y, task.loss_fn, blocks=task.blocks, autocast_dtype=dtype, gpu=gpu)
     except Exception as exc:  # a model that cannot run on meta: say so, no guess
         raise ConfigError(f"task {task.name!r}: its model could not be profiled on the meta device "
                           f"({type(exc).__name__}: {exc}); dtrain plan needs FLOPs and activation sizes.") from None
@@ -265,10 +356,17 @@ def profile_task(task: Any, *, batch: int, precision: str = "fp32", optimizer: s
 
 
 def add_timing(prof: ModelProfile, task: Any, *, batch: int, optimizer: str | None = None, threads: int = 1,
-           machinery: Machinery | None = None) -> ModelProfile:
-    """``prof`` with this CPU's times for one batch: measured here, or, given ``machinery``
-    (measured in a worker-like process), its plain step and the layouts' extras."""
-    dtype = torch.bfloat16 if prof.precision in ("bf16-mixed", "fp16-mixed") else None
+           machinery: Machinery | None = None, device: str = "cpu") -> ModelProfile:
+    """``prof`` with this CPU's (``device="cuda"``: this GPU's) times for one batch: measured here,
+    or, given ``machinery`` (measured in a worker-like process), its plain step and the layouts' extras."""
+    dtype = {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16 if device == "cuda" else torch.bfloat16}.get(prof.precision)
+    if device == "cuda":
+        x, y = sample_batch(task, batch)
+        t = measure(task, x, y, optimizer=optimizer or task.optimizer, lr=task.lr, autocast_dtype=dtype, threads=threads,
+                    device="cuda")
+        note = (f"forward/backward/optimizer timed on this GPU ({torch.cuda.get_device_name(0)}), batch {batch}, median of up "
+                "to 15 steps after 2 warm-up steps; no data time (the loader works ahead of the step)")
+        return replace(prof, timing=t, notes=(*prof.notes, note))
     if machinery is not None:
         plain = machinery.steps["plain"]
         t = Timing(batch=batch, fwd_s=plain.forward, bwd_s=plain.backward, opt_s=plain.optimizer, threads=machinery.threads,

@@ -1,0 +1,98 @@
+"""The plan's GPU side, on CPU: what a mixed-precision GPU run saves for backward (autocast's casts
+and the fused attention emulated on the meta device), and ``--device cuda`` (this GPU, its step
+timed) with torch.cuda's answers stood in. The timing itself runs on a GPU (benchmarks/plan_gpu.py)."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+from torch import nn
+
+from dtrain.errors import ConfigError
+from dtrain.plan import Settings, cluster, predict
+from dtrain.parallel.dims import ParallelDims
+from dtrain.plan.layouts import Layout
+from dtrain.plan.profile import ModelProfile, Timing, count
+
+
+class Attention(nn.Module):
+    def __init__(self, width: int = 32, heads: int = 4) -> None:
+        super().__init__()
+        self.qkv, self.heads = nn.Linear(width, 3 * width), heads
+        self.norm = nn.LayerNorm(width)
+
+    def forward(self, x):
+        b, t, w = x.shape
+        q, k, v = (z.view(b, t, self.heads, w // self.heads).transpose(1, 2) for z in self.qkv(self.norm(x)).chunk(3, dim=-1))
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, w)
+
+
+def _saved(dtype, gpu, t=256, batch=4, width=32):
+    x, y = torch.randn(batch, t, width), torch.randn(batch, t, width)
+    return count(Attention, x, y, nn.functional.mse_loss, blocks=None, autocast_dtype=dtype, gpu=gpu)
+
+
+def test_mixed_precision_saves_matmul_inputs_and_outputs_in_16_bits():
+    def mlp():
+        return nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64), nn.LayerNorm(64))
+
+    x, y = torch.randn(32, 64), torch.randn(32, 64)
+    fp32, bf16 = (count(mlp, x, y, nn.functional.mse_loss, blocks=None, autocast_dtype=d) for d in (None, torch.bfloat16))
+    assert fp32["act"] > 0 and 0.45 < bf16["act"] / fp32["act"] < 0.75, (bf16["act"], fp32["act"])  # the norm stays fp32
+    assert bf16["fwd"] == fp32["fwd"]
+
+
+def test_a_gpus_fused_attention_saves_no_attention_matrix():
+    cpu, gpu = _saved(torch.bfloat16, False), _saved(torch.bfloat16, True)
+    b, t, w, h = 4, 256, 32, 4
+    matrix = b * h * t * t  # elements of the T x T matrix the meta device's reference attention keeps
+    assert cpu["act"] > 4 * matrix  # bytes: the reference keeps it in fp32
+    # flash keeps q, k, v (one 16-bit base: the qkv output), its output, an fp32 log-sum-exp per row and head;
+    # the rest: the norm's input and output (fp32), the output's 16-bit copy for the linear, the loss's inputs
+    assert gpu["act"] < 40 * b * t * w < 4 * matrix
+    assert gpu["fwd"] == pytest.approx(cpu["fwd"], rel=0.01), "the same forward FLOPs either way"
+
+
+def test_fp32_gpu_attention_is_the_memory_efficient_kernel():
+    fp32_gpu, fp32_cpu = _saved(None, True), _saved(None, False)
+    assert fp32_gpu["act"] < fp32_cpu["act"] / 2
+
+
+def _fake_cuda(monkeypatch, name="NVIDIA H200", gib=140.0):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: types.SimpleNamespace(name=name, total_memory=int(gib * 2**30)))
+
+
+def test_device_cuda_is_this_gpu_with_its_presets_links(monkeypatch):
+    _fake_cuda(monkeypatch)
+    c = cluster.build({"device": "cuda", "nodes": 2, "procs_per_node": 8})
+    assert c.device.profiled and c.is_gpu and "this GPU, profiled" in c.device.name
+    assert c.device.peak_flops == cluster.DEVICES["h200"].peak_flops
+    assert (c.intra_bw, c.inter_bw) == (cluster.LINKS["h200"]["intra_bw"], cluster.LINKS["h200"]["inter_bw"])
+    assert "preset h200" in c.source["device"]
+    _fake_cuda(monkeypatch, name="Some New GPU", gib=24)
+    d = cluster.build({"device": "cuda"}).device
+    assert d.profiled and d.memory_bytes == 24 * 2**30 and d.flops("bf16-mixed") == 0.0  # its peak: what the profile achieves
+
+
+def test_device_cuda_without_a_gpu_or_with_mfu_is_one_clear_line(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match="no CUDA GPU is visible here"):
+        cluster.build({"device": "cuda"})
+    with pytest.raises(ConfigError, match="--mfu 0.3 with --device cuda"):
+        cluster.build({"device": "cuda", "achieved_fraction": 0.3})
+
+
+def test_a_profiled_gpu_steps_at_its_measured_times_a_named_one_at_flops_times_mfu():
+    prof = ModelProfile(name="m", params=10**6, fwd_flops=1e12, act_bytes=1e6, precision="bf16-mixed",
+                        timing=Timing(batch=8, fwd_s=0.08, bwd_s=0.16, opt_s=0.004, threads=1, device="cuda"))
+    s = Settings(batch=8, precision="bf16-mixed", optimizer="adamw")
+    h200 = cluster.build({"device": "h200"})
+    profiled = cluster.Cluster(device=cluster.replace(h200.device, profiled=True), intra_bw=h200.intra_bw, inter_bw=h200.inter_bw)
+    measured = predict(prof, profiled, Layout("single", ParallelDims()), s)
+    assert measured.step_s == pytest.approx(0.08 + 0.16 + 0.004, rel=1e-6)
+    named = predict(prof, h200, Layout("single", ParallelDims()), s)
+    fwd = 8 * 1e12 / (989e12 * 0.4)
+    assert named.phases_s["forward"] == pytest.approx(fwd, rel=1e-6)
