@@ -14,8 +14,12 @@ left() { local l=$(( end - $(date +%s) - 5 )); [ "$l" -lt "$1" ] && echo "$l" ||
 step() {  # step NAME CAP COMMAND...: run within min(CAP, time left), log to $OUT/NAME.log
   local name=$1 cap; cap=$(left "$2"); shift 2
   if [ "$cap" -le 20 ]; then echo "$name: skipped (no time left)"; return; fi
-  local t0; t0=$(date +%s)
-  timeout "$cap" "$@" > "$OUT/$name.log" 2>&1; local rc=$?
+  local t0 pid timer rc; t0=$(date +%s)
+  # its own process group, ended whole at the cap: the benchmarks' own children (dtrain train) with it
+  setsid "$@" > "$OUT/$name.log" 2>&1 & pid=$!
+  ( sleep "$cap"; kill -TERM -- "-$pid" 2>/dev/null; sleep 5; kill -KILL -- "-$pid" 2>/dev/null ) & timer=$!
+  wait "$pid"; rc=$?
+  kill "$timer" 2>/dev/null; wait "$timer" 2>/dev/null
   echo "$name: rc=$rc in $(( $(date +%s) - t0 )) s (cap $cap s)"
 }
 { date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv

@@ -64,6 +64,13 @@ class Machinery:
     by_session: bool = False
     """Linux's autogroups are on: the CPU is shared between sessions first (each `dtrain train`
     worker has a session of its own), then between a session's threads."""
+    steps2: dict[str, Phases] = field(default_factory=dict)
+    """The kinds of ``PAIRED`` (and ``plain``) measured again in a world of two local ranks over
+    loopback, both stepping at once: what their machinery costs with a real second rank (DTensor's
+    sharding propagation and redistributions, FSDP's copies in and out of its flat buffers, the
+    backend's threads and the kernel's TCP work beside the compute) where a world of one runs every
+    collective as a local no-op. DDP's and ZeRO's backward end with the graph's compute (their wait
+    for the last all-reduce is the link model's); TP's and FSDP's phases hold their loopback waits."""
     corun: tuple[int, float, float] | None = None
     """(processes, plain step seconds of one alone, of each with that many running at once),
     measured where the job's processes share the profile's cores (``corun``); the ratio replaces
@@ -76,8 +83,15 @@ class Machinery:
         return self.corun[2] / self.corun[1]
 
     def extra(self, kind: str) -> Phases:
-        """What ``kind`` adds to the plain step, per phase (0 where noise made it negative)."""
-        base, got = self.steps["plain"], self.steps.get(kind)
+        """What ``kind`` adds to the plain step, per phase (0 where noise made it negative): from the
+        world of two where it was measured there (``steps2``: over the plain step of that world,
+        TP's over half of it, the share of the work each of its ranks does), else the world of one."""
+        if kind in self.steps2 and "plain" in self.steps2:
+            base, got = self.steps2["plain"], self.steps2[kind]
+            if kind == "tp":
+                base = Phases(base.forward / 2, base.backward / 2, base.optimizer / 2)
+        else:
+            base, got = self.steps["plain"], self.steps.get(kind)
         if got is None:
             return Phases(0.0, 0.0, 0.0)
         return Phases(max(0.0, got.forward - base.forward), max(0.0, got.backward - base.backward),
@@ -90,6 +104,8 @@ class Machinery:
                 "average_ms": None if self.average_s is None else round(self.average_s * 1e3, 3),
                 "other_load": round(self.other_load, 2), "other_load_by": "sessions" if self.by_session else "threads",
                 "rss_mib": {k: round(v / MIB, 1) for k, v in self.rss.items()},
+                "steps2_ms": {k: {"forward": round(v.forward * 1e3, 3), "backward": round(v.backward * 1e3, 3),
+                                  "optimizer": round(v.optimizer * 1e3, 3)} for k, v in self.steps2.items()},
                 "corun": None if self.corun is None else {"processes": self.corun[0], "alone_ms": round(self.corun[1] * 1e3, 3),
                                                           "together_ms": round(self.corun[2] * 1e3, 3)}}
 
@@ -117,17 +133,37 @@ def kinds_for(layouts: list[Any]) -> list[str]:
     return list(dict.fromkeys(out))
 
 
+PAIRED = ("tp", "fsdp", "zero1")
+"""Kinds measured again in a world of two (``Machinery.steps2``), besides DDP's none, bf16 and fp16."""
+
+
+def paired_kinds(kinds: list[str]) -> list[str]:
+    """Local SGD and PowerSGD stay in the world of one: with a second rank the step would hold
+    local SGD's averaging (priced apart, once every H steps), and PowerSGD's compression runs in
+    its futures' callbacks, after the graph's compute, where the paired backward stops."""
+    return [k for k in kinds if k in PAIRED or k in ("ddp:none", "ddp:bf16", "ddp:fp16")]
+
+
 def measure(task_spec: tuple[str, str | None, dict[str, str]], *, batch: int, precision: str, optimizer: str, kinds: list[str],
-            microbatches: int = 4, schedule: str = "1f1b", threads: int = 1, budget_s: float = 10.0) -> Machinery:
-    """Run the profile in a fresh process (a world of one) and return its measurements."""
+            microbatches: int = 4, schedule: str = "1f1b", threads: int = 1, budget_s: float = 10.0,
+            paired: bool = False) -> Machinery:
+    """Run the profile in a fresh process (a world of one) and return its measurements; with
+    ``paired`` (a job of several processes), the kinds that talk inside the step again in a fresh
+    world of two local ranks (``Machinery.steps2``; half of ``budget_s``)."""
     from ..testing import run_distributed
 
     spec = {"task": task_spec, "batch": batch, "precision": precision, "optimizer": optimizer, "kinds": kinds,
             "microbatches": microbatches, "schedule": schedule, "threads": threads, "budget_s": budget_s}
-    raw = run_distributed(body, spec, world_size=1, timeout=120 + 4 * budget_s, env={"OMP_NUM_THREADS": str(threads)})[0]
+    env = {"OMP_NUM_THREADS": str(threads)}
+    raw = run_distributed(body, spec, world_size=1, timeout=120 + 4 * budget_s, env=env)[0]
+    steps2: dict[str, Phases] = {}
+    two = paired_kinds(kinds) if paired else []
+    if two:
+        got = run_distributed(body, {**spec, "kinds": two, "budget_s": budget_s / 2}, world_size=2, timeout=120 + 4 * budget_s, env=env)
+        steps2 = {k: Phases(*(statistics.mean(r["steps"][k][i] for r in got) for i in range(3))) for k in got[0]["steps"]}
     return Machinery(batch=batch, microbatches=microbatches, steps={k: Phases(*v) for k, v in raw["steps"].items()},
                      average_s=raw["average_s"], rounds=raw["rounds"], rss=raw["rss"], threads=threads, other_load=raw["other_load"],
-                     by_session=raw["by_session"])
+                     by_session=raw["by_session"], steps2=steps2)
 
 
 def corun(task_spec: tuple[str, str | None, dict[str, str]], *, processes: int, batch: int, precision: str,
@@ -196,7 +232,8 @@ def _reset_peak() -> bool:
 
 
 def body(spec: dict[str, Any]) -> dict[str, Any]:
-    """The profile, in a fresh process of a world of one. Collective: the only rank."""
+    """The profile, in a fresh process of a world of one (or two, ``measure(paired=True)``).
+    Collective: every rank runs the same kinds in the same order, rank 0 decides the rounds."""
     import torch
     import torch.distributed as dist
 
@@ -285,7 +322,7 @@ def _rounds(runners: dict[str, Callable[[], tuple[float, float, float]]], budget
     times: dict[str, list[tuple[float, float, float]]] = {k: [] for k in runners}
     order, others, by_group = list(runners), [], _autogroups_on()
     start, rounds = time.perf_counter(), 0
-    while rounds < 15 and (rounds < 3 or time.perf_counter() - start < budget_s):
+    while _agree(rounds < 15 and (rounds < 3 or time.perf_counter() - start < budget_s)):
         for k in order[rounds % len(order):] + order[:rounds % len(order)]:  # each kind first in turn
             times[k].append(runners[k]())
         others.append(_runnable_others(by_group))  # once a round: reading every thread's state takes a while
@@ -293,6 +330,18 @@ def _rounds(runners: dict[str, Callable[[], tuple[float, float, float]]], budget
     seen = [o for o in others if o is not None]
     other = statistics.mean(seen) if seen else 0.0
     return {k: tuple(statistics.median(t[i] for t in v) for i in range(3)) for k, v in times.items()}, rounds, (other, by_group)
+
+
+def _agree(go: bool) -> bool:
+    """Rank 0's ``go`` on every rank (the ranks' kinds talk to each other: they stop together)."""
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return go
+    flag = torch.tensor([1.0 if go else 0.0])
+    dist.broadcast(flag, 0)
+    return bool(flag.item())
 
 
 def _runners(task: Any, x: Any, y: Any, spec: dict[str, Any]) -> dict[str, Callable[[], tuple[float, float, float]]]:

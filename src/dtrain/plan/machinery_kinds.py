@@ -1,5 +1,6 @@
 """The steps ``machinery`` times, one per kind, each built the way `dtrain train` builds the
-layout (dtrain's own wrapping functions and defaults) on a process group of one rank: DDP with
+layout (dtrain's own wrapping functions and defaults) on a process group of one rank (or two:
+``machinery.measure``'s second world; TP then splits by two): DDP with
 25 MiB buckets and the ``--comm`` method's hook (``dtrain.comm.attach``), ZeRO's rebuilt
 optimizer (``strategies.zero1.shard_optimizer``), ``fully_shard`` of the task's blocks then the
 root (``parallel.fsdp.apply_fully_shard``), the task's tensor-parallel plan
@@ -60,17 +61,23 @@ def build_runner(kind: str, task: Any, x: Any, y: Any, spec: dict[str, Any]) -> 
     if kind == "tp":
         from ..parallel.apply import apply_tp
 
-        model = apply_tp(model, mesh, task.tp_plan(model, 1))
+        model = apply_tp(model, mesh, task.tp_plan(model, _world()))
         return _step(model, _optimizer(opt_name, model.parameters(), task.lr), task, x, y, cast)
     if kind == "pp":
         return _pipeline(model, task, x, y, spec, cast)
     raise ValueError(f"unknown machinery kind {kind!r}")
 
 
+def _world() -> int:
+    import torch.distributed as dist
+
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
 def _mesh() -> Any:
     from torch.distributed.device_mesh import init_device_mesh
 
-    return init_device_mesh("cpu", (1,))
+    return init_device_mesh("cpu", (_world(),))
 
 
 def _ddp(model: nn.Module, kind: str, task: Any, x: Any, y: Any, spec: dict[str, Any], cast: Callable) -> Runner:
@@ -89,7 +96,7 @@ def _ddp(model: nn.Module, kind: str, task: Any, x: Any, y: Any, spec: dict[str,
     if kind == "zero1":
         opt = shard_optimizer(opt)
     after = (lambda: method.after_step(opt)) if method is not None else None
-    return _step(ddp, opt, task, x, y, cast, after)
+    return _step(ddp, opt, task, x, y, cast, after, compute_end=_world() > 1)
 
 
 def _micro(model: nn.Module, task: Any, x: Any, y: Any, spec: dict[str, Any], cast: Callable) -> Runner:

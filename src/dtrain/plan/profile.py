@@ -252,10 +252,14 @@ Runner = Callable[[], tuple[float, float, float]]
 
 
 def timed_step(model: nn.Module, opt: Any, task: Any, x: Any, y: Any, cast: Callable, after: Callable[[], None] | None = None,
-               sync: Callable[[], None] = lambda: None) -> Runner:
+               sync: Callable[[], None] = lambda: None, compute_end: bool = False) -> Runner:
     """A runner of one training step of ``model`` on (x, y): each call returns its forward, backward and
     optimizer-step (with ``after``) seconds. ``measure`` and the machinery runners (plan/machinery_kinds.py)
-    time their steps this one way; ``sync`` waits for a GPU's queued work before each clock reading."""
+    time their steps this one way; ``sync`` waits for a GPU's queued work before each clock reading.
+    ``compute_end``: backward ends when the graph's last node has run (an autograd engine callback,
+    queued as backward starts, runs before DDP's), not after DDP's wait for its last all-reduce,
+    which the link model prices and no phase holds."""
+    engine = torch.autograd.Variable._execution_engine
 
     def run() -> tuple[float, float, float]:
         sync()
@@ -264,6 +268,9 @@ def timed_step(model: nn.Module, opt: Any, task: Any, x: Any, y: Any, cast: Call
             loss = task.loss_fn(model(x), y)
         sync()
         t1 = time.perf_counter()
+        ended: list[float] = []
+        if compute_end:
+            loss.register_hook(lambda g: engine.queue_callback(lambda: ended.append(time.perf_counter())) or g)
         loss.backward()
         sync()
         t2 = time.perf_counter()
@@ -272,7 +279,7 @@ def timed_step(model: nn.Module, opt: Any, task: Any, x: Any, y: Any, cast: Call
             after()
         opt.zero_grad(set_to_none=True)
         sync()
-        return t1 - t0, t2 - t1, time.perf_counter() - t2
+        return t1 - t0, (ended[0] if ended else t2) - t1, time.perf_counter() - t2
     return run
 
 

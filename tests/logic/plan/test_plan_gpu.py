@@ -11,8 +11,8 @@ import torch
 from torch import nn
 
 from dtrain.errors import ConfigError
-from dtrain.plan import Settings, cluster, predict
 from dtrain.parallel.dims import ParallelDims
+from dtrain.plan import Settings, cluster, predict
 from dtrain.plan.layouts import Layout
 from dtrain.plan.profile import ModelProfile, Timing, count
 

@@ -209,3 +209,54 @@ def test_more_processes_than_shared_cores_take_the_measured_corun_slowdown():
     assert p.phases_s["forward"] == pytest.approx(0.010 * 2.5)  # not the formula's 2.0
     two = replace(c, nodes=2, device=cluster.cpu_device(1e9))  # measured for 4 processes: a job of 2 keeps the formula
     assert predict(_prof(m), two, Layout("ddp", ParallelDims(dp_replicate=2)), Settings(batch=8)).phases_s["forward"] == pytest.approx(0.010)
+
+
+def test_kinds_measured_in_a_world_of_two_give_their_extra_over_that_worlds_plain_step():
+    from dtrain.plan.machinery import _agree, paired_kinds
+
+    assert paired_kinds(["plain", "ddp:none", "ddp:bf16", "ddp:powersgd:2", "ddp:localsgd:16", "zero1", "fsdp", "tp", "pp", "micro"]) == \
+        ["ddp:none", "ddp:bf16", "zero1", "fsdp", "tp"]
+    assert _agree(True) is True and _agree(False) is False  # no process group: this process decides alone
+    one = _machinery(**{"tp": (0.012, 0.022, 0.004), "fsdp": (0.015, 0.030, 0.012)})
+    two = replace(one, steps2={"plain": Phases(0.012, 0.024, 0.004), "tp": Phases(0.030, 0.040, 0.020),
+                               "fsdp": Phases(0.020, 0.030, 0.010)})
+    # TP splits the work: its extra is over half of the paired plain step; FSDP's over the whole of it
+    assert two.extra("tp") == Phases(pytest.approx(0.024), pytest.approx(0.028), pytest.approx(0.018))
+    assert two.extra("fsdp") == Phases(pytest.approx(0.008), pytest.approx(0.006), pytest.approx(0.006))
+    assert one.extra("tp") == Phases(pytest.approx(0.002), pytest.approx(0.002), pytest.approx(0.002))  # the world of one
+    assert two.extra("ddp:none") == Phases(0.0, 0.0, 0.0)  # measured in neither
+    assert "steps2_ms" in two.describe() and two.describe()["steps2_ms"]["tp"]["forward"] == 30.0
+
+
+def test_a_paired_ddp_step_times_backward_to_the_graphs_end_not_the_wait_after_it():
+    import time
+
+    import torch
+
+    from dtrain.plan.profile import timed_step
+
+    class Slow(torch.autograd.Function):  # a wait that runs after the graph, as DDP's last all-reduce does
+        @staticmethod
+        def forward(ctx, x):
+            return x * 1.0
+
+        @staticmethod
+        def backward(ctx, g):
+            torch.autograd.Variable._execution_engine.queue_callback(lambda: time.sleep(0.05))
+            return g
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 1)
+
+        def forward(self, x):
+            return Slow.apply(self.lin(x))
+
+    task = type("T", (), {"loss_fn": staticmethod(lambda out, y: ((out - y) ** 2).mean())})
+    net = Net()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    x, y = torch.randn(8, 4), torch.randn(8, 1)
+    whole = timed_step(net, opt, task, x, y, lambda: torch.autocast("cpu", enabled=False))()
+    to_end = timed_step(net, opt, task, x, y, lambda: torch.autocast("cpu", enabled=False), compute_end=True)()
+    assert whole[1] >= 0.05 and to_end[1] < 0.05 and to_end[2] < 0.05
