@@ -75,6 +75,10 @@ class Machinery:
     """(processes, plain step seconds of one alone, of each with that many running at once),
     measured where the job's processes share the profile's cores (``corun``); the ratio replaces
     ``Cluster.compute_slowdown``'s share of the cores for a job of that many processes."""
+    loopback: Any = None
+    """The collectives' figures (``links.Links``) between the world of two's ranks, timed in that
+    world after its steps: what the loopback waits inside its TP, FSDP and ZeRO phases cost, so
+    the model charges a job's link only what it adds to them (``steps.paired_loopback``)."""
 
     def corun_slowdown(self, processes: int) -> float | None:
         """The measured slowdown of ``processes`` plain steps at once over one alone, or None."""
@@ -107,7 +111,8 @@ class Machinery:
                 "steps2_ms": {k: {"forward": round(v.forward * 1e3, 3), "backward": round(v.backward * 1e3, 3),
                                   "optimizer": round(v.optimizer * 1e3, 3)} for k, v in self.steps2.items()},
                 "corun": None if self.corun is None else {"processes": self.corun[0], "alone_ms": round(self.corun[1] * 1e3, 3),
-                                                          "together_ms": round(self.corun[2] * 1e3, 3)}}
+                                                          "together_ms": round(self.corun[2] * 1e3, 3)},
+                "loopback": None if self.loopback is None else self.loopback.describe()}
 
 
 def kinds_of(layout: Any) -> list[str]:
@@ -133,7 +138,7 @@ def kinds_for(layouts: list[Any]) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-PAIRED = ("tp", "fsdp", "zero1")
+PAIRED = ("tp", "fsdp", "zero1", "pp")
 """Kinds measured again in a world of two (``Machinery.steps2``), besides DDP's none, bf16 and fp16."""
 
 
@@ -157,13 +162,19 @@ def measure(task_spec: tuple[str, str | None, dict[str, str]], *, batch: int, pr
     env = {"OMP_NUM_THREADS": str(threads)}
     raw = run_distributed(body, spec, world_size=1, timeout=120 + 4 * budget_s, env=env)[0]
     steps2: dict[str, Phases] = {}
+    loopback = None
     two = paired_kinds(kinds) if paired else []
     if two:
+        import os
+
+        from .links import from_measurement
+
         got = run_distributed(body, {**spec, "kinds": two, "budget_s": budget_s / 2}, world_size=2, timeout=120 + 4 * budget_s, env=env)
         steps2 = {k: Phases(*(statistics.mean(r["steps"][k][i] for r in got) for i in range(3))) for k in got[0]["steps"]}
+        loopback = from_measurement(got[0]["loopback"], ranks=2, between="processes", backend="gloo", load=os.getloadavg()[0])
     return Machinery(batch=batch, microbatches=microbatches, steps={k: Phases(*v) for k, v in raw["steps"].items()},
                      average_s=raw["average_s"], rounds=raw["rounds"], rss=raw["rss"], threads=threads, other_load=raw["other_load"],
-                     by_session=raw["by_session"], steps2=steps2)
+                     by_session=raw["by_session"], steps2=steps2, loopback=loopback)
 
 
 def corun(task_spec: tuple[str, str | None, dict[str, str]], *, processes: int, batch: int, precision: str,
@@ -261,8 +272,14 @@ def body(spec: dict[str, Any]) -> dict[str, Any]:
         rss["plain_peak"] = max(0.0, _status("VmHWM") - before)
     steps, rounds, (other, by_group) = _rounds(runners, spec["budget_s"])
     average = _average_s(task, runners) if any(k.startswith("ddp:localsgd") for k in spec["kinds"]) else None
+    loopback = None
+    if dist.get_world_size() > 1:  # the collectives between these ranks, as the steps just had them
+        from ..diag.probe import LINK_SIZES, time_collectives
+
+        loopback = time_collectives(torch.device("cpu"), LINK_SIZES, 7)  # 7: small sizes on a busy host are noisy
     dist.destroy_process_group()
-    return {"steps": steps, "rounds": rounds, "average_s": average, "rss": rss, "other_load": other, "by_session": by_group}
+    return {"steps": steps, "rounds": rounds, "average_s": average, "rss": rss, "other_load": other, "by_session": by_group,
+            "loopback": loopback}
 
 
 def _autogroups_on() -> bool:
@@ -345,11 +362,20 @@ def _agree(go: bool) -> bool:
 
 
 def _runners(task: Any, x: Any, y: Any, spec: dict[str, Any]) -> dict[str, Callable[[], tuple[float, float, float]]]:
+    import torch.distributed as dist
+
+    from ..errors import ConfigError
     from .machinery_kinds import build_runner
 
     out = {"plain": build_runner("plain", task, x, y, spec)}
     for kind in spec["kinds"]:
-        out[kind] = build_runner(kind, task, x, y, spec)
+        try:
+            out[kind] = build_runner(kind, task, x, y, spec)
+        except ConfigError:
+            if kind != "pp" or dist.get_world_size() == 1:
+                raise
+            # two real stages need an nn.Sequential and a batch the micro-batches divide: the same
+            # answer on every rank, so every rank leaves it out (the model keeps the world of one's)
     return out
 
 

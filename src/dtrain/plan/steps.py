@@ -5,6 +5,8 @@ them backward hides, the pipeline's fill and drain. ``model.predict`` adds memor
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import replace
 
 from . import costs
 from .cluster import Cluster
@@ -105,19 +107,30 @@ def comm_cost(prof: ModelProfile, c: Cluster, layout: Layout, s, bwd_window: flo
 
 
 def pipeline_step(prof: ModelProfile, c: Cluster, layout: Layout, s, fwd_t: float, bwd_t: float, params_rank: float,
-                  groups: tuple[Group, Group, Group]) -> tuple[dict[str, float], float, float]:
-    """(bubble and p2p phases, wire s, exposed s) of pp x dp: the schedule, then the dp sync."""
+                  groups: tuple[Group, Group, Group], measured: float | None = None) -> tuple[dict[str, float], float, float]:
+    """(schedule phases, wire s, exposed s) of pp x dp: the schedule, then the dp sync. With
+    ``measured`` (``paired_schedule``), the forward, backward and bubble are scaled to it and
+    the sends cost what the job's link adds over the loopback it was measured on."""
     from .pipeline_sim import makespan
 
     d, b, m = layout.dims, s.batch, s.microbatches
     g_pp, g_rep, g_shard = groups
-    hop = costs.p2p(b / m * prof.boundary_bytes / d.tp, g_pp, c)
+    nbytes = b / m * prof.boundary_bytes / d.tp
+    hop = costs.p2p(nbytes, g_pp, c)
     # torch's schedule played out: every stage as slow as the busiest, each transfer on its link
     # in turn, waits where torch's schedule waits (pipeline_sim); what it adds beyond the
     # compute is the bubble ((p-1) slots) and the waits for transfers
-    span = makespan(d.pp, m, fwd_t / m, bwd_t / m, hop, s.schedule)
     bubble = (d.pp - 1) * (fwd_t + bwd_t) / m
-    phases = {"bubble": bubble, "p2p": max(0.0, span - fwd_t - bwd_t - bubble)}
+    if measured is not None:
+        k = measured / max(1e-12, fwd_t + bwd_t + bubble)
+        fwd_t, bwd_t, bubble = k * fwd_t, k * bwd_t, k * bubble
+        loop_c, loop_g = paired_loopback(prof, c, "pp") or (c, Group(1, d.pp))
+        local = makespan(d.pp, m, fwd_t / m, bwd_t / m, costs.p2p(nbytes, loop_g, loop_c), s.schedule)
+        phases = {"forward": fwd_t, "backward": bwd_t, "bubble": bubble,
+                  "p2p": max(0.0, makespan(d.pp, m, fwd_t / m, bwd_t / m, hop, s.schedule) - local)}
+    else:
+        span = makespan(d.pp, m, fwd_t / m, bwd_t / m, hop, s.schedule)
+        phases = {"bubble": bubble, "p2p": max(0.0, span - fwd_t - bwd_t - bubble)}
     wire = 2 * m * (d.pp - 1) * hop / d.pp
     grad_bytes = s.grad_comm_bytes * params_rank
     if d.dp_shard > 1:
@@ -154,6 +167,20 @@ def pipeline_compute(prof: ModelProfile, layout: Layout, s, f_share: float, slow
     return (n * (mb.forward * f_share / layout.dims.tp + schedule) * slow, n * mb.backward * f_share / layout.dims.tp * slow)
 
 
+def paired_schedule(prof: ModelProfile, c: Cluster, layout: Layout, s, slow: float) -> float | None:
+    """Seconds of a pipeline of two stages' schedule (its forwards, backwards, bubble, sends over
+    loopback, the loss broadcast) as the profile's world of two ran it (two real stages, dtrain's
+    ``Pipe``), x the job's slowdown over that world's own (two processes on the profile's cores);
+    None where it does not apply (not measured, other than 2 stages, TP inside, other micro-batching,
+    activation checkpointing, which the profile does not run)."""
+    m, d = prof.machinery, layout.dims
+    if (m is None or "pp" not in m.steps2 or d.pp != 2 or d.tp != 1 or s.activation_checkpointing
+            or (s.microbatches, s.batch) != (m.microbatches, m.batch)):
+        return None
+    pair = c.with_world(1, 2).compute_slowdown(s.threads_per_proc, m.other_load, m.by_session, measured=m.corun_slowdown(2))
+    return m.steps2["pp"].forward * slow / pair
+
+
 def step_phases(prof: ModelProfile, c: Cluster, layout: Layout, s, fwd: float, bwd: float, opt: float,
                 slow: float) -> tuple[dict[str, float], float, list[str]]:
     """Phase -> seconds of one optimizer step on the busiest rank; wire seconds; notes."""
@@ -180,14 +207,19 @@ def step_phases(prof: ModelProfile, c: Cluster, layout: Layout, s, fwd: float, b
     grad_bytes = s.grad_comm_bytes * params_rank
     rate = prof.fwd_flops / fwd if fwd > 0 else 1e12
     if d.pp > 1:
-        pp_phases, w, e = pipeline_step(prof, c, layout, s, fwd_t, bwd_t, params_rank, (g_pp, g_rep, g_shard))
+        pp_phases, w, e = pipeline_step(prof, c, layout, s, fwd_t, bwd_t, params_rank, (g_pp, g_rep, g_shard),
+                                        paired_schedule(prof, c, layout, s, slow))
         phases.update(pp_phases)
         wire, exposed = wire + w, exposed + e
         notes.append(f"pipeline bubble {(d.pp - 1) / (s.microbatches + d.pp - 1):.0%} of the schedule (m={s.microbatches}, p={d.pp})")
     elif d.dp_shard > 1:
         f_el, b_el, w = fsdp_step(prof, c, layout, s, fwd_t, bwd_t, g_shard, g_rep)
         wire += w
-        exposed += (f_el - fwd_t) + (b_el - bwd_t)
+        shown = (f_el - fwd_t) + (b_el - bwd_t)
+        if (loop := paired_loopback(prof, c, "fsdp")) is not None:  # the paired phases hold the loopback's share
+            lf, lb, _ = fsdp_step(prof, loop[0], layout, s, fwd_t, bwd_t, loop[1], Group(1, 1))
+            shown = max(0.0, shown - (lf - fwd_t) - (lb - bwd_t))
+        exposed += shown
     elif d.dp_replicate > 1:
         window = bwd_t / max(1, s.grad_accum)  # only the last micro-batch's backward overlaps
         w, e, note = comm_cost(prof, c, layout, s, window, grad_bytes, g_rep, rate, slow)
@@ -200,6 +232,26 @@ def step_phases(prof: ModelProfile, c: Cluster, layout: Layout, s, fwd: float, b
     return phases, wire + more, notes
 
 
+def paired_loopback(prof: ModelProfile, c: Cluster, kind: str) -> tuple[Cluster, Group] | None:
+    """(the cluster with the world of two's loopback figures inside a node, that world's group)
+    where ``kind``'s phases come from the world of two (``Machinery.steps2``) and its loopback
+    was timed: those phases hold the kind's collectives over loopback already, so the job's link
+    is charged what it costs beyond them. None otherwise."""
+    m = prof.machinery
+    if m is None or m.loopback is None or kind not in m.steps2 or "plain" not in m.steps2:
+        return None
+    return replace(c, links={**c.links, "intra": m.loopback}), Group(1, 2)
+
+
+def beyond_loopback(prof: ModelProfile, c: Cluster, kind: str, group: Group, cost: Callable[[Cluster, Group], float]) -> float:
+    """``cost`` on the job's ``group``, less what it cost on the world of two's loopback where
+    ``kind``'s measured phases already hold that (``paired_loopback``); never below 0."""
+    out = cost(c, group)
+    if (loop := paired_loopback(prof, c, kind)) is not None:
+        out = max(0.0, out - cost(*loop))
+    return out
+
+
 def serial_comm(prof: ModelProfile, c: Cluster, layout: Layout, s, params_rank: float, g_rep: Group, g_tp: Group) -> float:
     """Seconds of the collectives nothing overlaps: zero1's parameter broadcasts, TP's activations."""
     out = 0.0
@@ -208,8 +260,11 @@ def serial_comm(prof: ModelProfile, c: Cluster, layout: Layout, s, params_rank: 
         # (parameters_as_bucket_view=False), one broadcast after another: every parameter byte
         # crosses the link in turn (not all ranks at once, as in an all-gather), and each tensor
         # pays a broadcast's latency. On the bed: 2.7 MB at 100 Mbit/s took 221 ms, not 115.
-        out += costs.broadcast(4 * params_rank, g_rep, c, messages=prof.tensors)
+        out += beyond_loopback(prof, c, "zero1", g_rep,
+                               lambda cl, g: costs.broadcast(4 * params_rank, g, cl, messages=prof.tensors))
     if layout.dims.tp > 1:
-        per = costs.gather(s.batch * prof.boundary_bytes, g_tp, c)
-        out += 8 * len(prof.blocks) * per + 2 * costs.gather(s.batch * prof.out_bytes, g_tp, c)
+        def tp(cl: Cluster, g: Group) -> float:
+            per = costs.gather(s.batch * prof.boundary_bytes, g, cl)
+            return 8 * len(prof.blocks) * per + 2 * costs.gather(s.batch * prof.out_bytes, g, cl)
+        out += beyond_loopback(prof, c, "tp", g_tp, tp)
     return out

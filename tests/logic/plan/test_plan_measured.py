@@ -159,6 +159,61 @@ def test_a_pipeline_slot_is_a_measured_micro_batch_plus_the_schedules_own_work()
     assert p.phases_s["bubble"] == pytest.approx(per_mb)
 
 
+def test_a_pipeline_of_two_measured_in_the_world_of_two_is_its_schedule_plus_what_the_link_adds():
+    from dtrain.plan.pipeline_sim import makespan
+
+    m = replace(_machinery(micro=(0.004, 0.006, 0.0), pp=(0.048, 0.0, 0.002)),
+                steps2={"plain": Phases(0.012, 0.024, 0.002), "pp": Phases(0.060, 0.0, 0.002)})
+    s, pp2 = Settings(batch=8, microbatches=4), Layout("pp=2", ParallelDims(pp=2))
+    p = predict(_prof(m), _cpu(), pp2, s)
+    # the two stages' schedule as measured (forward, backward and bubble scaled to it, in the model's proportions)
+    assert p.phases_s["forward"] + p.phases_s["backward"] + p.phases_s["bubble"] == pytest.approx(0.060)
+    assert p.phases_s["bubble"] == pytest.approx(0.060 / 5)  # (p - 1) of m + p - 1 slots
+    assert p.phases_s["p2p"] < 1e-4  # 200 bytes a send on 1 Gbit/s, no latency: what loopback already had
+    slow = replace(_cpu(), inter_lat=0.005)
+    q = predict(_prof(m), slow, pp2, s)
+    f, b = q.phases_s["forward"] / 4, q.phases_s["backward"] / 4
+    local = makespan(2, 4, f, b, costs.p2p(200, costs.Group(1, 2), slow))
+    assert q.phases_s["p2p"] == pytest.approx(makespan(2, 4, f, b, costs.p2p(200, costs.Group(2, 1), slow)) - local)
+    assert q.phases_s["p2p"] > 0.005  # at least one send's latency on the critical path
+    # four processes on two shared cores: twice the pair's time (the pair had a core each)
+    shared = replace(_cpu(4), shared_cores=2)
+    r = predict(_prof(m), shared, Layout("pp=2,dp_replicate=2", ParallelDims(pp=2, dp_replicate=2)), s)
+    assert r.phases_s["forward"] + r.phases_s["backward"] + r.phases_s["bubble"] == pytest.approx(0.120)
+    # where the pair does not apply, the world of one's slots (activation checkpointing, other micro-batching)
+    base = predict(_prof(replace(m, steps2={})), _cpu(), pp2, replace(s, microbatches=2))
+    assert predict(_prof(m), _cpu(), pp2, replace(s, microbatches=2)).phases_s == base.phases_s
+    ac = replace(s, activation_checkpointing=True)
+    assert predict(_prof(m), _cpu(), pp2, ac).phases_s == predict(_prof(replace(m, steps2={})), _cpu(), pp2, ac).phases_s
+
+
+def test_paired_tp_fsdp_and_zero_phases_hold_their_loopback_collectives_so_the_link_pays_only_the_rest():
+    fig = links.Figure(lat=1e-4, bw=0.5e9)  # the world of two's loopback: 100 us a step, 4 Gbit/s
+    loop = links.Links(between="processes", ranks=2, backend="gloo", figures=dict.fromkeys(links.SHAPES, fig))
+    m = replace(_machinery(tp=(0.012, 0.022, 0.004), fsdp=(0.015, 0.030, 0.012), zero1=(0.010, 0.020, 0.004)),
+                steps2={"plain": Phases(0.010, 0.020, 0.002), "tp": Phases(0.012, 0.022, 0.004),
+                        "fsdp": Phases(0.015, 0.030, 0.012), "zero1": Phases(0.010, 0.020, 0.004)})
+    s, c = Settings(batch=8), replace(_cpu(), inter_lat=1e-3)
+    g2, inside = costs.Group(2, 1), costs.Group(1, 2)
+    looped = replace(c, links={"intra": loop})
+    prof, bare = _prof(replace(m, loopback=loop)), _prof(m)
+    tp = Layout("tp=2", ParallelDims(tp=2))
+
+    def tp_cost(cl, g):
+        return 8 * 2 * costs.gather(8 * 100.0, g, cl) + 2 * costs.gather(8 * prof.out_bytes, g, cl)
+    assert predict(bare, c, tp, s).phases_s["exposed_comm"] == pytest.approx(tp_cost(c, g2))
+    assert predict(prof, c, tp, s).phases_s["exposed_comm"] == pytest.approx(tp_cost(c, g2) - tp_cost(looped, inside))
+    z = Layout("zero1", ParallelDims(dp_replicate=2), zero1=True)
+    assert predict(bare, c, z, s).phases_s["exposed_comm"] - predict(prof, c, z, s).phases_s["exposed_comm"] == \
+        pytest.approx(costs.broadcast(4 * 250_000, inside, looped, messages=6))  # the broadcasts' loopback share
+    f = Layout("fsdp", ParallelDims(dp_shard=2))
+    assert predict(prof, c, f, s).phases_s["exposed_comm"] < predict(bare, c, f, s).phases_s["exposed_comm"]
+    # a link faster than the loopback adds nothing (not a negative time)
+    fast = replace(_cpu(), inter_bw=100e9)
+    assert predict(prof, fast, tp, s).phases_s["exposed_comm"] == 0.0
+    assert prof.machinery.describe()["loopback"]["figures"]["all_gather"]["gbit_per_s"] == 4.0
+
+
 def test_cpu_peak_memory_is_the_workers_baseline_plus_state_activations_and_the_measured_transient():
     m = _machinery()
     prof, c, s = _prof(m), _cpu(), Settings(batch=8, optimizer="adam")
@@ -215,7 +270,7 @@ def test_kinds_measured_in_a_world_of_two_give_their_extra_over_that_worlds_plai
     from dtrain.plan.machinery import _agree, paired_kinds
 
     assert paired_kinds(["plain", "ddp:none", "ddp:bf16", "ddp:powersgd:2", "ddp:localsgd:16", "zero1", "fsdp", "tp", "pp", "micro"]) == \
-        ["ddp:none", "ddp:bf16", "zero1", "fsdp", "tp"]
+        ["ddp:none", "ddp:bf16", "zero1", "fsdp", "tp", "pp"]
     assert _agree(True) is True and _agree(False) is False  # no process group: this process decides alone
     one = _machinery(**{"tp": (0.012, 0.022, 0.004), "fsdp": (0.015, 0.030, 0.012)})
     two = replace(one, steps2={"plain": Phases(0.012, 0.024, 0.004), "tp": Phases(0.030, 0.040, 0.020),

@@ -68,3 +68,19 @@ def test_doctor_links_out_needs_the_probe():
     r = run_cli(["doctor", "--links-out", "links.json", "--no-probe"], timeout=120)
     assert r.returncode == 2 and "--links-out measures in the probe" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.timeout(180)
+def test_a_pipeline_of_two_real_stages_is_timed_in_the_world_of_two():
+    from dtrain.plan import machinery
+
+    # fp16: a pipeline refuses loss scaling, so the pair runs it as bf16, as the world of one does
+    m = machinery.measure(("digits", None, {}), batch=32, precision="fp16-mixed", optimizer="adam", kinds=["micro", "pp"],
+                          budget_s=1.0, paired=True)
+    # the world of one ran the schedule over one stage; the world of two over two real stages (dtrain's Pipe)
+    assert {"plain", "micro", "pp"} <= set(m.steps) and {"plain", "pp"} == set(m.steps2)
+    assert m.steps2["pp"].forward > 0 and m.steps2["pp"].backward == 0.0  # a schedule does not tell its phases apart
+    # and the collectives between that world's two ranks, timed after its steps
+    assert m.loopback is not None and m.loopback.ranks == 2
+    assert {"all_gather", "reduce_scatter", "broadcast", "send_recv"} <= set(m.loopback.figures)
+    assert all(f.lat > 0 and f.bw > 0 for f in m.loopback.figures.values())
