@@ -119,7 +119,7 @@ class Cluster:
             f = Figure(self.inter_lat, self.inter_bw)
         else:
             f = Figure(self.intra_lat, self.intra_bw)
-        return Figure(f.lat, f.bw / sharing) if crossing and sharing > 1 else f
+        return f.shared(sharing) if crossing and sharing > 1 else f
 
     def with_world(self, nodes: int, procs_per_node: int) -> Cluster:
         return replace(self, nodes=nodes, procs_per_node=procs_per_node)

@@ -40,16 +40,39 @@ def shape(kind: str, backend: str = "gloo") -> tuple:
 
 @dataclass(frozen=True)
 class Figure:
-    """One collective's measured cost: ``lat`` seconds per step, ``bw`` bytes/s."""
+    """One collective's measured cost: ``lat`` seconds per step, ``bw`` bytes/s (beyond the
+    largest measured size); ``by_size``: the measured sizes' own bandwidth (bytes, bytes/s),
+    ascending, where the link moves bytes at a rate that depends on the size (TCP through a
+    shaped link's queue: a 4 MiB transfer loses more to drops than a 1 MiB one)."""
 
     lat: float
     bw: float
+    by_size: tuple[tuple[float, float], ...] = ()
 
     def seconds(self, kind: str, nbytes: float, n: int, backend: str = "gloo") -> float:
         if n <= 1 or nbytes <= 0:
             return 0.0
         steps, volume = shape(kind, backend)
-        return steps(n) * self.lat + volume(n) * nbytes / self.bw
+        return steps(n) * self.lat + volume(n) * self.transfer(nbytes)
+
+    def transfer(self, nbytes: float) -> float:
+        """Seconds per unit of volume for ``nbytes`` beyond the latency: the measured sizes'
+        bandwidth, interpolated between them (the smallest's below it), then the largest
+        size's time and ``bw`` for the bytes beyond it."""
+        pts = self.by_size
+        if not pts:
+            return nbytes / self.bw
+        if nbytes <= pts[0][0]:
+            return nbytes / pts[0][1]
+        for (s0, b0), (s1, b1) in zip(pts, pts[1:]):
+            if nbytes <= s1:
+                return nbytes / (b0 + (b1 - b0) * (nbytes - s0) / (s1 - s0))
+        big, rate = pts[-1]
+        return big / rate + (nbytes - big) / self.bw
+
+    def shared(self, k: float) -> Figure:
+        """The figure with ``k`` groups sending through the same NICs at once (1/k of the bandwidth)."""
+        return Figure(self.lat, self.bw / k, tuple((b, r / k) for b, r in self.by_size))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,7 +90,8 @@ class Links:
 
     def describe(self) -> dict[str, Any]:
         return {"between": self.between, "ranks": self.ranks, "backend": self.backend, "load": self.load,
-                "figures": {k: {"latency_us": round(f.lat * 1e6, 1), "gbit_per_s": round(f.bw * 8 / 1e9, 4)}
+                "figures": {k: {"latency_us": round(f.lat * 1e6, 1), "gbit_per_s": round(f.bw * 8 / 1e9, 4),
+                                "gbit_per_s_by_size": {str(int(b)): round(r * 8 / 1e9, 4) for b, r in f.by_size}}
                             for k, f in self.figures.items()}}
 
     def as_record(self) -> dict[str, Any]:
@@ -88,7 +112,11 @@ def fit(kind: str, seconds: dict[int, float], n: int, backend: str = "gloo") -> 
     if extra <= 0:  # noise swamped the difference: take the largest size's own time beyond the latency
         extra = max(seconds[big] - steps(n) * lat, 1e-9)
         mid = 0
-    return Figure(lat=lat, bw=volume(n) * (big - mid) / extra)
+    bw = volume(n) * (big - mid) / extra
+    # each size above the smallest at its own rate (its time beyond the latency), where that is above noise
+    by_size = tuple((b, volume(n) * b / (seconds[b] - steps(n) * lat)) for b in sizes[1:]
+                    if seconds[b] > 1.05 * steps(n) * lat)
+    return Figure(lat=lat, bw=bw, by_size=by_size)
 
 
 def from_measurement(seconds: dict[str, dict[int, float]], *, ranks: int, between: str, backend: str,

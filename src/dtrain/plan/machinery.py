@@ -81,10 +81,14 @@ class Machinery:
     the model charges a job's link only what it adds to them (``steps.paired_loopback``)."""
 
     def corun_slowdown(self, processes: int) -> float | None:
-        """The measured slowdown of ``processes`` plain steps at once over one alone, or None."""
-        if self.corun is None or self.corun[0] != processes or self.corun[1] <= 0:
-            return None
-        return self.corun[2] / self.corun[1]
+        """The measured slowdown of ``processes`` plain steps at once over one alone, or None:
+        ``corun``'s, or for two processes the world of two's plain step over the world of one's
+        (its two ranks step at once, in the same rounds)."""
+        if self.corun is not None and self.corun[0] == processes and self.corun[1] > 0:
+            return self.corun[2] / self.corun[1]
+        if processes == 2 and "plain" in self.steps2 and self.steps["plain"].total > 0:
+            return self.steps2["plain"].total / self.steps["plain"].total
+        return None
 
     def extra(self, kind: str) -> Phases:
         """What ``kind`` adds to the plain step, per phase (0 where noise made it negative): from the

@@ -42,6 +42,28 @@ def test_a_measured_figure_reproduces_the_measured_time_and_scales_by_the_ring_s
     assert f.seconds("all_gather", 1 << 20, 4) == pytest.approx(3 * f.lat + 0.75 * (1 << 20) / f.bw)
 
 
+def test_a_link_whose_rate_depends_on_the_size_is_taken_at_each_measured_size():
+    # 20 Mbit/s through tbf (the bed's lm-20m, run 8): 1 MiB at 18.5 Mbit/s, 4 MiB at 15 Mbit/s
+    # (TCP loses more to the shaper's drops on a long transfer); one line from the two largest
+    # sizes' difference put 548 KB at 314 ms where DDP's all-reduce of it took 231 ms
+    mib = 1 << 20
+    seconds = {64: 0.00466, mib: 0.457, 4 * mib: 2.230}
+    f = links.fit("all_reduce", seconds, 2)
+    for b, t in seconds.items():  # every measured size as measured (the smallest's 64 bytes count twice: within 1%)
+        assert f.seconds("all_reduce", b, 2) == pytest.approx(t, rel=1e-2 if b == 64 else 1e-6)
+    assert f.seconds("all_reduce", 548_000, 2) == pytest.approx(0.00466 + 548_000 / f.by_size[0][1], rel=1e-6)
+    assert 0.23 < f.seconds("all_reduce", 548_000, 2) < 0.25
+    mid = f.seconds("all_reduce", 2.5 * mib, 2)  # between the sizes: their rates interpolated
+    assert seconds[mib] < mid < seconds[4 * mib]
+    # beyond the largest size: its time, then the marginal rate for the bytes beyond
+    assert f.seconds("all_reduce", 8 * mib, 2) == pytest.approx(2.230 + 4 * mib / f.bw, rel=1e-6)
+    # on 4 ranks: 3x the latency steps, 1.5x the volume; and two groups sharing the NICs: half the rate
+    assert f.seconds("all_reduce", mib, 4) == pytest.approx(6 * f.lat + 1.5 * (0.457 - 0.00466), rel=1e-6)
+    assert f.shared(2).seconds("all_reduce", mib, 2) == pytest.approx(0.00466 + 2 * (0.457 - 0.00466), rel=1e-6)
+    assert links.Links(between="nodes", ranks=2, backend="gloo", figures={"all_reduce": f}).describe()[
+        "figures"]["all_reduce"]["gbit_per_s_by_size"] == {"1048576": 0.0185, "4194304": 0.0151}
+
+
 def test_noise_that_inverts_the_two_largest_sizes_still_gives_a_bandwidth():
     f = links.fit("all_reduce", {64: 1e-3, 1000: 0.02, 2000: 0.019}, 2)
     assert f.bw == pytest.approx(2 * 2000 / 2 / (0.019 - 2 * 0.5e-3))
@@ -176,10 +198,14 @@ def test_a_pipeline_of_two_measured_in_the_world_of_two_is_its_schedule_plus_wha
     local = makespan(2, 4, f, b, costs.p2p(200, costs.Group(1, 2), slow))
     assert q.phases_s["p2p"] == pytest.approx(makespan(2, 4, f, b, costs.p2p(200, costs.Group(2, 1), slow)) - local)
     assert q.phases_s["p2p"] > 0.005  # at least one send's latency on the critical path
-    # four processes on two shared cores: twice the pair's time (the pair had a core each)
+    # four processes on two shared cores: twice the world of one's time (an even share), over the
+    # pair's own slowdown (its plain step, 38 ms with both ranks at once, against 32 ms alone)
     shared = replace(_cpu(4), shared_cores=2)
     r = predict(_prof(m), shared, Layout("pp=2,dp_replicate=2", ParallelDims(pp=2, dp_replicate=2)), s)
-    assert r.phases_s["forward"] + r.phases_s["backward"] + r.phases_s["bubble"] == pytest.approx(0.120)
+    assert r.phases_s["forward"] + r.phases_s["backward"] + r.phases_s["bubble"] == pytest.approx(0.060 * 2.0 / (0.038 / 0.032))
+    # two processes on those cores: the pair's schedule as it is
+    q2 = predict(_prof(m), replace(_cpu(2), shared_cores=2), pp2, s)
+    assert q2.phases_s["forward"] + q2.phases_s["backward"] + q2.phases_s["bubble"] == pytest.approx(0.060)
     # where the pair does not apply, the world of one's slots (activation checkpointing, other micro-batching)
     base = predict(_prof(replace(m, steps2={})), _cpu(), pp2, replace(s, microbatches=2))
     assert predict(_prof(m), _cpu(), pp2, replace(s, microbatches=2)).phases_s == base.phases_s
@@ -264,6 +290,11 @@ def test_more_processes_than_shared_cores_take_the_measured_corun_slowdown():
     assert p.phases_s["forward"] == pytest.approx(0.010 * 2.5)  # not the formula's 2.0
     two = replace(c, nodes=2, device=cluster.cpu_device(1e9))  # measured for 4 processes: a job of 2 keeps the formula
     assert predict(_prof(m), two, Layout("ddp", ParallelDims(dp_replicate=2)), Settings(batch=8)).phases_s["forward"] == pytest.approx(0.010)
+    # unless the world of two ran: its ranks' plain step at once (40 ms) over the world of one's (32 ms)
+    paired = replace(m, steps2={"plain": Phases(0.0125, 0.025, 0.0025)})
+    assert paired.corun_slowdown(2) == pytest.approx(1.25) and paired.corun_slowdown(4) == pytest.approx(2.5)
+    assert predict(_prof(paired), two, Layout("ddp", ParallelDims(dp_replicate=2)), Settings(batch=8)).phases_s["forward"] == \
+        pytest.approx(0.0125)
 
 
 def test_kinds_measured_in_a_world_of_two_give_their_extra_over_that_worlds_plain_step():
