@@ -157,8 +157,8 @@ def measure(task_spec: tuple[str, str | None, dict[str, str]], *, batch: int, pr
             microbatches: int = 4, schedule: str = "1f1b", threads: int = 1, budget_s: float = 10.0,
             paired: bool = False) -> Machinery:
     """Run the profile in a fresh process (a world of one) and return its measurements; with
-    ``paired`` (a job of several processes), the kinds that talk inside the step again in a fresh
-    world of two local ranks (``Machinery.steps2``; half of ``budget_s``)."""
+    ``paired`` (a job of several processes), the plain step and the kinds that talk inside the
+    step again in a fresh world of two local ranks (``Machinery.steps2``; half of ``budget_s``)."""
     from ..testing import run_distributed
 
     spec = {"task": task_spec, "batch": batch, "precision": precision, "optimizer": optimizer, "kinds": kinds,
@@ -167,13 +167,12 @@ def measure(task_spec: tuple[str, str | None, dict[str, str]], *, batch: int, pr
     raw = run_distributed(body, spec, world_size=1, timeout=120 + 4 * budget_s, env=env)[0]
     steps2: dict[str, Phases] = {}
     loopback = None
-    two = paired_kinds(kinds) if paired else []
-    if two:
+    if paired:  # the plain step at least: two processes' slowdown (``corun_slowdown``), and the loopback
         import os
 
         from .links import from_measurement
 
-        got = run_distributed(body, {**spec, "kinds": two, "budget_s": budget_s / 2}, world_size=2, timeout=120 + 4 * budget_s, env=env)
+        got = run_distributed(body, {**spec, "kinds": paired_kinds(kinds), "budget_s": budget_s / 2}, world_size=2, timeout=120 + 4 * budget_s, env=env)
         steps2 = {k: Phases(*(statistics.mean(r["steps"][k][i] for r in got) for i in range(3))) for k in got[0]["steps"]}
         loopback = from_measurement(got[0]["loopback"], ranks=2, between="processes", backend="gloo", load=os.getloadavg()[0])
     return Machinery(batch=batch, microbatches=microbatches, steps={k: Phases(*v) for k, v in raw["steps"].items()},
