@@ -90,11 +90,15 @@ class Machinery:
             return self.steps2["plain"].total / self.steps["plain"].total
         return None
 
+    def paired(self, kind: str) -> bool:
+        """Whether ``extra(kind)`` comes from the world of two."""
+        return kind in self.steps2 and "plain" in self.steps2
+
     def extra(self, kind: str) -> Phases:
         """What ``kind`` adds to the plain step, per phase (0 where noise made it negative): from the
         world of two where it was measured there (``steps2``: over the plain step of that world,
         TP's over half of it, the share of the work each of its ranks does), else the world of one."""
-        if kind in self.steps2 and "plain" in self.steps2:
+        if self.paired(kind):
             base, got = self.steps2["plain"], self.steps2[kind]
             if kind == "tp":
                 base = Phases(base.forward / 2, base.backward / 2, base.optimizer / 2)

@@ -140,9 +140,18 @@ def pipeline_step(prof: ModelProfile, c: Cluster, layout: Layout, s, fwd_t: floa
     return phases, wire + sync, sync
 
 
-def measured_extra(prof: ModelProfile, layout: Layout, slow: float) -> tuple[float, float, float]:
+def pair_slowdown(prof: ModelProfile, c: Cluster, s) -> float:
+    """How much slower the world of two's ranks computed than the world of one (its two
+    processes on the profile's cores, as ``Cluster.compute_slowdown`` has them for a job of two)."""
+    m = prof.machinery
+    other, by_session, measured = (m.other_load, m.by_session, m.corun_slowdown(2)) if m is not None else (0.0, False, None)
+    return c.with_world(1, 2).compute_slowdown(s.threads_per_proc, other, by_session, measured=measured)
+
+
+def measured_extra(prof: ModelProfile, c: Cluster, layout: Layout, s, slow: float) -> tuple[float, float, float]:
     """(forward, backward, optimizer) seconds the layout's machinery adds to a step, as the
-    profile measured it on this CPU (``machinery``), x the shared cores' slowdown; 0 unmeasured."""
+    profile measured it on this CPU (``machinery``), x the shared cores' slowdown (over the world
+    of two's own, for a kind measured there: two processes already shared the cores); 0 unmeasured."""
     m = prof.machinery
     if m is None:
         return 0.0, 0.0, 0.0
@@ -151,8 +160,9 @@ def measured_extra(prof: ModelProfile, layout: Layout, slow: float) -> tuple[flo
     f = b = o = 0.0
     for kind in kinds_of(layout):
         e = m.extra(kind)
-        f, b, o = f + e.forward, b + e.backward, o + e.optimizer
-    return f * slow, b * slow, o * slow
+        k = slow / pair_slowdown(prof, c, s) if m.paired(kind) else slow
+        f, b, o = f + k * e.forward, b + k * e.backward, o + k * e.optimizer
+    return f, b, o
 
 
 def pipeline_compute(prof: ModelProfile, layout: Layout, s, f_share: float, slow: float) -> tuple[float, float] | None:
@@ -177,8 +187,7 @@ def paired_schedule(prof: ModelProfile, c: Cluster, layout: Layout, s, slow: flo
     if (m is None or "pp" not in m.steps2 or d.pp != 2 or d.tp != 1 or s.activation_checkpointing
             or (s.microbatches, s.batch) != (m.microbatches, m.batch)):
         return None
-    pair = c.with_world(1, 2).compute_slowdown(s.threads_per_proc, m.other_load, m.by_session, measured=m.corun_slowdown(2))
-    return m.steps2["pp"].forward * slow / pair
+    return m.steps2["pp"].forward * slow / pair_slowdown(prof, c, s)
 
 
 def step_phases(prof: ModelProfile, c: Cluster, layout: Layout, s, fwd: float, bwd: float, opt: float,
@@ -199,7 +208,7 @@ def step_phases(prof: ModelProfile, c: Cluster, layout: Layout, s, fwd: float, b
         fwd_t, bwd_t = piped
     if s.activation_checkpointing:
         bwd_t += b * fwd * _block_share(prof) * f_share / d.tp
-    extra_f, extra_b, extra_o = measured_extra(prof, layout, slow)
+    extra_f, extra_b, extra_o = measured_extra(prof, c, layout, s, slow)
     fwd_t, bwd_t = fwd_t + extra_f, bwd_t + extra_b
     phases = {"data": b * s.data_s_per_sample * slow, "forward": fwd_t, "backward": bwd_t}
     notes: list[str] = []
@@ -238,7 +247,7 @@ def paired_loopback(prof: ModelProfile, c: Cluster, kind: str) -> tuple[Cluster,
     was timed: those phases hold the kind's collectives over loopback already, so the job's link
     is charged what it costs beyond them. None otherwise."""
     m = prof.machinery
-    if m is None or m.loopback is None or kind not in m.steps2 or "plain" not in m.steps2:
+    if m is None or m.loopback is None or not m.paired(kind):
         return None
     return replace(c, links={**c.links, "intra": m.loopback}), Group(1, 2)
 

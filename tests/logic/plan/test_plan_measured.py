@@ -314,6 +314,22 @@ def test_kinds_measured_in_a_world_of_two_give_their_extra_over_that_worlds_plai
     assert "steps2_ms" in two.describe() and two.describe()["steps2_ms"]["tp"]["forward"] == 30.0
 
 
+def test_an_extra_measured_in_the_world_of_two_is_not_slowed_again_by_the_sharing_it_was_measured_under():
+    # the world of two: plain 40 ms with both ranks at once (32 ms alone: 1.25x), FSDP 10 ms more forward
+    m = replace(_machinery(fsdp=(0.015, 0.020, 0.002)), steps2={"plain": Phases(0.0125, 0.025, 0.0025),
+                                                                 "fsdp": Phases(0.0225, 0.025, 0.0025)})
+    assert m.paired("fsdp") and not m.paired("tp")
+    fsdp, s = Layout("fsdp", ParallelDims(dp_shard=2)), Settings(batch=8)
+    two = replace(_cpu(2), shared_cores=2)  # two processes: the pair's own sharing, 1.25x
+    assert predict(_prof(m), two, fsdp, s).phases_s["forward"] == pytest.approx(0.010 * 1.25 + 0.010)
+    four = replace(_cpu(4), shared_cores=2)  # four on two cores (2x), over the pair's 1.25x
+    assert predict(_prof(m), four, Layout("fsdp", ParallelDims(dp_shard=4)), s).phases_s["forward"] == \
+        pytest.approx(0.010 * 2.0 + 0.010 * 2.0 / 1.25)
+    # measured in the world of one only: the whole slowdown
+    one = replace(m, steps2={"plain": Phases(0.0125, 0.025, 0.0025)})
+    assert predict(_prof(one), two, fsdp, s).phases_s["forward"] == pytest.approx((0.010 + 0.005) * 1.25)
+
+
 def test_a_paired_ddp_step_times_backward_to_the_graphs_end_not_the_wait_after_it():
     import time
 
