@@ -98,7 +98,8 @@ def dtrain_cmd(side: str, args: argparse.Namespace) -> list[str]:
     common = ["--device", args.device, "--precision", args.precision, *steps]
     if side.startswith("dtrain-lm"):
         opts = [a for kv in s["lm"] for a in ("--task-arg", kv)]
-        return ["train", "--task", "lm", *opts, "--batch-size", str(s["lm_batch"]), *common, *(["--compile"] if side == "dtrain-lm-compile" else [])]
+        return ["train", "--task", "lm", *opts, "--batch-size", str(s["lm_batch"]), *common,
+                *(["--compile"] if side.startswith("dtrain-lm-compile") else []), *(["--no-breakdown"] if side.endswith("-nobd") else [])]
     opts = [a for kv in ("source=synthetic", f"model={s['model']}", f"size={s['size']}", f"samples={s['img_batch'] * 8}")
             for a in ("--task-arg", kv)]
     return ["train", "--task", "images", *opts, "--batch-size", str(s["img_batch"]), *common,
@@ -112,12 +113,17 @@ def run_side(side: str, args: argparse.Namespace, env: dict[str, str]) -> dict:
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", side, "--device", args.device, "--precision", args.precision,
                *(["--quick"] if args.quick else [])]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.timeout, stdin=subprocess.DEVNULL)
+    if args.logs:  # e.g. with TORCH_LOGS=recompiles,graph_breaks set: what each side's compile did
+        with open(args.logs, "a") as fh:
+            fh.write(f"== {side} (exit {proc.returncode})\n{proc.stderr}\n")
     if proc.returncode != 0:
         return {"error": (proc.stderr.strip().splitlines() or ["?"])[-1][:200]}
     out = json.loads([ln for ln in proc.stdout.strip().splitlines() if ln.startswith("{")][-1])
     if side.startswith("dtrain"):
         per_s = out.get("tokens_per_s") if side.startswith("dtrain-lm") else out.get("samples_per_s")
-        return {"per_s": per_s, "warmup_s": out.get("warmup_s"), "loss": out.get("train_loss"), "data_wait_share": out.get("data_wait_share")}
+        bd = (out.get("breakdown") or [{}])[-1].get("median_ms")
+        return {"per_s": per_s, "warmup_s": out.get("warmup_s"), "loss": out.get("train_loss"), "data_wait_share": out.get("data_wait_share"),
+                **({"breakdown_ms": bd} if bd else {})}
     return out
 
 
@@ -137,6 +143,9 @@ def main() -> None:
     p.add_argument("--only", default=None, choices=("lm", "images"), help="one of the two tables")
     p.add_argument("--timeout", type=float, default=1800)
     p.add_argument("--out", default=None, help="append one JSON line per round here")
+    p.add_argument("--logs", default=None, help="append each side's stderr here")
+    p.add_argument("--sides", default=None, help="comma-separated sides of the lm table instead of its four (also: "
+                   "dtrain-lm-compile-nobd, dtrain-lm-eager-nobd: without the per-step breakdown's CUDA events and hooks)")
     args = p.parse_args()
     if args.device is None:
         import torch
@@ -150,6 +159,9 @@ def main() -> None:
     for title, (ref, sides) in TABLES.items():
         if args.only and (args.only == "lm") != title.startswith("LM"):
             continue
+        if args.sides and title.startswith("LM"):
+            sides = args.sides.split(",")
+            ref = ref if ref in sides else sides[0]
         got: dict[str, list[dict]] = {s: [] for s in sides}
         ratios: dict[str, list[float]] = {s: [] for s in sides}
         for rnd in range(args.rounds):

@@ -94,10 +94,12 @@ def plan_task(task: Any, cluster: Cluster, *, batch: int, precision: str = "fp32
                 mach = replace(mach, corun=machinery.corun(task_spec, processes=cluster.world_size, batch=batch,
                                                            precision=precision, optimizer=optimizer, threads=threads,
                                                            budget_s=min(4.0, profile_s / 2)))
-        prof = add_timing(prof, task, batch=batch, optimizer=optimizer, threads=threads, machinery=mach)
+        prof = add_timing(prof, task, batch=batch, optimizer=optimizer, threads=threads, machinery=mach,
+                          checkpointed=activation_checkpointing)
         cluster = replace(cluster, device=cpu_device(prof.achieved_flops, cluster.device.memory_bytes))
     elif cluster.device.profiled:  # this machine's GPU: its step timed, its achieved fraction of the peak reported
-        prof = add_timing(prof, task, batch=batch, optimizer=optimizer, threads=threads, device="cuda")
+        prof = add_timing(prof, task, batch=batch, optimizer=optimizer, threads=threads, device="cuda",
+                          checkpointed=activation_checkpointing)
         dev, achieved = cluster.device, prof.achieved_flops or 0.0
         peak = dev.flops(precision)
         dev = replace(dev, achieved=min(1.0, achieved / peak)) if peak else replace(dev, peak_flops=dict.fromkeys(dev.peak_flops, achieved))

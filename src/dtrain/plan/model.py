@@ -165,6 +165,18 @@ def compute_rates(prof: ModelProfile, c: Cluster, s: Settings) -> tuple[float, f
     return fwd, fwd * prof.bwd_ratio, OPT_BYTES_TOUCHED.get(s.optimizer, 28) / c.device.mem_bw
 
 
+def recompute_s(prof: ModelProfile, c: Cluster, s: Settings, fwd: float) -> float:
+    """Seconds per sample activation checkpointing adds to backward: one more forward of the blocks,
+    none where the step was timed on the device planned for with the blocks checkpointed (its
+    backward holds the recomputation, its forward the wrappers' own cost)."""
+    if not s.activation_checkpointing:
+        return 0.0
+    t = prof.timing
+    if t is not None and t.checkpointed and (not c.is_gpu or c.device.profiled):
+        return 0.0
+    return fwd * _block_share(prof)
+
+
 def _block_share(prof: ModelProfile) -> float:
     """Share of the forward FLOPs spent in the blocks."""
     return min(1.0, sum(b.fwd_flops for b in prof.blocks) / prof.fwd_flops) if prof.fwd_flops else 0.0
@@ -208,8 +220,7 @@ def predict(prof: ModelProfile, c: Cluster, layout: Layout, s: Settings) -> Pred
     phases, comm_s, notes = step_phases(prof, c, layout, s, fwd * slow, bwd * slow, opt * slow, slow)
     alone = c.with_world(1, 1).compute_slowdown(s.threads_per_proc, other, by_session)
     single = s.batch * (fwd + bwd + s.data_s_per_sample) + opt * prof.params
-    if s.activation_checkpointing:
-        single += s.batch * fwd * _block_share(prof)
+    single += s.batch * recompute_s(prof, c, s, fwd)
     return Prediction(layout=layout, step_s=sum(phases.values()), samples_per_step=s.batch * layout.dims.dp,
                       phases_s=phases, comm_s=comm_s, memory=memory(prof, c, layout, s), capacity=c.device.memory_bytes,
                       single_step_s=single * alone, tokens_per_sample=prof.tokens_per_sample, notes=notes)

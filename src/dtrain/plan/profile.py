@@ -47,6 +47,9 @@ class Timing:
     device: str
     data_s: float = 0.0
     """Fetching and collating one batch from the (in-memory) data set."""
+    checkpointed: bool = False
+    """Timed with the model's blocks checkpointed (``--activation-checkpointing``): the forward holds
+    the checkpoint wrappers' own cost, the backward the blocks' recomputation."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -224,14 +227,18 @@ def timed_step(model: nn.Module, opt: Any, task: Any, x: Any, y: Any, cast: Call
 
 
 def measure(task: Any, x: Any, y: Any, *, optimizer: str, lr: float, autocast_dtype: torch.dtype | None,
-            threads: int, repeats: int = 15, budget_s: float = 5.0, device: str = "cpu") -> Timing:
+            threads: int, repeats: int = 15, budget_s: float = 5.0, device: str = "cpu",
+            checkpointed: bool = False) -> Timing:
     """Median forward, backward and optimizer-step times of up to ``repeats`` steps (at least 5;
     fewer once ``budget_s`` is spent) after two warm-up steps, on CPU with ``threads`` torch
     threads (a process's share of the cores in the run). Many short steps spread over seconds:
     on a shared machine the median then sees the load the runs will see, not one moment's.
     ``device="cuda"``: on this machine's GPU as `dtrain train --device cuda` runs it (the model and
     batch there, CUDA autocast, the fused optimizer; each phase timed to the GPU's end), no data
-    time (a GPU run's loader works ahead of the step)."""
+    time (a GPU run's loader works ahead of the step). ``checkpointed``: the task's blocks
+    recomputed in backward as `dtrain train --activation-checkpointing` does (a task without blocks
+    is timed as it is)."""
+    from ..parallel.transforms import apply_activation_checkpointing
     from ..tasks import make_optimizer
 
     gpu = device == "cuda"
@@ -240,6 +247,8 @@ def measure(task: Any, x: Any, y: Any, *, optimizer: str, lr: float, autocast_dt
     try:
         torch.manual_seed(0)
         model = task.new_model()
+        checkpointed = bool(checkpointed and task.blocks is not None
+                            and apply_activation_checkpointing(task.blocks(model)))
         if gpu:
             from ..data.loader import to_device
 
@@ -260,7 +269,7 @@ def measure(task: Any, x: Any, y: Any, *, optimizer: str, lr: float, autocast_dt
         torch.set_num_threads(old)
     batch = len(y) if hasattr(y, "__len__") else 1
     return Timing(batch=batch, fwd_s=statistics.median(fwd), bwd_s=statistics.median(bwd), opt_s=statistics.median(step),
-                  threads=threads, device=device, data_s=0.0 if gpu else data_time(task, batch))
+                  threads=threads, device=device, data_s=0.0 if gpu else data_time(task, batch), checkpointed=checkpointed)
 
 
 def data_time(task: Any, batch: int) -> float:
@@ -295,16 +304,18 @@ def profile_task(task: Any, *, batch: int, precision: str = "fp32", optimizer: s
 
 
 def add_timing(prof: ModelProfile, task: Any, *, batch: int, optimizer: str | None = None, threads: int = 1,
-           machinery: Machinery | None = None, device: str = "cpu") -> ModelProfile:
-    """``prof`` with this CPU's (``device="cuda"``: this GPU's) times for one batch: measured here,
-    or, given ``machinery`` (measured in a worker-like process), its plain step and the layouts' extras."""
+           machinery: Machinery | None = None, device: str = "cpu", checkpointed: bool = False) -> ModelProfile:
+    """``prof`` with this CPU's (``device="cuda"``: this GPU's) times for one batch: measured here
+    (``checkpointed``: with the blocks recomputed in backward), or, given ``machinery`` (measured in
+    a worker-like process, without checkpointing), its plain step and the layouts' extras."""
     dtype = {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16 if device == "cuda" else torch.bfloat16}.get(prof.precision)
     if device == "cuda":
         x, y = sample_batch(task, batch)
         t = measure(task, x, y, optimizer=optimizer or task.optimizer, lr=task.lr, autocast_dtype=dtype, threads=threads,
-                    device="cuda")
+                    device="cuda", checkpointed=checkpointed)
         note = (f"forward/backward/optimizer timed on this GPU ({torch.cuda.get_device_name(0)}), batch {batch}, median of up "
-                "to 15 steps after 2 warm-up steps; no data time (the loader works ahead of the step)")
+                "to 15 steps after 2 warm-up steps; no data time (the loader works ahead of the step)"
+                + ("; with the blocks checkpointed (their recomputation in the backward timed)" if t.checkpointed else ""))
         return replace(prof, timing=t, notes=(*prof.notes, note))
     if machinery is not None:
         plain = machinery.steps["plain"]
@@ -315,8 +326,10 @@ def add_timing(prof: ModelProfile, task: Any, *, batch: int, optimizer: str | No
                 f"batch {batch}: the plain step and each layout's ({kinds}) in turn, medians of {machinery.rounds} rounds")
         return replace(prof, timing=t, machinery=machinery, notes=(*prof.notes, note))
     x, y = sample_batch(task, batch)
-    t = measure(task, x, y, optimizer=optimizer or task.optimizer, lr=task.lr, autocast_dtype=dtype, threads=threads)
-    note = f"forward/backward/optimizer timed on this CPU, {threads} thread(s), batch {batch}, median of up to 15 steps"
+    t = measure(task, x, y, optimizer=optimizer or task.optimizer, lr=task.lr, autocast_dtype=dtype, threads=threads,
+                checkpointed=checkpointed)
+    note = (f"forward/backward/optimizer timed on this CPU, {threads} thread(s), batch {batch}, median of up to 15 steps"
+            + ("; with the blocks checkpointed" if t.checkpointed else ""))
     return replace(prof, timing=t, notes=(*prof.notes, note))
 
 

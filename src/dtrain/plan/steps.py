@@ -193,7 +193,7 @@ def paired_schedule(prof: ModelProfile, c: Cluster, layout: Layout, s, slow: flo
 def step_phases(prof: ModelProfile, c: Cluster, layout: Layout, s, fwd: float, bwd: float, opt: float,
                 slow: float) -> tuple[dict[str, float], float, list[str]]:
     """Phase -> seconds of one optimizer step on the busiest rank; wire seconds; notes."""
-    from .model import _block_share, stage_share
+    from .model import recompute_s, stage_share
 
     d, ppn, b = layout.dims, c.procs_per_node, s.batch
     g_tp = group_of(d.tp, 1, ppn)
@@ -206,8 +206,7 @@ def step_phases(prof: ModelProfile, c: Cluster, layout: Layout, s, fwd: float, b
     bwd_t = b * bwd * f_share / d.tp
     if d.pp > 1 and (piped := pipeline_compute(prof, layout, s, f_share, slow)) is not None:
         fwd_t, bwd_t = piped
-    if s.activation_checkpointing:
-        bwd_t += b * fwd * _block_share(prof) * f_share / d.tp
+    bwd_t += b * recompute_s(prof, c, s, fwd) * f_share / d.tp
     extra_f, extra_b, extra_o = measured_extra(prof, c, layout, s, slow)
     fwd_t, bwd_t = fwd_t + extra_f, bwd_t + extra_b
     phases = {"data": b * s.data_s_per_sample * slow, "forward": fwd_t, "backward": bwd_t}
