@@ -29,6 +29,13 @@ SRC = os.path.join(os.path.dirname(HERE), "src")
 
 
 def sizes(args: argparse.Namespace) -> dict:
+    out = _sizes(args)
+    if getattr(args, "steps", None):
+        out["steps"] = args.steps
+    return out
+
+
+def _sizes(args: argparse.Namespace) -> dict:
     if args.quick:
         return {"lm": ["layers=1", "heads=2", "width=32", "context=32", "max_bytes=200000"], "lm_batch": 4,
                 "model": "resnet18", "size": 32, "img_batch": 8, "steps": 8, "warmup": 3, "loader_workers": 2}
@@ -111,7 +118,7 @@ def run_side(side: str, args: argparse.Namespace, env: dict[str, str]) -> dict:
         cmd = [sys.executable, "-m", "dtrain", *dtrain_cmd(side, args)]
     else:
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", side, "--device", args.device, "--precision", args.precision,
-               *(["--quick"] if args.quick else [])]
+               *(["--quick"] if args.quick else []), *(["--steps", str(args.steps)] if args.steps else [])]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.timeout, stdin=subprocess.DEVNULL)
     if args.logs:  # e.g. with TORCH_LOGS=recompiles,graph_breaks set: what each side's compile did
         with open(args.logs, "a") as fh:
@@ -140,6 +147,7 @@ def main() -> None:
     p.add_argument("--precision", default=None, help="default: bf16-mixed on CUDA, fp32 on CPU")
     p.add_argument("--quick", action="store_true", help="tiny sizes and few steps: checks that every side runs")
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--steps", type=int, default=None, help="steady-state steps per side (default: 100; --quick 8)")
     p.add_argument("--only", default=None, choices=("lm", "images"), help="one of the two tables")
     p.add_argument("--timeout", type=float, default=1800)
     p.add_argument("--out", default=None, help="append one JSON line per round here")
