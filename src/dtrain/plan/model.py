@@ -24,7 +24,8 @@ OPT_BYTES_TOUCHED = {"sgd": 20, "adam": 28, "adamw": 28, "adadelta": 28}
 ASSUMPTIONS = (
     "compute: on CPU measured (forward/backward/optimizer medians of the plain step, in a fresh process of a world of "
     "one, or in this process with --no-layout-profile), on a GPU preset FLOPs / (peak x achieved fraction), backward = "
-    "the counted ratio x forward; activation checkpointing adds one forward of the blocks; the CPU profile is the load "
+    "the counted ratio x forward; activation checkpointing adds one forward of the blocks (a step timed on the planned "
+    "device is timed checkpointed instead); the CPU profile is the load "
     "of the moment it ran; processes that share the profile's cores (--shared-cores) get cores / runnable threads each, at "
     "most one core, and where they are more than the cores, the plain step's measured slowdown with that many running at "
     "once (time slices, caches, context switches) instead",
