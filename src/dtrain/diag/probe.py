@@ -73,14 +73,23 @@ def _ops(kind: str, nbytes: int, n: int, rank: int, device: torch.device) -> Cal
     return ping_pong
 
 
+SMALL_REPS = (64 << 10, 15)
+"""Sizes up to this many bytes are timed at least this many times: a latency-bound collective
+costs next to nothing to repeat, and its median of 3 moved 5x between two measurements of one
+1 Gbit/s bed link (all-reduce at 64 B: 3.7 ms and 0.67 ms)."""
+
+
 def time_collectives(device: torch.device, sizes: tuple[int, ...] = LINK_SIZES, reps: int = 3) -> dict[str, dict[int, float]]:
     """Collective: every rank of the default group (at least 2). Median seconds of each of
-    ``KINDS`` at each size after a barrier, the slowest rank's (a sender's call may return once
-    its socket buffers hold the data; its receivers' do not); ``send_recv`` is half a round
-    trip between ranks 0 and 1 (one transfer one way). The same values on every rank."""
+    ``KINDS`` at each size after a barrier (``reps`` times; small sizes at least ``SMALL_REPS``),
+    the slowest rank's (a sender's call may return once its socket buffers hold the data; its
+    receivers' do not); ``send_recv`` is half a round trip between ranks 0 and 1 (one transfer one
+    way). The same values on every rank."""
     n, rank = dist.get_world_size(), dist.get_rank()
     plan = [(kind, size) for kind in KINDS for size in sizes]
-    mine = torch.tensor([_median_time(_ops(kind, size, n, rank, device), device, reps) for kind, size in plan],
+    small, at_least = SMALL_REPS
+    mine = torch.tensor([_median_time(_ops(kind, size, n, rank, device), device, max(reps, at_least) if size <= small else reps)
+                         for kind, size in plan],
                         dtype=torch.float64, device=device)
     dist.all_reduce(mine, op=dist.ReduceOp.MAX)
     out: dict[str, dict[int, float]] = {kind: {} for kind in KINDS}

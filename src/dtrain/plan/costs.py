@@ -116,7 +116,9 @@ def gather(nbytes: float, group: Group, c: Cluster, *, reduce: bool = False) -> 
 
 
 def broadcast(nbytes: float, group: Group, c: Cluster, *, messages: int = 1) -> float:
-    """Seconds for ``messages`` broadcasts (one after another) of ``nbytes`` in all to ``group``."""
+    """Seconds for broadcasts of ``nbytes`` in all to ``group``, one after another, paying the
+    link's latency ``messages`` times (each broadcast waited for: one per broadcast; queued ones
+    that are all issued before any is waited for: one per sending rank)."""
     if group.size <= 1 or nbytes <= 0:
         return 0.0
     f = c.figure("broadcast", group.nodes > 1, group.sharing)

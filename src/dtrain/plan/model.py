@@ -50,8 +50,8 @@ ASSUMPTIONS = (
     "the parameters every H steps (and, measured, averages them), nothing otherwise (amortised); the warm-up steps "
     "are not counted",
     "zero1: ddp's all-reduce, the optimizer on 1/dp of the parameters, then each parameter broadcast by its owner "
-    "(torch's ZeroRedundancyOptimizer: one broadcast after another, so all parameter bytes / bandwidth, and a latency per "
-    "tensor; exposed)",
+    "(torch's ZeroRedundancyOptimizer: one broadcast after another, so all parameter bytes / bandwidth; all issued before "
+    "any is waited for, so a latency per sending rank, not per tensor; exposed)",
     "fsdp/hsdp: units are the task's blocks plus the rest of the model; each unit all-gathered in forward and again "
     "in backward, its gradient reduce-scattered (hsdp: then all-reduced between nodes), all in fp32 (dtrain sets no "
     "mixed-precision policy), on one link in issue order, prefetching one unit ahead; on gloo an unmeasured "

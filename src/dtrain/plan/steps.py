@@ -266,10 +266,13 @@ def serial_comm(prof: ModelProfile, c: Cluster, layout: Layout, s, params_rank: 
     if layout.zero1:
         # torch's ZeroRedundancyOptimizer broadcasts each parameter from the rank that stepped it
         # (parameters_as_bucket_view=False), one broadcast after another: every parameter byte
-        # crosses the link in turn (not all ranks at once, as in an all-gather), and each tensor
-        # pays a broadcast's latency. On the bed: 2.7 MB at 100 Mbit/s took 221 ms, not 115.
+        # crosses the link in turn (not all ranks at once, as in an all-gather); on the bed 2.7 MB
+        # at 100 Mbit/s took 221 ms, not 115. It issues them all (async_op) before waiting, so a
+        # tensor's broadcast does not wait for the one before it to arrive: the link's latency is
+        # paid once per sending rank, not per tensor (benchmarks/zero1_broadcasts.py: 38 tensors,
+        # 548 KB took 42.5 ms at 100 Mbit/s, its bytes' 43.8 ms; per-tensor latency said 40 ms more).
         out += beyond_loopback(prof, c, "zero1", g_rep,
-                               lambda cl, g: costs.broadcast(4 * params_rank, g, cl, messages=prof.tensors))
+                               lambda cl, g: costs.broadcast(4 * params_rank, g, cl, messages=min(prof.tensors, g.size)))
     if layout.dims.tp > 1:
         def tp(cl: Cluster, g: Group) -> float:
             per = costs.gather(s.batch * prof.boundary_bytes, g, cl)
