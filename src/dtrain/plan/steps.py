@@ -270,7 +270,8 @@ def serial_comm(prof: ModelProfile, c: Cluster, layout: Layout, s, params_rank: 
         # at 100 Mbit/s took 221 ms, not 115. It issues them all (async_op) before waiting, so a
         # tensor's broadcast does not wait for the one before it to arrive: the link's latency is
         # paid once per sending rank, not per tensor (benchmarks/zero1_broadcasts.py: 38 tensors,
-        # 548 KB took 42.5 ms at 100 Mbit/s, its bytes' 43.8 ms; per-tensor latency said 40 ms more).
+        # 548 KB took 42.5 ms at 100 Mbit/s, its bytes' 43.8 ms; a latency per tensor said 37 x
+        # 0.3 ms more).
         out += beyond_loopback(prof, c, "zero1", g_rep,
                                lambda cl, g: costs.broadcast(4 * params_rank, g, cl, messages=min(prof.tensors, g.size)))
     if layout.dims.tp > 1:

@@ -282,6 +282,8 @@ def test_more_processes_than_shared_cores_take_the_measured_corun_slowdown():
     c = cluster.build({"device": "cpu", "nodes": 4, "procs_per_node": 1, "shared_cores": 2})
     assert c.oversubscribed(1) and not replace(c, nodes=2).oversubscribed(1) and not replace(c, shared_cores=None).oversubscribed(1)
     assert c.compute_slowdown(1, measured=2.5) == 2.5
+    assert c.compute_slowdown(1, measured=1.76) == 2.0  # 4 one-thread processes on 2 cores: half a core each at best
+    assert replace(c, nodes=2).compute_slowdown(1, measured=0.9) == 0.9  # 2 on 2 cores: the pair's own figure, as measured
     assert replace(c, shared_cores=None).compute_slowdown(1, measured=2.5) == 1.0  # own cores: nothing shared
     m = replace(_machinery(), corun=(4, 0.010, 0.025))
     assert m.corun_slowdown(4) == pytest.approx(2.5) and m.corun_slowdown(2) is None
