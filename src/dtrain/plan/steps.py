@@ -184,7 +184,7 @@ def paired_schedule(prof: ModelProfile, c: Cluster, layout: Layout, s, slow: flo
     None where it does not apply (not measured, other than 2 stages, TP inside, other micro-batching,
     activation checkpointing, which the profile does not run)."""
     m, d = prof.machinery, layout.dims
-    if (m is None or "pp" not in m.steps2 or d.pp != 2 or d.tp != 1 or s.activation_checkpointing
+    if (m is None or not m.paired("pp") or d.pp != 2 or d.tp != 1 or s.activation_checkpointing
             or (s.microbatches, s.batch) != (m.microbatches, m.batch)):
         return None
     return m.steps2["pp"].forward * slow / pair_slowdown(prof, c, s)
