@@ -28,7 +28,7 @@ ASSUMPTIONS = (
     "device is timed checkpointed instead); the CPU profile is the load "
     "of the moment it ran; processes that share the profile's cores (--shared-cores) get cores / runnable threads each, at "
     "most one core, and where they are more than the cores, the plain step's measured slowdown with that many running at "
-    "once (time slices, caches, context switches) instead",
+    "once (time slices, caches, context switches; at least the cores' share) instead",
     "layouts' own CPU cost (CPU, measured): each layout's step in a world of one (DDP and the --comm method's hook, "
     "ZeRO's optimizer, fully_shard, the TP plan on DTensors) minus the plain step, per phase, added in full and the "
     "same at any world size: the 16-bit casts, PowerSGD's products and orthogonalisation, DDP's reducer, FSDP's "
