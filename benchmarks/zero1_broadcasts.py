@@ -76,7 +76,12 @@ def run_link(args: argparse.Namespace, rate: float | None, port: int) -> dict:
     if rate is None:  # one host: two processes over loopback
         procs = [subprocess.Popen([*me, "--rank", str(r), "--master", "127.0.0.1"], stdout=subprocess.PIPE, text=True, env=env)
                  for r in range(2)]
-        outs = [p.communicate(timeout=args.timeout)[0] for p in procs]
+        try:
+            outs = [p.communicate(timeout=args.timeout)[0] for p in procs]
+        finally:  # a hang ends here, with both ranks
+            for p in procs:
+                p.kill()
+                p.wait()
     else:
         from dtrain.testing.netbed import NetBed
 
