@@ -74,7 +74,7 @@ def plan_task(task: Any, cluster: Cluster, *, batch: int, precision: str = "fp32
     ``profile_s`` seconds of steps); without it the layouts' own CPU costs are left out."""
     from dataclasses import replace
 
-    from . import machinery
+    from . import coupled, machinery
     from .cluster import cpu_device
     from .profile import add_timing, profile_task
 
@@ -94,6 +94,10 @@ def plan_task(task: Any, cluster: Cluster, *, batch: int, precision: str = "fp32
                 mach = replace(mach, corun=machinery.corun(task_spec, processes=cluster.world_size, batch=batch,
                                                            precision=precision, optimizer=optimizer, threads=threads,
                                                            budget_s=min(4.0, profile_s / 2)))
+                mach = replace(mach, schedules=coupled.schedules(
+                    task_spec, layouts, processes=cluster.world_size, batch=batch, precision=precision, optimizer=optimizer,
+                    microbatches=microbatches, schedule=schedule, activation_checkpointing=activation_checkpointing,
+                    threads=threads, budget_s=min(3.0, profile_s / 2)))
         prof = add_timing(prof, task, batch=batch, optimizer=optimizer, threads=threads, machinery=mach,
                           checkpointed=activation_checkpointing)
         cluster = replace(cluster, device=cpu_device(prof.achieved_flops, cluster.device.memory_bytes))

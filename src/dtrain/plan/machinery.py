@@ -75,6 +75,9 @@ class Machinery:
     """(processes, plain step seconds of one alone, of each with that many running at once),
     measured where the job's processes share the profile's cores (``corun``); the ratio replaces
     ``Cluster.compute_slowdown``'s share of the cores for a job of that many processes."""
+    schedules: dict[str, tuple[int, float]] = field(default_factory=dict)
+    """Pipeline layout (its ``--parallel`` string) -> (processes, seconds of its schedule) as the job
+    runs it in a world of its processes on the profile's cores (``coupled``), where they outnumber them."""
     loopback: Any = None
     """The collectives' figures (``links.Links``) between the world of two's ranks, timed in that
     world after its steps: what the loopback waits inside its TP, FSDP and ZeRO phases cost, so
@@ -120,6 +123,7 @@ class Machinery:
                                   "optimizer": round(v.optimizer * 1e3, 3)} for k, v in self.steps2.items()},
                 "corun": None if self.corun is None else {"processes": self.corun[0], "alone_ms": round(self.corun[1] * 1e3, 3),
                                                           "together_ms": round(self.corun[2] * 1e3, 3)},
+                "schedules_ms": {k: {"processes": n, "schedule": round(t * 1e3, 3)} for k, (n, t) in self.schedules.items()},
                 "loopback": None if self.loopback is None else self.loopback.describe()}
 
 

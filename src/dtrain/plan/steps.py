@@ -178,12 +178,17 @@ def pipeline_compute(prof: ModelProfile, layout: Layout, s, f_share: float, slow
 
 
 def paired_schedule(prof: ModelProfile, c: Cluster, layout: Layout, s, slow: float) -> float | None:
-    """Seconds of a pipeline of two stages' schedule (its forwards, backwards, bubble, sends over
-    loopback, the loss broadcast) as the profile's world of two ran it (two real stages, dtrain's
-    ``Pipe``), x the job's slowdown over that world's own (two processes on the profile's cores);
-    None where it does not apply (not measured, other than 2 stages, TP inside, other micro-batching,
-    activation checkpointing, which the profile does not run)."""
+    """Seconds of the pipeline's schedule (its forwards, backwards, bubble, sends over loopback,
+    the loss broadcast) as measured: where the job's processes outnumber the profile's cores, the
+    layout itself in a world of the job's processes there (``Machinery.schedules``, ``coupled``),
+    as it is; else, for two stages, the profile's world of two (two real stages, dtrain's ``Pipe``)
+    x the job's slowdown over that world's own (two processes on the profile's cores). None where
+    neither applies (not measured, other than 2 stages, TP inside, other micro-batching,
+    activation checkpointing, which the world of two does not run)."""
     m, d = prof.machinery, layout.dims
+    if (m is not None and (got := m.schedules.get(layout.name)) is not None and got[0] == c.world_size
+            and c.oversubscribed(s.threads_per_proc) and (s.microbatches, s.batch) == (m.microbatches, m.batch)):
+        return got[1]
     if (m is None or not m.paired("pp") or d.pp != 2 or d.tp != 1 or s.activation_checkpointing
             or (s.microbatches, s.batch) != (m.microbatches, m.batch)):
         return None

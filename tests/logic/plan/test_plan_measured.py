@@ -213,6 +213,32 @@ def test_a_pipeline_of_two_measured_in_the_world_of_two_is_its_schedule_plus_wha
     assert predict(_prof(m), _cpu(), pp2, ac).phases_s == predict(_prof(replace(m, steps2={})), _cpu(), pp2, ac).phases_s
 
 
+def test_a_pipeline_whose_processes_outnumber_the_shared_cores_takes_the_layouts_own_schedule_as_timed():
+    from dtrain.plan.pipeline_sim import makespan
+
+    m = replace(_machinery(micro=(0.004, 0.006, 0.0), pp=(0.048, 0.0, 0.002)),
+                steps2={"plain": Phases(0.012, 0.024, 0.002), "pp": Phases(0.060, 0.0, 0.002)},
+                schedules={"pp=2,dp_replicate=2": (4, 0.150)})
+    s, lay = Settings(batch=8, microbatches=4), Layout("pp=2,dp_replicate=2", ParallelDims(pp=2, dp_replicate=2))
+    shared = replace(_cpu(4), shared_cores=2, inter_lat=0.002)
+    p = predict(_prof(m), shared, lay, s)
+    # the 4 processes' schedule as the job ran it on these cores (not the pair's 60 ms x 2 / 1.19)
+    f, b, bubble = p.phases_s["forward"], p.phases_s["backward"], p.phases_s["bubble"]
+    assert f + b + bubble == pytest.approx(0.150)
+    # the link pays what its sends add beyond the loopback the schedule was timed on
+    assert p.phases_s["p2p"] == pytest.approx(makespan(2, 4, f / 4, b / 4, costs.p2p(200, costs.Group(2, 1), shared))
+                                              - makespan(2, 4, f / 4, b / 4, costs.p2p(200, costs.Group(1, 2), shared)))
+    assert p.phases_s["p2p"] > 0.002
+    # timed for another world, another micro-batching, or on cores the job does not outnumber: the pair's, scaled
+    without = predict(_prof(replace(m, schedules={})), shared, lay, s).phases_s
+    assert predict(_prof(replace(m, schedules={"pp=2,dp_replicate=2": (2, 0.150)})), shared, lay, s).phases_s == without
+    assert predict(_prof(m), shared, lay, replace(s, microbatches=2)).phases_s == \
+        predict(_prof(replace(m, schedules={})), shared, lay, replace(s, microbatches=2)).phases_s
+    own = replace(shared, shared_cores=None)
+    assert predict(_prof(m), own, lay, s).phases_s == predict(_prof(replace(m, schedules={})), own, lay, s).phases_s
+    assert m.describe()["schedules_ms"] == {"pp=2,dp_replicate=2": {"processes": 4, "schedule": 150.0}}
+
+
 def test_paired_tp_fsdp_and_zero_phases_hold_their_loopback_collectives_so_the_link_pays_only_the_rest():
     fig = links.Figure(lat=1e-4, bw=0.5e9)  # the world of two's loopback: 100 us a step, 4 Gbit/s
     loop = links.Links(between="processes", ranks=2, backend="gloo", figures=dict.fromkeys(links.SHAPES, fig))

@@ -84,3 +84,16 @@ def test_a_pipeline_of_two_real_stages_is_timed_in_the_world_of_two():
     assert m.loopback is not None and m.loopback.ranks == 2
     assert {"all_gather", "reduce_scatter", "broadcast", "send_recv"} <= set(m.loopback.figures)
     assert all(f.lat > 0 and f.bw > 0 for f in m.loopback.figures.values())
+
+
+@pytest.mark.timeout(180)
+def test_a_pipeline_layout_is_timed_as_the_job_runs_it_in_a_world_of_its_processes():
+    from dtrain.plan import coupled
+
+    # dtrain's own pp x dp layout, 4 ranks on this machine's cores: one figure for the ranks' schedule
+    got = coupled.measure(("digits", None, {}), "pp=2,dp_replicate=2", processes=4, batch=32, precision="fp32",
+                          optimizer="adam", microbatches=4, schedule="1f1b", budget_s=0.5)
+    assert got is not None and got[0] == 4 and 0 < got[1] < 5.0
+    # a batch the micro-batches do not divide: `dtrain train` refuses it, so nothing is timed
+    assert coupled.measure(("digits", None, {}), "pp=2", processes=2, batch=30, precision="fp32", optimizer="adam",
+                           microbatches=4, schedule="1f1b", budget_s=0.5) is None
