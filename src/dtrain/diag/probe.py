@@ -95,7 +95,57 @@ def time_collectives(device: torch.device, sizes: tuple[int, ...] = LINK_SIZES, 
     out: dict[str, dict[int, float]] = {kind: {} for kind in KINDS}
     for (kind, size), seconds in zip(plan, mine.tolist()):
         out[kind][size] = seconds / 2 if kind == "send_recv" else seconds
+    out[CROSSED] = time_crossed(device, out["send_recv"], reps)
     return out
+
+
+CROSSED = "send_recv_crossed"
+"""Two sends between ranks 0 and 1 in opposite directions, the second fired while the first is
+on its way (``CROSSED_LAG`` of one send's time later): seconds from the first's start until both
+have arrived. A link whose two directions were independent takes (1 + lag) x one send; on the
+test bed's shaped links the pair took up to 1.6x one (a transfer's acknowledgements queue
+behind the other direction's data: benchmarks/p2p_duplex.py)."""
+CROSSED_SIZES = (64 << 10, 1 << 20)
+"""Sizes of a pipeline's hand-offs (an activation or its gradient): one that a socket's buffer
+holds, one it does not."""
+CROSSED_LAG = 0.25
+
+
+def time_crossed(device: torch.device, one_way: dict[int, float], reps: int) -> dict[int, float]:
+    """Collective: every rank of the default group. ``CROSSED`` at each of ``CROSSED_SIZES``, the
+    slowest rank's median; ``one_way``: ``send_recv``'s seconds by size, which set the lag."""
+    from ..plan.links import fit
+
+    rank = dist.get_rank()
+    one = fit("send_recv", one_way, 2)
+    small, at_least = SMALL_REPS
+    out = {}
+    for size in CROSSED_SIZES:
+        lag = CROSSED_LAG * one.seconds("send_recv", size, 2)
+        got = _median_time(_crossed(size, rank, lag, device), device, max(reps, at_least) if size <= small else reps)
+        mine = torch.tensor([got], dtype=torch.float64, device=device)
+        dist.all_reduce(mine, op=dist.ReduceOp.MAX)
+        out[size] = mine.item()
+    return out
+
+
+def _crossed(nbytes: int, rank: int, lag: float, device: torch.device) -> Callable[[], object]:
+    """Rank 0 sends to rank 1 at once, rank 1 to rank 0 ``lag`` seconds later (a busy wait: a sleep
+    overshoots a short lag); each waits for its send and its receive. The others do nothing."""
+    out = torch.ones(max(1, nbytes // 4), dtype=torch.float32, device=device)
+    into = torch.empty_like(out)
+
+    def op() -> None:
+        if rank > 1:
+            return
+        if rank == 1:
+            t0 = time.perf_counter()
+            while time.perf_counter() - t0 < lag:
+                pass
+        works = [dist.isend(out, 1 - rank), dist.irecv(into, 1 - rank)]
+        for w in works:
+            w.wait()
+    return op
 
 
 def bus_bandwidth(size_bytes: int, seconds: float, n: int) -> float:

@@ -133,6 +133,13 @@ def p2p(nbytes: float, group: Group, c: Cluster) -> float:
     return _flat("send_recv", nbytes, 2, c, group.nodes > 1, group.sharing if group.nodes > 1 else 1)
 
 
+def crossing(nbytes: float, group: Group, c: Cluster) -> float:
+    """How much of its time a send of ``nbytes`` between neighbours in ``group`` is slowed while one
+    goes the other way, as measured on the link (``links.Links.crossing``); 0 where not measured."""
+    measured = c.links.get("inter" if group.nodes > 1 else "intra")
+    return measured.crossing(nbytes) if measured is not None else 0.0
+
+
 def fifo(jobs: list[tuple[float, float]]) -> list[float]:
     """End times of transfers (issue time, duration) on one link, served in order."""
     free, ends = 0.0, []

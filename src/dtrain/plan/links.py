@@ -88,11 +88,37 @@ class Links:
     load: float | None = None
     """The machine's load average when measured (a loaded machine adds delay per message)."""
 
+    def crossing(self, nbytes: float) -> float:
+        """By how much of its time a send of ``nbytes`` is slowed while a send goes the other way
+        (0: the link's two directions are independent, 1: they take turns; ``diag.probe.CROSSED``),
+        from the measured sizes (log-linear between them, the nearest beyond them); 0 unmeasured.
+        The pair's time T against one send's t with the second fired L x t later is, if the
+        overlapped (1 - L) x t is slowed by the factor, (1 + L) x t + factor x (1 - L) x t."""
+        from ..diag.probe import CROSSED, CROSSED_LAG
+
+        one, got = self.figures.get("send_recv"), self.seconds.get(CROSSED)
+        if one is None or not got or nbytes <= 0:
+            return 0.0
+        pts = []
+        for b, pair in sorted(got.items()):
+            t = one.seconds("send_recv", b, 2)
+            pts.append((math.log(b), min(1.0, max(0.0, (pair - (1 + CROSSED_LAG) * t) / ((1 - CROSSED_LAG) * t))) if t > 0 else 0.0))
+        x = math.log(nbytes)
+        if x <= pts[0][0]:
+            return pts[0][1]
+        for (x0, f0), (x1, f1) in zip(pts, pts[1:]):
+            if x <= x1:
+                return f0 + (f1 - f0) * (x - x0) / (x1 - x0)
+        return pts[-1][1]
+
     def describe(self) -> dict[str, Any]:
+        from ..diag.probe import CROSSED
+
         return {"between": self.between, "ranks": self.ranks, "backend": self.backend, "load": self.load,
                 "figures": {k: {"latency_us": round(f.lat * 1e6, 1), "gbit_per_s": round(f.bw * 8 / 1e9, 4),
                                 "gbit_per_s_by_size": {str(int(b)): round(r * 8 / 1e9, 4) for b, r in f.by_size}}
-                            for k, f in self.figures.items()}}
+                            for k, f in self.figures.items()},
+                "crossing": {str(b): round(self.crossing(b), 3) for b in sorted(self.seconds.get(CROSSED, {}))}}
 
     def as_record(self) -> dict[str, Any]:
         """What ``dtrain doctor --links-out`` writes and ``from_record`` reads."""

@@ -8,7 +8,11 @@ torch's 1F1B fires each send together with the next receive and waits for both
 send before firing the next; GPipe fires its sends as it goes and waits for them all at the end
 of the forwards and of the backwards. A send is taken to complete when its bytes have crossed the
 link (what gloo's send does once they exceed the socket's buffer: on a link slower than the host,
-most of a transfer). With transfers of no time this gives the textbook (m + p - 1) slots.
+most of a transfer; one its buffer holds returns at once, which changes no arrival: each link
+serves its transfers in order). With transfers of no time this gives the textbook (m + p - 1) slots.
+The two directions between neighbouring stages are two links, except that a transfer is longer by
+the link's measured ``crossed`` share of the time it overlaps one going the other way (on the test
+bed's shaped links up to 0.6: acknowledgements queue behind the other direction's data).
 """
 
 from __future__ import annotations
@@ -21,14 +25,25 @@ class _Link:
     """One direction between two neighbouring stages: transfers in the order they were fired."""
 
     hop: float
+    crossed: float = 0.0
+    """The share of its time by which a transfer is slowed while one goes the other way (0: the
+    two directions are independent; 1: they take turns), ``costs.crossing``."""
     free: float = 0.0
     ends: dict[int, float] = field(default_factory=dict)
     """Micro-batch -> when its transfer ends."""
+    spans: list[tuple[float, float]] = field(default_factory=list)
+    other: _Link | None = None
+    """The other direction between the same two stages."""
 
     def fire(self, mb: int, at: float) -> None:
         if mb not in self.ends:
-            self.free = max(self.free, at) + self.hop
-            self.ends[mb] = self.free
+            start = max(self.free, at)
+            end = start + self.hop
+            if self.crossed and self.other is not None:  # the time it shares with transfers the other way
+                end += self.crossed * sum(max(0.0, min(end, e) - max(start, s)) for s, e in self.other.spans)
+            self.free = end
+            self.ends[mb] = end
+            self.spans.append((start, end))
 
 
 def _program(s: int, p: int, m: int, schedule: str) -> list[tuple]:
@@ -64,10 +79,13 @@ def _program(s: int, p: int, m: int, schedule: str) -> list[tuple]:
     return ops
 
 
-def makespan(p: int, m: int, fwd: float, bwd: float, hop: float, schedule: str = "1f1b") -> float:
+def makespan(p: int, m: int, fwd: float, bwd: float, hop: float, schedule: str = "1f1b", crossed: float = 0.0) -> float:
     """Seconds from the first forward to the last stage's end: ``p`` stages of ``m`` micro-batches,
-    each ``fwd`` + ``bwd`` seconds on every stage, each transfer ``hop`` seconds on its link."""
-    links = {("act", s): _Link(hop) for s in range(p - 1)} | {("grad", s): _Link(hop) for s in range(p - 1)}
+    each ``fwd`` + ``bwd`` seconds on every stage, each transfer ``hop`` seconds on its link, longer
+    by ``crossed`` x the time it overlaps a transfer in the other direction (``_Link.crossed``)."""
+    links = {("act", s): _Link(hop, crossed) for s in range(p - 1)} | {("grad", s): _Link(hop, crossed) for s in range(p - 1)}
+    for s in range(p - 1):
+        links[("act", s)].other, links[("grad", s)].other = links[("grad", s)], links[("act", s)]
     programs = [_program(s, p, m, schedule) for s in range(p)]
     pc, clock = [0] * p, [0.0] * p
     while any(pc[s] < len(programs[s]) for s in range(p)):

@@ -116,7 +116,7 @@ def pipeline_step(prof: ModelProfile, c: Cluster, layout: Layout, s, fwd_t: floa
     d, b, m = layout.dims, s.batch, s.microbatches
     g_pp, g_rep, g_shard = groups
     nbytes = b / m * prof.boundary_bytes / d.tp
-    hop = costs.p2p(nbytes, g_pp, c)
+    hop, crossed = costs.p2p(nbytes, g_pp, c), costs.crossing(nbytes, g_pp, c)
     # torch's schedule played out: every stage as slow as the busiest, each transfer on its link
     # in turn, waits where torch's schedule waits (pipeline_sim); what it adds beyond the
     # compute is the bubble ((p-1) slots) and the waits for transfers
@@ -125,11 +125,12 @@ def pipeline_step(prof: ModelProfile, c: Cluster, layout: Layout, s, fwd_t: floa
         k = measured / max(1e-12, fwd_t + bwd_t + bubble)
         fwd_t, bwd_t, bubble = k * fwd_t, k * bwd_t, k * bubble
         loop_c, loop_g = paired_loopback(prof, c, "pp") or (c, Group(1, d.pp))
-        local = makespan(d.pp, m, fwd_t / m, bwd_t / m, costs.p2p(nbytes, loop_g, loop_c), s.schedule)
+        local = makespan(d.pp, m, fwd_t / m, bwd_t / m, costs.p2p(nbytes, loop_g, loop_c), s.schedule,
+                         costs.crossing(nbytes, loop_g, loop_c))
         phases = {"forward": fwd_t, "backward": bwd_t, "bubble": bubble,
-                  "p2p": max(0.0, makespan(d.pp, m, fwd_t / m, bwd_t / m, hop, s.schedule) - local)}
+                  "p2p": max(0.0, makespan(d.pp, m, fwd_t / m, bwd_t / m, hop, s.schedule, crossed) - local)}
     else:
-        span = makespan(d.pp, m, fwd_t / m, bwd_t / m, hop, s.schedule)
+        span = makespan(d.pp, m, fwd_t / m, bwd_t / m, hop, s.schedule, crossed)
         phases = {"bubble": bubble, "p2p": max(0.0, span - fwd_t - bwd_t - bubble)}
     wire = 2 * m * (d.pp - 1) * hop / d.pp
     grad_bytes = s.grad_comm_bytes * params_rank

@@ -1,21 +1,33 @@
 """The links probe repeats latency-bound sizes more than the large ones (it costs next to nothing,
-and a median of 3 small collectives moved 5x between two measurements of one bed link)."""
+and a median of 3 small collectives moved 5x between two measurements of one bed link), and times
+two sends crossing in opposite directions, the second fired a share of one send's time later."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from dtrain.diag import probe
+from dtrain.plan.links import fit
 
 
 def test_small_sizes_are_timed_at_least_small_reps_times(monkeypatch):
     asked = []
-    monkeypatch.setattr(probe, "_ops", lambda kind, size, n, rank, device: (kind, size))
-    monkeypatch.setattr(probe, "_median_time", lambda op, device, reps: asked.append((op, reps)) or 1e-3)
+    monkeypatch.setattr(probe, "_ops", lambda kind, size, n, rank, device: (kind, size, None))
+    monkeypatch.setattr(probe, "_crossed", lambda size, rank, lag, device: (probe.CROSSED, size, lag))
+    # a round trip of 1 ms plus 1 s per 100 MB
+    monkeypatch.setattr(probe, "_median_time", lambda op, device, reps: asked.append((op, reps)) or 1e-3 + op[1] / 1e8)
     monkeypatch.setattr(probe.dist, "get_world_size", lambda: 2)
     monkeypatch.setattr(probe.dist, "get_rank", lambda: 0)
     monkeypatch.setattr(probe.dist, "all_reduce", lambda t, op=None: None)
     out = probe.time_collectives(torch.device("cpu"), sizes=(64, 64 << 10, 1 << 20), reps=3)
-    reps = {size: r for (kind, size), r in asked}
+    reps = {size: r for (kind, size, _), r in asked if kind != probe.CROSSED}
     assert reps == {64: probe.SMALL_REPS[1], 64 << 10: probe.SMALL_REPS[1], 1 << 20: 3}
-    assert out["send_recv"][64] == 0.5e-3 and out["all_reduce"][1 << 20] == 1e-3  # half a round trip
+    assert out["send_recv"][64] == pytest.approx((1e-3 + 64 / 1e8) / 2)  # half a round trip
+    assert out["all_reduce"][1 << 20] == pytest.approx(1e-3 + (1 << 20) / 1e8)
+    crossed = {size: (lag, r) for (kind, size, lag), r in asked if kind == probe.CROSSED}
+    assert set(crossed) == set(probe.CROSSED_SIZES) == set(out[probe.CROSSED])
+    one = fit("send_recv", out["send_recv"], 2)
+    for size, (lag, r) in crossed.items():
+        assert lag == pytest.approx(probe.CROSSED_LAG * one.seconds("send_recv", size, 2)) and lag > 0
+        assert r == (probe.SMALL_REPS[1] if size <= probe.SMALL_REPS[0] else 3)

@@ -205,6 +205,11 @@ def test_pipeline_transfers_follow_torchs_1f1b_waits():
 
     assert makespan(2, 4, 7.0, 13.0, 28.0, "1f1b") == pytest.approx(240.0)
     assert makespan(4, 8, 1.0, 2.0, 0.0, "1f1b") == makespan(4, 8, 1.0, 2.0, 0.0, "gpipe") == pytest.approx(11 * 3.0)
+    # where the two directions slow each other: 2 micro-batches of no compute, 1 per transfer. act0
+    # crosses 0-1, act1 1-2; stage 1 fires grad0 at 1, over act1 for all its 1: 1-2.5 at half of it
+    # (crossed 0.5), so F1 there waits to 2.5; grad1 2.5-3.5 alone; stage 0's B1 at 3.5 (3 without)
+    assert makespan(2, 2, 0.0, 0.0, 1.0) == pytest.approx(3.0)
+    assert makespan(2, 2, 0.0, 0.0, 1.0, crossed=0.5) == pytest.approx(3.5)
     blocks = tuple(Block(params=100, fwd_flops=1e6, act_bytes=100.0, out_bytes=1e6) for _ in range(2))
     prof = ModelProfile(name="p", params=200, fwd_flops=2e6, act_bytes=200.0, blocks=blocks)
     c = flat(nodes=2, ppn=1, inter_bw=1e9, lat=0.0, device="cpu")

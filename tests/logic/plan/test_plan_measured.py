@@ -69,6 +69,44 @@ def test_noise_that_inverts_the_two_largest_sizes_still_gives_a_bandwidth():
     assert f.bw == pytest.approx(2 * 2000 / 2 / (0.019 - 2 * 0.5e-3))
 
 
+def test_two_sends_crossing_give_the_share_by_which_each_is_slowed_between_and_beyond_the_measured_sizes():
+    import math
+
+    from dtrain.diag.probe import CROSSED, CROSSED_LAG
+
+    seconds = {"send_recv": _times("send_recv", 1e-4, 2.5e6, 2)}  # 20 Mbit/s
+    one = links.fit("send_recv", seconds["send_recv"], 2)
+
+    def pair(b, share):  # the first send's time, the lag, and the overlapped rest slowed by share
+        t = one.seconds("send_recv", b, 2)
+        return (1 + CROSSED_LAG) * t + share * (1 - CROSSED_LAG) * t
+    seconds[CROSSED] = {64 << 10: pair(64 << 10, 0.6), 1 << 20: pair(1 << 20, 0.4)}
+    lk = links.from_measurement(seconds, ranks=2, between="nodes", backend="gloo")
+    assert lk.crossing(64 << 10) == pytest.approx(0.6) and lk.crossing(1 << 20) == pytest.approx(0.4)
+    assert lk.crossing(256 << 10) == pytest.approx(0.5)  # half way in log size
+    assert lk.crossing(1024) == pytest.approx(0.6) and lk.crossing(8 << 20) == pytest.approx(0.4)
+    assert links.from_record(lk.as_record()).crossing(64 << 10) == pytest.approx(0.6)
+    assert lk.describe()["crossing"] == {str(64 << 10): 0.6, str(1 << 20): 0.4}
+    # independent directions (the pair in its lag plus one send) give 0, and so does a link not measured so
+    free = links.from_measurement({**seconds, CROSSED: {b: pair(b, 0.0) * 0.99 for b in seconds[CROSSED]}},
+                                  ranks=2, between="nodes", backend="gloo")
+    assert free.crossing(64 << 10) == 0.0
+    assert links.from_measurement({"send_recv": seconds["send_recv"]}, ranks=2, between="nodes", backend="gloo").crossing(1e5) == 0.0
+    # a pipeline of two on that link: its sends take the measured share where they overlap
+    c = replace(_cpu(), links={"inter": lk})
+    assert costs.crossing(64 << 10, costs.Group(2, 1), c) == pytest.approx(0.6)
+    assert costs.crossing(64 << 10, costs.Group(1, 2), c) == 0.0  # inside a node: not measured there
+    assert math.isclose(costs.crossing(64 << 10, costs.Group(2, 1), _cpu()), 0.0)
+    from dtrain.plan.pipeline_sim import makespan
+
+    pp2, s = Layout("pp=2", ParallelDims(pp=2)), Settings(batch=8, microbatches=4)
+    p = predict(_prof(), c, pp2, s)
+    f, b = p.phases_s["forward"] / 4, p.phases_s["backward"] / 4
+    hop = costs.p2p(200, costs.Group(2, 1), c)
+    assert p.phases_s["p2p"] == pytest.approx(makespan(2, 4, f, b, hop, crossed=0.6) - 5 * (f + b))
+    assert p.phases_s["p2p"] > predict(_prof(), replace(c, links={"inter": free}), pp2, s).phases_s["p2p"]
+
+
 def test_a_record_round_trips_and_bad_files_are_one_line(tmp_path):
     secs = {k: _times(k, 1e-4, 1e8, 2) for k in links.SHAPES}
     got = links.from_measurement(secs, ranks=2, between="nodes", backend="gloo", load=1.5)
