@@ -340,9 +340,17 @@ def _group(pid: int) -> str | None:
         return None
 
 
+MAX_ROUNDS = 60
+"""At most this many rounds (within ``budget_s``). With 15, a window of about a second for the bed's
+small lm, the world of two's plain forward came out a median 2%, 11% and 12% below what the two
+ranks then ran in training (bed runs 11, 12, 14; 12 ddp rows each, -36% to +36%); 60 rounds span
+the budget and met the machine's slower moments too (lm-20m local SGD, 4 plans each, alternating:
+50.8 ms predicted on average with 60, 45.9 with 15; training ran 46.5-58.6)."""
+
+
 def _rounds(runners: dict[str, Callable[[], tuple[float, float, float]]], budget_s: float) -> tuple[dict[str, tuple], int, float]:
     """Every runner once per round (3 warm-up rounds: PowerSGD compresses from its third step),
-    then rounds until ``budget_s`` is spent (at least 3, at most 15); per-phase medians, and the
+    then rounds until ``budget_s`` is spent (at least 3, at most ``MAX_ROUNDS``); per-phase medians, and the
     mean of the other runnable threads sampled after each step."""
     for _ in range(3):
         for run in runners.values():
@@ -350,7 +358,7 @@ def _rounds(runners: dict[str, Callable[[], tuple[float, float, float]]], budget
     times: dict[str, list[tuple[float, float, float]]] = {k: [] for k in runners}
     order, others, by_group = list(runners), [], _autogroups_on()
     start, rounds = time.perf_counter(), 0
-    while _agree(rounds < 15 and (rounds < 3 or time.perf_counter() - start < budget_s)):
+    while _agree(rounds < MAX_ROUNDS and (rounds < 3 or time.perf_counter() - start < budget_s)):
         for k in order[rounds % len(order):] + order[:rounds % len(order)]:  # each kind first in turn
             times[k].append(runners[k]())
         others.append(_runnable_others(by_group))  # once a round: reading every thread's state takes a while
