@@ -114,19 +114,27 @@ CROSSED_LAG = 0.25
 def time_crossed(device: torch.device, one_way: dict[int, float], reps: int) -> dict[int, float]:
     """Collective: every rank of the default group. ``CROSSED`` at each of ``CROSSED_SIZES``, the
     slowest rank's median; ``one_way``: ``send_recv``'s seconds by size, which set the lag."""
-    from ..plan.links import fit
-
     rank = dist.get_rank()
-    one = fit("send_recv", one_way, 2)
     small, at_least = SMALL_REPS
     out = {}
     for size in CROSSED_SIZES:
-        lag = CROSSED_LAG * one.seconds("send_recv", size, 2)
+        lag = CROSSED_LAG * one_way_at(one_way, size)
         got = _median_time(_crossed(size, rank, lag, device), device, max(reps, at_least) if size <= small else reps)
         mine = torch.tensor([got], dtype=torch.float64, device=device)
         dist.all_reduce(mine, op=dist.ReduceOp.MAX)
         out[size] = mine.item()
     return out
+
+
+def one_way_at(one_way: dict[int, float], nbytes: float) -> float:
+    """Seconds of one send of ``nbytes`` from ``send_recv``'s measured sizes: linear between the
+    two around it, the nearest two's line beyond them (never below the smallest's time)."""
+    pts = sorted(one_way.items())
+    if len(pts) == 1:
+        return pts[0][1]
+    i = next((k for k in range(1, len(pts)) if nbytes <= pts[k][0]), len(pts) - 1)
+    (b0, t0), (b1, t1) = pts[i - 1], pts[i]
+    return max(pts[0][1], t0 + (t1 - t0) * (nbytes - b0) / (b1 - b0))
 
 
 def _crossed(nbytes: int, rank: int, lag: float, device: torch.device) -> Callable[[], object]:

@@ -94,14 +94,14 @@ class Links:
         from the measured sizes (log-linear between them, the nearest beyond them); 0 unmeasured.
         The pair's time T against one send's t with the second fired L x t later is, if the
         overlapped (1 - L) x t is slowed by the factor, (1 + L) x t + factor x (1 - L) x t."""
-        from ..diag.probe import CROSSED, CROSSED_LAG
+        from ..diag.probe import CROSSED, CROSSED_LAG, one_way_at
 
-        one, got = self.figures.get("send_recv"), self.seconds.get(CROSSED)
-        if one is None or not got or nbytes <= 0:
+        one, got = self.seconds.get("send_recv"), self.seconds.get(CROSSED)
+        if not one or not got or nbytes <= 0:
             return 0.0
         pts = []
         for b, pair in sorted(got.items()):
-            t = one.seconds("send_recv", b, 2)
+            t = one_way_at(one, b)  # as the probe had it for the lag
             pts.append((math.log(b), min(1.0, max(0.0, (pair - (1 + CROSSED_LAG) * t) / ((1 - CROSSED_LAG) * t))) if t > 0 else 0.0))
         x = math.log(nbytes)
         if x <= pts[0][0]:

@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from dtrain.diag import probe
-from dtrain.plan.links import fit
 
 
 def test_small_sizes_are_timed_at_least_small_reps_times(monkeypatch):
@@ -27,7 +26,13 @@ def test_small_sizes_are_timed_at_least_small_reps_times(monkeypatch):
     assert out["all_reduce"][1 << 20] == pytest.approx(1e-3 + (1 << 20) / 1e8)
     crossed = {size: (lag, r) for (kind, size, lag), r in asked if kind == probe.CROSSED}
     assert set(crossed) == set(probe.CROSSED_SIZES) == set(out[probe.CROSSED])
-    one = fit("send_recv", out["send_recv"], 2)
     for size, (lag, r) in crossed.items():
-        assert lag == pytest.approx(probe.CROSSED_LAG * one.seconds("send_recv", size, 2)) and lag > 0
+        assert lag == pytest.approx(probe.CROSSED_LAG * probe.one_way_at(out["send_recv"], size)) and lag > 0
         assert r == (probe.SMALL_REPS[1] if size <= probe.SMALL_REPS[0] else 3)
+
+
+def test_one_send_is_read_off_the_measured_sizes():
+    one = {64: 1e-4, 1 << 20: 0.4, 4 << 20: 1.6}
+    assert probe.one_way_at(one, 64) == pytest.approx(1e-4) and probe.one_way_at(one, 32) == pytest.approx(1e-4)
+    assert probe.one_way_at(one, 64 << 10) == pytest.approx(1e-4 + (0.4 - 1e-4) * ((64 << 10) - 64) / ((1 << 20) - 64))
+    assert probe.one_way_at(one, 2 << 20) == pytest.approx(0.8) and probe.one_way_at(one, 8 << 20) == pytest.approx(3.2)

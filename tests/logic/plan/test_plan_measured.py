@@ -72,13 +72,12 @@ def test_noise_that_inverts_the_two_largest_sizes_still_gives_a_bandwidth():
 def test_two_sends_crossing_give_the_share_by_which_each_is_slowed_between_and_beyond_the_measured_sizes():
     import math
 
-    from dtrain.diag.probe import CROSSED, CROSSED_LAG
+    from dtrain.diag.probe import CROSSED, CROSSED_LAG, one_way_at
 
     seconds = {"send_recv": _times("send_recv", 1e-4, 2.5e6, 2)}  # 20 Mbit/s
-    one = links.fit("send_recv", seconds["send_recv"], 2)
 
     def pair(b, share):  # the first send's time, the lag, and the overlapped rest slowed by share
-        t = one.seconds("send_recv", b, 2)
+        t = one_way_at(seconds["send_recv"], b)
         return (1 + CROSSED_LAG) * t + share * (1 - CROSSED_LAG) * t
     seconds[CROSSED] = {64 << 10: pair(64 << 10, 0.6), 1 << 20: pair(1 << 20, 0.4)}
     lk = links.from_measurement(seconds, ranks=2, between="nodes", backend="gloo")
