@@ -19,8 +19,10 @@ import statistics
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "src"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from bed_pair import on_bed  # noqa: E402
+
 HOW = ("after_barrier", "back_to_back", "after_sleep5ms")
 
 
@@ -74,17 +76,11 @@ def main() -> None:
     if args.worker:
         worker(int(args.worker[0]), args.worker[1], int(args.worker[2]))
         return
-    from dtrain.testing.netbed import NetBed
-
     rows = []
     for i, rate in enumerate(float(r) for r in args.rates.split(",")):
-        with NetBed(hosts=2, rate_mbit=rate) as bed:
-            res = bed.run_nodes(lambda r, m: [sys.executable, os.path.abspath(__file__), "--worker", str(r), m, str(args.port + i)],
-                                timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
-        line = [ln for ln in res[0].output.splitlines() if ln.startswith("{")]
-        if not line:
-            raise SystemExit(f"allreduce_small: no result on link {rate}: {res[0].output[-500:]}")
-        row = {"rate_mbit": rate, "ms": json.loads(line[-1]), "load1": round(os.getloadavg()[0], 2)}
+        ms = on_bed(lambda r, m, i=i: [sys.executable, os.path.abspath(__file__), "--worker", str(r), m, str(args.port + i)],
+                    rate, 300, "allreduce_small")
+        row = {"rate_mbit": rate, "ms": ms, "load1": round(os.getloadavg()[0], 2)}
         rows.append(row)
         if args.out:
             with open(args.out, "a") as fh:

@@ -21,9 +21,9 @@ import statistics
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-SRC = os.path.join(os.path.dirname(HERE), "src")
-sys.path.insert(0, SRC)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from bed_pair import on_bed  # noqa: E402
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -69,17 +69,10 @@ def worker(args: argparse.Namespace) -> None:
 
 
 def run_link(args: argparse.Namespace, rate: float, port: int) -> dict:
-    from dtrain.testing.netbed import NetBed
-
     me = [sys.executable, os.path.abspath(__file__), "--worker", "--bytes", str(args.bytes), "--reps", str(args.reps),
           "--lag-ms", str(args.lag_ms), "--port", str(port)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    with NetBed(hosts=2, rate_mbit=rate) as bed:
-        res = bed.run_nodes(lambda r, master: [*me, "--rank", str(r), "--master", master], timeout=args.timeout, env=env)
-    line = [ln for ln in res[0].output.splitlines() if ln.startswith("{")]
-    if not line:
-        raise SystemExit(f"p2p_duplex: no result on link {rate}: {res[0].output[-500:]}")
-    return {"rate_mbit": rate, "bytes": args.bytes, "reps": args.reps, "lag_ms": args.lag_ms, "ms": json.loads(line[-1]),
+    ms = on_bed(lambda r, master: [*me, "--rank", str(r), "--master", master], rate, args.timeout, "p2p_duplex")
+    return {"rate_mbit": rate, "bytes": args.bytes, "reps": args.reps, "lag_ms": args.lag_ms, "ms": ms,
             "bytes_ms": round(args.bytes * 8 / (rate * 1e6) * 1e3, 3)}
 
 

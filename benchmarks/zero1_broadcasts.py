@@ -22,9 +22,9 @@ import subprocess
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-SRC = os.path.join(os.path.dirname(HERE), "src")
-sys.path.insert(0, SRC)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from bed_pair import ENV, on_bed, result  # noqa: E402
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -72,9 +72,8 @@ def worker(args: argparse.Namespace) -> None:
 def run_link(args: argparse.Namespace, rate: float | None, port: int) -> dict:
     me = [sys.executable, os.path.abspath(__file__), "--worker", "--tensors", str(args.tensors),
           "--total-bytes", str(args.total_bytes), "--reps", str(args.reps), "--port", str(port)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     if rate is None:  # one host: two processes over loopback
-        procs = [subprocess.Popen([*me, "--rank", str(r), "--master", "127.0.0.1"], stdout=subprocess.PIPE, text=True, env=env)
+        procs = [subprocess.Popen([*me, "--rank", str(r), "--master", "127.0.0.1"], stdout=subprocess.PIPE, text=True, env=ENV)
                  for r in range(2)]
         try:
             outs = [p.communicate(timeout=args.timeout)[0] for p in procs]
@@ -82,16 +81,10 @@ def run_link(args: argparse.Namespace, rate: float | None, port: int) -> dict:
             for p in procs:
                 p.kill()
                 p.wait()
+        ms = result(outs[0], "zero1_broadcasts on loopback")
     else:
-        from dtrain.testing.netbed import NetBed
-
-        with NetBed(hosts=2, rate_mbit=rate) as bed:
-            res = bed.run_nodes(lambda r, master: [*me, "--rank", str(r), "--master", master], timeout=args.timeout, env=env)
-            outs = [o.output for o in res]
-    line = [ln for ln in outs[0].splitlines() if ln.startswith("{")]
-    if not line:
-        raise SystemExit(f"zero1_broadcasts: no result on link {rate}: {outs[0][-500:]}")
-    return {"rate_mbit": rate, "tensors": args.tensors, "total_bytes": args.total_bytes, "reps": args.reps, "ms": json.loads(line[-1])}
+        ms = on_bed(lambda r, master: [*me, "--rank", str(r), "--master", master], rate, args.timeout, "zero1_broadcasts")
+    return {"rate_mbit": rate, "tensors": args.tensors, "total_bytes": args.total_bytes, "reps": args.reps, "ms": ms}
 
 
 def main() -> None:

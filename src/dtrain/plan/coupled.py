@@ -64,12 +64,6 @@ def body(spec: dict[str, Any]) -> float | None:
     try:
         model = task.new_model()
         opt = make_optimizer(spec["optimizer"], model.parameters(), task.lr, device=ctx.device)
-        try:
-            model, opt = ctx.setup(model, opt, blocks=task.blocks(model) if task.blocks else None)
-            if len(x) % spec["microbatches"]:
-                raise ConfigError("the batch is not a multiple of the micro-batches")
-        except ConfigError:
-            return None
 
         def step() -> float:
             t0 = time.perf_counter()
@@ -79,8 +73,14 @@ def body(spec: dict[str, Any]) -> float | None:
             opt.zero_grad(set_to_none=True)
             return t1 - t0
 
-        start = time.perf_counter()
-        for _ in range(3):  # warm-up: the schedule's first build, the allocator
+        try:  # what `dtrain train` refuses (a model it cannot cut, a batch the micro-batches do not
+            # divide) it refuses here, alike on every rank, before any transfer
+            model, opt = ctx.setup(model, opt, blocks=task.blocks(model) if task.blocks else None)
+            start = time.perf_counter()
+            step()  # warm-up (3 steps): the schedule's first build, the allocator
+        except ConfigError:
+            return None
+        for _ in range(2):
             step()
         # rank 0's warm-up sets how many steps fill the budget, the same count on every rank
         count = torch.tensor([max(5, min(60, round(spec["budget_s"] / max(1e-3, (time.perf_counter() - start) / 3))))])
