@@ -30,5 +30,5 @@ step() {  # step NAME CAP COMMAND...: run within min(CAP, time left), log to $OU
 cat "$OUT/env.txt"
 step gpu_tier 200 python3 -m pytest -m gpu tests/gpu -q -p no:cacheprovider --timeout 170 -o addopts="-ra --strict-markers --durations=15" ${TIER_K:+-k "$TIER_K"}
 step plan_gpu 240 python3 benchmarks/plan_gpu.py --repeats "${PLAN_REPEATS:-2}" --out "$OUT/plan_gpu.jsonl"
-if [ "${VS:-1}" = 1 ]; then step gpu_vs_plain 200 env TORCH_LOGS="${VS_TORCH_LOGS:-}" python3 benchmarks/gpu_vs_plain.py --only lm --rounds "${VS_ROUNDS:-1}" ${VS_SIDES:+--sides "$VS_SIDES"} --logs "$OUT/gpu_vs_plain-stderr.log" --out "$OUT/gpu_vs_plain.jsonl"; fi
+if [ "${VS:-1}" = 1 ]; then step gpu_vs_plain 200 env ${VS_TORCH_LOGS:+TORCH_LOGS="$VS_TORCH_LOGS"} python3 benchmarks/gpu_vs_plain.py --only lm --rounds "${VS_ROUNDS:-1}" ${VS_SIDES:+--sides "$VS_SIDES"} --logs "$OUT/gpu_vs_plain-stderr.log" --out "$OUT/gpu_vs_plain.jsonl"; fi
 for f in gpu_tier plan_gpu gpu_vs_plain; do echo "== $f"; tail -25 "$OUT/$f.log" 2>/dev/null; done

@@ -192,36 +192,57 @@ def sample_batch(task: Any, batch: int) -> tuple[Any, Any]:
 
 
 Runner = Callable[[], tuple[float, float, float]]
+WARMUP_GPU = 5
+"""Untimed steps before a GPU's timed ones: the allocator's pool, cuBLAS/cuDNN's choices and the
+fused optimizer's state settle in the first steps (the training run's window starts at step 10)."""
 
 
 def timed_step(model: nn.Module, opt: Any, task: Any, x: Any, y: Any, cast: Callable, after: Callable[[], None] | None = None,
-               sync: Callable[[], None] = lambda: None, compute_end: bool = False) -> Runner:
+               gpu: bool = False, compute_end: bool = False) -> Runner:
     """A runner of one training step of ``model`` on (x, y): each call returns its forward, backward and
     optimizer-step (with ``after``) seconds. ``measure`` and the machinery runners (plan/machinery_kinds.py)
-    time their steps this one way; ``sync`` waits for a GPU's queued work before each clock reading.
-    ``compute_end``: backward ends when the graph's last node has run (an autograd engine callback,
-    queued as backward starts, runs before DDP's), not after DDP's wait for its last all-reduce,
-    which the link model prices and no phase holds."""
+    time their steps this one way. ``gpu``: each phase timed on the GPU's own clock (CUDA events, as
+    the training breakdown times a GPU step) with no wait between phases, so the host queues a phase's
+    kernels while the GPU still runs the one before, as in training; one wait, at the step's end.
+    (Waiting for the GPU before every clock reading left it idle while the host queued each phase:
+    an H100 timed the GPT-124M step +12% and its checkpointed step +29% over the training run's.)
+    ``compute_end`` (CPU): backward ends when the graph's last node has run (an autograd engine
+    callback, queued as backward starts, runs before DDP's), not after DDP's wait for its last
+    all-reduce, which the link model prices and no phase holds."""
     engine = torch.autograd.Variable._execution_engine
+    if gpu:
+        def on_gpu() -> tuple[float, float, float]:
+            ev = [torch.cuda.Event(enable_timing=True) for _ in range(4)]
+            ev[0].record()
+            with cast():
+                loss = task.loss_fn(model(x), y)
+            ev[1].record()
+            loss.backward()
+            ev[2].record()
+            opt.step()
+            if after is not None:
+                after()
+            opt.zero_grad(set_to_none=True)
+            ev[3].record()
+            ev[3].synchronize()
+            f_ms, b_ms, o_ms = (a.elapsed_time(b) for a, b in zip(ev, ev[1:]))
+            return f_ms / 1e3, b_ms / 1e3, o_ms / 1e3
+        return on_gpu
 
     def run() -> tuple[float, float, float]:
-        sync()
         t0 = time.perf_counter()
         with cast():
             loss = task.loss_fn(model(x), y)
-        sync()
         t1 = time.perf_counter()
         ended: list[float] = []
         if compute_end:
             loss.register_hook(lambda g: engine.queue_callback(lambda: ended.append(time.perf_counter())) or g)
         loss.backward()
-        sync()
         t2 = time.perf_counter()
         opt.step()
         if after is not None:
             after()
         opt.zero_grad(set_to_none=True)
-        sync()
         return t1 - t0, (ended[0] if ended else t2) - t1, time.perf_counter() - t2
     return run
 
@@ -230,14 +251,14 @@ def measure(task: Any, x: Any, y: Any, *, optimizer: str, lr: float, autocast_dt
             threads: int, repeats: int = 15, budget_s: float = 5.0, device: str = "cpu",
             checkpointed: bool = False) -> Timing:
     """Median forward, backward and optimizer-step times of up to ``repeats`` steps (at least 5;
-    fewer once ``budget_s`` is spent) after two warm-up steps, on CPU with ``threads`` torch
-    threads (a process's share of the cores in the run). Many short steps spread over seconds:
-    on a shared machine the median then sees the load the runs will see, not one moment's.
-    ``device="cuda"``: on this machine's GPU as `dtrain train --device cuda` runs it (the model and
-    batch there, CUDA autocast, the fused optimizer; each phase timed to the GPU's end), no data
-    time (a GPU run's loader works ahead of the step). ``checkpointed``: the task's blocks
-    recomputed in backward as `dtrain train --activation-checkpointing` does (a task without blocks
-    is timed as it is)."""
+    fewer once ``budget_s`` is spent) after two warm-up steps (``WARMUP_GPU`` on a GPU), on CPU
+    with ``threads`` torch threads (a process's share of the cores in the run). Many short steps
+    spread over seconds: on a shared machine the median then sees the load the runs will see, not
+    one moment's. ``device="cuda"``: on this machine's GPU as `dtrain train --device cuda` runs it
+    (the model and batch there, CUDA autocast, the fused optimizer; each phase on the GPU's clock,
+    ``timed_step(gpu=True)``), no data time (a GPU run's loader works ahead of the step).
+    ``checkpointed``: the task's blocks recomputed in backward as `dtrain train
+    --activation-checkpointing` does (a task without blocks is timed as it is)."""
     from ..parallel.transforms import apply_activation_checkpointing
     from ..tasks import make_optimizer
 
@@ -256,14 +277,15 @@ def measure(task: Any, x: Any, y: Any, *, optimizer: str, lr: float, autocast_dt
         opt = make_optimizer(optimizer, model.parameters(), lr, device=torch.device(device))
         kind = "cuda" if gpu else "cpu"
         cast = (lambda: torch.autocast(kind, dtype=autocast_dtype)) if autocast_dtype is not None else _null
-        run = timed_step(model, opt, task, x, y, cast, sync=torch.cuda.synchronize if gpu else (lambda: None))
+        run = timed_step(model, opt, task, x, y, cast, gpu=gpu)
         fwd, bwd, step = [], [], []
+        warm = WARMUP_GPU if gpu else 2
         start = time.perf_counter()
-        for i in range(repeats + 2):
-            if i >= 7 and time.perf_counter() - start > budget_s:
+        for i in range(repeats + warm):
+            if i >= warm + 5 and time.perf_counter() - start > budget_s:
                 break
             f_s, b_s, o_s = run()
-            if i >= 2:
+            if i >= warm:
                 fwd.append(f_s), bwd.append(b_s), step.append(o_s)
     finally:
         torch.set_num_threads(old)
@@ -314,7 +336,8 @@ def add_timing(prof: ModelProfile, task: Any, *, batch: int, optimizer: str | No
         t = measure(task, x, y, optimizer=optimizer or task.optimizer, lr=task.lr, autocast_dtype=dtype, threads=threads,
                     device="cuda", checkpointed=checkpointed)
         note = (f"forward/backward/optimizer timed on this GPU ({torch.cuda.get_device_name(0)}), batch {batch}, median of up "
-                "to 15 steps after 2 warm-up steps; no data time (the loader works ahead of the step)"
+                f"to 15 steps after {WARMUP_GPU} warm-up steps, each phase on the GPU's clock (CUDA events, no wait "
+                "between phases); no data time (the loader works ahead of the step)"
                 + ("; with the blocks checkpointed (their recomputation in the backward timed)" if t.checkpointed else ""))
         return replace(prof, timing=t, notes=(*prof.notes, note))
     if machinery is not None:
