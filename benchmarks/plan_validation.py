@@ -47,7 +47,9 @@ from plan_validation_table import print_table  # noqa: E402
 from dtrain.testing.netbed import NetBed  # noqa: E402
 
 LM = ["layers=2", "width=64", "heads=2", "context=64", "max_bytes=200000", "tie=false"]
-MLP = ["hidden=512", "samples=4096"]
+MLP = ["hidden=512", "samples=8192"]
+"""8192 samples: 64 steps an epoch at batch 64 on 2 ranks, so a run reaches ``--steps`` (runs 1-17 had 4096:
+one epoch of 32 steps ended the run there, and local SGD averaged once in its 22-step window, not once in 16)."""
 # name: (hosts, rate Mbit/s, task, task args, batch, [(layout, comm)])
 GROUPS = {
     "lm-1g": (2, 1000, "lm", LM, 16, [("ddp", "none"), ("ddp", "bf16"), ("zero1", "none"), ("fsdp", "none"), ("pp=2", "none"), ("tp=2", "none")]),
@@ -128,6 +130,9 @@ def train(bed: NetBed, group: tuple, layout: str, comm: str, steps: int, port: i
             records = [json.loads(line) for line in fh if line.strip()]
     result = json.loads(next(line for line in reversed(outs[0].output.splitlines()) if line.startswith("{")))
     first, last = records[0], records[-1]
+    if result["steps"] != steps:  # an epoch ended it: the window would hold another share of periodic work
+        raise RuntimeError(f"{layout} {comm}: the run stopped after {result['steps']} steps, not --steps {steps}; "
+                           "give the task more samples")
     state = [_state_mib(line) for o in outs for line in o.output.splitlines() if "memory after the first step" in line]
     return {"window_ms": (last["wall_s"] - first["wall_s"]) / (last["step"] - first["step"]) * 1e3,
             "median_ms": statistics.mean(b["median_ms"]["step"] for b in result["breakdown"]),
