@@ -24,6 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import procfs
+
 MIB = 2**20
 
 
@@ -238,21 +240,6 @@ def corun_body(spec: dict[str, Any]) -> dict[str, float | None]:
     return {"alone": alone, "together": together}
 
 
-def _status(key: str) -> float:
-    with open("/proc/self/status") as fh:
-        return next(float(line.split()[1]) * 1024 for line in fh if line.startswith(key + ":"))
-
-
-def _reset_peak() -> bool:
-    """Set VmHWM to the current RSS (Linux >= 4.0: ``5`` to ``/proc/self/clear_refs``)."""
-    try:
-        with open("/proc/self/clear_refs", "w") as fh:
-            fh.write("5")
-        return True
-    except OSError:
-        return False
-
-
 def body(spec: dict[str, Any]) -> dict[str, Any]:
     """The profile, in a fresh process of a world of one (or two, ``measure(paired=True)``).
     Collective: every rank runs the same kinds in the same order, rank 0 decides the rounds."""
@@ -269,18 +256,18 @@ def body(spec: dict[str, Any]) -> dict[str, Any]:
     task = load_task(name, data_dir=data_dir, options=options)
     x, y = sample_batch(task, spec["batch"])
     count(task.build_model, x, y, task.loss_fn, blocks=task.blocks, autocast_dtype=None)  # as a worker counts its FLOPs
-    rss = {"baseline": _status("VmRSS")}
+    rss = {"baseline": procfs.status("VmRSS")}
     if "pp" in spec["kinds"]:
         import torch.distributed.pipelining  # noqa: F401 - what a pipeline's worker imports besides
 
-        rss["pipelining"] = max(0.0, _status("VmRSS") - rss["baseline"])
+        rss["pipelining"] = max(0.0, procfs.status("VmRSS") - rss["baseline"])
     runners = _runners(task, x, y, spec)
-    peak_known = _reset_peak()
-    before = _status("VmRSS")
+    peak_known = procfs.reset_peak()
+    before = procfs.status("VmRSS")
     for _ in range(2):
         runners["plain"]()
     if peak_known:
-        rss["plain_peak"] = max(0.0, _status("VmHWM") - before)
+        rss["plain_peak"] = max(0.0, procfs.status("VmHWM") - before)
     steps, rounds, (other, by_group) = _rounds(runners, spec["budget_s"])
     average = _average_s(task, runners) if any(k.startswith("ddp:localsgd") for k in spec["kinds"]) else None
     loopback = None
@@ -291,53 +278,6 @@ def body(spec: dict[str, Any]) -> dict[str, Any]:
     dist.destroy_process_group()
     return {"steps": steps, "rounds": rounds, "average_s": average, "rss": rss, "other_load": other, "by_session": by_group,
             "loopback": loopback}
-
-
-def _autogroups_on() -> bool:
-    try:
-        with open("/proc/sys/kernel/sched_autogroup_enabled") as fh:
-            return fh.read().strip() == "1"
-    except OSError:
-        return False
-
-
-def _runnable_others(by_group: bool) -> float | None:
-    """What else wants the cores now: the other sessions (autogroups) with a runnable thread,
-    where Linux shares the CPU between sessions first (``kernel.sched_autogroup_enabled``), else
-    the runnable threads besides this one. None where /proc cannot tell."""
-    import os
-
-    mine = _group(os.getpid()) if by_group else None
-    groups, threads = set(), 0
-    try:
-        pids = [p for p in os.listdir("/proc") if p.isdigit()]
-    except OSError:
-        return None
-    for pid in pids:
-        try:
-            tids = os.listdir(f"/proc/{pid}/task")
-        except OSError:
-            continue
-        running = 0
-        for tid in tids:
-            try:
-                with open(f"/proc/{pid}/task/{tid}/stat") as fh:
-                    running += fh.read().rpartition(")")[2].split()[0] == "R"
-            except (OSError, IndexError):
-                continue
-        if running and int(pid) != os.getpid():
-            threads += running
-            if by_group and (g := _group(int(pid))) is not None and g != mine:
-                groups.add(g)
-    return float(len(groups)) if by_group else float(threads)
-
-
-def _group(pid: int) -> str | None:
-    try:
-        with open(f"/proc/{pid}/autogroup") as fh:
-            return fh.read().split()[0]
-    except (OSError, IndexError):
-        return None
 
 
 MAX_ROUNDS = 60
@@ -356,12 +296,12 @@ def _rounds(runners: dict[str, Callable[[], tuple[float, float, float]]], budget
         for run in runners.values():
             run()
     times: dict[str, list[tuple[float, float, float]]] = {k: [] for k in runners}
-    order, others, by_group = list(runners), [], _autogroups_on()
+    order, others, by_group = list(runners), [], procfs.autogroups_on()
     start, rounds = time.perf_counter(), 0
     while _agree(rounds < MAX_ROUNDS and (rounds < 3 or time.perf_counter() - start < budget_s)):
         for k in order[rounds % len(order):] + order[:rounds % len(order)]:  # each kind first in turn
             times[k].append(runners[k]())
-        others.append(_runnable_others(by_group))  # once a round: reading every thread's state takes a while
+        others.append(procfs.runnable_others(by_group))  # once a round: reading every thread's state takes a while
         rounds += 1
     seen = [o for o in others if o is not None]
     other = statistics.mean(seen) if seen else 0.0
