@@ -38,6 +38,17 @@ def _popen_refuser(seen: list[str]):
     return refuse
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _font_cache():
+    """matplotlib lists the machine's fonts with ``fc-list`` (a child process) the first time it is
+    imported on a machine, then caches them: done once here, before any test's guard, so that
+    `dtrain report`'s tests stay in this tier on a fresh machine too."""
+    try:
+        import matplotlib.font_manager  # noqa: F401
+    except ImportError:
+        pass
+
+
 @pytest.fixture(autouse=True)
 def _logic_tier(monkeypatch):
     seen: list[str] = []
