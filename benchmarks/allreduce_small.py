@@ -2,8 +2,8 @@
 all-reduce latency is fitted from the 64-byte time, which moved 0.9-3.7 ms between bed runs).
 
 On 2 bed hosts (one process each), the slowest rank's time of: a 64-byte all-reduce, a 64-byte
-broadcast and a 256 KiB all-reduce, each ``after_barrier`` (the links probe's way: median of 15; ``after_barrier_min``/``_max``: the fastest and
-slowest of those 15), ``back_to_back`` (30 in a row, mean) and ``after_sleep5ms`` (a barrier, 5 ms idle,
+broadcast and a 256 KiB all-reduce, each ``after_barrier`` (the links probe's way: median of 15; ``_b``: the same again; ``after_barrier_mean``, ``_mean_b``: the
+mean of 15, twice; ``after_barrier_min``/``_max``: the fastest and slowest of 15), ``back_to_back`` (30 in a row, mean) and ``after_sleep5ms`` (a barrier, 5 ms idle,
 then the op; median). ``--sessions K``: K fresh worlds (and beds) per link, one row each: whether a
 world keeps the speed it starts with.
 
@@ -25,7 +25,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bed_pair import on_bed  # noqa: E402
 
-HOW = ("after_barrier", "after_barrier_min", "after_barrier_max", "back_to_back", "after_sleep5ms")
+HOW = ("after_barrier", "after_barrier_b", "after_barrier_mean", "after_barrier_mean_b", "after_barrier_min", "after_barrier_max",
+       "back_to_back", "after_sleep5ms")
 
 
 def worker(rank: int, master: str, port: int) -> None:
@@ -59,6 +60,8 @@ def worker(rank: int, master: str, port: int) -> None:
         return (time.perf_counter() - t0) / reps
 
     ways = {"after_barrier": after_barrier, "after_barrier_min": lambda op: min(timed(op)), "after_barrier_max": lambda op: max(timed(op)),
+            "after_barrier_mean": lambda op: statistics.mean(timed(op)), "after_barrier_mean_b": lambda op: statistics.mean(timed(op)),
+            "after_barrier_b": after_barrier,
             "back_to_back": back_to_back, "after_sleep5ms": lambda op: after_barrier(op, idle=0.005)}
     out = {}
     for name, op in (("all_reduce 64 B", lambda: dist.all_reduce(small)), ("broadcast 64 B", lambda: dist.broadcast(small, 0)),
