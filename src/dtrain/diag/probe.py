@@ -92,6 +92,15 @@ all-reduces ~0.1 s), and the median of 15 moved 0.64 -> 3.67 ms between two prob
 bed link (its calls take one of two modes), while the training runs' own all-reduces did not."""
 
 
+def _sized_time(op: Callable[[], object], device: torch.device, size: int, reps: int) -> float:
+    """``_call_time`` of an op of ``size`` bytes: a small one (``SMALL_REPS``) at least that many
+    times and its expected time, a larger one ``reps`` times and its median."""
+    small, at_least = SMALL_REPS
+    if size <= small:
+        return _call_time(op, device, max(reps, at_least), expected=True)
+    return _call_time(op, device, reps)
+
+
 def time_collectives(device: torch.device, sizes: tuple[int, ...] = LINK_SIZES, reps: int = 3) -> dict[str, dict[int, float]]:
     """Collective: every rank of the default group (at least 2). Median seconds of each of
     ``KINDS`` at each size after a barrier (``reps`` times; small sizes at least ``SMALL_REPS``
@@ -101,10 +110,7 @@ def time_collectives(device: torch.device, sizes: tuple[int, ...] = LINK_SIZES, 
     way). The same values on every rank."""
     n, rank = dist.get_world_size(), dist.get_rank()
     plan = [(kind, size) for kind in KINDS for size in sizes]
-    small, at_least = SMALL_REPS
-    mine = torch.tensor([_call_time(_ops(kind, size, n, rank, device), device, max(reps, at_least) if size <= small else reps,
-                                    expected=size <= small)
-                         for kind, size in plan],
+    mine = torch.tensor([_sized_time(_ops(kind, size, n, rank, device), device, size, reps) for kind, size in plan],
                         dtype=torch.float64, device=device)
     dist.all_reduce(mine, op=dist.ReduceOp.MAX)
     out: dict[str, dict[int, float]] = {kind: {} for kind in KINDS}
@@ -128,14 +134,12 @@ CROSSED_LAG = 0.25
 
 def time_crossed(device: torch.device, one_way: dict[int, float], reps: int) -> dict[int, float]:
     """Collective: every rank of the default group. ``CROSSED`` at each of ``CROSSED_SIZES``, the
-    slowest rank's median; ``one_way``: ``send_recv``'s seconds by size, which set the lag."""
+    slowest rank's ``_sized_time``; ``one_way``: ``send_recv``'s seconds by size, which set the lag."""
     rank = dist.get_rank()
-    small, at_least = SMALL_REPS
     out = {}
     for size in CROSSED_SIZES:
         lag = CROSSED_LAG * one_way_at(one_way, size)
-        got = _call_time(_crossed(size, rank, lag, device), device, max(reps, at_least) if size <= small else reps,
-                         expected=size <= small)
+        got = _sized_time(_crossed(size, rank, lag, device), device, size, reps)
         mine = torch.tensor([got], dtype=torch.float64, device=device)
         dist.all_reduce(mine, op=dist.ReduceOp.MAX)
         out[size] = mine.item()

@@ -197,6 +197,37 @@ WARMUP_GPU = 5
 fused optimizer's state settle in the first steps (the training run's window starts at step 10)."""
 
 
+class _CpuClock:
+    """The host's clock: a mark is a reading, nothing to wait for."""
+    mark = staticmethod(time.perf_counter)
+
+    @staticmethod
+    def wait(_mark: float) -> None:
+        pass
+
+    @staticmethod
+    def between(a: float, b: float) -> float:
+        return b - a
+
+
+class _GpuClock:
+    """The GPU's clock: a mark is a CUDA event recorded in the stream's order, read once the last
+    has run (``wait``)."""
+    @staticmethod
+    def mark() -> Any:
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        return ev
+
+    @staticmethod
+    def wait(mark: Any) -> None:
+        mark.synchronize()
+
+    @staticmethod
+    def between(a: Any, b: Any) -> float:
+        return a.elapsed_time(b) / 1e3
+
+
 def timed_step(model: nn.Module, opt: Any, task: Any, x: Any, y: Any, cast: Callable, after: Callable[[], None] | None = None,
                gpu: bool = False, compute_end: bool = False) -> Runner:
     """A runner of one training step of ``model`` on (x, y): each call returns its forward, backward and
@@ -206,44 +237,29 @@ def timed_step(model: nn.Module, opt: Any, task: Any, x: Any, y: Any, cast: Call
     kernels while the GPU still runs the one before, as in training; one wait, at the step's end.
     (Waiting for the GPU before every clock reading left it idle while the host queued each phase:
     an H100 timed the GPT-124M step +12% and its checkpointed step +29% over the training run's.)
-    ``compute_end`` (CPU): backward ends when the graph's last node has run (an autograd engine
+    ``compute_end``: backward ends when the graph's last node has run (an autograd engine
     callback, queued as backward starts, runs before DDP's), not after DDP's wait for its last
     all-reduce, which the link model prices and no phase holds."""
     engine = torch.autograd.Variable._execution_engine
-    if gpu:
-        def on_gpu() -> tuple[float, float, float]:
-            ev = [torch.cuda.Event(enable_timing=True) for _ in range(4)]
-            ev[0].record()
-            with cast():
-                loss = task.loss_fn(model(x), y)
-            ev[1].record()
-            loss.backward()
-            ev[2].record()
-            opt.step()
-            if after is not None:
-                after()
-            opt.zero_grad(set_to_none=True)
-            ev[3].record()
-            ev[3].synchronize()
-            f_ms, b_ms, o_ms = (a.elapsed_time(b) for a, b in zip(ev, ev[1:]))
-            return f_ms / 1e3, b_ms / 1e3, o_ms / 1e3
-        return on_gpu
+    clock = _GpuClock() if gpu else _CpuClock()
 
     def run() -> tuple[float, float, float]:
-        t0 = time.perf_counter()
+        t0 = clock.mark()
         with cast():
             loss = task.loss_fn(model(x), y)
-        t1 = time.perf_counter()
-        ended: list[float] = []
+        t1 = clock.mark()
+        ended: list[Any] = []
         if compute_end:
-            loss.register_hook(lambda g: engine.queue_callback(lambda: ended.append(time.perf_counter())) or g)
+            loss.register_hook(lambda g: engine.queue_callback(lambda: ended.append(clock.mark())) or g)
         loss.backward()
-        t2 = time.perf_counter()
+        t2 = clock.mark()
         opt.step()
         if after is not None:
             after()
         opt.zero_grad(set_to_none=True)
-        return t1 - t0, (ended[0] if ended else t2) - t1, time.perf_counter() - t2
+        t3 = clock.mark()
+        clock.wait(t3)
+        return clock.between(t0, t1), clock.between(t1, ended[0] if ended else t2), clock.between(t2, t3)
     return run
 
 
