@@ -215,17 +215,25 @@ def _probe_body(sizes: list[int], reps: int, device: str | None = None, links: b
 
 def _probe_nodes(cfg: DoctorConfig, store: dist.Store) -> tuple[dict[int, float], dict | None]:
     """Collective: every node's doctor. The probe between the nodes, one process each, over the
-    doctor's rendezvous store (the same transport a job's ranks use between nodes)."""
+    doctor's rendezvous store (the same transport a job's ranks use between nodes), its sockets on
+    the interface that routes to the master as a job's are (``netif.socket_env``: on hosts whose
+    name resolves to loopback gloo would otherwise announce 127.0.0.1 to the other nodes)."""
     cuda = torch.cuda.is_available()
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if cuda else "gloo", store=dist.PrefixStore("doctor/probe", store), rank=cfg.node_rank,
-                            world_size=cfg.nnodes, timeout=datetime.timedelta(seconds=cfg.timeout_s))
+    chosen = netif.socket_env(cfg.master_addr, os.environ) if cfg.master_addr else {}
+    os.environ.update(chosen)
     try:
-        return time_all_reduce(device, _SIZES, 10), (time_collectives(device) if cfg.links_out else None)
+        dist.init_process_group("nccl" if cuda else "gloo", store=dist.PrefixStore("doctor/probe", store), rank=cfg.node_rank,
+                                world_size=cfg.nnodes, timeout=datetime.timedelta(seconds=cfg.timeout_s))
+        try:
+            return time_all_reduce(device, _SIZES, 10), (time_collectives(device) if cfg.links_out else None)
+        finally:
+            destroy_process_group()
     finally:
-        destroy_process_group()
+        for name in chosen:
+            os.environ.pop(name, None)
 
 
 def _write_links(cfg: DoctorConfig, seconds: dict, ranks: int, backend: str) -> str:

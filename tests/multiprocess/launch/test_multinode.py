@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 import tempfile
@@ -97,6 +98,34 @@ def test_elastic_job_on_hosts_whose_name_is_loopback_trains_and_listens_on_bed_a
     assert seen, "no listening socket was seen while the job ran"
     wide = sorted(a for a in seen if a.rsplit(":", 1)[0] in ("0.0.0.0", "*", "[::]"))
     assert not wide, f"listening on every interface: {wide} (all: {sorted(seen)})"
+
+
+@needs_bed
+@pytest.mark.timeout(120)
+def test_the_doctor_probes_between_hosts_whose_name_is_loopback():
+    """The doctor's all-reduce between the nodes (and `--links-out`) on hosts sharing one name that
+    resolves to 127.0.0.1: its sockets on the interface that routes to the master, as a job's are
+    (before, gloo announced 127.0.0.1: node 0 failed to connect and node 1 hung)."""
+    port = 29714
+    with netbed.NetBed(hosts=2, shared_name="vm") as bed, tempfile.TemporaryDirectory() as tmp:
+        links = os.path.join(tmp, "links.json")
+
+        def doctor(rank: int) -> subprocess.Popen:
+            return bed.popen(rank, [sys.executable, "-m", "dtrain", "doctor", "--nnodes", "2", "--node-rank", str(rank),
+                                    "--master-addr", bed.addresses[0], "--master-port", str(port), "--timeout", "30",
+                                    "--links-out", links], env=_env())
+        node0 = doctor(0)
+        try:
+            deadline = time.monotonic() + 60
+            while not any(a.endswith(f":{port}") for a in _listeners(bed.namespaces[0])) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            node1 = doctor(1)
+            outs = [node1.communicate(timeout=100)[0], node0.communicate(timeout=100)[0]]
+        finally:
+            node0.kill()
+        assert os.path.exists(links)
+    for out in outs:
+        assert "FAIL" not in out and re.search(r"^PASS\s+all-reduce\s+2 nodes \(gloo\): latency", out, re.M), out[-3000:]
 
 
 @needs_bed
