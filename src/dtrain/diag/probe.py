@@ -117,7 +117,40 @@ def time_collectives(device: torch.device, sizes: tuple[int, ...] = LINK_SIZES, 
     for (kind, size), seconds in zip(plan, mine.tolist()):
         out[kind][size] = seconds / 2 if kind == "send_recv" else seconds
     out[CROSSED] = time_crossed(device, out["send_recv"], reps)
+    out[IDLE] = time_after_idle(device, out["send_recv"], reps)
     return out
+
+
+IDLE = "send_recv_after_idle"
+"""A send between ranks 0 and 1 (half a round trip, as ``send_recv``) after the link sat idle for
+as long as one send of that size takes: what a step's first transfer after its compute costs. A
+rate-shaping link (a token bucket: the test bed's ``tbf``, a cloud NIC's limiter) lets a burst
+through at once after idle time: on the bed at 20 Mbit/s a 16 KiB all-reduce took 7.0 ms right
+after a barrier and 3.6 ms (its latency) after 20 ms idle (benchmarks/allreduce_sizes.py)."""
+IDLE_SIZE = 64 << 10
+"""The size sent after idle: above the bed's bursts (16-25 KiB at 20-100 Mbit/s), within a socket's buffer."""
+IDLE_REPS = 9
+
+
+def time_after_idle(device: torch.device, one_way: dict[int, float], reps: int) -> dict[int, float]:
+    """Collective: every rank of the default group. ``IDLE`` at ``IDLE_SIZE``: the median of
+    ``IDLE_REPS`` (at least ``reps``) round trips, each after a barrier and a pause of one send's
+    time (``one_way``: ``send_recv``'s seconds by size), halved; the slowest rank's."""
+    pause = min(0.2, one_way_at(one_way, IDLE_SIZE))
+    op = _ops("send_recv", IDLE_SIZE, dist.get_world_size(), dist.get_rank(), device)
+    op()
+    times = []
+    for _ in range(max(reps, IDLE_REPS)):
+        dist.barrier()
+        time.sleep(pause)
+        t0 = time.perf_counter()
+        op()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times.append(time.perf_counter() - t0)
+    mine = torch.tensor([statistics.median(times) / 2], dtype=torch.float64, device=device)
+    dist.all_reduce(mine, op=dist.ReduceOp.MAX)
+    return {IDLE_SIZE: mine.item()}
 
 
 CROSSED = "send_recv_crossed"

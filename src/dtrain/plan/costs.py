@@ -95,6 +95,26 @@ def allreduce(nbytes: float, group: Group, c: Cluster) -> float:
     return intra + inter
 
 
+def allreduce_after_idle(nbytes: float, group: Group, c: Cluster) -> float:
+    """Seconds for an all-reduce of ``nbytes`` on ``group`` issued after the link sat idle (a
+    step's compute): each rank's first ``burst`` bytes (``links.Links.burst``, measured on the
+    link it crosses) go at once, the rest at the link's rate; the latency is paid in full."""
+    burst = burst_bytes(group, c)
+    if burst <= 0:
+        return allreduce(nbytes, group, c)
+    _, volume = shape("all_reduce", c.backend)
+    n = group.nodes if group.nodes > 1 else group.per_node
+    return allreduce(max(4.0, nbytes - burst / volume(n)), group, c)
+
+
+def burst_bytes(group: Group, c: Cluster) -> float:
+    """What the link ``group`` crosses lets through at once after idle time; 0 where not measured."""
+    if group.size <= 1:
+        return 0.0
+    measured = c.links.get("inter" if group.nodes > 1 else "intra")
+    return measured.burst() if measured is not None else 0.0
+
+
 def gather(nbytes: float, group: Group, c: Cluster, *, reduce: bool = False) -> float:
     """Seconds for an all-gather (``reduce``: a reduce-scatter) whose full result is ``nbytes``."""
     if group.size <= 1 or nbytes <= 0:

@@ -111,6 +111,22 @@ class Links:
                 return f0 + (f1 - f0) * (x - x0) / (x1 - x0)
         return pts[-1][1]
 
+    def burst(self) -> float:
+        """Bytes a sender puts through at once after the link sat idle (``diag.probe.IDLE``): what a
+        send of the probe's size saved after an idle pause against one right after a barrier
+        (``send_recv`` read at that size), as bytes at the rate it then moved; within 0 and the
+        size sent. 0 where not measured (or where the send is latency-bound either way)."""
+        from ..diag.probe import IDLE, one_way_at
+
+        one, got = self.seconds.get("send_recv"), self.seconds.get(IDLE)
+        if not one or not got:
+            return 0.0
+        size, idle = next(iter(got.items()))
+        lat, busy = min(one.items())[1], one_way_at(one, size)
+        if busy - lat <= 0:
+            return 0.0
+        return min(float(size), max(0.0, size * (busy - idle) / (busy - lat)))
+
     def describe(self) -> dict[str, Any]:
         from ..diag.probe import CROSSED
 
@@ -118,7 +134,8 @@ class Links:
                 "figures": {k: {"latency_us": round(f.lat * 1e6, 1), "gbit_per_s": round(f.bw * 8 / 1e9, 4),
                                 "gbit_per_s_by_size": {str(int(b)): round(r * 8 / 1e9, 4) for b, r in f.by_size}}
                             for k, f in self.figures.items()},
-                "crossing": {str(b): round(self.crossing(b), 3) for b in sorted(self.seconds.get(CROSSED, {}))}}
+                "crossing": {str(b): round(self.crossing(b), 3) for b in sorted(self.seconds.get(CROSSED, {}))},
+                "burst_bytes": round(self.burst())}
 
     def as_record(self) -> dict[str, Any]:
         """What ``dtrain doctor --links-out`` writes and ``from_record`` reads."""

@@ -92,14 +92,16 @@ def comm_cost(prof: ModelProfile, c: Cluster, layout: Layout, s, bwd_window: flo
         sent = powersgd_elements(prof, r) * 4 / layout.dims.tp
         tiny = costs.allreduce(4, group, c)  # the latency of the two extra all-reduces (P, then Q)
         flops = sum(4 * m * n * r for m, n in prof.matrices if m * n >= 2 * r * (m + n)) / layout.dims.tp
-        wire = costs.allreduce(sent, group, c) + 2 * tiny
+        # its three all-reduces follow backward's compute, the link idle since the last step's:
+        # the first ``burst`` bytes go at once where the link lets a burst through (costs.allreduce_after_idle)
+        wire = costs.allreduce_after_idle(sent, group, c) + 2 * tiny
         # one bucket (dtrain's powersgd needs every gradient in one), so nothing overlaps backward;
         # its compression compute is the profile's where measured (in backward then), else FLOPs / rate
         compute = 0.0 if prof.machinery is not None else flops / rate
         return wire, wire + compute, f"powersgd:{r}: {sent / max(1.0, nbytes):.3f} of the gradient bytes"
     if kind == "localsgd":
         period = int(arg or 16)
-        wire = costs.allreduce(nbytes, group, c) / period
+        wire = costs.allreduce_after_idle(nbytes, group, c) / period  # after H steps of compute
         m = prof.machinery
         average = (m.average_s or 0.0) * slow / period if m is not None else 0.0
         return wire, wire + average, f"localsgd:{period}: parameters averaged every {period} steps (amortised)"

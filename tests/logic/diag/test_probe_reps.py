@@ -20,7 +20,9 @@ def test_small_sizes_are_timed_at_least_small_reps_times(monkeypatch):
     monkeypatch.setattr(probe.dist, "get_world_size", lambda: 2)
     monkeypatch.setattr(probe.dist, "get_rank", lambda: 0)
     monkeypatch.setattr(probe.dist, "all_reduce", lambda t, op=None: None)
+    monkeypatch.setattr(probe, "time_after_idle", lambda device, one_way, reps: {probe.IDLE_SIZE: one_way[64]})
     out = probe.time_collectives(torch.device("cpu"), sizes=(64, 64 << 10, 1 << 20), reps=3)
+    assert out[probe.IDLE] == {probe.IDLE_SIZE: out["send_recv"][64]}
     reps = {size: (r, e) for (kind, size, _), r, e in asked if kind != probe.CROSSED}
     assert reps == {64: (probe.SMALL_REPS[1], True), 64 << 10: (probe.SMALL_REPS[1], True), 1 << 20: (3, False)}
     assert out["send_recv"][64] == pytest.approx((1e-3 + 64 / 1e8) / 2)  # half a round trip
@@ -47,3 +49,26 @@ def test_a_small_collectives_time_is_what_a_call_costs_on_average():
     assert probe.expected_time(fast[:6] + slow) == pytest.approx((6 * 0.5e-3 + 7 * 3.5e-3) / 13)  # the median: 3.5 ms
     forty = [0.5e-3] * 21 + [3.5e-3] * 18 + [0.2]  # one 200 ms stall in 40 calls: 2 cut from each end
     assert probe.expected_time(forty) == pytest.approx((19 * 0.5e-3 + 17 * 3.5e-3) / 36)
+
+
+def test_a_send_after_idle_waits_one_sends_time_before_each_round_trip(monkeypatch):
+    """The send after idle (what a step's first transfer after its compute costs): each round trip
+    after a barrier and a pause as long as one send of that size takes; half the median kept."""
+    events, clock = [], [0.0]
+    monkeypatch.setattr(probe.dist, "get_world_size", lambda: 2)
+    monkeypatch.setattr(probe.dist, "get_rank", lambda: 0)
+    monkeypatch.setattr(probe.dist, "all_reduce", lambda t, op=None: None)
+    monkeypatch.setattr(probe.dist, "barrier", lambda: events.append("barrier"))
+    trips = iter([0.02] + [0.01, 0.03, 0.012, 0.011, 0.5, 0.013, 0.01, 0.014, 0.012])  # warm-up, then 9 (one stall)
+
+    def op():
+        events.append("send")
+        clock[0] += next(trips)
+    monkeypatch.setattr(probe, "_ops", lambda kind, size, n, rank, device: op if (kind, size) == ("send_recv", probe.IDLE_SIZE) else None)
+    monkeypatch.setattr(probe.time, "sleep", lambda s: events.append(("sleep", s)))
+    monkeypatch.setattr(probe.time, "perf_counter", lambda: clock[0])
+    one_way = {64: 1e-4, 1 << 20: 0.4}
+    out = probe.time_after_idle(torch.device("cpu"), one_way, reps=3)
+    assert out == {probe.IDLE_SIZE: pytest.approx(0.012 / 2)}
+    pause = probe.one_way_at(one_way, probe.IDLE_SIZE)
+    assert events == ["send"] + ["barrier", ("sleep", pause), "send"] * probe.IDLE_REPS

@@ -427,3 +427,53 @@ def test_a_paired_ddp_step_times_backward_to_the_graphs_end_not_the_wait_after_i
     whole = timed_step(net, opt, task, x, y, lambda: torch.autocast("cpu", enabled=False))()
     to_end = timed_step(net, opt, task, x, y, lambda: torch.autocast("cpu", enabled=False), compute_end=True)()
     assert whole[1] >= 0.05 and to_end[1] < 0.05 and to_end[2] < 0.05
+
+
+def _bursting_link(burst: float, rate: float = 2.5e6, lat: float = 4e-4) -> links.Links:
+    """A 20 Mbit/s link (every collective at ``lat`` per step) whose shaper lets ``burst`` bytes
+    through at once after idle time: the probe's send after idle moves only the rest at the rate."""
+    from dtrain.diag.probe import IDLE, IDLE_SIZE
+
+    sizes = (64, 1 << 20, 4 << 20)
+    seconds = {kind: _times(kind, lat, rate, 2, sizes) for kind in links.SHAPES}
+    seconds[IDLE] = {IDLE_SIZE: lat + max(0.0, IDLE_SIZE - burst) / rate}
+    return links.from_measurement(seconds, ranks=2, between="nodes", backend="gloo")
+
+
+def test_a_links_burst_after_idle_is_read_off_the_send_after_an_idle_pause():
+    from dtrain.diag.probe import IDLE, IDLE_SIZE
+
+    lk = _bursting_link(16 << 10)
+    # send_recv read at 64 KiB (linear from 64 B to 1 MiB) against the send after idle
+    assert lk.burst() == pytest.approx(16 << 10, rel=0.01)
+    assert links.from_record(lk.as_record()).burst() == pytest.approx(lk.burst())
+    assert lk.describe()["burst_bytes"] == round(lk.burst())
+    assert _bursting_link(0).burst() == pytest.approx(0, abs=1e-6 * IDLE_SIZE)
+    # within 0 and the size sent: a send after idle slower than one after a barrier, or one that took its latency only
+    slow = links.from_measurement({**lk.seconds, IDLE: {IDLE_SIZE: 1.0}}, ranks=2, between="nodes", backend="gloo")
+    assert slow.burst() == 0.0
+    free = links.from_measurement({**lk.seconds, IDLE: {IDLE_SIZE: 1e-4}}, ranks=2, between="nodes", backend="gloo")
+    assert free.burst() == IDLE_SIZE
+    # not measured (a record from before the probe sent after idle): none
+    assert links.from_measurement({"send_recv": lk.seconds["send_recv"]}, ranks=2, between="nodes", backend="gloo").burst() == 0.0
+
+
+def test_powersgd_and_local_sgd_send_their_first_burst_of_bytes_at_once():
+    """Their all-reduces follow compute, the link idle: what a burst saves comes off their
+    communication (the latency stays); DDP's buckets, issued during backward, pay in full."""
+    c0, c16 = (replace(_cpu(), links={"inter": _bursting_link(b)}) for b in (0, 16 << 10))
+    g = costs.Group(2, 1)
+    for nbytes in (10_000, 30_000, 1 << 20):
+        saved = costs.allreduce(nbytes, g, c16) - costs.allreduce_after_idle(nbytes, g, c16)
+        assert saved == pytest.approx(min(nbytes - 4, 16 << 10) / 2.5e6, rel=0.02)
+        assert costs.allreduce_after_idle(nbytes, g, c0) == pytest.approx(costs.allreduce(nbytes, g, c0))
+    assert costs.allreduce_after_idle(10_000, g, c16) == pytest.approx(costs.allreduce(4, g, c16))  # latency only
+    assert costs.allreduce_after_idle(10_000, costs.Group(1, 2), c16) == costs.allreduce(10_000, costs.Group(1, 2), c16)
+    s = Settings(batch=8)
+    psgd, local, plain = (Layout("ddp", ParallelDims(dp_replicate=2), comm=k) for k in ("powersgd:2", "localsgd:8", "none"))
+    comm = {(k, b): predict(_prof(), c, lay, s).phases_s["exposed_comm"]
+            for k, lay in (("psgd", psgd), ("local", local), ("none", plain)) for b, c in ((0, c0), (16, c16))}
+    sent = (2 * 500 * 2 + 250_000 - 500 * 500) * 4  # P and Q of the 500 x 500 matrix, the rest whole
+    assert comm["psgd", 0] - comm["psgd", 16] == pytest.approx(min(sent - 4, 16 << 10) / 2.5e6, rel=0.02)
+    assert comm["local", 0] - comm["local", 16] == pytest.approx((16 << 10) / 2.5e6 / 8, rel=0.02)
+    assert comm["none", 0] == pytest.approx(comm["none", 16])
