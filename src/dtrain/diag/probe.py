@@ -33,13 +33,15 @@ def time_all_reduce(device: torch.device, sizes: list[int], reps: int) -> dict[i
     return out
 
 
-def _call_time(op: Callable[[], object], device: torch.device, reps: int, expected: bool = False) -> float:
-    """Seconds of one ``op`` after a barrier, ``reps`` times: their median, or with ``expected``
-    their ``expected_time``."""
+def _call_time(op: Callable[[], object], device: torch.device, reps: int, expected: bool = False, pause: float = 0.0) -> float:
+    """Seconds of one ``op`` after a barrier (and ``pause`` seconds idle), ``reps`` times: their
+    median, or with ``expected`` their ``expected_time``."""
     op()  # warm-up: connections, buffers
     times = []
     for _ in range(reps):
         dist.barrier()
+        if pause:
+            time.sleep(pause)
         t0 = time.perf_counter()
         op()
         if device.type == "cuda":
@@ -136,19 +138,9 @@ def time_after_idle(device: torch.device, one_way: dict[int, float], reps: int) 
     """Collective: every rank of the default group. ``IDLE`` at ``IDLE_SIZE``: the median of
     ``IDLE_REPS`` (at least ``reps``) round trips, each after a barrier and a pause of one send's
     time (``one_way``: ``send_recv``'s seconds by size), halved; the slowest rank's."""
-    pause = min(0.2, one_way_at(one_way, IDLE_SIZE))
     op = _ops("send_recv", IDLE_SIZE, dist.get_world_size(), dist.get_rank(), device)
-    op()
-    times = []
-    for _ in range(max(reps, IDLE_REPS)):
-        dist.barrier()
-        time.sleep(pause)
-        t0 = time.perf_counter()
-        op()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        times.append(time.perf_counter() - t0)
-    mine = torch.tensor([statistics.median(times) / 2], dtype=torch.float64, device=device)
+    got = _call_time(op, device, max(reps, IDLE_REPS), pause=min(0.2, one_way_at(one_way, IDLE_SIZE)))
+    mine = torch.tensor([got / 2], dtype=torch.float64, device=device)
     dist.all_reduce(mine, op=dist.ReduceOp.MAX)
     return {IDLE_SIZE: mine.item()}
 
