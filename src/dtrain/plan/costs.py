@@ -17,6 +17,7 @@ cluster's described bandwidth and latency.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from .cluster import Cluster
@@ -97,21 +98,34 @@ def allreduce(nbytes: float, group: Group, c: Cluster) -> float:
 
 def allreduce_after_idle(nbytes: float, group: Group, c: Cluster) -> float:
     """Seconds for an all-reduce of ``nbytes`` on ``group`` issued after the link sat idle (a
-    step's compute): each rank's first ``burst`` bytes (``links.Links.burst``, measured on the
-    link it crosses) go at once, the rest at the link's rate; the latency is paid in full."""
+    step's compute): ``allreduce`` less its ``idle_saving``."""
+    cost = lambda x: allreduce(x, group, c)  # noqa: E731
+    return cost(nbytes) - idle_saving(cost, "all_reduce", nbytes, group, c)
+
+
+def idle_saving(cost: Callable[[float], float], kind: str, nbytes: float, group: Group, c: Cluster) -> float:
+    """Seconds a collective ``kind`` of ``nbytes`` (``cost``: its seconds for a size) takes less when
+    it starts on a link that sat idle long enough: each rank's first ``burst_bytes`` go at once, the
+    rest at the link's rate; the latency is paid in full. After a shorter idle gap a token bucket
+    has refilled less: callers take ``min(gap, this)`` (``steps.pipelined``, ``fifo``)."""
     burst = burst_bytes(group, c)
-    if burst <= 0:
-        return allreduce(nbytes, group, c)
-    _, volume = shape("all_reduce", c.backend)
+    if burst <= 0 or nbytes <= 0 or group.size <= 1:
+        return 0.0
+    _, volume = shape(kind, c.backend)
     n = group.nodes if group.nodes > 1 else group.per_node
-    return allreduce(max(4.0, nbytes - burst / volume(n)), group, c)
+    return max(0.0, cost(nbytes) - cost(max(4.0, nbytes - burst / max(1e-9, volume(n)))))
+
+
+def crossed_link(group: Group, c: Cluster) -> Links | None:
+    """The measured link ``group``'s traffic crosses (between nodes where it spans them), or None."""
+    return c.links.get("inter" if group.nodes > 1 else "intra")
 
 
 def burst_bytes(group: Group, c: Cluster) -> float:
     """What the link ``group`` crosses lets through at once after idle time; 0 where not measured."""
     if group.size <= 1:
         return 0.0
-    measured = c.links.get("inter" if group.nodes > 1 else "intra")
+    measured = crossed_link(group, c)
     return measured.burst() if measured is not None else 0.0
 
 
@@ -121,9 +135,7 @@ def gather(nbytes: float, group: Group, c: Cluster, *, reduce: bool = False) -> 
         return 0.0
     kind = "reduce_scatter" if reduce else "all_gather"
     crossing = group.nodes > 1
-    if reduce and c.backend == "gloo" and kind not in c.links.get("inter" if crossing else "intra", _NONE).figures:
-        # torch's gloo backend reduce-scatters by all-reducing: on the test bed (2 hosts, 20 Mbit/s)
-        # a 1 MiB reduce_scatter_tensor took 487-568 ms, its all_reduce 441-449 ms.
+    if reduce and gather_kind(group, c, reduce) == "all_reduce":
         return allreduce(nbytes, group, c)
     if not crossing:
         return _flat(kind, nbytes, group.per_node, c, False)
@@ -133,6 +145,17 @@ def gather(nbytes: float, group: Group, c: Cluster, *, reduce: bool = False) -> 
     # Between nodes each member moves 1/per_node of the data (the NICs in parallel); then each
     # gathers the rest from its node's members.
     return inter + _flat(kind, nbytes, group.per_node, c, False)
+
+
+def gather_kind(group: Group, c: Cluster, reduce: bool) -> str:
+    """The collective ``gather`` prices: torch's gloo backend reduce-scatters by all-reducing (on
+    the test bed, 2 hosts at 20 Mbit/s, a 1 MiB reduce_scatter_tensor took 487-568 ms, its
+    all_reduce 441-449 ms), so there a reduce-scatter is an all-reduce unless one was measured."""
+    if not reduce:
+        return "all_gather"
+    if c.backend == "gloo" and "reduce_scatter" not in (crossed_link(group, c) or _NONE).figures:
+        return "all_reduce"
+    return "reduce_scatter"
 
 
 def broadcast(nbytes: float, group: Group, c: Cluster, *, messages: int = 1) -> float:
@@ -156,14 +179,21 @@ def p2p(nbytes: float, group: Group, c: Cluster) -> float:
 def crossing(nbytes: float, group: Group, c: Cluster) -> float:
     """How much of its time a send of ``nbytes`` between neighbours in ``group`` is slowed while one
     goes the other way, as measured on the link (``links.Links.crossing``); 0 where not measured."""
-    measured = c.links.get("inter" if group.nodes > 1 else "intra")
+    measured = crossed_link(group, c)
     return measured.crossing(nbytes) if measured is not None else 0.0
 
 
-def fifo(jobs: list[tuple[float, float]]) -> list[float]:
-    """End times of transfers (issue time, duration) on one link, served in order."""
-    free, ends = 0.0, []
-    for issue, duration in jobs:
-        free = max(free, issue) + duration
+def fifo(jobs: list[tuple[float, float]], saves: list[float] | None = None, idle: float = math.inf) -> list[float]:
+    """End times of transfers (issue time, duration) on one link, served in order. ``saves``: the
+    seconds each takes less where the link sat idle long enough before it (``idle_saving``; after a
+    gap of g seconds, ``min(g, save)``); ``idle``: how long it sat idle before the first."""
+    free, last, ends = 0.0, -idle, []
+    for i, (issue, duration) in enumerate(jobs):
+        start = max(free, issue)
+        if saves and duration > 0:
+            duration -= min(saves[i], start - last, duration)
+        free = start + duration
+        if duration > 0:
+            last = free
         ends.append(free)
     return ends

@@ -17,6 +17,7 @@ bed's shaped links up to 0.6: acknowledgements queue behind the other direction'
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 
@@ -28,6 +29,9 @@ class _Link:
     crossed: float = 0.0
     """The share of its time by which a transfer is slowed while one goes the other way (0: the
     two directions are independent; 1: they take turns), ``costs.crossing``."""
+    save: float = 0.0
+    """Seconds a transfer takes less after the link sat idle long enough (a token bucket's burst,
+    ``costs.idle_saving``): after a gap of g seconds, ``min(g, save)``; the first finds it idle."""
     free: float = 0.0
     ends: dict[int, float] = field(default_factory=dict)
     """Micro-batch -> when its transfer ends."""
@@ -38,7 +42,8 @@ class _Link:
     def fire(self, mb: int, at: float) -> None:
         if mb not in self.ends:
             start = max(self.free, at)
-            end = start + self.hop
+            gap = start - self.spans[-1][1] if self.spans else math.inf
+            end = start + self.hop - min(self.save, gap, self.hop)
             if self.crossed and self.other is not None:  # the time it shares with transfers the other way
                 end += self.crossed * sum(max(0.0, min(end, e) - max(start, s)) for s, e in self.other.spans)
             self.free = end
@@ -79,11 +84,13 @@ def _program(s: int, p: int, m: int, schedule: str) -> list[tuple]:
     return ops
 
 
-def makespan(p: int, m: int, fwd: float, bwd: float, hop: float, schedule: str = "1f1b", crossed: float = 0.0) -> float:
+def makespan(p: int, m: int, fwd: float, bwd: float, hop: float, schedule: str = "1f1b", crossed: float = 0.0,
+             save: float = 0.0) -> float:
     """Seconds from the first forward to the last stage's end: ``p`` stages of ``m`` micro-batches,
     each ``fwd`` + ``bwd`` seconds on every stage, each transfer ``hop`` seconds on its link, longer
-    by ``crossed`` x the time it overlaps a transfer in the other direction (``_Link.crossed``)."""
-    links = {("act", s): _Link(hop, crossed) for s in range(p - 1)} | {("grad", s): _Link(hop, crossed) for s in range(p - 1)}
+    by ``crossed`` x the time it overlaps a transfer in the other direction (``_Link.crossed``),
+    shorter by up to ``save`` where its link sat idle before it (``_Link.save``)."""
+    links = {(k, s): _Link(hop, crossed, save) for k in ("act", "grad") for s in range(p - 1)}
     for s in range(p - 1):
         links[("act", s)].other, links[("grad", s)].other = links[("grad", s)], links[("act", s)]
     programs = [_program(s, p, m, schedule) for s in range(p)]

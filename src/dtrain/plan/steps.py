@@ -18,37 +18,56 @@ from .profile import ModelProfile
 def ddp_sync(nbytes: float, ratio: float, window: float, group: Group, c: Cluster, bucket: float) -> tuple[float, float]:
     """(wire seconds, exposed seconds) of DDP's bucketed all-reduce of ``nbytes`` of gradients
     (sent as ``ratio`` x the bytes) during a backward of ``window`` seconds: a bucket is
-    all-reduced once backward has produced it, one after another."""
+    all-reduced once backward has produced it, one after another; one that finds the link idle
+    sends its first bytes at once (``costs.idle_saving``; the first, after the forward)."""
     if group.size <= 1 or nbytes <= 0:
         return 0.0, 0.0
     n = max(1, math.ceil(nbytes / bucket))
-    jobs = []
+    cost = lambda x: costs.allreduce(x, group, c)  # noqa: E731
+    jobs, saves = [], []
     for i in range(n):
         size = min(bucket, nbytes - i * bucket)
         ready = window * min(1.0, (i * bucket + size) / nbytes)
-        jobs.append((ready, costs.allreduce(size * ratio, group, c)))
-    ends = costs.fifo(jobs)
-    return sum(d for _, d in jobs), max(0.0, ends[-1] - window)
+        jobs.append((ready, cost(size * ratio)))
+        saves.append(costs.idle_saving(cost, "all_reduce", size * ratio, group, c))
+    ends = costs.fifo(jobs, saves)
+    starts = [max(ready, ends[i - 1] if i else 0.0) for i, (ready, _) in enumerate(jobs)]
+    return sum(e - s for s, e in zip(starts, ends)), max(0.0, ends[-1] - window)
 
 
-def pipelined(items: list[tuple[float, float, float]], ahead: bool) -> tuple[float, float]:
-    """(elapsed, wire) of units each needing a gather, then compute, then a scatter (seconds;
-    either may be 0) on one link in issue order. ``ahead``: the next unit's gather is issued as
-    the current one's compute starts (FSDP's prefetch; a GPU's host runs ahead), else once it ends."""
+def pipelined(items: list[tuple[float, float, float]], ahead: bool, saves: list[tuple[float, float]] | None = None,
+              idle: float = math.inf) -> tuple[float, float, float]:
+    """(elapsed, wire, idle at the end) of units each needing a gather, then compute, then a scatter
+    (seconds; either may be 0) on one link in issue order. ``ahead``: the next unit's gather is issued
+    as the current one's compute starts (FSDP's prefetch; a GPU's host runs ahead), else once it ends.
+    ``saves``: per unit, what its gather and its scatter take less after the link sat idle long
+    enough (``costs.idle_saving``; after a gap of g seconds, ``min(g, save)``); ``idle``: how long
+    it sat idle before the first gather. The last is how long the link sat idle when compute ended."""
     if not items:
-        return 0.0, 0.0
-    link = items[0][0]
-    gather_end, comp_end, wire = link, 0.0, 0.0
-    for i, (gather, comp, scatter) in enumerate(items):
-        wire += gather + scatter
+        return 0.0, 0.0, idle
+    saves = saves or [(0.0, 0.0)] * len(items)
+    free, last, wire = 0.0, -idle, 0.0
+
+    def send(at: float, seconds: float, save: float) -> float:
+        nonlocal free, last, wire
+        start = max(free, at)
+        if seconds <= 0:
+            return start
+        seconds -= min(save, start - last, seconds)
+        free = last = start + seconds
+        wire += seconds
+        return free
+
+    gather_end, comp_end = send(0.0, items[0][0], saves[0][0]), 0.0
+    for i, (_, comp, scatter) in enumerate(items):
         start = max(comp_end, gather_end)
         comp_end = start + comp
         if i + 1 < len(items):
-            link = max(link, start if ahead else comp_end) + items[i + 1][0]
-            gather_end = link
+            gather_end = send(start if ahead else comp_end, items[i + 1][0], saves[i + 1][0])
         if scatter:
-            link = max(link, comp_end) + scatter
-    return max(comp_end, link), wire
+            send(comp_end, scatter, saves[i][1])
+    end = max(comp_end, free)
+    return end, wire, end - last
 
 
 def fsdp_units(prof: ModelProfile) -> list[tuple[float, float]]:
@@ -62,18 +81,24 @@ def fsdp_units(prof: ModelProfile) -> list[tuple[float, float]]:
 
 
 def fsdp_step(prof: ModelProfile, c: Cluster, layout: Layout, s, fwd_t: float, bwd_t: float,
-              g_shard: Group, g_rep: Group) -> tuple[float, float, float]:
-    """(forward elapsed, backward elapsed, wire) under fsdp/hsdp."""
+              g_shard: Group, g_rep: Group, idle: float = math.inf) -> tuple[float, float, float]:
+    """(forward elapsed, backward elapsed, wire) under fsdp/hsdp. ``idle``: how long the link sat
+    idle before the forward's first gather (the last step's optimizer and data): a gather or
+    scatter that finds it idle sends its first bytes at once (``costs.idle_saving``)."""
     tp = layout.dims.tp
     units = fsdp_units(prof)
-    ag = [costs.gather(s.param_comm_bytes * p / tp, g_shard, c) for p, _ in units]
-    rs = [costs.gather(s.grad_comm_bytes * p / tp, g_shard, c, reduce=True)
-          + costs.allreduce(s.grad_comm_bytes * p / tp / g_shard.size, g_rep, c) for p, _ in units]
+    gather = [lambda x: costs.gather(x, g_shard, c), lambda x: costs.gather(x, g_shard, c, reduce=True)]
+    ag_b = [s.param_comm_bytes * p / tp for p, _ in units]
+    rs_b = [s.grad_comm_bytes * p / tp for p, _ in units]
+    ag = [gather[0](x) for x in ag_b]
+    rs = [gather[1](x) + costs.allreduce(x / g_shard.size, g_rep, c) for x in rs_b]
+    ag_save = [costs.idle_saving(gather[0], "all_gather", x, g_shard, c) for x in ag_b]
+    rs_save = [costs.idle_saving(gather[1], costs.gather_kind(g_shard, c, True), x, g_shard, c) for x in rs_b]
     ahead = c.is_gpu
     fwd_items = [(a, fwd_t * f, 0.0) for a, (_, f) in zip(ag, units)]
     bwd_items = [(a, bwd_t * f, r) for a, (_, f), r in zip(ag, units, rs)][::-1]
-    f_el, f_wire = pipelined(fwd_items, ahead)
-    b_el, b_wire = pipelined(bwd_items, True)  # FSDP prefetches the next unit in backward
+    f_el, f_wire, gap = pipelined(fwd_items, ahead, [(a, 0.0) for a in ag_save], idle)
+    b_el, b_wire, _ = pipelined(bwd_items, True, list(zip(ag_save, rs_save))[::-1], gap)  # FSDP prefetches in backward
     return f_el, b_el, f_wire + b_wire
 
 
@@ -118,7 +143,13 @@ def pipeline_step(prof: ModelProfile, c: Cluster, layout: Layout, s, fwd_t: floa
     d, b, m = layout.dims, s.batch, s.microbatches
     g_pp, g_rep, g_shard = groups
     nbytes = b / m * prof.boundary_bytes / d.tp
-    hop, crossed = costs.p2p(nbytes, g_pp, c), costs.crossing(nbytes, g_pp, c)
+
+    def link(cl: Cluster, g: Group) -> tuple[float, float, float]:
+        """A transfer's seconds, its slowdown by one the other way, what it saves after idle time."""
+        cost = lambda x: costs.p2p(x, g, cl)  # noqa: E731
+        return cost(nbytes), costs.crossing(nbytes, g, cl), costs.idle_saving(cost, "send_recv", nbytes, g, cl)
+
+    hop, crossed, save = link(c, g_pp)
     # torch's schedule played out: every stage as slow as the busiest, each transfer on its link
     # in turn, waits where torch's schedule waits (pipeline_sim); what it adds beyond the
     # compute is the bubble ((p-1) slots) and the waits for transfers
@@ -126,13 +157,12 @@ def pipeline_step(prof: ModelProfile, c: Cluster, layout: Layout, s, fwd_t: floa
     if measured is not None:
         k = measured / max(1e-12, fwd_t + bwd_t + bubble)
         fwd_t, bwd_t, bubble = k * fwd_t, k * bwd_t, k * bubble
-        loop_c, loop_g = paired_loopback(prof, c, "pp") or (c, Group(1, d.pp))
-        local = makespan(d.pp, m, fwd_t / m, bwd_t / m, costs.p2p(nbytes, loop_g, loop_c), s.schedule,
-                         costs.crossing(nbytes, loop_g, loop_c))
+        l_hop, l_crossed, l_save = link(*(paired_loopback(prof, c, "pp") or (c, Group(1, d.pp))))
+        local = makespan(d.pp, m, fwd_t / m, bwd_t / m, l_hop, s.schedule, l_crossed, l_save)
         phases = {"forward": fwd_t, "backward": bwd_t, "bubble": bubble,
-                  "p2p": max(0.0, makespan(d.pp, m, fwd_t / m, bwd_t / m, hop, s.schedule, crossed) - local)}
+                  "p2p": max(0.0, makespan(d.pp, m, fwd_t / m, bwd_t / m, hop, s.schedule, crossed, save) - local)}
     else:
-        span = makespan(d.pp, m, fwd_t / m, bwd_t / m, hop, s.schedule, crossed)
+        span = makespan(d.pp, m, fwd_t / m, bwd_t / m, hop, s.schedule, crossed, save)
         phases = {"bubble": bubble, "p2p": max(0.0, span - fwd_t - bwd_t - bubble)}
     wire = 2 * m * (d.pp - 1) * hop / d.pp
     grad_bytes = s.grad_comm_bytes * params_rank
@@ -218,6 +248,7 @@ def step_phases(prof: ModelProfile, c: Cluster, layout: Layout, s, fwd: float, b
     extra_f, extra_b, extra_o = measured_extra(prof, c, layout, s, slow)
     fwd_t, bwd_t = fwd_t + extra_f, bwd_t + extra_b
     phases = {"data": b * s.data_s_per_sample * slow, "forward": fwd_t, "backward": bwd_t}
+    opt_t = opt * params_rank / (d.dp if layout.zero1 else d.dp_shard) + extra_o
     notes: list[str] = []
     wire, exposed = 0.0, 0.0
     grad_bytes = s.grad_comm_bytes * params_rank
@@ -229,11 +260,12 @@ def step_phases(prof: ModelProfile, c: Cluster, layout: Layout, s, fwd: float, b
         wire, exposed = wire + w, exposed + e
         notes.append(f"pipeline bubble {(d.pp - 1) / (s.microbatches + d.pp - 1):.0%} of the schedule (m={s.microbatches}, p={d.pp})")
     elif d.dp_shard > 1:
-        f_el, b_el, w = fsdp_step(prof, c, layout, s, fwd_t, bwd_t, g_shard, g_rep)
+        idle = phases["data"] + opt_t  # the link's rest since the last step's last scatter (at least)
+        f_el, b_el, w = fsdp_step(prof, c, layout, s, fwd_t, bwd_t, g_shard, g_rep, idle)
         wire += w
         shown = (f_el - fwd_t) + (b_el - bwd_t)
         if (loop := paired_loopback(prof, c, "fsdp")) is not None:  # the paired phases hold the loopback's share
-            lf, lb, _ = fsdp_step(prof, loop[0], layout, s, fwd_t, bwd_t, loop[1], Group(1, 1))
+            lf, lb, _ = fsdp_step(prof, loop[0], layout, s, fwd_t, bwd_t, loop[1], Group(1, 1), idle)
             shown = max(0.0, shown - (lf - fwd_t) - (lb - bwd_t))
         exposed += shown
     elif d.dp_replicate > 1:
@@ -244,7 +276,7 @@ def step_phases(prof: ModelProfile, c: Cluster, layout: Layout, s, fwd: float, b
             notes.append(note)
     more = serial_comm(prof, c, layout, s, params_rank, g_rep, g_tp)
     phases["exposed_comm"] = exposed + more
-    phases["optimizer"] = opt * params_rank / (d.dp if layout.zero1 else d.dp_shard) + extra_o
+    phases["optimizer"] = opt_t
     return phases, wire + more, notes
 
 

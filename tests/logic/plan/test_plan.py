@@ -89,7 +89,29 @@ def test_pipelined_gathers_hide_behind_compute_when_issued_ahead():
     assert pipelined(items, True)[0] == pytest.approx(7.0)
     assert pipelined(items, False)[0] == pytest.approx(9.0)
     # scatter after each compute on the same link: g0(1) c0 1..3, g1 issued at 1 -> 2, s0 3..4, c1 3..5, g2 at 4 -> 5, s1 5..6, c2 5..7, s2 7..8
-    assert pipelined([(1.0, 2.0, 1.0)] * 3, True) == pytest.approx((8.0, 6.0))
+    assert pipelined([(1.0, 2.0, 1.0)] * 3, True) == pytest.approx((8.0, 6.0, 0.0))
+
+
+def test_a_transfer_after_idle_time_is_shorter_by_what_the_link_refilled():
+    """A token bucket refills while the link is idle: a transfer after a gap of g seconds takes
+    min(g, save) less; one right behind another, nothing less."""
+    # g0 0-0.5 (idle before), c0 0.5-2.5, g1 0.5-1.5 (behind g0), s0 2.5-3 (1 idle), c1 2.5-4.5,
+    # g2 3-4 (behind s0), s1 4.5-5 (0.5 idle), c2 4.5-6.5, s2 6.5-7 (1.5 idle); idle 0.5 at the end
+    items, saves = [(1.0, 2.0, 1.0)] * 3, [(0.5, 0.5)] * 3
+    assert pipelined(items, True, saves) == pytest.approx((7.0, 4.0, 0.0))
+    # only 0.2 s idle before the first gather: it saves 0.2
+    assert pipelined(items, True, saves, idle=0.2) == pytest.approx((7.3, 4.3, 0.0))
+    # the link's rest at the end: gathers 0-1 and 1-2, the compute 1-3 and 3-5
+    assert pipelined([(1.0, 2.0, 0.0)] * 2, True)[2] == pytest.approx(3.0)
+    # a FIFO link (DDP's buckets): the third, issued after 3.5 s idle, saves its whole 0.5
+    assert costs.fifo([(0, 1), (0, 1), (5, 1)], [0.5] * 3) == pytest.approx([0.5, 1.5, 5.5])
+    assert costs.fifo([(0, 1), (0, 1), (5, 1)], [0.5] * 3, idle=0.0) == pytest.approx([1.0, 2.0, 5.5])
+    from dtrain.plan.pipeline_sim import makespan
+
+    # compute between transfers longer than the refill: every transfer is as short as one of hop - save
+    assert makespan(2, 4, 10.0, 10.0, 1.0, save=0.4) == pytest.approx(makespan(2, 4, 10.0, 10.0, 0.6))
+    # no compute: act0 0-0.5 (first), act1 0.5-1.5 behind it, grad0 0.5-1 (first), grad1 1.5-2 (0.5 idle)
+    assert makespan(2, 2, 0.0, 0.0, 1.0, save=0.5) == pytest.approx(2.0)
 
 
 def test_pipeline_bubble_is_p_minus_1_over_m_plus_p_minus_1():

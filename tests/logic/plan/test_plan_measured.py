@@ -460,7 +460,7 @@ def test_a_links_burst_after_idle_is_read_off_the_send_after_an_idle_pause():
 
 def test_powersgd_and_local_sgd_send_their_first_burst_of_bytes_at_once():
     """Their all-reduces follow compute, the link idle: what a burst saves comes off their
-    communication (the latency stays); DDP's buckets, issued during backward, pay in full."""
+    communication (the latency stays); so does DDP's one bucket, ready as backward ends."""
     c0, c16 = (replace(_cpu(), links={"inter": _bursting_link(b)}) for b in (0, 16 << 10))
     g = costs.Group(2, 1)
     for nbytes in (10_000, 30_000, 1 << 20):
@@ -476,4 +476,24 @@ def test_powersgd_and_local_sgd_send_their_first_burst_of_bytes_at_once():
     sent = (2 * 500 * 2 + 250_000 - 500 * 500) * 4  # P and Q of the 500 x 500 matrix, the rest whole
     assert comm["psgd", 0] - comm["psgd", 16] == pytest.approx(min(sent - 4, 16 << 10) / 2.5e6, rel=0.02)
     assert comm["local", 0] - comm["local", 16] == pytest.approx((16 << 10) / 2.5e6 / 8, rel=0.02)
-    assert comm["none", 0] == pytest.approx(comm["none", 16])
+    assert comm["none", 0] - comm["none", 16] == pytest.approx((16 << 10) / 2.5e6, rel=0.02)
+
+
+def test_fsdp_and_pipeline_transfers_that_find_the_link_idle_send_a_burst_at_once():
+    """FSDP's gathers and scatters and a pipeline's sends between compute: each that finds its
+    link idle long enough takes the burst's time less (``costs.idle_saving``); fewer than all do."""
+    c0, c16 = (replace(_cpu(), links={"inter": _bursting_link(b)}) for b in (0, 16 << 10))
+    burst_s = (16 << 10) / 2.5e6
+    s = Settings(batch=8)
+    fsdp = Layout("fsdp", ParallelDims(dp_shard=2))
+    saved = predict(_prof(), c0, fsdp, s).step_s - predict(_prof(), c16, fsdp, s).step_s
+    # 2 units: 2 gathers in forward, 2 gathers and 2 scatters in backward; not every one finds the link idle
+    assert 0 < saved < 6 * burst_s
+    # the saving of one gather is the burst's bytes at the link's rate (each rank sends half the result)
+    g = costs.Group(2, 1)
+    gather = lambda x: costs.gather(x, g, c16)  # noqa: E731
+    assert costs.idle_saving(gather, "all_gather", 1 << 20, g, c16) == pytest.approx(burst_s, rel=0.02)
+    assert costs.idle_saving(gather, "all_gather", 1 << 20, g, c0) == 0.0
+    pp = Layout("pp=2", ParallelDims(pp=2))
+    p0, p16 = (predict(_prof(), c, pp, Settings(batch=8, microbatches=4)) for c in (c0, c16))
+    assert 0 < p0.phases_s["p2p"] - p16.phases_s["p2p"] <= 8 * burst_s + 1e-9
