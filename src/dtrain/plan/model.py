@@ -48,9 +48,13 @@ ASSUMPTIONS = (
     "--comm: bf16/fp16 halve the bytes; powersgd:R sends R x (rows + columns) per matrix (vectors whole) in 3 "
     "all-reduces after backward, its compute measured (CPU) or 4 x rows x cols x R FLOPs; localsgd:H all-reduces "
     "the parameters every H steps (and, measured, averages them), nothing otherwise (amortised); the warm-up steps "
-    "are not counted; powersgd's and localsgd's all-reduces follow compute, so where the measured link lets a burst "
-    "through after idle time (a token-bucket shaper; --links' send after an idle pause), their first burst of bytes "
-    "costs no transfer time",
+    "are not counted",
+    "where the measured link lets a burst through after idle time (a token-bucket shaper; --links' send after an "
+    "idle pause), a transfer that finds the link idle sends its first burst of bytes at once, after a gap of g "
+    "seconds min(g, the burst's time at the link's rate) less (the bucket refills at the rate): powersgd's and "
+    "localsgd's all-reduces after compute, ddp's buckets (the first, and any issued after the link went idle), "
+    "fsdp's gathers and scatters and a pipeline's sends as their order on the link (played out) leaves it idle; "
+    "the idle time before a step's first fsdp gather is the last step's optimizer and data",
     "zero1: ddp's all-reduce, the optimizer on 1/dp of the parameters, then each parameter broadcast by its owner "
     "(torch's ZeroRedundancyOptimizer: one broadcast after another, so all parameter bytes / bandwidth; all issued before "
     "any is waited for, so a latency per sending rank, not per tensor; exposed)",
