@@ -59,6 +59,8 @@ GROUPS = {
     "lm-4h-100m": (4, 100, "lm", LM, 16, [("ddp", "none"), ("ddp", "bf16"), ("fsdp", "none"), ("pp=2,dp_replicate=2", "none")]),
 }
 RAW: str | None = None
+EVERY = 10
+"""The runs' --log-every (and the plan's: each log step's collectives)."""
 
 
 def task_flags(task: str, args: list[str], batch: int) -> list[str]:
@@ -101,7 +103,7 @@ def plan(group: tuple, links: str, cores: int, profile_s: float) -> tuple[dict, 
     comms = ",".join(dict.fromkeys(c for _, c in configs))
     cmd = [sys.executable, "-m", "dtrain", "plan", "--json", *task_flags(task, targs, batch), "--nnodes", str(hosts), "-n", "1",
            "--inter-gbit", str(rate / 1000), "--links", links, "--shared-cores", str(cores), "--profile-threads", "1",
-           "--profile-seconds", str(profile_s), "--layouts", layouts, "--comm-methods", comms]
+           "--profile-seconds", str(profile_s), "--layouts", layouts, "--comm-methods", comms, "--log-every", str(EVERY)]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=_env())
     if out.returncode:
         raise RuntimeError(f"plan failed: {out.stderr[-2000:]}")
@@ -118,7 +120,7 @@ def canonical(layout: str) -> str:
 def train(bed: NetBed, group: tuple, layout: str, comm: str, steps: int, port: int) -> dict:
     hosts, rate, task, targs, batch, _ = group
     where = ["--strategy", layout] if "=" not in layout else ["--parallel", layout]
-    every = 10
+    every = EVERY
     with tempfile.TemporaryDirectory() as tmp:
         outs = bed.run_nodes(lambda r, master: [
             sys.executable, "-m", "dtrain", "train", *task_flags(task, targs, batch), *where, "--comm", comm, "--comm-warmup", "2",

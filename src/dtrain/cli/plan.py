@@ -44,6 +44,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     o.add_argument("--layouts", default=None, metavar="LIST", help="only these layouts, ';'-separated as `dtrain train` takes them "
                    "(e.g. 'ddp;fsdp;dp_shard=4,tp=2')")
     o.add_argument("--microbatches", type=int, default=PipelineConfig.microbatches, help="pipeline micro-batches (as dtrain train)")
+    o.add_argument("--log-every", type=int, default=20, metavar="N", help="as dtrain train: each log step's collectives "
+                   "(the loss, the preemption check, the breakdown) cost their latency every N steps")
     o.add_argument("--pipeline-schedule", default=PipelineConfig.schedule, choices=("gpipe", "1f1b"))
     o.add_argument("--profile-threads", type=int, default=None, metavar="N",
                    help="torch threads while timing the model here (default: this machine's cores / processes per node)")
@@ -98,7 +100,8 @@ def main(args: argparse.Namespace) -> int:
     from ..tasks import load_task
 
     for name, value in (("--nproc", args.nproc), ("--batch-size", args.batch_size), ("--grad-accum", args.grad_accum),
-                        ("--microbatches", args.microbatches), ("--profile-threads", args.profile_threads), ("--top", args.top)):
+                        ("--microbatches", args.microbatches), ("--profile-threads", args.profile_threads), ("--top", args.top),
+                        ("--log-every", args.log_every)):
         _positive(name, value)
     check.seconds("--profile-seconds", args.profile_seconds)
     if args.precision not in (*PRESETS, None, "auto"):
@@ -121,7 +124,7 @@ def main(args: argparse.Namespace) -> int:
     plan = plan_task(task, clu, batch=batch, precision=args.precision, optimizer=args.optimizer, grad_accum=args.grad_accum,
                      activation_checkpointing=args.activation_checkpointing, microbatches=args.microbatches,
                      schedule=args.pipeline_schedule, threads=threads, layouts=layouts, comms=comms, task_spec=spec,
-                     profile_s=args.profile_seconds)
+                     profile_s=args.profile_seconds, log_every=args.log_every)
     if args.chart:
         report.chart(plan, args.chart)
     if args.json:

@@ -64,7 +64,8 @@ def make_plan(prof: ModelProfile, cluster: Cluster, settings: Settings, *, layou
 def plan_task(task: Any, cluster: Cluster, *, batch: int, precision: str = "fp32", optimizer: str | None = None,
               grad_accum: int = 1, activation_checkpointing: bool = False, microbatches: int = 4, schedule: str = "1f1b",
               threads: int = 1, layouts: list[Layout] | None = None, comms: tuple[str, ...] = COMMS,
-              task_spec: tuple[str, str | None, dict[str, str]] | None = None, profile_s: float = 10.0) -> Plan:
+              task_spec: tuple[str, str | None, dict[str, str]] | None = None, profile_s: float = 10.0,
+              log_every: int = 20) -> Plan:
     """Profile ``task`` (a ``dtrain.Task``) and plan it on ``cluster``: what `dtrain plan` does,
     and what `dtrain train --parallel auto` can call for the world at hand (``plan.best_exact``).
     On a CPU cluster the profile's measured times are the compute; on a GPU preset its FLOPs; on
@@ -110,7 +111,7 @@ def plan_task(task: Any, cluster: Cluster, *, batch: int, precision: str = "fp32
         cluster = replace(cluster, device=dev)
     settings = Settings(batch=batch, precision=precision, optimizer=optimizer, grad_accum=grad_accum,
                         activation_checkpointing=activation_checkpointing, microbatches=microbatches, schedule=schedule,
-                        threads_per_proc=threads,
+                        threads_per_proc=threads, log_every=log_every,
                         data_s_per_sample=prof.timing.data_s / prof.timing.batch if prof.timing else 0.0)
     return make_plan(prof, cluster, settings, layouts=layouts, comms=comms, tp_ok=tp_ok, pp_ok=pp_ok)
 

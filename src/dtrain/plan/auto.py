@@ -59,7 +59,8 @@ def resolve(cfg: Any, world_size: int, nproc: int, device: str | None) -> Any:
     plan = plan_task(task, clu, batch=cfg.batch.size or task.batch_size, precision=precision, optimizer=cfg.optim.name,
                      grad_accum=cfg.batch.grad_accum, activation_checkpointing=cfg.runtime.activation_checkpointing,
                      threads=max(1, usable_cores() // nproc), comms=("none",),
-                     task_spec=(cfg.task.name, cfg.task.data_dir, dict(cfg.task.args)), profile_s=PROFILE_S)
+                     task_spec=(cfg.task.name, cfg.task.data_dir, dict(cfg.task.args)), profile_s=PROFILE_S,
+                     log_every=cfg.observe.log_every)
     pick = plan.best_exact
     if pick is None:
         raise ConfigError(f"--parallel auto: no layout of {world_size} processes fits in memory by the plan; "

@@ -55,6 +55,9 @@ ASSUMPTIONS = (
     "localsgd's all-reduces after compute, ddp's buckets (the first, and any issued after the link went idle), "
     "fsdp's gathers and scatters and a pipeline's sends as their order on the link (played out) leaves it idle; "
     "the idle time before a step's first fsdp gather is the last step's optimizer and data",
+    "log steps (--log-every, as dtrain train; default 20): two all-reduces of one number (the loss's mean, the "
+    "preemption check) and the breakdown's all-gather of each rank's figures over all ranks, amortised (phase "
+    "'log'); where ranks drift apart between meetings (localsgd), each meeting also waits for the slowest: not counted",
     "zero1: ddp's all-reduce, the optimizer on 1/dp of the parameters, then each parameter broadcast by its owner "
     "(torch's ZeroRedundancyOptimizer: one broadcast after another, so all parameter bytes / bandwidth; all issued before "
     "any is waited for, so a latency per sending rank, not per tensor; exposed)",
@@ -99,6 +102,8 @@ class Settings:
     grad_comm_bytes: int = 4
     threads_per_proc: int = 1
     data_s_per_sample: float = 0.0
+    log_every: int = 20
+    """Steps between log records (``--log-every``): each log step's collectives, amortised."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -276,8 +276,22 @@ def step_phases(prof: ModelProfile, c: Cluster, layout: Layout, s, fwd: float, b
             notes.append(note)
     more = serial_comm(prof, c, layout, s, params_rank, g_rep, g_tp)
     phases["exposed_comm"] = exposed + more
+    phases["log"] = log_step(c, s) / max(1, s.log_every)
     phases["optimizer"] = opt_t
     return phases, wire + more, notes
+
+
+def log_step(c: Cluster, s) -> float:
+    """Seconds of the collectives a log step adds (every ``--log-every`` steps, on every rank):
+    the loss's mean and the preemption check (an all-reduce of one number each), then the
+    breakdown's all-gather of each rank's medians and p90s (``Observer._gather``). Each waits
+    for every rank: where ranks drift apart between them (local SGD), also for the slowest
+    (not counted)."""
+    from ..metrics.breakdown import STAT_KEYS
+
+    world = Group(c.nodes, c.procs_per_node)
+    per_rank = (2 * len(STAT_KEYS) + 2) * 8  # float64: medians, p90s, the step count, the peak memory
+    return 2 * costs.allreduce(4, world, c) + costs.gather(per_rank * world.size, world, c)
 
 
 def paired_loopback(prof: ModelProfile, c: Cluster, kind: str) -> tuple[Cluster, Group] | None:

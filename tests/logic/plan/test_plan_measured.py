@@ -497,3 +497,19 @@ def test_fsdp_and_pipeline_transfers_that_find_the_link_idle_send_a_burst_at_onc
     pp = Layout("pp=2", ParallelDims(pp=2))
     p0, p16 = (predict(_prof(), c, pp, Settings(batch=8, microbatches=4)) for c in (c0, c16))
     assert 0 < p0.phases_s["p2p"] - p16.phases_s["p2p"] <= 8 * burst_s + 1e-9
+
+
+def test_a_log_step_costs_its_collectives_amortised_over_log_every():
+    """Every --log-every steps: the loss's mean and the preemption check (one number each), then
+    the breakdown's all-gather; on one process nothing."""
+    from dtrain.metrics.breakdown import STAT_KEYS
+    from dtrain.plan.steps import log_step
+
+    c = replace(_cpu(), inter_lat=0.002)
+    g = costs.Group(2, 1)
+    once = 2 * costs.allreduce(4, g, c) + costs.gather(2 * (2 * len(STAT_KEYS) + 2) * 8, g, c)
+    assert log_step(c, Settings(batch=8)) == pytest.approx(once) and once > 4 * 0.002
+    ddp = Layout("ddp", ParallelDims(dp_replicate=2))
+    for every in (1, 10, 20):
+        assert predict(_prof(), c, ddp, Settings(batch=8, log_every=every)).phases_s["log"] == pytest.approx(once / every)
+    assert predict(_prof(), _cpu(1).with_world(1, 1), Layout("single", ParallelDims()), Settings(batch=8)).phases_s["log"] == 0.0
