@@ -59,8 +59,11 @@ def test_two_ranks_name_the_slowed_rank_and_its_cause(tmp_path, inject, cause):
 @pytest.mark.slow
 def test_healthy_two_rank_run_names_no_straggler_and_records_the_breakdown(tmp_path):
     # hidden=1024: a step of ~20 ms, not digits' default ~2.6 ms, where the 2 ranks on CI's 2 cores beside the
-    # launcher differed by 1 ms (1.3x, so named: CI of stop 36) though nothing was wrong with either
-    r, result, records = _train(tmp_path, extra=("--task-arg", "hidden=1024"))
+    # launcher differed by 1 ms (1.3x, so named: CI of stop 36) though nothing was wrong with either.
+    # --straggler-threshold 2: on this virtual machine one core computes up to 1.2-1.4x slower than its sibling
+    # while both are busy (benchmarks/cores_at_once.py), and a CI run (stop 43) named rank 1 at 1.5x for 29
+    # steps: a real difference between the cores, which the default 1.3 rightly reports; healthy here is < 2x
+    r, result, records = _train(tmp_path, extra=("--task-arg", "hidden=1024", "--straggler-threshold", "2"))
     assert "straggler" not in r.stderr and result["stragglers"] == []
     assert [len(rec["breakdown"]) for rec in records] == [2, 2, 2, 2]
     for rank in result["breakdown"]:
