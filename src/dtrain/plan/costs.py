@@ -107,7 +107,7 @@ def idle_saving(cost: Callable[[float], float], kind: str, nbytes: float, group:
     """Seconds a collective ``kind`` of ``nbytes`` (``cost``: its seconds for a size) takes less when
     it starts on a link that sat idle long enough: each rank's first ``burst_bytes`` go at once, the
     rest at the link's rate; the latency is paid in full. After a shorter idle gap a token bucket
-    has refilled less: callers take ``min(gap, this)`` (``steps.pipelined``, ``fifo``)."""
+    has refilled less: ``LinkClock`` takes ``min(gap, this)``."""
     burst = burst_bytes(group, c)
     if burst <= 0 or nbytes <= 0 or group.size <= 1:
         return 0.0
@@ -183,17 +183,38 @@ def crossing(nbytes: float, group: Group, c: Cluster) -> float:
     return measured.crossing(nbytes) if measured is not None else 0.0
 
 
-def fifo(jobs: list[tuple[float, float]], saves: list[float] | None = None, idle: float = math.inf) -> list[float]:
-    """End times of transfers (issue time, duration) on one link, served in order. ``saves``: the
-    seconds each takes less where the link sat idle long enough before it (``idle_saving``; after a
-    gap of g seconds, ``min(g, save)``); ``idle``: how long it sat idle before the first."""
-    free, last, ends = 0.0, -idle, []
-    for i, (issue, duration) in enumerate(jobs):
-        start = max(free, issue)
-        if saves and duration > 0:
-            duration -= min(saves[i], start - last, duration)
-        free = start + duration
-        if duration > 0:
-            last = free
-        ends.append(free)
-    return ends
+@dataclass
+class LinkClock:
+    """One link serving transfers one after another in the order they are issued. A token bucket
+    refills while the link sits idle: a transfer that starts g seconds after the last one ended takes
+    ``min(g, save)`` less (``save``: its ``idle_saving``). ``costs`` does not know what is issued
+    when; ``steps.ddp_sync`` (DDP's buckets), ``steps.pipelined`` (FSDP's gathers and scatters) and
+    ``pipeline_sim`` (a pipeline's sends) each play their order out on one of these."""
+
+    free: float = 0.0
+    """When the link is next free."""
+    last: float = -math.inf
+    """When its last transfer ended (-inf: it has sat idle forever)."""
+    wire: float = 0.0
+    """Seconds it has spent sending."""
+
+    @classmethod
+    def idle_for(cls, seconds: float) -> LinkClock:
+        """A link that has sat idle for ``seconds`` at time 0."""
+        return cls(last=-seconds)
+
+    def send(self, at: float, seconds: float, save: float = 0.0) -> tuple[float, float]:
+        """(start, end) of a transfer of ``seconds`` issued at ``at``; one of no time leaves the link as it was."""
+        start = max(self.free, at)
+        if seconds <= 0:
+            return start, start
+        seconds -= min(save, start - self.last, seconds)
+        self.free = self.last = start + seconds
+        self.wire += seconds
+        return start, self.free
+
+    def extend(self, seconds: float) -> float:
+        """Hold the transfer that just ended ``seconds`` longer (slowed by traffic the other way); its new end."""
+        self.free = self.last = self.free + seconds
+        self.wire += seconds
+        return self.free

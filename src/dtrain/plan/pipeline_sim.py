@@ -17,8 +17,9 @@ bed's shaped links up to 0.6: acknowledgements queue behind the other direction'
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
+
+from .costs import LinkClock
 
 
 @dataclass
@@ -32,7 +33,7 @@ class _Link:
     save: float = 0.0
     """Seconds a transfer takes less after the link sat idle long enough (a token bucket's burst,
     ``costs.idle_saving``): after a gap of g seconds, ``min(g, save)``; the first finds it idle."""
-    free: float = 0.0
+    clock: LinkClock = field(default_factory=LinkClock)
     ends: dict[int, float] = field(default_factory=dict)
     """Micro-batch -> when its transfer ends."""
     spans: list[tuple[float, float]] = field(default_factory=list)
@@ -41,12 +42,9 @@ class _Link:
 
     def fire(self, mb: int, at: float) -> None:
         if mb not in self.ends:
-            start = max(self.free, at)
-            gap = start - self.spans[-1][1] if self.spans else math.inf
-            end = start + self.hop - min(self.save, gap, self.hop)
-            if self.crossed and self.other is not None:  # the time it shares with transfers the other way
-                end += self.crossed * sum(max(0.0, min(end, e) - max(start, s)) for s, e in self.other.spans)
-            self.free = end
+            start, end = self.clock.send(at, self.hop, self.save)
+            if self.crossed and self.other is not None and end > start:  # the time it shares with transfers the other way
+                end = self.clock.extend(self.crossed * sum(max(0.0, min(end, e) - max(start, s)) for s, e in self.other.spans))
             self.ends[mb] = end
             self.spans.append((start, end))
 

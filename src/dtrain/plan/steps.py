@@ -24,15 +24,12 @@ def ddp_sync(nbytes: float, ratio: float, window: float, group: Group, c: Cluste
         return 0.0, 0.0
     n = max(1, math.ceil(nbytes / bucket))
     cost = lambda x: costs.allreduce(x, group, c)  # noqa: E731
-    jobs, saves = [], []
+    link, end = costs.LinkClock(), 0.0
     for i in range(n):
         size = min(bucket, nbytes - i * bucket)
         ready = window * min(1.0, (i * bucket + size) / nbytes)
-        jobs.append((ready, cost(size * ratio)))
-        saves.append(costs.idle_saving(cost, "all_reduce", size * ratio, group, c))
-    ends = costs.fifo(jobs, saves)
-    starts = [max(ready, ends[i - 1] if i else 0.0) for i, (ready, _) in enumerate(jobs)]
-    return sum(e - s for s, e in zip(starts, ends)), max(0.0, ends[-1] - window)
+        _, end = link.send(ready, cost(size * ratio), costs.idle_saving(cost, "all_reduce", size * ratio, group, c))
+    return link.wire, max(0.0, end - window)
 
 
 def pipelined(items: list[tuple[float, float, float]], ahead: bool, saves: list[tuple[float, float]] | None = None,
@@ -46,28 +43,17 @@ def pipelined(items: list[tuple[float, float, float]], ahead: bool, saves: list[
     if not items:
         return 0.0, 0.0, idle
     saves = saves or [(0.0, 0.0)] * len(items)
-    free, last, wire = 0.0, -idle, 0.0
-
-    def send(at: float, seconds: float, save: float) -> float:
-        nonlocal free, last, wire
-        start = max(free, at)
-        if seconds <= 0:
-            return start
-        seconds -= min(save, start - last, seconds)
-        free = last = start + seconds
-        wire += seconds
-        return free
-
-    gather_end, comp_end = send(0.0, items[0][0], saves[0][0]), 0.0
+    link = costs.LinkClock.idle_for(idle)
+    gather_end, comp_end = link.send(0.0, items[0][0], saves[0][0])[1], 0.0
     for i, (_, comp, scatter) in enumerate(items):
         start = max(comp_end, gather_end)
         comp_end = start + comp
         if i + 1 < len(items):
-            gather_end = send(start if ahead else comp_end, items[i + 1][0], saves[i + 1][0])
+            gather_end = link.send(start if ahead else comp_end, items[i + 1][0], saves[i + 1][0])[1]
         if scatter:
-            send(comp_end, scatter, saves[i][1])
-    end = max(comp_end, free)
-    return end, wire, end - last
+            link.send(comp_end, scatter, saves[i][1])
+    end = max(comp_end, link.free)
+    return end, link.wire, end - link.last
 
 
 def fsdp_units(prof: ModelProfile) -> list[tuple[float, float]]:
@@ -87,13 +73,19 @@ def fsdp_step(prof: ModelProfile, c: Cluster, layout: Layout, s, fwd_t: float, b
     scatter that finds it idle sends its first bytes at once (``costs.idle_saving``)."""
     tp = layout.dims.tp
     units = fsdp_units(prof)
-    gather = [lambda x: costs.gather(x, g_shard, c), lambda x: costs.gather(x, g_shard, c, reduce=True)]
+
+    def all_gather(x: float) -> float:
+        return costs.gather(x, g_shard, c)
+
+    def reduce_scatter(x: float) -> float:
+        return costs.gather(x, g_shard, c, reduce=True)
+
     ag_b = [s.param_comm_bytes * p / tp for p, _ in units]
     rs_b = [s.grad_comm_bytes * p / tp for p, _ in units]
-    ag = [gather[0](x) for x in ag_b]
-    rs = [gather[1](x) + costs.allreduce(x / g_shard.size, g_rep, c) for x in rs_b]
-    ag_save = [costs.idle_saving(gather[0], "all_gather", x, g_shard, c) for x in ag_b]
-    rs_save = [costs.idle_saving(gather[1], costs.gather_kind(g_shard, c, True), x, g_shard, c) for x in rs_b]
+    ag = [all_gather(x) for x in ag_b]
+    rs = [reduce_scatter(x) + costs.allreduce(x / g_shard.size, g_rep, c) for x in rs_b]
+    ag_save = [costs.idle_saving(all_gather, "all_gather", x, g_shard, c) for x in ag_b]
+    rs_save = [costs.idle_saving(reduce_scatter, costs.gather_kind(g_shard, c, True), x, g_shard, c) for x in rs_b]
     ahead = c.is_gpu
     fwd_items = [(a, fwd_t * f, 0.0) for a, (_, f) in zip(ag, units)]
     bwd_items = [(a, bwd_t * f, r) for a, (_, f), r in zip(ag, units, rs)][::-1]

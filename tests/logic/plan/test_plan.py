@@ -104,8 +104,12 @@ def test_a_transfer_after_idle_time_is_shorter_by_what_the_link_refilled():
     # the link's rest at the end: gathers 0-1 and 1-2, the compute 1-3 and 3-5
     assert pipelined([(1.0, 2.0, 0.0)] * 2, True)[2] == pytest.approx(3.0)
     # a FIFO link (DDP's buckets): the third, issued after 3.5 s idle, saves its whole 0.5
-    assert costs.fifo([(0, 1), (0, 1), (5, 1)], [0.5] * 3) == pytest.approx([0.5, 1.5, 5.5])
-    assert costs.fifo([(0, 1), (0, 1), (5, 1)], [0.5] * 3, idle=0.0) == pytest.approx([1.0, 2.0, 5.5])
+    for link, first in ((costs.LinkClock(), (0.0, 0.5)), (costs.LinkClock.idle_for(0.0), (0.0, 1.0))):
+        assert link.send(0, 1, 0.5) == pytest.approx(first)
+        assert link.send(0, 1, 0.5) == pytest.approx((first[1], first[1] + 1))  # right behind: nothing less
+        assert link.send(5, 1, 0.5) == pytest.approx((5.0, 5.5))
+        assert link.send(6, 0, 0.5) == pytest.approx((6.0, 6.0)) and link.free == pytest.approx(5.5)  # no time: no change
+        assert link.extend(0.25) == pytest.approx(5.75) and link.wire == pytest.approx(first[1] + 1.75)
     from dtrain.plan.pipeline_sim import makespan
 
     # compute between transfers longer than the refill: every transfer is as short as one of hop - save
