@@ -47,6 +47,7 @@ def run_worker(fn: Callable[..., Any], *args: Any) -> Any:
     except SystemExit as exc:
         if stop_signal() and exc.code not in (0, None):
             _quiet_exit(128 + stop_signal())
+        _settle_backend_threads()
         raise
     except BaseException as exc:  # noqa: BLE001 -- every way out is handled below
         if stop_signal():
@@ -58,8 +59,18 @@ def run_worker(fn: Callable[..., Any], *args: Any) -> Any:
             _quiet_exit(exc.exit_code)
         _report(exc, user_error=False)
         _quiet_exit(1)
+    _settle_backend_threads()
     _skip_final_gc()
     return result
+
+
+def _settle_backend_threads() -> None:
+    """Before the interpreter's exit: let gloo's worker threads drop the script's last collectives
+    (``world.group.settle_backend_threads``; a plain torch script never registers dtrain's exit clean-up)."""
+    if "torch.distributed" in sys.modules:
+        from ..world.group import settle_backend_threads
+
+        settle_backend_threads()
 
 
 def _skip_final_gc() -> None:

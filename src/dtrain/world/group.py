@@ -166,14 +166,65 @@ def _register_exit_cleanup() -> None:
         import gc
 
         def cleanup() -> None:
+            settle_backend_threads()  # before anything here can drop a group (its destructor joins them)
             for ddp in list(_ddp_at_exit):
                 for name in ("reducer", "logger", "process_group"):
                     ddp.__dict__.pop(name, None)
             gc.collect()
             destroy_process_group()
+            settle_backend_threads()
 
         atexit.register(cleanup)
         _exit_cleanup_registered = True
+
+
+_BACKEND_THREADS = ("pt_gloo_runloop",)
+"""Names of the backend's worker threads (gloo's, as torch names them)."""
+
+
+def settle_backend_threads(limit_s: float = 2.0, look_s: float = 0.005) -> None:
+    """Wait, the GIL released, until the backend's worker threads have let go of finished work.
+
+    A gloo worker thread that ran a collective drops the work, and with it the tensors, after
+    the caller's ``wait()`` has returned; dropping a tensor that Python also holds takes the GIL.
+    A rank with nothing left to do can reach the interpreter's finalization before that thread
+    got the GIL (or a core): Python then ends the thread with a forced unwind through torch's
+    ``noexcept`` code, which aborts the process ("terminate called without an active exception").
+    A core dump of ``examples/apex_style.py``'s rank 1 showed it: ``ProcessGroupGloo::runLoop``
+    -> ``~AsyncAllreduceWork`` -> ``TensorImpl::decref_pyobject`` -> ``take_gil`` ->
+    ``pthread_exit``, the main thread in ``finalize_modules``. So at exit this sleeps until no
+    such thread is running or waiting for a core ('R') at two looks in a row (Linux's
+    /proc/self/task; elsewhere one short sleep), at most ``limit_s``: a thread blocked in a
+    collective that will not finish sleeps ('S') and does not hold the exit up."""
+    import time
+
+    deadline, quiet = time.monotonic() + limit_s, 0
+    while quiet < 2 and time.monotonic() < deadline:
+        time.sleep(look_s)
+        busy = _backend_threads_busy()
+        if busy is None:
+            return
+        quiet = 0 if busy else quiet + 1
+
+
+def _backend_threads_busy() -> bool | None:
+    """Whether a backend worker thread of this process is running or runnable; None off Linux."""
+    import os
+
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    for tid in tasks:
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                stat = f.read()
+        except OSError:  # the thread ended
+            continue
+        name, state = stat[stat.find("(") + 1:stat.rfind(")")], stat[stat.rfind(")") + 2:stat.rfind(")") + 3]
+        if name in _BACKEND_THREADS and state in ("R", "D"):
+            return True
+    return False
 
 
 _left_groups: list[Any] = []
