@@ -8,6 +8,7 @@ broadcast after a barrier (the doctor's latency figure), on 2 bed hosts with a s
 loopback of one host, over gloo.
 
     python benchmarks/zero1_broadcasts.py --rates 1000,100,20 --tensors 38 --total-bytes 547840
+    python benchmarks/zero1_broadcasts.py --rates 100 --numel 401408,512,262144,512,5120,10   # the bed's mlp
 
 (root, ``ip netns``). One JSON line per link (``--out``) and a table: medians of ``--reps``.
 """
@@ -27,15 +28,32 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bed_pair import ENV, on_bed, result  # noqa: E402
 
 
+def zero_partition(sizes: list[int], n: int) -> list[list[int]]:
+    """torch's ZeroRedundancyOptimizer partition: largest first, each to the rank holding least so far."""
+    held, out = [0] * n, [[] for _ in range(n)]
+    for k in sorted(sizes, reverse=True):
+        r = held.index(min(held))
+        out[r].append(k)
+        held[r] += k
+    return out
+
+
 def worker(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
 
     dist.init_process_group("gloo", init_method=f"tcp://{args.master}:{args.port}", rank=args.rank, world_size=2)
     n = dist.get_world_size()
-    per = max(1, args.total_bytes // args.tensors // 4)
-    tensors = [torch.ones(per) for _ in range(args.tensors)]
-    owner = [i * n // args.tensors for i in range(args.tensors)]  # contiguous shares, as ZeRO partitions
+    if args.numel:  # a model's own tensors, owned and ordered as ZeRO's greedy partition does
+        sizes = [int(x) for x in args.numel.split(",")]
+        tensors, owner = [], []
+        for r, mine in enumerate(zero_partition(sizes, n)):
+            tensors += [torch.ones(k) for k in mine]
+            owner += [r] * len(mine)
+    else:
+        per = max(1, args.total_bytes // args.tensors // 4)
+        tensors = [torch.ones(per) for _ in range(args.tensors)]
+        owner = [i * n // args.tensors for i in range(args.tensors)]  # contiguous shares, as ZeRO partitions
     tiny = torch.ones(16)
 
     def queued() -> None:
@@ -71,7 +89,7 @@ def worker(args: argparse.Namespace) -> None:
 
 def run_link(args: argparse.Namespace, rate: float | None, port: int) -> dict:
     me = [sys.executable, os.path.abspath(__file__), "--worker", "--tensors", str(args.tensors),
-          "--total-bytes", str(args.total_bytes), "--reps", str(args.reps), "--port", str(port)]
+          "--total-bytes", str(args.total_bytes), "--reps", str(args.reps), "--port", str(port), "--numel", args.numel]
     if rate is None:  # one host: two processes over loopback
         procs = [subprocess.Popen([*me, "--rank", str(r), "--master", "127.0.0.1"], stdout=subprocess.PIPE, text=True, env=ENV)
                  for r in range(2)]
@@ -84,7 +102,8 @@ def run_link(args: argparse.Namespace, rate: float | None, port: int) -> dict:
         ms = result(outs[0], "zero1_broadcasts on loopback")
     else:
         ms = on_bed(lambda r, master: [*me, "--rank", str(r), "--master", master], rate, args.timeout, "zero1_broadcasts")
-    return {"rate_mbit": rate, "tensors": args.tensors, "total_bytes": args.total_bytes, "reps": args.reps, "ms": ms}
+    shape = {"numel": args.numel} if args.numel else {"tensors": args.tensors, "total_bytes": args.total_bytes}
+    return {"rate_mbit": rate, **shape, "reps": args.reps, "ms": ms}
 
 
 def main() -> None:
@@ -96,6 +115,8 @@ def main() -> None:
     p.add_argument("--rates", default="1000,20", help="Mbit/s of the bed links, comma-separated; 'lo': one host's loopback")
     p.add_argument("--tensors", type=int, default=38, help="parameter tensors (the bed's lm: 38)")
     p.add_argument("--total-bytes", type=int, default=547840, help="bytes of all of them (the bed's lm: 136,960 fp32)")
+    p.add_argument("--numel", default="", help="elements of each of a model's tensors, comma-separated (instead of "
+                   "--tensors/--total-bytes; the bed's mlp: 401408,512,262144,512,5120,10)")
     p.add_argument("--reps", type=int, default=15)
     p.add_argument("--rounds", type=int, default=1, help="each link this many times, links alternating")
     p.add_argument("--timeout", type=float, default=300)
@@ -114,7 +135,8 @@ def main() -> None:
             if args.out:
                 with open(args.out, "a") as fh:
                     fh.write(json.dumps(row) + "\n")
-    print(f"\n{args.tensors} tensors, {args.total_bytes:,} bytes, 2 ranks, gloo; medians of {args.reps} (ms)")
+    what = f"tensors of {args.numel} elements" if args.numel else f"{args.tensors} tensors, {args.total_bytes:,} bytes"
+    print(f"\n{what}, 2 ranks, gloo; medians of {args.reps} (ms)")
     print("| link | round | queued (ZeRO's) | each waited | one 64 B broadcast | load |\n|---|---|---|---|---|---|")
     for r in rows:
         m = r["ms"]
