@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextlib
 import datetime
 import json
+import os
+import time
 import weakref
 from typing import TYPE_CHECKING, Any
 
@@ -196,8 +198,6 @@ def settle_backend_threads(limit_s: float = 2.0, look_s: float = 0.005) -> None:
     such thread is running or waiting for a core ('R') at two looks in a row (Linux's
     /proc/self/task; elsewhere one short sleep), at most ``limit_s``: a thread blocked in a
     collective that will not finish sleeps ('S') and does not hold the exit up."""
-    import time
-
     deadline, quiet = time.monotonic() + limit_s, 0
     while quiet < 2 and time.monotonic() < deadline:
         time.sleep(look_s)
@@ -209,8 +209,6 @@ def settle_backend_threads(limit_s: float = 2.0, look_s: float = 0.005) -> None:
 
 def _backend_threads_busy() -> bool | None:
     """Whether a backend worker thread of this process is running or runnable; None off Linux."""
-    import os
-
     try:
         tasks = os.listdir("/proc/self/task")
     except OSError:
@@ -221,8 +219,8 @@ def _backend_threads_busy() -> bool | None:
                 stat = f.read()
         except OSError:  # the thread ended
             continue
-        name, state = stat[stat.find("(") + 1:stat.rfind(")")], stat[stat.rfind(")") + 2:stat.rfind(")") + 3]
-        if name in _BACKEND_THREADS and state in ("R", "D"):
+        head, _, tail = stat.rpartition(")")  # "tid (name) state ...": the name may hold spaces or ')'
+        if head.partition("(")[2] in _BACKEND_THREADS and tail[1:2] in ("R", "D"):
             return True
     return False
 
