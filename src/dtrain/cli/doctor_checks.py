@@ -10,6 +10,7 @@ import platform
 import resource
 import socket
 import statistics
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -109,6 +110,10 @@ def check_network(cfg: DoctorConfig) -> Check:
     except socket.gaierror:
         host_ip = "unresolvable"
     detail = f"peers see this node as {local}" + (f" (interface {iface})" if iface else "") + f"; host name {host} -> {host_ip}"
+    problem = netif.user_interface_problem(addr, os.environ)
+    if problem is not None:
+        what, _, fix = problem.partition("; ")
+        return Check("network", "FAIL", f"{detail}; {what}", fix)
     if cfg.nnodes > 1:
         if ip.startswith("127.") or local.startswith("127."):
             return Check("network", "FAIL", detail + f"; master {addr} is a loopback address",
@@ -213,7 +218,7 @@ def _probe_body(sizes: list[int], reps: int, device: str | None = None, links: b
     return out, coll
 
 
-def _probe_nodes(cfg: DoctorConfig, store: dist.Store) -> tuple[dict[int, float], dict | None]:
+def _probe_nodes(cfg: DoctorConfig, store: dist.Store, connected: threading.Event) -> tuple[dict[int, float], dict | None]:
     """Collective: every node's doctor. The probe between the nodes, one process each, over the
     doctor's rendezvous store (the same transport a job's ranks use between nodes), its sockets on
     the interface that routes to the master as a job's are (``netif.socket_env``: on hosts whose
@@ -227,6 +232,7 @@ def _probe_nodes(cfg: DoctorConfig, store: dist.Store) -> tuple[dict[int, float]
     try:
         dist.init_process_group("nccl" if cuda else "gloo", store=dist.PrefixStore("doctor/probe", store), rank=cfg.node_rank,
                                 world_size=cfg.nnodes, timeout=datetime.timedelta(seconds=cfg.timeout_s))
+        connected.set()
         try:
             return time_all_reduce(device, _SIZES, 10), (time_collectives(device) if cfg.links_out else None)
         finally:
@@ -234,6 +240,42 @@ def _probe_nodes(cfg: DoctorConfig, store: dist.Store) -> tuple[dict[int, float]
     finally:
         for name in chosen:
             os.environ.pop(name, None)
+
+
+class _NoConnection(Exception):
+    """The nodes met in the store but their process group did not connect within --timeout."""
+
+
+abandoned_probe = False
+"""Set when a probe thread was left in gloo's connect: the doctor then leaves with ``os._exit``
+(the thread would take the GIL while the interpreter finalizes when gloo gives up)."""
+
+
+def _probe_nodes_bounded(cfg: DoctorConfig, store: dist.Store) -> tuple[dict[int, float], dict | None]:
+    """``_probe_nodes`` with its connection bounded by ``--timeout``: gloo retries a peer it
+    cannot connect to for its own ~100 s whatever the group's timeout (seen with the nodes
+    meeting in the store, then each announcing an address the other cannot reach). Once
+    connected, the collectives run to the end (each bounded by the group's timeout)."""
+    global abandoned_probe
+    connected, box = threading.Event(), {}
+
+    def body() -> None:
+        try:
+            box["out"] = _probe_nodes(cfg, store, connected)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            box["exc"] = exc
+        finally:
+            connected.set()
+
+    thread = threading.Thread(target=body, name="dtrain-doctor-probe", daemon=True)
+    thread.start()
+    if not connected.wait(cfg.timeout_s + 5):
+        abandoned_probe = True
+        raise _NoConnection(f"no connection between the nodes within {cfg.timeout_s:g} s of their meeting in the store")
+    thread.join()
+    if "exc" in box:
+        raise box["exc"]
+    return box["out"]
 
 
 def _write_links(cfg: DoctorConfig, seconds: dict, ranks: int, backend: str) -> str:
@@ -256,7 +298,7 @@ def check_allreduce(cfg: DoctorConfig, store: dist.Store | None = None) -> Check
         if cfg.nnodes > 1:
             if store is None:
                 return Check("all-reduce", "INFO", "probe between the nodes skipped (no rendezvous, or a node runs with --no-probe)")
-            res, coll = _probe_nodes(cfg, store)
+            res, coll = _probe_nodes_bounded(cfg, store)
         else:
             n, device, note = local_probe_size(preflight.cuda_device_count())
             backend = "gloo" if device == "cpu" else "nccl"
@@ -297,6 +339,8 @@ def _cause(exc: BaseException) -> str:
 
     if isinstance(exc, DistributedTestError):
         return exc.first_cause()[:300]
+    if isinstance(exc, _NoConnection):
+        return str(exc)
     text = str(exc).strip()
     return (f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__)[:300]
 

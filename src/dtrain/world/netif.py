@@ -20,6 +20,7 @@ import struct
 from collections.abc import Mapping
 
 from .._log import logger
+from ..errors import ConfigError
 
 VARIABLES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 _SIOCGIFADDR = 0x8915
@@ -113,10 +114,52 @@ def socket_env(master_addr: str, environ: Mapping[str, str]) -> dict[str, str]:
     return {v: found[0] for v in VARIABLES if not environ.get(v)}
 
 
+def _resolves_to_loopback(addr: str) -> bool:
+    """Whether every address ``addr`` resolves to is a loopback one (a name that does not resolve: no)."""
+    if is_loopback(addr):
+        return True
+    try:
+        found = {info[4][0] for info in socket.getaddrinfo(addr, None)}
+    except OSError:
+        return False
+    return bool(found) and all(is_loopback(a.split("%")[0]) for a in found)
+
+
+def user_interface_problem(master_addr: str, environ: Mapping[str, str]) -> str | None:
+    """Why the ``*_SOCKET_IFNAME`` the user set cannot carry a job whose master is ``master_addr``
+    (None: fine, or not set). Two mistakes the nodes would otherwise meet only as a connect
+    timeout after the rendezvous: an interface this host does not have, and the loopback
+    interface where the master is another host (every rank then announces 127.0.0.1).
+    ``GLOO_SOCKET_IFNAME`` is a comma-separated list of names; ``NCCL_SOCKET_IFNAME`` a list of
+    prefixes (``=`` exact, ``^`` excludes: not judged)."""
+    names = [name for _, name in socket.if_nameindex()]
+    loop = loopback_interface()
+    between_hosts = not _resolves_to_loopback(master_addr)
+    for var in VARIABLES:
+        value = environ.get(var, "").strip()
+        if not value or value.startswith("^"):
+            continue
+        exact = var == "GLOO_SOCKET_IFNAME" or value.startswith("=")
+        for want in filter(None, (w.strip() for w in value.lstrip("=").split(","))):
+            matched = [n for n in names if n == want or (not exact and n.startswith(want))]
+            if not matched:
+                return (f"{var}={value} names no interface of this host (it has: {', '.join(names)}); unset it "
+                        f"(dtrain then uses the interface that routes to {master_addr}) or name one of these")
+            if between_hosts and loop is not None and set(matched) == {loop}:
+                return (f"{var}={value} is the loopback interface, but the nodes meet at {master_addr}: the other "
+                        f"nodes cannot connect to this one there; unset it (dtrain then uses the interface that "
+                        f"routes to {master_addr}) or name the interface of the network the nodes share")
+    return None
+
+
 def use_route_interface(master_addr: str, *, quiet: bool = False) -> dict[str, str]:
     """Point gloo's and NCCL's sockets at the interface that routes to ``master_addr`` (the
     loopback interface for a loopback master) unless the user chose one (``socket_env``);
-    returns the variables set in this process (its workers inherit them)."""
+    returns the variables set in this process (its workers inherit them). A setting of the
+    user's that cannot work (``user_interface_problem``) is a ``ConfigError``."""
+    problem = user_interface_problem(master_addr, os.environ)
+    if problem is not None:
+        raise ConfigError(problem)
     chosen = socket_env(master_addr, os.environ)
     os.environ.update(chosen)
     if chosen and not quiet and not is_loopback(master_addr):

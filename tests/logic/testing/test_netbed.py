@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from dtrain.errors import ConfigError
 from dtrain.world import netif
 
 
@@ -26,6 +27,26 @@ def test_interface_that_routes_to_the_master_unless_the_user_chose_one():
     assert netif.socket_env(addr, {}) == {"GLOO_SOCKET_IFNAME": name, "NCCL_SOCKET_IFNAME": name}
     assert netif.socket_env(addr, {"GLOO_SOCKET_IFNAME": "mine"}) == {"NCCL_SOCKET_IFNAME": name}
     assert netif.socket_env(addr, {"GLOO_SOCKET_IFNAME": "a", "NCCL_SOCKET_IFNAME": "b"}) == {}
+
+
+def test_an_interface_setting_that_cannot_work_is_named_before_the_job_waits_for_it(monkeypatch):
+    """The user's GLOO/NCCL_SOCKET_IFNAME: an interface this host lacks, or loopback where the
+    master is another host (before, a rank waited out its start-up timeout, 95-120 s on the bed)."""
+    lo = netif.loopback_interface()
+    other = "192.0.2.1"  # TEST-NET-1: another host; nothing is sent
+    assert netif.user_interface_problem(other, {}) is None
+    assert netif.user_interface_problem(other, {"GLOO_SOCKET_IFNAME": lo}).startswith(
+        f"GLOO_SOCKET_IFNAME={lo} is the loopback interface, but the nodes meet at {other}")
+    assert netif.user_interface_problem(other, {"NCCL_SOCKET_IFNAME": f"={lo}"}).startswith(
+        f"NCCL_SOCKET_IFNAME=={lo} is the loopback interface")
+    assert netif.user_interface_problem("127.0.0.1", {"GLOO_SOCKET_IFNAME": lo}) is None  # one host: loopback is right
+    assert netif.user_interface_problem("localhost", {"NCCL_SOCKET_IFNAME": lo}) is None
+    missing = netif.user_interface_problem("127.0.0.1", {"GLOO_SOCKET_IFNAME": f"{lo},nosuch9"})
+    assert missing.startswith(f"GLOO_SOCKET_IFNAME={lo},nosuch9 names no interface of this host (it has: ") and lo in missing
+    assert netif.user_interface_problem(other, {"NCCL_SOCKET_IFNAME": "^docker"}) is None  # exclusions: not judged
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "nosuch9")
+    with pytest.raises(ConfigError, match="GLOO_SOCKET_IFNAME=nosuch9 names no interface"):
+        netif.use_route_interface("127.0.0.1", quiet=True)
 
 
 def test_unresolvable_master_leaves_the_choice_to_gloo():

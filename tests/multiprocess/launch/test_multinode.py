@@ -130,6 +130,40 @@ def test_the_doctor_probes_between_hosts_whose_name_is_loopback():
 
 @needs_bed
 @pytest.mark.timeout(120)
+def test_the_doctor_names_a_loopback_socket_interface_and_ends_its_probe_within_the_timeout():
+    """GLOO_SOCKET_IFNAME=lo on both nodes: they meet in the store, then each announces 127.0.0.1.
+    The network check names the setting; the probe ends within --timeout (+5 s): node 1 waited
+    for gloo's own connect retries before, 100 s with --timeout 20."""
+    port = 29715
+    env = {**_env(), "GLOO_SOCKET_IFNAME": "lo"}
+    with netbed.NetBed(hosts=2, shared_name="vm") as bed:
+        def doctor(rank: int) -> subprocess.Popen:
+            return bed.popen(rank, [sys.executable, "-m", "dtrain", "doctor", "--nnodes", "2", "--node-rank", str(rank),
+                                    "--master-addr", bed.addresses[0], "--master-port", str(port), "--timeout", "10"], env=env)
+        node0 = doctor(0)
+        try:
+            deadline = time.monotonic() + 60
+            while not any(a.endswith(f":{port}") for a in _listeners(bed.namespaces[0])) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            start = time.monotonic()
+            node1 = doctor(1)
+            outs = [node0.communicate(timeout=60)[0], node1.communicate(timeout=60)[0]]
+            took = time.monotonic() - start
+        finally:
+            node0.kill()
+    for proc, out in zip((node0, node1), outs):
+        assert proc.returncode == 1, out[-3000:]
+        assert re.search(r"^FAIL\s+network\s.*GLOO_SOCKET_IFNAME=lo is the loopback interface, but the nodes meet at 10\.77\.0\.1",
+                         out, re.M), out[-3000:]
+        assert re.search(r"^FAIL\s+all-reduce\s+2 nodes could not all-reduce", out, re.M), out[-3000:]
+        assert "Traceback" not in out, out[-3000:]
+    # The node whose peer connects to its own loopback is refused at once; the other waits for it.
+    assert any("no connection between the nodes within 10 s of their meeting in the store" in out for out in outs), outs[1][-3000:]
+    assert took < 45, f"the doctors took {took:.0f} s with --timeout 10"
+
+
+@needs_bed
+@pytest.mark.timeout(120)
 def test_a_first_node_nobody_can_reach_ends_in_one_line_within_the_bound():
     with netbed.NetBed(hosts=2, shared_name="vm") as bed, tempfile.TemporaryDirectory() as tmp:
         start = time.monotonic()
