@@ -90,7 +90,8 @@ def plan_task(task: Any, cluster: Cluster, *, batch: int, precision: str = "fp32
         if task_spec is not None:
             mach = machinery.measure(task_spec, batch=batch, precision=precision, optimizer=optimizer,
                                      kinds=machinery.kinds_for(layouts), microbatches=microbatches, schedule=schedule,
-                                     threads=threads, budget_s=profile_s, paired=cluster.world_size > 1)
+                                     threads=threads, budget_s=profile_s, paired=cluster.world_size > 1,
+                                     drift_steps=machinery.drift_steps(layouts, cluster, log_every))
             if cluster.oversubscribed(threads):  # more processes than the shared cores: what it costs, measured
                 mach = replace(mach, corun=machinery.corun(task_spec, processes=cluster.world_size, batch=batch,
                                                            precision=precision, optimizer=optimizer, threads=threads,

@@ -80,6 +80,10 @@ class Machinery:
     schedules: dict[str, tuple[int, float]] = field(default_factory=dict)
     """Pipeline layout (its ``--parallel`` string) -> (processes, seconds of its schedule) as the job
     runs it in a world of its processes on the profile's cores (``coupled``), where they outnumber them."""
+    drift: tuple[int, list[tuple[float, float]]] | None = None
+    """(steps per stretch, [(the slower rank's seconds, the ranks' mean seconds) per stretch]): the
+    world of two's ranks stepping the plain step that many times without meeting (local SGD's
+    steps between averagings), each stretch started together. ``drift_factor``."""
     loopback: Any = None
     """The collectives' figures (``links.Links``) between the world of two's ranks, timed in that
     world after its steps: what the loopback waits inside its TP, FSDP and ZeRO phases cost, so
@@ -94,6 +98,15 @@ class Machinery:
         if processes == 2 and "plain" in self.steps2 and self.steps["plain"].total > 0:
             return self.steps2["plain"].total / self.steps["plain"].total
         return None
+
+    def drift_factor(self) -> float | None:
+        """How much longer the slower of two ranks takes over stretches without a meeting than the
+        two on average (>= 1): a job whose ranks meet only every H steps moves at the slower's
+        pace, while the profile's medians and the pair's mean see the average. None: not measured."""
+        if not self.drift or not self.drift[1]:
+            return None
+        slow, mean = sum(s for s, _ in self.drift[1]), sum(m for _, m in self.drift[1])
+        return max(1.0, slow / mean) if mean > 0 else None
 
     def paired(self, kind: str) -> bool:
         """Whether ``extra(kind)`` comes from the world of two."""
@@ -126,6 +139,8 @@ class Machinery:
                 "corun": None if self.corun is None else {"processes": self.corun[0], "alone_ms": round(self.corun[1] * 1e3, 3),
                                                           "together_ms": round(self.corun[2] * 1e3, 3)},
                 "schedules_ms": {k: {"processes": n, "schedule": round(t * 1e3, 3)} for k, (n, t) in self.schedules.items()},
+                "drift": None if self.drift is None else {"steps": self.drift[0], "factor": self.drift_factor(),
+                                                          "stretches_ms": [[round(a * 1e3, 2), round(b * 1e3, 2)] for a, b in self.drift[1]]},
                 "loopback": None if self.loopback is None else self.loopback.describe()}
 
 
@@ -152,6 +167,16 @@ def kinds_for(layouts: list[Any]) -> list[str]:
     return list(dict.fromkeys(out))
 
 
+def drift_steps(layouts: list[Any], cluster: Any, log_every: int = 20) -> int | None:
+    """Steps between local SGD's meetings (its longest period among ``layouts``, at most
+    ``log_every``: the log steps meet too) where its ranks' drift is measured: a job of two
+    processes on the profile's shared cores (``Machinery.drift``), else None."""
+    periods = [int(lay.comm.partition(":")[2] or 16) for lay in layouts if lay.comm.startswith("localsgd")]
+    if not periods or not cluster.shared_cores or cluster.world_size != 2:
+        return None
+    return max(1, min(max(periods), log_every or max(periods)))
+
+
 PAIRED = ("tp", "fsdp", "zero1", "pp")
 """Kinds measured again in a world of two (``Machinery.steps2``), besides DDP's none, bf16 and fp16."""
 
@@ -165,10 +190,12 @@ def paired_kinds(kinds: list[str]) -> list[str]:
 
 def measure(task_spec: tuple[str, str | None, dict[str, str]], *, batch: int, precision: str, optimizer: str, kinds: list[str],
             microbatches: int = 4, schedule: str = "1f1b", threads: int = 1, budget_s: float = 10.0,
-            paired: bool = False) -> Machinery:
+            paired: bool = False, drift_steps: int | None = None) -> Machinery:
     """Run the profile in a fresh process (a world of one) and return its measurements; with
     ``paired`` (a job of several processes), the plain step and the kinds that talk inside the
-    step again in a fresh world of two local ranks (``Machinery.steps2``; half of ``budget_s``)."""
+    step again in a fresh world of two local ranks (``Machinery.steps2``; half of ``budget_s``),
+    and with ``drift_steps`` there stretches of that many plain steps without a meeting
+    (``Machinery.drift``; a quarter of ``budget_s`` more)."""
     from ..testing import run_distributed
 
     spec = {"task": task_spec, "batch": batch, "precision": precision, "optimizer": optimizer, "kinds": kinds,
@@ -176,18 +203,20 @@ def measure(task_spec: tuple[str, str | None, dict[str, str]], *, batch: int, pr
     env = {"OMP_NUM_THREADS": str(threads)}
     raw = run_distributed(body, spec, world_size=1, timeout=120 + 4 * budget_s, env=env)[0]
     steps2: dict[str, Phases] = {}
-    loopback = None
+    loopback, drift = None, None
     if paired:  # the plain step at least: two processes' slowdown (``corun_slowdown``), and the loopback
         import os
 
         from .links import from_measurement
 
-        got = run_distributed(body, {**spec, "kinds": paired_kinds(kinds), "budget_s": budget_s / 2}, world_size=2, timeout=120 + 4 * budget_s, env=env)
+        got = run_distributed(body, {**spec, "kinds": paired_kinds(kinds), "budget_s": budget_s / 2, "drift_steps": drift_steps},
+                              world_size=2, timeout=120 + 4 * budget_s, env=env)
         steps2 = {k: Phases(*(statistics.mean(r["steps"][k][i] for r in got) for i in range(3))) for k in got[0]["steps"]}
+        drift = (drift_steps, got[0]["drift"]) if got[0].get("drift") else None
         loopback = from_measurement(got[0]["loopback"], ranks=2, between="processes", backend="gloo", load=os.getloadavg()[0])
     return Machinery(batch=batch, microbatches=microbatches, steps={k: Phases(*v) for k, v in raw["steps"].items()},
                      average_s=raw["average_s"], rounds=raw["rounds"], rss=raw["rss"], threads=threads, other_load=raw["other_load"],
-                     by_session=raw["by_session"], steps2=steps2, loopback=loopback)
+                     by_session=raw["by_session"], steps2=steps2, loopback=loopback, drift=drift)
 
 
 def corun(task_spec: tuple[str, str | None, dict[str, str]], *, processes: int, batch: int, precision: str,
@@ -270,6 +299,7 @@ def body(spec: dict[str, Any]) -> dict[str, Any]:
         rss["plain_peak"] = max(0.0, procfs.status("VmHWM") - before)
     steps, rounds, (other, by_group) = _rounds(runners, spec["budget_s"])
     average = _average_s(task, runners) if any(k.startswith("ddp:localsgd") for k in spec["kinds"]) else None
+    drift = _drift(runners["plain"], spec["drift_steps"], spec["budget_s"] / 2) if spec.get("drift_steps") else None
     loopback = None
     if dist.get_world_size() > 1:  # the collectives between these ranks, as the steps just had them
         from ..diag.probe import LINK_SIZES, time_collectives
@@ -277,7 +307,7 @@ def body(spec: dict[str, Any]) -> dict[str, Any]:
         loopback = time_collectives(torch.device("cpu"), LINK_SIZES, 7)  # 7: small sizes on a busy host are noisy
     dist.destroy_process_group()
     return {"steps": steps, "rounds": rounds, "average_s": average, "rss": rss, "other_load": other, "by_session": by_group,
-            "loopback": loopback}
+            "loopback": loopback, "drift": drift}
 
 
 MAX_ROUNDS = 60
@@ -306,6 +336,32 @@ def _rounds(runners: dict[str, Callable[[], tuple[float, float, float]]], budget
     seen = [o for o in others if o is not None]
     other = statistics.mean(seen) if seen else 0.0
     return {k: tuple(statistics.median(t[i] for t in v) for i in range(3)) for k, v in times.items()}, rounds, (other, by_group)
+
+
+DRIFT_STRETCHES = (4, 16)
+"""At least 4, at most 16 stretches in ``_drift``'s budget: on the bed the slower rank changed from
+one stretch of about ten steps to the next (benchmarks/localsgd_drift.py)."""
+
+
+def _drift(run: Callable[[], Any], steps: int, budget_s: float) -> list[tuple[float, float]]:
+    """Collective (a world of several). Stretches of ``steps`` plain steps on every rank at once,
+    each started by a barrier and with no meeting inside (local SGD's steps between averagings):
+    (the slowest rank's seconds, the ranks' mean) per stretch."""
+    import torch
+    import torch.distributed as dist
+
+    out: list[tuple[float, float]] = []
+    start = time.perf_counter()
+    while _agree(len(out) < DRIFT_STRETCHES[0] or (len(out) < DRIFT_STRETCHES[1] and time.perf_counter() - start < budget_s)):
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            run()
+        took = [torch.zeros(1, dtype=torch.float64) for _ in range(dist.get_world_size())]
+        dist.all_gather(took, torch.tensor([time.perf_counter() - t0], dtype=torch.float64))
+        each = [t.item() for t in took]
+        out.append((max(each), statistics.mean(each)))
+    return out
 
 
 def _agree(go: bool) -> bool:

@@ -267,10 +267,25 @@ def step_phases(prof: ModelProfile, c: Cluster, layout: Layout, s, fwd: float, b
         if note:
             notes.append(note)
     more = serial_comm(prof, c, layout, s, params_rank, g_rep, g_tp)
+    if layout.comm.startswith("localsgd") and (drift := drift_s(prof, c, phases["data"] + fwd_t + bwd_t + opt_t)):
+        phases["drift"] = drift
+        m = prof.machinery
+        notes.append(f"localsgd: its ranks meet only to average and log, and between move at the slower's pace: "
+                     f"x{m.drift_factor():.3f} of the compute (the world of two's stretches of {m.drift[0]} steps, measured)")
     phases["exposed_comm"] = exposed + more
     phases["log"] = log_step(c, s) / max(1, s.log_every)
     phases["optimizer"] = opt_t
     return phases, wire + more, notes
+
+
+def drift_s(prof: ModelProfile, c: Cluster, compute_s: float) -> float:
+    """Seconds a step of local SGD waits, on average, for the slower rank at the next meeting: the
+    world of two's stretches without a meeting (``Machinery.drift_factor``) for a job of two on the
+    profile's shared cores; 0 elsewhere (not measured: ranks on machines of their own, or more
+    ranks, whose slowest lags more)."""
+    m = prof.machinery
+    factor = m.drift_factor() if m is not None and c.shared_cores and c.world_size == 2 else None
+    return (factor - 1.0) * compute_s if factor else 0.0
 
 
 def log_step(c: Cluster, s) -> float:
@@ -278,7 +293,7 @@ def log_step(c: Cluster, s) -> float:
     the loss's mean and the preemption check (an all-reduce of one number each), then the
     breakdown's all-gather of each rank's medians and p90s (``Observer._gather``). Each waits
     for every rank: where ranks drift apart between them (local SGD), also for the slowest
-    (not counted)."""
+    (``drift_s``)."""
     from ..metrics.breakdown import STAT_KEYS
 
     world = Group(c.nodes, c.procs_per_node)

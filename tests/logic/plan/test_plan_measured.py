@@ -513,3 +513,30 @@ def test_a_log_step_costs_its_collectives_amortised_over_log_every():
     for every in (1, 10, 20):
         assert predict(_prof(), c, ddp, Settings(batch=8, log_every=every)).phases_s["log"] == pytest.approx(once / every)
     assert predict(_prof(), _cpu(1).with_world(1, 1), Layout("single", ParallelDims()), Settings(batch=8)).phases_s["log"] == 0.0
+
+
+def test_local_sgd_on_shared_cores_waits_for_the_slower_rank_by_the_measured_drift():
+    """Stretches of steps without a meeting: the slower rank's time over the ranks' mean (summed
+    over stretches) times the step's compute, for a job of two on the profile's shared cores only."""
+    from dtrain.plan.machinery import drift_steps
+
+    stretches = [(0.110, 0.100), (0.105, 0.100), (0.100, 0.100)]  # 315 / 300: x1.05
+    m = replace(_machinery(), drift=(10, stretches))
+    assert m.drift_factor() == pytest.approx(1.05)
+    assert replace(m, drift=(10, [(0.1, 0.1)])).drift_factor() == 1.0 and _machinery().drift_factor() is None
+    s = Settings(batch=8)
+    local = Layout("ddp", ParallelDims(dp_replicate=2), comm="localsgd:8")
+    shared = replace(_cpu(2), shared_cores=2)
+    with_drift, without = predict(_prof(m), shared, local, s), predict(_prof(_machinery()), shared, local, s)
+    compute = sum(with_drift.phases_s[k] for k in ("data", "forward", "backward", "optimizer"))
+    assert with_drift.phases_s["drift"] == pytest.approx(0.05 * compute) and "drift" not in without.phases_s
+    assert with_drift.step_s - without.step_s == pytest.approx(0.05 * compute)
+    assert "x1.050 of the compute" in " ".join(with_drift.notes)
+    assert "drift" not in predict(_prof(m), _cpu(2), local, s).phases_s  # ranks on cores of their own
+    assert "drift" not in predict(_prof(m), replace(_cpu(4), shared_cores=2), local, s).phases_s  # four: not measured
+    assert "drift" not in predict(_prof(m), shared, Layout("ddp", ParallelDims(dp_replicate=2), comm="powersgd:2"), s).phases_s
+    # what is measured: the longest period, cut at the log steps (they meet too); only where it is used
+    layouts = [local, Layout("ddp", ParallelDims(dp_replicate=2), comm="localsgd:32")]
+    assert drift_steps(layouts, shared, log_every=20) == 20 and drift_steps(layouts, shared, log_every=50) == 32
+    assert drift_steps(layouts, _cpu(2)) is None and drift_steps(layouts[:0], shared) is None
+    assert drift_steps(layouts, replace(_cpu(4), shared_cores=2)) is None

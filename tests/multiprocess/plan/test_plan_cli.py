@@ -76,7 +76,7 @@ def test_a_pipeline_of_two_real_stages_is_timed_in_the_world_of_two():
 
     # fp16: a pipeline refuses loss scaling, so the pair runs it as bf16, as the world of one does
     m = machinery.measure(("digits", None, {}), batch=32, precision="fp16-mixed", optimizer="adam", kinds=["micro", "pp"],
-                          budget_s=1.0, paired=True)
+                          budget_s=1.0, paired=True, drift_steps=4)
     # the world of one ran the schedule over one stage; the world of two over two real stages (dtrain's Pipe)
     assert {"plain", "micro", "pp"} <= set(m.steps) and {"plain", "pp"} == set(m.steps2)
     assert m.steps2["pp"].forward > 0 and m.steps2["pp"].backward == 0.0  # a schedule does not tell its phases apart
@@ -84,6 +84,10 @@ def test_a_pipeline_of_two_real_stages_is_timed_in_the_world_of_two():
     assert m.loopback is not None and m.loopback.ranks == 2
     assert {"all_gather", "reduce_scatter", "broadcast", "send_recv"} <= set(m.loopback.figures)
     assert all(f.lat > 0 and f.bw > 0 for f in m.loopback.figures.values())
+    # and local SGD's stretches without a meeting: the slower rank's time and the pair's mean, each
+    steps, stretches = m.drift
+    assert steps == 4 and 4 <= len(stretches) <= 16 and all(slow >= mean > 0 for slow, mean in stretches)
+    assert m.drift_factor() >= 1.0 and m.describe()["drift"]["steps"] == 4
 
 
 @pytest.mark.timeout(180)
