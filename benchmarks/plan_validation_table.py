@@ -63,11 +63,28 @@ def summary(rows: list[dict], ratios: dict) -> None:
         if mem:
             print(f"{name} per rank: median |error| {statistics.median(mem):.1%}, max {max(mem):.1%} over {len(mem)} configurations")
     picks = picks_of(rows)  # the group's plan (all its layouts at one moment) against the measured medians
-    right = 0
+    right, ties, regrets = 0, 0, []
     for name, bp, bm in picks:
         ok = bp["layout"] == bm["layout"] and bp["comm"] == bm["comm"]
         right += ok
         regret = bm["meas_samples_per_s"] / bp["meas_samples_per_s"] - 1
+        regrets.append(regret)
+        tie = not ok and runs_overlap(bp, bm)  # unsettled
+        ties += tie
         print(f"{name}: plan picks {bp['layout']} {bp['comm']}; fastest measured {bm['layout']} {bm['comm']}"
-              + ("" if ok else f" (the pick measured {regret:.0%} slower than the fastest)"))
-    print(f"fastest picked right in {right} of {len(picks)} groups")
+              + ("" if ok else f" (the pick measured {regret:.0%} slower than the fastest"
+                 + ("; their runs overlap: the runs do not settle the order)" if tie else ")")))
+    print(f"fastest picked right in {right} of {len(picks)} groups"
+          + (f"; of the {len(picks) - right} missed, {ties} unsettled (the pick's runs overlap the fastest's)" if ties else "")
+          + f"; the pick measured a median {statistics.median(regrets):.1%}, at most {max(regrets):.1%} slower than the fastest")
+
+
+def runs_overlap(a: dict, b: dict) -> bool:
+    """Whether two configurations' runs (two or more each) overlap: the slower median's fastest run
+    is no slower than the faster median's slowest run, so the measured order is within the runs'
+    own spread (one run each: no spread to judge by, never unsettled)."""
+    ra, rb = a.get("measured_runs_ms", []), b.get("measured_runs_ms", [])
+    if len(ra) < 2 or len(rb) < 2:
+        return False
+    slow, fast = (ra, rb) if a["measured_ms"] >= b["measured_ms"] else (rb, ra)
+    return min(slow) <= max(fast)

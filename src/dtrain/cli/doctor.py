@@ -7,7 +7,7 @@ import argparse
 from .. import _check as check
 from ..errors import ConfigError
 from ..launch.lifecycle import exit_now
-from . import doctor_checks
+from . import doctor_probe
 from .doctor_checks import DoctorConfig, environment_report, run_doctor
 
 
@@ -45,7 +45,7 @@ def main(args: argparse.Namespace) -> int:
     checks = run_doctor(cfg, echo=lambda line: print(line, flush=True))
     failed = [c.name for c in checks if c.status == "FAIL"]
     print(f"\n{len(checks)} checks: " + (f"{len(failed)} failed ({', '.join(failed)})" if failed else "all passed"))
-    if doctor_checks.abandoned_probe:  # a probe thread still in gloo's connect: leave without finalizing
+    if doctor_probe.abandoned_probe:  # a probe thread still in gloo's connect: leave without finalizing
         exit_now(1)
     return 1 if failed else 0
 

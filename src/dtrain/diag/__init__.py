@@ -1,5 +1,5 @@
 """Diagnostics: the stall watchdog, the collective checker and the all-reduce probe of
-``dtrain doctor`` (whose checks live with its command, ``dtrain.cli.doctor_checks``). They turn
+``dtrain doctor`` (whose checks live with its command, ``dtrain.cli.doctor_checks`` and ``doctor_probe``). They turn
 a silent hang or a misconfigured cluster into a clear report."""
 
 from .tracker import Tracker

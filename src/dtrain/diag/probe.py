@@ -2,7 +2,7 @@
 all-reduce of each size takes on the group already joined, and nccl-tests' bus bandwidth of it;
 and, for a plan's link figures, the other collectives a layout issues (all-gather,
 reduce-scatter, broadcast, a send and its receive), each at a few sizes. The doctor
-(``dtrain.cli.doctor_checks``) starts the processes; this part only measures."""
+(``dtrain.cli.doctor_probe``) starts the processes; this part only measures."""
 
 from __future__ import annotations
 

@@ -75,7 +75,7 @@ def plan_task(task: Any, cluster: Cluster, *, batch: int, precision: str = "fp32
     ``profile_s`` seconds of steps); without it the layouts' own CPU costs are left out."""
     from dataclasses import replace
 
-    from . import coupled, machinery
+    from . import coupled, machinery, sharing
     from .cluster import cpu_device
     from .profile import add_timing, profile_task
 
@@ -93,7 +93,7 @@ def plan_task(task: Any, cluster: Cluster, *, batch: int, precision: str = "fp32
                                      threads=threads, budget_s=profile_s, paired=cluster.world_size > 1,
                                      drift_steps=machinery.drift_steps(layouts, cluster, log_every))
             if cluster.oversubscribed(threads):  # more processes than the shared cores: what it costs, measured
-                mach = replace(mach, corun=machinery.corun(task_spec, processes=cluster.world_size, batch=batch,
+                mach = replace(mach, corun=sharing.corun(task_spec, processes=cluster.world_size, batch=batch,
                                                            precision=precision, optimizer=optimizer, threads=threads,
                                                            budget_s=min(4.0, profile_s / 2)))
                 mach = replace(mach, schedules=coupled.schedules(

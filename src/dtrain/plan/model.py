@@ -57,7 +57,9 @@ ASSUMPTIONS = (
     "the idle time before a step's first fsdp gather is the last step's optimizer and data",
     "log steps (--log-every, as dtrain train; default 20): two all-reduces of one number (the loss's mean, the "
     "preemption check) and the breakdown's all-gather of each rank's figures over all ranks, amortised (phase "
-    "'log'); where ranks drift apart between meetings (localsgd), each meeting also waits for the slowest: not counted",
+    "'log'); where ranks drift apart between meetings (localsgd), each meeting also waits for the slowest: for a job "
+    "of two on the profile's shared cores, measured (the world of two's stretches of steps without a meeting: the "
+    "slower rank's time over the pair's mean, x the step's compute, phase 'drift'); elsewhere not counted",
     "zero1: ddp's all-reduce, the optimizer on 1/dp of the parameters, then each parameter broadcast by its owner "
     "(torch's ZeroRedundancyOptimizer: one broadcast after another, so all parameter bytes / bandwidth; all issued before "
     "any is waited for, so a latency per sending rank, not per tensor; exposed)",

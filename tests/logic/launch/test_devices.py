@@ -8,7 +8,7 @@ import pytest
 
 from dtrain.bench.fit import fit_methods
 from dtrain.bench.methods import METHODS
-from dtrain.cli import doctor_checks as doctor
+from dtrain.cli import doctor_probe as doctor
 from dtrain.errors import ConfigError
 from dtrain.launch import preflight
 from dtrain.launch.preflight import check_ranks_fit

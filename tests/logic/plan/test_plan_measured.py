@@ -363,7 +363,8 @@ def test_more_processes_than_shared_cores_take_the_measured_corun_slowdown():
 
 
 def test_kinds_measured_in_a_world_of_two_give_their_extra_over_that_worlds_plain_step():
-    from dtrain.plan.machinery import _agree, paired_kinds
+    from dtrain.plan.machinery import paired_kinds
+    from dtrain.plan.sharing import agree as _agree
 
     assert paired_kinds(["plain", "ddp:none", "ddp:bf16", "ddp:powersgd:2", "ddp:localsgd:16", "zero1", "fsdp", "tp", "pp", "micro"]) == \
         ["ddp:none", "ddp:bf16", "zero1", "fsdp", "tp", "pp"]

@@ -13,6 +13,7 @@ import pytest
 from dtrain.bench.methods import METHODS
 from dtrain.bench.runner import _last_error
 from dtrain.cli import doctor_checks as doctor
+from dtrain.cli import doctor_probe
 from dtrain.testing import run_cli
 
 
@@ -67,7 +68,7 @@ def test_a_failed_reference_rank_reaches_the_report_with_its_cause(tmp_path):
 @pytest.mark.smoke
 def test_a_doctor_fail_line_carries_the_ranks_exception(monkeypatch):
     # Each probe rank asks for a GPU this machine does not have: the FAIL line says so.
-    monkeypatch.setattr(doctor, "local_probe_size", lambda gpus: (2, "cuda:7", ""))
-    check = doctor.check_allreduce(doctor.DoctorConfig())
+    monkeypatch.setattr(doctor_probe, "local_probe_size", lambda gpus: (2, "cuda:7", ""))
+    check = doctor_probe.check_allreduce(doctor.DoctorConfig())
     assert check.status == "FAIL"
     assert re.search(r"could not all-reduce \(rank 0: (dtrain\.errors\.)?ConfigError: device 'cuda:7' requested but CUDA is not available", check.detail), check.detail
