@@ -106,7 +106,7 @@ def check_network(cfg: DoctorConfig) -> Check:
     except socket.gaierror:
         host_ip = "unresolvable"
     detail = f"peers see this node as {local}" + (f" (interface {iface})" if iface else "") + f"; host name {host} -> {host_ip}"
-    problem = netif.user_interface_problem(addr, os.environ)
+    problem = netif.user_interface_problem(addr, os.environ, [netif.BACKEND_VARIABLE["nccl" if torch.cuda.is_available() else "gloo"]])
     if problem is not None:
         what, _, fix = problem.partition("; ")
         return Check("network", "FAIL", f"{detail}; {what}", fix)

@@ -26,7 +26,7 @@ from ..world import use_route_interface
 from ..world.reach import advertised_address
 from . import membership
 from .lifecycle import run_worker
-from .preflight import check_nodes, connect_store, wait_for_master
+from .preflight import check_nodes, connect_store, cuda_device_count, wait_for_master
 from .spec import LaunchSpec
 from .store import host_store
 from .supervise import AGENT_SIGNALS, Stopped, Supervisor
@@ -128,8 +128,11 @@ def _quiet_elastic_logs() -> None:
 def _socket_interface(spec: LaunchSpec) -> Iterator[None]:
     """The workers' gloo/NCCL sockets use the interface that routes to the master between
     nodes (plain torchrun binds gloo to whatever the host name resolves to, often 127.0.0.1),
-    and the loopback interface on one node (the host name may resolve to a public address)."""
-    chosen = use_route_interface(spec.addr, quiet=spec.node_rank != 0)
+    and the loopback interface on one node (the host name may resolve to a public address). Without
+    CUDA the workers will use gloo, whose variable is judged here; with it, each worker judges its
+    own backend's (``dtrain.init``)."""
+    backend = None if cuda_device_count() else "gloo"
+    chosen = use_route_interface(spec.addr, quiet=spec.node_rank != 0, backend=backend)
     try:
         yield
     finally:

@@ -58,7 +58,7 @@ def init_process_group(world: World, timeout_s: float = 1800.0, startup_s: float
         kwargs["init_method"] = f"tcp://{_bracket(world.master_addr)}:{world.master_port}"
     if world.device.type == "cuda":
         kwargs["device_id"] = world.device
-    use_route_interface(world.master_addr, quiet=not world.is_main)
+    use_route_interface(world.master_addr, quiet=not world.is_main, backend=world.backend)
     _register_exit_cleanup()
     if store is not None:
         reach.arrive(kwargs["store"], world)

@@ -17,7 +17,7 @@ import ipaddress
 import os
 import socket
 import struct
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from .._log import logger
 from ..errors import ConfigError
@@ -125,17 +125,19 @@ def _resolves_to_loopback(addr: str) -> bool:
     return bool(found) and all(is_loopback(a.split("%")[0]) for a in found)
 
 
-def user_interface_problem(master_addr: str, environ: Mapping[str, str]) -> str | None:
+def user_interface_problem(master_addr: str, environ: Mapping[str, str], variables: Sequence[str] = VARIABLES) -> str | None:
     """Why the ``*_SOCKET_IFNAME`` the user set cannot carry a job whose master is ``master_addr``
     (None: fine, or not set). Two mistakes the nodes would otherwise meet only as a connect
     timeout after the rendezvous: an interface this host does not have, and the loopback
     interface where the master is another host (every rank then announces 127.0.0.1).
     ``GLOO_SOCKET_IFNAME`` is a comma-separated list of names; ``NCCL_SOCKET_IFNAME`` a list of
-    prefixes (``=`` exact, ``^`` excludes: not judged)."""
+    prefixes (``=`` exact, ``^`` excludes: not judged). Only ``variables`` are judged: a job's
+    backend reads one of them (``BACKEND_VARIABLE``), and the other may name another kind of node's
+    interfaces."""
     names = [name for _, name in socket.if_nameindex()]
     loop = loopback_interface()
     between_hosts = not _resolves_to_loopback(master_addr)
-    for var in VARIABLES:
+    for var in variables:
         value = environ.get(var, "").strip()
         if not value or value.startswith("^"):
             continue
@@ -152,12 +154,17 @@ def user_interface_problem(master_addr: str, environ: Mapping[str, str]) -> str 
     return None
 
 
-def use_route_interface(master_addr: str, *, quiet: bool = False) -> dict[str, str]:
+BACKEND_VARIABLE = {"gloo": "GLOO_SOCKET_IFNAME", "nccl": "NCCL_SOCKET_IFNAME"}
+
+
+def use_route_interface(master_addr: str, *, quiet: bool = False, backend: str | None = None) -> dict[str, str]:
     """Point gloo's and NCCL's sockets at the interface that routes to ``master_addr`` (the
     loopback interface for a loopback master) unless the user chose one (``socket_env``);
-    returns the variables set in this process (its workers inherit them). A setting of the
-    user's that cannot work (``user_interface_problem``) is a ``ConfigError``."""
-    problem = user_interface_problem(master_addr, os.environ)
+    returns the variables set in this process (its workers inherit them). Where ``backend`` is
+    known, the user's setting of its variable that cannot work (``user_interface_problem``) is a
+    ``ConfigError``."""
+    judged = [BACKEND_VARIABLE[backend]] if backend in BACKEND_VARIABLE else []
+    problem = user_interface_problem(master_addr, os.environ, judged)
     if problem is not None:
         raise ConfigError(problem)
     chosen = socket_env(master_addr, os.environ)

@@ -4,6 +4,8 @@ be built (needs root and `ip netns`)."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from dtrain.errors import ConfigError
@@ -44,9 +46,16 @@ def test_an_interface_setting_that_cannot_work_is_named_before_the_job_waits_for
     missing = netif.user_interface_problem("127.0.0.1", {"GLOO_SOCKET_IFNAME": f"{lo},nosuch9"})
     assert missing.startswith(f"GLOO_SOCKET_IFNAME={lo},nosuch9 names no interface of this host (it has: ") and lo in missing
     assert netif.user_interface_problem(other, {"NCCL_SOCKET_IFNAME": "^docker"}) is None  # exclusions: not judged
+    # only the variable the job's backend reads: a CPU job leaves NCCL's alone, and the other way round
+    assert netif.user_interface_problem(other, {"NCCL_SOCKET_IFNAME": lo}, ["GLOO_SOCKET_IFNAME"]) is None
+    monkeypatch.delenv("NCCL_SOCKET_IFNAME", raising=False)
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "nosuch9")
     with pytest.raises(ConfigError, match="GLOO_SOCKET_IFNAME=nosuch9 names no interface"):
-        netif.use_route_interface("127.0.0.1", quiet=True)
+        netif.use_route_interface("127.0.0.1", quiet=True, backend="gloo")
+    assert netif.use_route_interface("127.0.0.1", quiet=True, backend="nccl") == {"NCCL_SOCKET_IFNAME": lo}
+    os.environ.pop("NCCL_SOCKET_IFNAME")  # set by the call above (not through monkeypatch)
+    assert netif.use_route_interface("127.0.0.1", quiet=True) == {"NCCL_SOCKET_IFNAME": lo}  # backend unknown: not judged
+    os.environ.pop("NCCL_SOCKET_IFNAME")
 
 
 def test_unresolvable_master_leaves_the_choice_to_gloo():
