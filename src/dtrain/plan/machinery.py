@@ -172,7 +172,9 @@ def drift_steps(layouts: list[Any], cluster: Any, log_every: int = 20) -> int | 
     """Steps between local SGD's meetings (its longest period among ``layouts``, at most
     ``log_every``: the log steps meet too) where its ranks' drift is measured: a job of two
     processes on the profile's shared cores (``Machinery.drift``), else None."""
-    periods = [int(lay.comm.partition(":")[2] or 16) for lay in layouts if lay.comm.startswith("localsgd")]
+    from ..comm.spec import CommSpec
+
+    periods = [CommSpec.parse(lay.comm).period for lay in layouts if lay.comm.startswith("localsgd")]
     if not periods or not cluster.shared_cores or cluster.world_size != 2:
         return None
     return max(1, min(max(periods), log_every or max(periods)))
