@@ -77,6 +77,22 @@ def summary(rows: list[dict], ratios: dict) -> None:
     print(f"fastest picked right in {right} of {len(picks)} groups"
           + (f"; of the {len(picks) - right} missed, {ties} unsettled (the pick's runs overlap the fastest's)" if ties else "")
           + f"; the pick measured a median {statistics.median(regrets):.1%}, at most {max(regrets):.1%} slower than the fastest")
+    print(close_calls(rows))
+
+
+def close_calls(rows: list[dict], margin: float | None = None) -> str:
+    """The picks split as `dtrain plan` flags them: a close call where the group plan put another
+    configuration within ``margin`` (``dtrain.plan.MARGIN``) of its best's samples/s."""
+    if margin is None:
+        from dtrain.plan import MARGIN as margin
+    got = {True: [0, 0], False: [0, 0]}
+    for name, bp, bm in picks_of(rows):
+        close = any(r is not bp and r["pred_samples_per_s"] * (1 + margin) >= bp["pred_samples_per_s"] for r in rows if r["group"] == name)
+        got[close][0] += 1
+        got[close][1] += bp["layout"] == bm["layout"] and bp["comm"] == bm["comm"]
+    (nc, rc), (nf, rf) = got[True], got[False]
+    return (f"picks the plan calls clear (runner-up predicted {margin:.0%} or more behind): {rf} of {nf} right; "
+            f"close calls (`dtrain plan` names them and the bench that orders them): {rc} of {nc} right")
 
 
 def runs_overlap(a: dict, b: dict) -> bool:

@@ -49,6 +49,8 @@ def fit_methods(methods: list[Method], nproc: int, device: str | None, *, nproc_
 def _why_not(m: Method, nproc: int, cuda: bool) -> str | None:
     if m.gpu_only and not cuda:
         return f"{m.name} needs CUDA (fp16 loss scaling); this bench runs on the CPU"
+    if m.comm and nproc < 2:
+        return f"{m.name} needs at least 2 processes (one has no gradients to send); this bench runs 1"
     if declared(m.strategy).staged_step and nproc < 2 and not m.single_process:
         return f"{m.strategy} needs at least 2 processes (a stage each); this bench runs 1"
     return None

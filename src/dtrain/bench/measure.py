@@ -134,6 +134,7 @@ def worker_parser():
     p.add_argument("--data-dir", default=None)
     p.add_argument("--strategy", default="ddp")
     p.add_argument("--parallel", default=None)
+    p.add_argument("--comm", default=None)
     p.add_argument("--precision", default="fp32")
     p.add_argument("--batch-size", type=int, default=None)
     p.add_argument("--lr", type=float, default=None)

@@ -23,6 +23,8 @@ class Method:
     gpu_only: bool = False
     parallel: str | None = None
     """A ``--parallel`` layout (e.g. ``dp_shard=2,tp=2``): the worker runs ``dtrain.init(parallel=...)``."""
+    comm: str | None = None
+    """A ``--comm`` method of DDP (e.g. ``powersgd:2``): the worker runs ``dtrain.init("ddp", comm=...)``."""
 
 
 METHODS: dict[str, Method] = {
@@ -56,6 +58,27 @@ def layout_methods(layouts: list[str], nproc: int) -> list[Method]:
         if any(m.name == str(dims) for m in out):
             raise ConfigError(f"--parallel {dims} is given twice; list each layout once.")
         out.append(Method(name=str(dims), strategy="auto", parallel=str(dims), description=f"dtrain --parallel {dims}"))
+    return out
+
+
+def comm_methods(comms: list[str], warmup: int) -> list[Method]:
+    """One method per ``--comm`` method of DDP, named ``ddp+METHOD`` (``ddp+bf16``: bf16 gradients on
+    the wire, not ``ddp-bf16``'s autocast); each starts after the bench's ``warmup`` plain steps."""
+    from ..comm import CommSpec
+
+    out: list[Method] = []
+    for text in comms:
+        spec = CommSpec.parse(text)
+        if spec.kind in ("none", "auto"):
+            why = "is the ddp method itself: add ddp to --methods" if spec.kind == "none" else \
+                "chooses at run time, during its measured warm-up: list the methods to compare (e.g. --comm powersgd:2 --comm localsgd:16)"
+            raise ConfigError(f"--comm {text}: {why}.")
+        if spec.kind == "powersgd" and warmup < 2:
+            raise ConfigError(f"--warmup {warmup} is too short for --comm {spec} (DDP settles its buckets in the first steps); use --warmup 2 or more.")
+        name = f"ddp+{spec}"
+        if any(m.name == name for m in out):
+            raise ConfigError(f"--comm {spec} is given twice; list each method once.")
+        out.append(Method(name=name, comm=str(spec), description=f"dtrain ddp, gradients sent as --comm {spec}"))
     return out
 
 

@@ -187,7 +187,8 @@ def markdown(report: dict[str, Any]) -> str:
              f"{'max CUDA memory allocated' if env['gpu'] else 'peak RSS'} per rank. State MiB/rank: parameters + gradients + optimizer state held by each rank after "
              "a step (shards only under zero1/fsdp, one stage under pipeline). Comm MiB/step: bytes each rank hands "
              "to collectives per step (gradients to all-reduce; zero1 adds the parameter broadcast, fsdp is two "
-             "parameter all-gathers and one gradient reduce-scatter; '-' when unknown).\n")
+             "parameter all-gathers and one gradient reduce-scatter; ddp+METHOD what its --comm method sends, "
+             "local SGD its parameters once every H steps; '-' when unknown).\n")
     fitted = "".join(f"\n- {n}" for n in report.get("notes", []))
     fitted += "".join(f"\n- skipped `{s['method']}`: {s['why']}" for s in report.get("skipped", []))
     return head + "\n".join(lines) + "\n" + (fitted + "\n" if fitted else "") + notes

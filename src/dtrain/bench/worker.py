@@ -20,6 +20,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         task = load_task(args.task, data_dir=args.data_dir, options=task_options(args.task_arg))
         layout = {"parallel": args.parallel, "tp_plan": task.tp_plan} if args.parallel else {}
+        if args.comm:  # from the first measured step on
+            layout.update(comm=args.comm, comm_warmup=args.warmup)
         ctx = dtrain.init(args.strategy, args.precision, seed=args.seed, device=args.device, **layout)
     except DtrainError as exc:
         print(f"dtrain: error: {exc}", file=sys.stderr)

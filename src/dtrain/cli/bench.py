@@ -10,7 +10,7 @@ from .. import _check as check
 from .._log import configure_cli_logging
 from ..bench import parse_methods
 from ..bench.fit import fit_methods
-from ..bench.methods import layout_methods
+from ..bench.methods import comm_methods, layout_methods
 from ..bench.report import build_report, markdown, write_report
 from ..bench.runner import BenchConfig, run_bench
 from ..errors import ConfigError
@@ -27,6 +27,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--methods", default=None, help="comma-separated (default: reference,dp,ddp,ddp-spawn,ddp-bf16,ddp-fp16 on GPU,hvd)")
     p.add_argument("--parallel", action="append", default=[], metavar="LAYOUT",
                    help="also measure this --parallel layout (repeatable), e.g. --parallel dp_shard=2,tp=2 --parallel tp=4 (with --methods ddp: a baseline)")
+    p.add_argument("--comm", action="append", default=[], metavar="METHOD",
+                   help="also measure ddp with this --comm method (repeatable), e.g. --comm powersgd:2 --comm localsgd:16 (as `dtrain plan` ranks them)")
     p.add_argument("-n", "--nproc", type=int, default=None, metavar="NPROC",
                    help="processes per multi-process method (default 2; on GPUs at most one per GPU)")
     p.add_argument("--steps", type=int, default=20, help="measured steps per repeat (default 20)")
@@ -75,7 +77,8 @@ def main(args: argparse.Namespace) -> int:
     configure_cli_logging(0, verbose=False)
     given = args.nproc is not None
     cfg = config_from_args(args)
-    fit = fit_methods(parse_methods(args.methods, device=cfg.device), cfg.nproc, cfg.device, nproc_given=given)
+    fit = fit_methods(parse_methods(args.methods, device=cfg.device) + comm_methods(args.comm, cfg.warmup), cfg.nproc, cfg.device,
+                      nproc_given=given)
     if fit.nproc != cfg.nproc:
         cfg = dataclasses.replace(cfg, nproc=fit.nproc, threads=args.threads or max(1, (os.cpu_count() or 1) // fit.nproc))
     for line in fit.notes + [f"skipped {s['method']}: {s['why']}" for s in fit.skipped]:

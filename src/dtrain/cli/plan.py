@@ -5,6 +5,7 @@ name the fastest that fits. Nothing is trained; see docs/plan.md."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 from .. import _check as check
 from ..errors import ConfigError
@@ -53,6 +54,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "own CPU cost in a world of one process (cpu; default 10)")
     o.add_argument("--no-layout-profile", action="store_true", help="cpu: time only the plain step, not each layout's machinery "
                    "(faster; the layouts' own CPU costs are then left out)")
+    o.add_argument("--margin", type=float, default=None, metavar="PCT", help="layouts predicted within PCT%% of the best are a "
+                   "close call: named, with the command that measures them (default 10, about the plan's own error)")
     o.add_argument("--top", type=int, default=None, metavar="N", help="show the N fastest only")
     o.add_argument("--json", action="store_true", help="print one JSON object: {layouts: [...], best: {...}, ...}")
     o.add_argument("--chart", default=None, metavar="PNG", help="also write a bar chart (needs matplotlib)")
@@ -104,6 +107,8 @@ def main(args: argparse.Namespace) -> int:
                         ("--log-every", args.log_every)):
         _positive(name, value)
     check.seconds("--profile-seconds", args.profile_seconds)
+    if args.margin is not None and not 0 <= args.margin < 100:
+        raise ConfigError(f"--margin {args.margin:g}: a percentage of the best's speed from 0 to under 100 (e.g. --margin 10).")
     if args.precision not in (*PRESETS, None, "auto"):
         raise ConfigError(f"unknown precision {args.precision!r}; choose one of: {', '.join(PRESETS)}.")
     nnodes, max_nodes = parse_nnodes(args.nnodes)
@@ -125,15 +130,25 @@ def main(args: argparse.Namespace) -> int:
                      activation_checkpointing=args.activation_checkpointing, microbatches=args.microbatches,
                      schedule=args.pipeline_schedule, threads=threads, layouts=layouts, comms=comms, task_spec=spec,
                      profile_s=args.profile_seconds, log_every=args.log_every)
+    if args.margin is not None:
+        plan = dataclasses.replace(plan, margin=args.margin / 100)
     if args.chart:
         report.chart(plan, args.chart)
     if args.json:
         print(report.to_json(plan))
     else:
-        report.print_table(plan, top=args.top)
+        report.print_table(plan, top=args.top, task_flags=_task_flags(args, batch))
         if args.chart:
             print(f"chart: {args.chart}")
     return 0
+
+
+def _task_flags(args: argparse.Namespace, batch: int) -> tuple[str, ...]:
+    """The task as `dtrain bench` and `dtrain train` take it, for the command a close call prints."""
+    flags = ["--task", args.task, *(f for kv in args.task_arg for f in ("--task-arg", kv))]
+    if args.data_dir:
+        flags += ["--data-dir", args.data_dir]
+    return (*flags, "--batch-size", str(batch))
 
 
 def _check_comms(comms: tuple[str, ...]) -> None:

@@ -16,6 +16,11 @@ from .layouts import COMMS, Layout, candidates
 from .model import ASSUMPTIONS, Prediction, Settings, predict
 from .profile import ModelProfile
 
+MARGIN = 0.10
+"""Predictions this close (a fraction of the best's samples/s) are too close to call: on the test
+bed the plan's step time is off by a median 8.5% (benchmarks/results/31-plan.md), and the picks it
+got wrong there since run 19 were between layouts it predicted within 9% of each other."""
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -24,6 +29,8 @@ class Plan:
     cluster: Cluster
     profile: ModelProfile
     settings: Settings
+    margin: float = MARGIN
+    """``close_to`` counts a prediction this close to another (``dtrain plan --margin``)."""
 
     @property
     def best(self) -> Prediction | None:
@@ -36,6 +43,15 @@ class Plan:
         (``--comm none``): compression and local SGD change the update, which a user opts into."""
         return next((p for p in self.predictions if p.fits and p.layout.comm == "none"), None)
 
+    def close_to(self, pick: Prediction | None, *, exact: bool = False) -> list[Prediction]:
+        """The other layouts that fit whose predicted samples/s is within ``margin`` of ``pick``'s
+        (with ``exact``: among those with ``--comm none``), fastest first: the plan's error is as
+        large as their distance, so only a measurement orders them."""
+        if pick is None:
+            return []
+        return [p for p in self.predictions if p is not pick and p.fits and (not exact or p.layout.comm == "none")
+                and p.samples_per_s * (1 + self.margin) >= pick.samples_per_s]
+
     def as_dict(self) -> dict[str, Any]:
         world = self.cluster.world_size
         best, exact = self.best, self.best_exact
@@ -43,6 +59,8 @@ class Plan:
         return {"layouts": [p.as_dict(world) for p in self.predictions],
                 "best": best.as_dict(world) if best else None,
                 "best_exact": exact.as_dict(world) if exact else None,
+                "margin": self.margin, "close_to_best": [p.as_dict(world) for p in self.close_to(best)],
+                "close_to_best_exact": [p.as_dict(world) for p in self.close_to(exact, exact=True)],
                 "world_size": world, "cluster": self.cluster.describe(), "model": self.profile.as_dict(),
                 "settings": {"batch_size": s.batch, "precision": s.precision, "optimizer": s.optimizer,
                              "grad_accum": s.grad_accum, "activation_checkpointing": s.activation_checkpointing,
@@ -126,4 +144,4 @@ def _tied(task: Any) -> bool:
     return len(list(model.named_parameters(remove_duplicate=False))) != len(list(model.parameters()))
 
 
-__all__ = ["Cluster", "Layout", "ModelProfile", "Plan", "Prediction", "Settings", "make_plan", "plan_task", "predict"]
+__all__ = ["MARGIN", "Cluster", "Layout", "ModelProfile", "Plan", "Prediction", "Settings", "make_plan", "plan_task", "predict"]

@@ -65,13 +65,24 @@ def resolve(cfg: Any, world_size: int, nproc: int, device: str | None) -> Any:
     if pick is None:
         raise ConfigError(f"--parallel auto: no layout of {world_size} processes fits in memory by the plan; "
                           "run `dtrain plan` for the table (memory per rank) and a smaller --batch-size or more processes.")
-    rest = [p for p in plan.predictions if p.fits and p.layout.comm == "none" and p is not pick]
-    runner = f"; next: {rest[0].layout.label()} at {rest[0].step_s * 1e3:.1f} ms" if rest else ""
-    print(f"dtrain: --parallel auto: the plan picked {pick.layout.label()} ({pick.step_s * 1e3:.1f} ms a step predicted, "
-          f"{pick.samples_per_s:,.0f} samples/s{runner}; `dtrain plan` shows the table).", file=sys.stderr, flush=True)
+    print(pick_line(plan, pick), file=sys.stderr, flush=True)
     if pick.layout.is_strategy:
         return _with(cfg, strategy=pick.layout.name, layout=None)
     return _with(cfg, strategy="auto", layout=pick.layout.name)
+
+
+def pick_line(plan: Any, pick: Any) -> str:
+    """The one line ``--parallel auto`` prints: the pick, the runner-up, and whether the two are a
+    close call (``Plan.close_to``: within the plan's own error, so `dtrain plan` names the bench
+    that orders them)."""
+    rest = [p for p in plan.predictions if p.fits and p.layout.comm == "none" and p is not pick]
+    runner = f"; next: {rest[0].layout.label()} at {rest[0].step_s * 1e3:.1f} ms" if rest else ""
+    close = plan.close_to(pick, exact=True)
+    if close:
+        runner += (f"; a close call: {len(close)} other layout(s) within {plan.margin:.0%}, about the plan's own error "
+                   "(`dtrain plan` prints the `dtrain bench` that measures them)")
+    return (f"dtrain: --parallel auto: the plan picked {pick.layout.label()} ({pick.step_s * 1e3:.1f} ms a step predicted, "
+            f"{pick.samples_per_s:,.0f} samples/s{runner}; `dtrain plan` shows the table).")
 
 
 def _with(cfg: Any, **parallel: Any) -> Any:

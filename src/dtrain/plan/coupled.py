@@ -53,7 +53,7 @@ def body(spec: dict[str, Any]) -> float | None:
     from ..context.startup import init
     from ..errors import ConfigError
     from ..tasks import load_task, make_optimizer
-    from .profile import sample_batch
+    from .timing import sample_batch
 
     torch.set_num_threads(spec["threads"])
     name, data_dir, options = spec["task"]

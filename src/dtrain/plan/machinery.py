@@ -230,7 +230,8 @@ def body(spec: dict[str, Any]) -> dict[str, Any]:
 
     from ..tasks import load_task
     from ..train import loop  # noqa: F401 - a worker's imports, for its baseline memory
-    from .profile import count, sample_batch
+    from .profile import count
+    from .timing import sample_batch
 
     torch.set_num_threads(spec["threads"])
     dist.init_process_group("gloo")

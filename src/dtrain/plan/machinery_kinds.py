@@ -21,8 +21,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from .profile import Runner
-from .profile import timed_step as _step
+from .timing import Runner
+from .timing import timed_step as _step
 
 
 def _autocast(precision: str) -> Callable[[], contextlib.AbstractContextManager]:

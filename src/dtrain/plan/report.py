@@ -4,6 +4,7 @@ object, and as a chart (matplotlib, the ``plot`` extra)."""
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 from typing import Any, TextIO
 
@@ -62,7 +63,41 @@ def best_line(plan: Plan) -> str:
     return line
 
 
-def print_table(plan: Plan, *, top: int | None = None, out: TextIO = sys.stdout, assumptions: bool = True) -> None:
+BENCH_METHODS = ("ddp", "zero1", "fsdp")
+"""Layouts that are `dtrain bench` methods of the same name; the others are measured as --parallel."""
+
+
+def close_lines(plan: Plan, task_flags: tuple[str, ...] = ()) -> list[str]:
+    """What to do when the best is a close call (``Plan.close_to``): the layouts within the margin,
+    and the command that measures them (`dtrain bench` on one node; a short `dtrain train` of each
+    on several)."""
+    best = plan.best
+    close = plan.close_to(best)
+    if best is None or not close:
+        return []
+    names = ", ".join(f"{p.layout.label()} ({p.samples_per_s:,.1f} samples/s)" for p in close)
+    lines = [f"close call: {names} within {plan.margin:.0%} of the best's speed, about the plan's own error "
+             f"(docs/plan.md, its validation); measure them before a long run:"]
+    if plan.cluster.nodes == 1:
+        methods, extra = ["ddp"], []
+        for p in (best, *close):
+            lay = p.layout
+            if lay.comm != "none":
+                extra += ["--comm", lay.comm]
+            elif lay.name in BENCH_METHODS:
+                methods += [] if lay.name in methods else [lay.name]
+            else:
+                extra += ["--parallel", str(lay.dims)]
+        command = ["dtrain", "bench", *task_flags, "-n", str(plan.cluster.procs_per_node), "--methods", ",".join(methods), *extra, "--rounds", "3"]
+        lines.append(f"  {shlex.join(command)}")
+    else:
+        each = " | ".join(shlex.join(p.layout.train_args()) for p in (best, *close))
+        lines.append(f"  a short run of each on your nodes ({shlex.join(['dtrain', 'train', *task_flags, '--max-steps', '100'])} ...): {each}")
+    return lines
+
+
+def print_table(plan: Plan, *, top: int | None = None, out: TextIO = sys.stdout, assumptions: bool = True,
+                task_flags: tuple[str, ...] = ()) -> None:
     body = rows(plan, top)
     try:
         from rich.console import Console
@@ -84,6 +119,8 @@ def print_table(plan: Plan, *, top: int | None = None, out: TextIO = sys.stdout,
         for r in body:
             print("  ".join(v.ljust(w) for v, w in zip(r, widths)), file=out)
     print(best_line(plan), file=out)
+    for line in close_lines(plan, task_flags):
+        print(line, file=out)
     if assumptions:
         print("assumptions (dtrain plan --json lists them too):", file=out)
         for a in plan.as_dict()["assumptions"]:

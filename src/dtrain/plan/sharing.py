@@ -33,7 +33,7 @@ def corun_body(spec: dict[str, Any]) -> dict[str, float | None]:
 
     from ..tasks import load_task
     from .machinery_kinds import build_runner
-    from .profile import sample_batch
+    from .timing import sample_batch
 
     torch.set_num_threads(spec["threads"])
     dist.init_process_group("gloo")

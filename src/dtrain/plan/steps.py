@@ -8,6 +8,7 @@ import math
 from collections.abc import Callable
 from dataclasses import replace
 
+from ..comm.spec import CommSpec
 from . import costs
 from .cluster import Cluster
 from .costs import Group, group_of
@@ -97,7 +98,8 @@ def fsdp_step(prof: ModelProfile, c: Cluster, layout: Layout, s, fwd_t: float, b
 def comm_cost(prof: ModelProfile, c: Cluster, layout: Layout, s, bwd_window: float, nbytes: float,
               group: Group, rate: float, slow: float = 1.0) -> tuple[float, float, str | None]:
     """(wire s, exposed s, note) of ddp's gradient sync under ``--comm``."""
-    kind, _, arg = layout.comm.partition(":")
+    spec = CommSpec.parse(layout.comm)  # the one parser of --comm
+    kind = spec.kind
     if kind in ("none", "fp16", "bf16"):
         ratio = 1.0 if kind == "none" else 0.5
         wire, exposed = ddp_sync(nbytes, ratio, bwd_window, group, c, s.bucket_mib * 2**20)
@@ -105,7 +107,7 @@ def comm_cost(prof: ModelProfile, c: Cluster, layout: Layout, s, bwd_window: flo
     if kind == "powersgd":
         from .model import powersgd_elements
 
-        r = int(arg or 2)
+        r = spec.rank
         sent = powersgd_elements(prof, r) * 4 / layout.dims.tp
         tiny = costs.allreduce(4, group, c)  # the latency of the two extra all-reduces (P, then Q)
         flops = sum(4 * m * n * r for m, n in prof.matrices if m * n >= 2 * r * (m + n)) / layout.dims.tp
@@ -117,7 +119,7 @@ def comm_cost(prof: ModelProfile, c: Cluster, layout: Layout, s, bwd_window: flo
         compute = 0.0 if prof.machinery is not None else flops / rate
         return wire, wire + compute, f"powersgd:{r}: {sent / max(1.0, nbytes):.3f} of the gradient bytes"
     if kind == "localsgd":
-        period = int(arg or 16)
+        period = spec.period
         wire = costs.allreduce_after_idle(nbytes, group, c) / period  # after H steps of compute
         m = prof.machinery
         average = (m.average_s or 0.0) * slow / period if m is not None else 0.0

@@ -17,6 +17,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from .._log import logger, note_once
 from ..comm import CommSpec, Method, attach, needs_one_bucket, one_bucket_mb
+from ..comm.methods import powersgd_numel
 from ..errors import ConfigError
 from ..parallel.dims import ParallelDims
 from ..world import World
@@ -94,6 +95,26 @@ class DDPReplicas:
         """Collective: every rank, after each optimizer step (local SGD averages parameters here)."""
         if self.comm is not None:
             self.comm.after_step(optimizer)
+
+    def payload_bytes(self, model: nn.Module) -> int:
+        """Bytes one rank hands to collectives per step as the ``--comm`` method sends them,
+        amortised: every trainable gradient (none, and auto until it has chosen); half of them
+        (fp16, bf16); PowerSGD's P and Q and the gradients it leaves whole; local SGD's
+        parameters once every H steps."""
+        params = [p for p in model.parameters() if p.requires_grad]
+        full = sum(p.numel() * p.element_size() for p in params)
+        spec = self.config.comm
+        if spec.kind == "auto":  # what it chose, once it has
+            choice = getattr(self.comm, "choice", None)
+            spec = CommSpec.parse(choice) if choice else CommSpec()
+        if spec.kind in ("fp16", "bf16"):
+            return sum(p.numel() * 2 for p in params)
+        if spec.kind == "powersgd":
+            compressed, whole = powersgd_numel([p.shape for p in params], spec.rank)
+            return (compressed + whole) * 4  # the hook's buffers are fp32
+        if spec.kind == "localsgd":
+            return full // spec.period
+        return full
 
     def record(self) -> dict:
         """For result records: ``comm`` as asked, and ``comm_choice``, what ran (auto's pick)."""

@@ -176,13 +176,16 @@ class LayoutStrategy(Strategy):
         """Per step: unknown (None) with TP or stages (activations, whose size depends on the
         batch); FSDP over every rank: the unsharded parameters all-gathered for forward (and
         again for backward when resharded after forward) and the gradients reduce-scattered;
-        else one all-reduce of the gradients."""
+        else one all-reduce of the gradients, as its ``--comm`` method sends them
+        (``DDPReplicas.payload_bytes``)."""
         dims = self.placement.dims if self.placement is not None else ParallelDims()
         if self.pipeline is not None or dims.tp > 1 or dims.pp > 1:
             return None
         if self.fsdp is not None and not self.hybrid and dims.dp_replicate == 1:
             full = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)  # DTensor: global size
             return full * (3 if self.fsdp.reshard_after_forward else 2)
+        if self._ddp is not None:
+            return self._ddp.payload_bytes(model)
         return super().comm_payload_bytes(model)
 
 

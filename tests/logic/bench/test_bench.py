@@ -93,3 +93,23 @@ def test_failed_method_is_reported_not_hidden():
     report = build_report(cfg, runs)
     assert report["methods"][1]["error"] == "dtrain: error: boom"
     assert "failed: dtrain: error: boom" in markdown(report)
+
+
+def test_comm_methods_are_ddp_with_each_comm_and_bad_ones_are_one_line():
+    from dtrain.bench.fit import fit_methods
+    from dtrain.bench.methods import comm_methods
+    from dtrain.bench.runner import worker_args
+
+    got = comm_methods(["powersgd:2", "localsgd"], warmup=5)
+    assert [(m.name, m.strategy, m.comm) for m in got] == [("ddp+powersgd:2", "ddp", "powersgd:2"), ("ddp+localsgd:16", "ddp", "localsgd:16")]
+    args = worker_args(BenchConfig(task="digits"), got[0], "/tmp/x")
+    assert args[args.index("--comm") + 1] == "powersgd:2" and args[args.index("--strategy") + 1] == "ddp"
+    assert "--comm" not in worker_args(BenchConfig(task="digits"), METHODS["ddp"], "/tmp/x")
+    for bad, message in ((["none"], "is the ddp method itself"), (["auto"], "chooses at run time"),
+                         (["bf16", "bf16"], "given twice"), (["zip"], "unknown --comm 'zip'")):
+        with pytest.raises(ConfigError, match=message):
+            comm_methods(bad, warmup=5)
+    with pytest.raises(ConfigError, match="--warmup 1 is too short for --comm powersgd:2"):
+        comm_methods(["powersgd:2"], warmup=1)
+    fit = fit_methods(comm_methods(["bf16"], warmup=5), 1, "cpu", nproc_given=True, gpus=0)
+    assert fit.methods == [] and "needs at least 2 processes" in fit.skipped[0]["why"]

@@ -86,3 +86,22 @@ def test_comm_needs_ddp():
     with pytest.raises(ConfigError, match="works with the ddp strategy"):
         dtrain.context.startup.comm_options("dp", dtrain.World(size=2, rank=0), "fp16", None)
     assert dtrain.context.startup.comm_options("single", dtrain.World(), "fp16", None) == {}  # one process: a note
+
+
+@pytest.mark.parametrize("comm, expected", [
+    ("none", (64 * 32 + 32 + 32 * 10 + 10) * 4),
+    ("bf16", (64 * 32 + 32 + 32 * 10 + 10) * 2),
+    # by hand: weight 32x64 -> P+Q 2 x (32 + 64) = 192; weight 10x32 -> 2 x (10 + 32) = 84; biases whole 32 + 10; fp32
+    ("powersgd:2", (192 + 84 + 42) * 4),
+    ("localsgd:4", (64 * 32 + 32 + 32 * 10 + 10) * 4 // 4),
+    ("auto", (64 * 32 + 32 + 32 * 10 + 10) * 4),  # until it has chosen
+])
+def test_the_bytes_reported_per_step_are_what_the_comm_method_sends(comm, expected):
+    from dtrain.strategies.ddp import DDPConfig, DDPReplicas
+
+    model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.Linear(32, 10))
+    replicas = DDPReplicas(DDPConfig(comm=CommSpec.parse(comm)))
+    assert replicas.payload_bytes(model) == expected
+    if comm == "auto":  # once it has chosen: what it chose sends
+        replicas.comm = type("Chosen", (), {"choice": "localsgd:8"})()
+        assert replicas.payload_bytes(model) == (64 * 32 + 32 + 32 * 10 + 10) * 4 // 8

@@ -401,7 +401,7 @@ def test_a_paired_ddp_step_times_backward_to_the_graphs_end_not_the_wait_after_i
 
     import torch
 
-    from dtrain.plan.profile import timed_step
+    from dtrain.plan.timing import timed_step
 
     class Slow(torch.autograd.Function):  # a wait that runs after the graph, as DDP's last all-reduce does
         @staticmethod

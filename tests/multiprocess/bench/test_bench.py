@@ -13,11 +13,14 @@ from dtrain.testing import run_cli
 @pytest.mark.slow
 def test_bench_cli_writes_all_reports_with_every_method(tmp_path):
     out = tmp_path / "bench"
-    r = run_cli(["bench", "--task", "digits", "--steps", "3", "--repeats", "1", "--warmup", "1", "--out", str(out)], timeout=400)
+    r = run_cli(["bench", "--task", "digits", "--steps", "3", "--repeats", "1", "--warmup", "2", "--comm", "powersgd:2",
+                 "--comm", "localsgd:4", "--out", str(out)], timeout=400)
     assert r.returncode == 0, r.stdout + r.stderr
     report = json.loads((out / "report.json").read_text())
     names = [m["method"] for m in report["methods"]]
-    assert set(names) == {m.name for m in parse_methods(None)}
+    assert set(names) == {m.name for m in parse_methods(None)} | {"ddp+powersgd:2", "ddp+localsgd:4"}
+    sent = {m["method"]: m["comm_bytes_per_step"] for m in report["methods"]}
+    assert sent["ddp+localsgd:4"] == sent["ddp"] // 4 and 0 < sent["ddp+powersgd:2"] < sent["ddp"]
     for m in report["methods"]:
         assert "error" not in m, m
         assert m["samples_per_s"] > 0 and m["test_acc"] is not None
