@@ -343,6 +343,15 @@ NEW_FLAG_CASES = [
     Case("train-parallel-and-strategy", [*S, "-n", "2", "--strategy", "fsdp", "--parallel", "dp_shard=2"]),
     Case("run-parallel-repeated", ["run", "-n", "2", "--parallel", "tp=2,tp=1", "ok.py"]),
     Case("bench-parallel-repeated", ["bench", "--methods", "reference", "--parallel", "pp=2,pp=2"]),
+    # dtrain bench --comm, dtrain plan --margin (the plan's close calls)
+    Case("bench-comm-none", ["bench", "--methods", "ddp", "--comm", "none"]),
+    Case("bench-comm-auto", ["bench", "--methods", "ddp", "--comm", "auto"]),
+    Case("bench-comm-unknown", ["bench", "--methods", "ddp", "--comm", "zip"]),
+    Case("bench-comm-repeated", ["bench", "--methods", "ddp", "--comm", "bf16", "--comm", "bf16"]),
+    Case("bench-comm-powersgd-warmup", ["bench", "--methods", "ddp", "--warmup", "1", "--comm", "powersgd:2"]),
+    Case("plan-margin-negative", ["plan", "--margin", "-5"]),
+    Case("plan-margin-whole", ["plan", "--margin", "100"]),
+    Case("plan-margin-nan", ["plan", "--margin", "nan"]),
     Case("api-init-parallel-unknown", py="dtrain.init(parallel={'ep': 2})"),
     Case("api-init-parallel-repeated", py="dtrain.init(parallel='tp=1,tp=1')"),
     # dtrain ckpt ledger
