@@ -20,8 +20,9 @@ log interval included; 32 steps by default, two local SGD periods); the breakdow
 beside it. Memory:
 the parameter + gradient + optimizer bytes each rank reports after its first step, and the peak
 resident set of the busiest rank over the training steps (the last log interval's ``peak_mib``,
-before the final evaluation), against the plan's state and peak per rank. The kernel here has no
-netem, so links are shaped in rate only (tbf), with no added delay. Needs root and iproute2.
+before the final evaluation), against the plan's state and peak per rank. Links are shaped in rate
+(tbf) and, in the groups named ``-<N>ms``, delayed by N ms on what each host sends (netem, or where
+the kernel has none, as here, the bed's user-space delay line). Needs root and iproute2.
 
     PYTHONPATH=src python3 benchmarks/plan_validation.py [--groups lm-1g,mlp-100m] [--repeats 1] [--contest 2] [--out rows.jsonl]
     PYTHONPATH=src python3 benchmarks/plan_validation.py --table rows.jsonl      # the table of saved rows
@@ -36,6 +37,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from typing import NamedTuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SRC = os.path.join(os.path.dirname(HERE), "src")
@@ -50,14 +52,36 @@ LM = ["layers=2", "width=64", "heads=2", "context=64", "max_bytes=200000", "tie=
 MLP = ["hidden=512", "samples=8192"]
 """8192 samples: 64 steps an epoch at batch 64 on 2 ranks, so a run reaches ``--steps`` (runs 1-17 had 4096:
 one epoch of 32 steps ended the run there, and local SGD averaged once in its 22-step window, not once in 16)."""
-# name: (hosts, rate Mbit/s, task, task args, batch, [(layout, comm)])
+
+
+class Group(NamedTuple):
+    hosts: int
+    rate: float
+    """Mbit/s of every host's link."""
+    task: str
+    args: list[str]
+    batch: int
+    configs: list[tuple[str, str]]
+    """(layout, comm) of each configuration run."""
+    delay_ms: float = 0.0
+    """Added to what each host sends (a round trip between two hosts: twice this)."""
+
+
 GROUPS = {
-    "lm-1g": (2, 1000, "lm", LM, 16, [("ddp", "none"), ("ddp", "bf16"), ("zero1", "none"), ("fsdp", "none"), ("pp=2", "none"), ("tp=2", "none")]),
-    "lm-20m": (2, 20, "lm", LM, 16, [("ddp", "none"), ("ddp", "bf16"), ("ddp", "powersgd:2"), ("ddp", "localsgd:16"), ("fsdp", "none"), ("pp=2", "none")]),
-    "mlp-100m": (2, 100, "synthetic", MLP, 64, [("ddp", "none"), ("ddp", "fp16"), ("ddp", "powersgd:2"), ("ddp", "localsgd:16"), ("zero1", "none"), ("fsdp", "none")]),
-    "mlp-1g": (2, 1000, "synthetic", MLP, 64, [("ddp", "none"), ("ddp", "bf16"), ("zero1", "none"), ("fsdp", "none")]),
-    "lm-4h-100m": (4, 100, "lm", LM, 16, [("ddp", "none"), ("ddp", "bf16"), ("fsdp", "none"), ("pp=2,dp_replicate=2", "none")]),
+    "lm-1g": Group(2, 1000, "lm", LM, 16, [("ddp", "none"), ("ddp", "bf16"), ("zero1", "none"), ("fsdp", "none"), ("pp=2", "none"), ("tp=2", "none")]),
+    "lm-20m": Group(2, 20, "lm", LM, 16, [("ddp", "none"), ("ddp", "bf16"), ("ddp", "powersgd:2"), ("ddp", "localsgd:16"), ("fsdp", "none"),
+                                          ("pp=2", "none")]),
+    "mlp-100m": Group(2, 100, "synthetic", MLP, 64, [("ddp", "none"), ("ddp", "fp16"), ("ddp", "powersgd:2"), ("ddp", "localsgd:16"),
+                                                     ("zero1", "none"), ("fsdp", "none")]),
+    "mlp-1g": Group(2, 1000, "synthetic", MLP, 64, [("ddp", "none"), ("ddp", "bf16"), ("zero1", "none"), ("fsdp", "none")]),
+    "lm-4h-100m": Group(4, 100, "lm", LM, 16, [("ddp", "none"), ("ddp", "bf16"), ("fsdp", "none"), ("pp=2,dp_replicate=2", "none")]),
+    # With a delay (from 2026-11-27: the bed's delay line; the five above have none).
+    "lm-100m-10ms": Group(2, 100, "lm", LM, 16, [("ddp", "none"), ("ddp", "bf16"), ("ddp", "powersgd:2"), ("ddp", "localsgd:16"),
+                                                 ("fsdp", "none"), ("pp=2", "none")], delay_ms=10),
+    "mlp-3h-50m-5ms": Group(3, 50, "synthetic", MLP, 64, [("ddp", "none"), ("ddp", "fp16"), ("ddp", "powersgd:2"), ("ddp", "localsgd:16"),
+                                                          ("zero1", "none"), ("fsdp", "none")], delay_ms=5),
 }
+DEFAULT_GROUPS = ["lm-1g", "lm-20m", "mlp-100m", "mlp-1g", "lm-4h-100m"]
 RAW: str | None = None
 EVERY = 10
 """The runs' --log-every (and the plan's: each log step's collectives)."""
@@ -97,12 +121,11 @@ def measure_links(bed: NetBed, hosts: int, port: int, path: str) -> dict:
         return json.load(fh)
 
 
-def plan(group: tuple, links: str, cores: int, profile_s: float) -> tuple[dict, dict]:
-    hosts, rate, task, targs, batch, configs = group
-    layouts = ";".join(dict.fromkeys(lay for lay, _ in configs))
-    comms = ",".join(dict.fromkeys(c for _, c in configs))
-    cmd = [sys.executable, "-m", "dtrain", "plan", "--json", *task_flags(task, targs, batch), "--nnodes", str(hosts), "-n", "1",
-           "--inter-gbit", str(rate / 1000), "--links", links, "--shared-cores", str(cores), "--profile-threads", "1",
+def plan(group: Group, links: str, cores: int, profile_s: float) -> tuple[dict, dict]:
+    layouts = ";".join(dict.fromkeys(lay for lay, _ in group.configs))
+    comms = ",".join(dict.fromkeys(c for _, c in group.configs))
+    cmd = [sys.executable, "-m", "dtrain", "plan", "--json", *task_flags(group.task, group.args, group.batch), "--nnodes", str(group.hosts),
+           "-n", "1", "--inter-gbit", str(group.rate / 1000), "--links", links, "--shared-cores", str(cores), "--profile-threads", "1",
            "--profile-seconds", str(profile_s), "--layouts", layouts, "--comm-methods", comms, "--log-every", str(EVERY)]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=_env())
     if out.returncode:
@@ -117,13 +140,13 @@ def canonical(layout: str) -> str:
     return str(parse(layout)) if "=" in layout else layout
 
 
-def train(bed: NetBed, group: tuple, layout: str, comm: str, steps: int, port: int) -> dict:
-    hosts, rate, task, targs, batch, _ = group
+def train(bed: NetBed, group: Group, layout: str, comm: str, steps: int, port: int) -> dict:
+    hosts = group.hosts
     where = ["--strategy", layout] if "=" not in layout else ["--parallel", layout]
     every = EVERY
     with tempfile.TemporaryDirectory() as tmp:
         outs = bed.run_nodes(lambda r, master: [
-            sys.executable, "-m", "dtrain", "train", *task_flags(task, targs, batch), *where, "--comm", comm, "--comm-warmup", "2",
+            sys.executable, "-m", "dtrain", "train", *task_flags(group.task, group.args, group.batch), *where, "--comm", comm, "--comm-warmup", "2",
             "--max-steps", str(steps), "--log-every", str(every), "--nnodes", str(hosts), "--node-rank", str(r), "--master-addr", master,
             "--master-port", str(port), "-v", "--metrics-file", os.path.join(tmp, "m.jsonl")], timeout=900, env=_env())
         if any(o.returncode for o in outs):
@@ -161,11 +184,10 @@ def _state_mib(line: str) -> float:
 
 def run_group(name: str, args: argparse.Namespace, port: int) -> list[dict]:
     group = GROUPS[name]
-    hosts, rate = group[0], group[1]
     measured: dict[tuple[str, str], list[tuple[dict, dict]]] = {}
-    with tempfile.TemporaryDirectory() as tmp, NetBed(hosts=hosts, rate_mbit=rate) as bed:
+    with tempfile.TemporaryDirectory() as tmp, NetBed(hosts=group.hosts, rate_mbit=group.rate, delay_ms=group.delay_ms or None) as bed:
         links_path = os.path.join(tmp, "links.json")
-        links = measure_links(bed, hosts, port, links_path)
+        links = measure_links(bed, group.hosts, port, links_path)
         print(f"# {name}: links {json.dumps(links['seconds'])} load {links['load']:.2f}", flush=True)
         whole, data = plan(group, links_path, args.cores, args.profile_seconds)
         print(f"# {name}: group plan {json.dumps(data['model'])} load {os.getloadavg()[0]:.2f}", flush=True)
@@ -173,22 +195,22 @@ def run_group(name: str, args: argparse.Namespace, port: int) -> list[dict]:
         def once(layout: str, comm: str) -> None:
             nonlocal port
             port += 1
-            by_key, data = plan((*group[:5], [(layout, comm)]), links_path, args.cores, args.profile_seconds)
+            by_key, data = plan(group._replace(configs=[(layout, comm)]), links_path, args.cores, args.profile_seconds)
             pred, run = by_key[(canonical(layout), comm)], train(bed, group, layout, comm, args.steps, port)
             keep_raw(name, layout, comm, pred, data["model"], run)
             measured.setdefault((layout, comm), []).append((pred, run))
 
         for rep in range(args.repeats):
-            for layout, comm in (group[5] if rep % 2 == 0 else group[5][::-1]):
+            for layout, comm in (group.configs if rep % 2 == 0 else group.configs[::-1]):
                 once(layout, comm)
-        rows = [row(name, layout, comm, whole[(canonical(layout), comm)], measured[(layout, comm)]) for layout, comm in group[5]]
+        rows = [row(name, layout, comm, whole[(canonical(layout), comm)], measured[(layout, comm)]) for layout, comm in group.configs]
         final = contenders(rows)
         if args.contest and len(final) > 1:
             print(f"# {name}: contest of {final}, {args.contest} more runs each, alternating", flush=True)
             for rep in range(args.contest):
                 for layout, comm in (final if rep % 2 == 0 else final[::-1]):
                     once(layout, comm)
-    return [row(name, layout, comm, whole[(canonical(layout), comm)], measured[(layout, comm)]) for layout, comm in group[5]]
+    return [row(name, layout, comm, whole[(canonical(layout), comm)], measured[(layout, comm)]) for layout, comm in group.configs]
 
 
 def contenders(rows: list[dict]) -> list[tuple[str, str]]:
@@ -218,7 +240,8 @@ def row(name: str, layout: str, comm: str, group_plan: dict, runs: list[tuple[di
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--groups", default=",".join(GROUPS))
+    p.add_argument("--groups", default=",".join(DEFAULT_GROUPS), help=f"comma-separated, of: {', '.join(GROUPS)} (default: the five "
+                   "without a delay)")
     p.add_argument("--steps", type=int, default=42, help="training steps per run; the window is steps 10..STEPS (42: 32 steps, two "
                    "local SGD periods of 16, so its averaging counts as often as it runs)")
     p.add_argument("--repeats", type=int, default=1, help="runs of each configuration (median; alternating order)")

@@ -1,6 +1,7 @@
 """A test bed of N hosts on one machine: N network namespaces, each joined by its own veth pair to
 a bridge in a namespace of the bed's own (not the machine's), each host's link shaped with ``tc``
-(rate with ``tbf`` in both directions; delay with ``netem`` where the kernel has it).
+(rate with ``tbf`` in both directions; delay with ``netem``, or where the kernel has no netem, with
+a user-space wire between each host and the bridge: ``delayline``).
 
     with NetBed(hosts=3, rate_mbit=100, links={2: Link(rate_mbit=20)}) as bed:   # root, iproute2
         outs = bed.run_nodes(lambda rank, master: ["dtrain", "train", "--nnodes", "3",
@@ -51,7 +52,7 @@ _seq = itertools.count()
 
 
 class NetBedUnavailable(RuntimeError):
-    """The test bed cannot be built here (not root, no iproute2, no netem for a delay...)."""
+    """The test bed cannot be built here (not root, no iproute2, no TAP device for a delay...)."""
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,7 @@ class Link:
     rate_mbit: float | None = None
     """Mbit/s the host can send, and receive (None: unshaped)."""
     delay_ms: float | None = None
-    """Added to what the host sends (needs netem), so host A to host B takes A's delay one way."""
+    """Added to what the host sends (netem, or the delay line), so host A to host B takes A's delay one way."""
 
     def __post_init__(self) -> None:
         if self.rate_mbit is not None and not (math.isfinite(self.rate_mbit) and self.rate_mbit > 0):
@@ -148,7 +149,7 @@ class NetBed:
 
     def __init__(self, *, hosts: int = 2, rate_mbit: float | None = None, delay_ms: float | None = None,
                  links: Mapping[int, Link] | None = None, subnet: str = "10.77.0", hostnames: bool = True,
-                 shared_name: str | None = None, shared_addr: str = "127.0.0.1") -> None:
+                 shared_name: str | None = None, shared_addr: str = "127.0.0.1", delay_line: bool | None = None) -> None:
         if not 1 <= hosts <= 250:
             raise ValueError(f"hosts must be 1..250, got {hosts}")
         default = Link(rate_mbit=rate_mbit, delay_ms=delay_ms)
@@ -176,6 +177,11 @@ class NetBed:
         self._old_handlers: dict[int, Any] = {}
         self.netem = False
         """Whether this kernel has the netem qdisc (delay); known after entering."""
+        self.delay_line = delay_line
+        """Whether the hosts' delays are the user-space delay line's (``delayline``) rather than
+        netem's: given, or (None) where a link has a delay and the kernel has no netem; known
+        after entering."""
+        self._line: subprocess.Popen | None = None
 
     @property
     def threads_per_host(self) -> int:
@@ -223,11 +229,25 @@ class NetBed:
         _ip("netns", "add", br)
         _ip("-n", br, "link", "add", "br0", "type", "bridge")
         _ip("-n", br, "link", "set", "br0", "up")
+        self.netem = self._probe_netem()
+        if self.delay_line is None:
+            self.delay_line = not self.netem and any(link.delay_ms for link in self.links)
+        if self.delay_line:
+            from . import delayline
+
+            try:
+                self._line = delayline.start(br, [link.delay_ms or 0.0 for link in self.links])
+            except RuntimeError as exc:
+                raise NetBedUnavailable(str(exc)) from None
+            self._procs.append(self._line)
         for i, (ns, addr) in enumerate(zip(self.namespaces, self.addresses)):
             _ip("netns", "add", ns)
             _ip("-n", ns, "link", "set", "lo", "up")
             # eth0 in the host, h<i> on the bridge: names are per namespace, so beds never clash.
-            _ip("link", "add", "eth0", "netns", ns, "type", "veth", "peer", "name", f"h{i}", "netns", br)
+            if self.delay_line:  # the delay line's TAP pair: t<i> becomes the host's eth0
+                _ip("-n", br, "link", "set", f"t{i}", "netns", ns, "name", "eth0")
+            else:
+                _ip("link", "add", "eth0", "netns", ns, "type", "veth", "peer", "name", f"h{i}", "netns", br)
             _ip("-n", br, "link", "set", f"h{i}", "master", "br0", "up")
             _ip("-n", ns, "addr", "add", f"{addr}/24", "dev", "eth0")
             _ip("-n", ns, "link", "set", "eth0", "up")
@@ -246,12 +266,11 @@ class NetBed:
                 # machine's server (c10d's reverse lookup of each peer did, for every connection).
                 with open(os.path.join(_ETC_NETNS, ns, "resolv.conf"), "w") as f:
                     f.write("nameserver 127.0.0.1\noptions timeout:1 attempts:1\n")
-        self.netem = self._probe_netem()
         for i, link in enumerate(self.links):
             self.shape(i, link)
 
     def _probe_netem(self) -> bool:
-        ns = self.namespaces[0]
+        ns = self.bridge_namespace
         ok = subprocess.run(["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "lo", "root", "netem", "delay", "0ms"],
                             capture_output=True).returncode == 0
         if ok:
@@ -261,10 +280,14 @@ class NetBed:
     def shape(self, host: int, link: Link) -> None:
         """Shape ``host``'s link now (also while programs run): what it sends on its own end of
         the veth, what it receives on the bridge's end (rate only; the delay is the sender's)."""
-        if link.delay_ms and not self.netem:
-            raise NetBedUnavailable("this kernel has no netem qdisc (sch_netem), so the link cannot be given a delay; "
-                                    "shape the rate only (tbf)")
-        self._qdisc(self.namespaces[host], "eth0", link)
+        if self._line is not None:
+            from .delayline import set_delay
+
+            set_delay(self._line, host, link.delay_ms or 0.0)
+        elif link.delay_ms and not self.netem:
+            raise NetBedUnavailable("this kernel has no netem qdisc (sch_netem) and this bed was built without the delay line, "
+                                    "so the link cannot be given a delay now; build the bed with a delay or delay_line=True")
+        self._qdisc(self.namespaces[host], "eth0", link if self._line is None else Link(rate_mbit=link.rate_mbit))
         self._qdisc(self.bridge_namespace, f"h{host}", Link(rate_mbit=link.rate_mbit))
         self.links[host] = link
 
@@ -288,6 +311,8 @@ class NetBed:
     def close(self) -> None:
         """End every process in the bed's hosts (whatever session it made for itself) and delete
         the namespaces (and with them the veth pairs and the bridge)."""
+        if self._line is not None and self._line.stdin:
+            self._line.stdin.close()  # the delay line's end of input: it stops
         for ns in self.namespaces:
             _kill_namespace(ns)
         for proc in self._procs:
@@ -298,6 +323,7 @@ class NetBed:
                     pass
             proc.wait()
         self._procs.clear()
+        self._line = None
         for ns in (*self.namespaces, self.bridge_namespace):
             _delete_namespace(ns)
         for sig, handler in self._old_handlers.items():
@@ -318,10 +344,11 @@ class NetBed:
         kwargs["env"] = env
         kwargs.setdefault("stdout", subprocess.PIPE)
         kwargs.setdefault("stderr", subprocess.STDOUT)
+        kwargs.setdefault("stdin", subprocess.DEVNULL)
         prefix = ["ip", "netns", "exec", self.namespaces[host]]
         if self._hostnames:  # a host name of its own; exec keeps the Popen's pid the program's
             prefix += ["unshare", "--uts", "--", "sh", "-c", 'hostname "$0" && exec "$@"', self.names[host]]
-        proc = subprocess.Popen([*prefix, *argv], text=True, start_new_session=True, stdin=subprocess.DEVNULL, **kwargs)
+        proc = subprocess.Popen([*prefix, *argv], text=True, start_new_session=True, **kwargs)
         self._procs.append(proc)
         return proc
 

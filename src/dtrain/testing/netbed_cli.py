@@ -34,7 +34,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--hosts", type=int, default=2, help="how many hosts (namespaces) on the bridge (default 2)")
     parser.add_argument("--rate-mbit", type=float, default=None, help="every host's link rate in Mbit/s (tbf; default: unshaped)")
-    parser.add_argument("--delay-ms", type=float, default=None, help="delay on what each host sends (needs netem)")
+    parser.add_argument("--delay-ms", type=float, default=None, help="delay on what each host sends (netem, or where the kernel has none the bed's user-space delay line)")
     parser.add_argument("--link", type=_link_arg, action="append", default=[], metavar="HOST:RATE[:DELAY]",
                         help="one host's own link (repeatable), e.g. --link 2:20 for host 2 at 20 Mbit/s")
     parser.add_argument("--shared-name", default=None, metavar="NAME",
@@ -60,7 +60,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             shaped = ", ".join(f"{n} {a} {f'{lk.rate_mbit:g} Mbit/s' if lk.rate_mbit else 'unshaped'}"
                                + (f" +{lk.delay_ms:g} ms" if lk.delay_ms else "") for n, a, lk in zip(bed.names, bed.addresses, bed.links))
             print(f"netbed: {bed.hosts} hosts on a bridge: {shaped}; netem "
-                  f"{'available' if bed.netem else 'NOT available in this kernel (no delay can be added)'}", flush=True)
+                  f"{'available' if bed.netem else 'not in this kernel'}"
+                  + ("; delays by the user-space delay line" if bed.delay_line else ""), flush=True)
             if args.check or not cmd:
                 return 0
             outs = bed.run_nodes(lambda r, m: [a.format(node_rank=r, master_addr=m, host_addr=bed.addresses[r], hosts=bed.hosts)

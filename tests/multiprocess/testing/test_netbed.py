@@ -1,5 +1,5 @@
 """Between hosts: the socket interface chosen for the master address (tier 1), and a real
-two-host run over the network test bed (two namespaces, veth, tbf), skipped where the bed cannot
+two-host run over the network test bed (two namespaces, veth, tbf; its delay line), skipped where the bed cannot
 be built (needs root and `ip netns`)."""
 
 from __future__ import annotations
@@ -152,12 +152,67 @@ def test_three_hosts_each_link_shaped_both_ways_and_a_host_killed_and_restarted(
                                            capture_output=True, text=True).stdout
 
 
+PING = """
+import socket, sys, time
+role, addr = sys.argv[1], sys.argv[2]
+if role == "serve":
+    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind((addr, 5000)); s.listen()
+    c = s.accept()[0]; c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    while c.recv(1):
+        c.sendall(b"y")
+else:
+    for _ in range(200):
+        try:
+            c = socket.create_connection((addr, 5000)); break
+        except OSError:
+            time.sleep(0.05)
+    c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    for line in sys.stdin:  # one round trip per line
+        t = time.perf_counter(); c.sendall(b"x"); c.recv(1)
+        print((time.perf_counter() - t) * 1e3, flush=True)
+"""
+
+
+def _round_trips_ms(client, n=7):
+    out = []
+    for _ in range(n):
+        client.stdin.write("\n")
+        client.stdin.flush()
+        out.append(float(client.stdout.readline()))
+    return sorted(out)
+
+
 @needs_bed
-def test_delay_without_netem_says_so():
-    with netbed.NetBed() as bed:
-        has_netem = bed.netem
-    if has_netem:
-        pytest.skip("this kernel has netem")
-    with pytest.raises(netbed.NetBedUnavailable, match="no netem qdisc"):
-        with netbed.NetBed(rate_mbit=100, delay_ms=5):
-            pass
+@pytest.mark.timeout(90)
+def test_delay_line_holds_what_each_host_sends_for_its_delay():
+    # The user-space delay line (the bed's delay where the kernel has no netem; forced here so it is
+    # tested whatever the kernel): host 0 -> host 1 takes 10 ms, host 1 -> host 0 4 ms, so a round trip ~14.
+    with netbed.NetBed(hosts=2, rate_mbit=50, links={1: netbed.Link(rate_mbit=50, delay_ms=4)}, delay_ms=10, delay_line=True) as bed:
+        line = bed._line
+        assert bed.delay_line and line is not None and line.poll() is None
+        bed.popen(1, [sys.executable, "-c", PING, "serve", bed.addresses[1]])
+        client = bed.popen(0, [sys.executable, "-c", PING, "ping", bed.addresses[1]], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                           stderr=subprocess.DEVNULL)
+        rtt = _round_trips_ms(client)
+        assert 13.5 <= rtt[0] and rtt[len(rtt) // 2] < 40, rtt
+        bed.shape(1, netbed.Link(rate_mbit=50, delay_ms=20))  # while it runs: host 1's sends now take 20 ms
+        rtt = _round_trips_ms(client)
+        assert 29.5 <= rtt[0] and rtt[len(rtt) // 2] < 60, rtt
+        bed.shape(0, netbed.Link(rate_mbit=50))  # and host 0's none
+        rtt = _round_trips_ms(client)
+        assert 19.5 <= rtt[0] < 29, rtt
+        assert "tbf" in subprocess.run(["ip", "netns", "exec", bed.namespaces[0], "tc", "qdisc", "show", "dev", "eth0"],
+                                       capture_output=True, text=True).stdout
+        namespaces = bed.namespaces
+    assert line.poll() is not None, "the delay line outlived its bed"
+    assert not any(ns in _namespaces() for ns in namespaces), "the bed was not removed"
+
+
+@needs_bed
+def test_a_bed_without_a_delay_line_cannot_be_given_a_delay_later_without_netem():
+    with netbed.NetBed(rate_mbit=100) as bed:
+        if bed.netem:
+            pytest.skip("this kernel has netem: a delay can be added to any bed")
+        assert not bed.delay_line
+        with pytest.raises(netbed.NetBedUnavailable, match="no netem qdisc .* built without the delay line"):
+            bed.shape(0, netbed.Link(rate_mbit=100, delay_ms=5))
