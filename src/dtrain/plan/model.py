@@ -74,7 +74,8 @@ ASSUMPTIONS = (
     "forward and backward (batch / m) x the stage's share, plus the one-stage schedule's measured work per "
     "micro-batch; torch's schedule (GPipe, 1F1B) played out in time with every stage as slow as the busiest: each "
     "activation and gradient crosses its link one after another, a send completes when its bytes have crossed, and a "
-    "stage waits where torch's schedule waits (1F1B: each send with the next receive); data-parallel gradient sync "
+    "stage waits where torch's schedule waits (1F1B: each send with the next receive); a send moves no data before "
+    "its receive is posted (where torch waits for it) and the notice has crossed (one latency); data-parallel gradient sync "
     "after the schedule, not overlapped",
     "memory per rank at the step's peak: parameters + gradients + optimizer state + saved activations of the "
     "micro-batches in flight + fsdp's two gathered units + PowerSGD's error feedback (a gradient's copy), all at once "

@@ -138,12 +138,13 @@ def pipeline_step(prof: ModelProfile, c: Cluster, layout: Layout, s, fwd_t: floa
     g_pp, g_rep, g_shard = groups
     nbytes = b / m * prof.boundary_bytes / d.tp
 
-    def link(cl: Cluster, g: Group) -> tuple[float, float, float]:
-        """A transfer's seconds, its slowdown by one the other way, what it saves after idle time."""
+    def link(cl: Cluster, g: Group) -> tuple[float, float, float, float]:
+        """A transfer's seconds, its slowdown by one the other way, what it saves after idle time,
+        the latency of a message of no size (a receive's notice)."""
         cost = lambda x: costs.p2p(x, g, cl)  # noqa: E731
-        return cost(nbytes), costs.crossing(nbytes, g, cl), costs.idle_saving(cost, "send_recv", nbytes, g, cl)
+        return cost(nbytes), costs.crossing(nbytes, g, cl), costs.idle_saving(cost, "send_recv", nbytes, g, cl), cost(1)
 
-    hop, crossed, save = link(c, g_pp)
+    hop, crossed, save, latency = link(c, g_pp)
     # torch's schedule played out: every stage as slow as the busiest, each transfer on its link
     # in turn, waits where torch's schedule waits (pipeline_sim); what it adds beyond the
     # compute is the bubble ((p-1) slots) and the waits for transfers
@@ -151,12 +152,12 @@ def pipeline_step(prof: ModelProfile, c: Cluster, layout: Layout, s, fwd_t: floa
     if measured is not None:
         k = measured / max(1e-12, fwd_t + bwd_t + bubble)
         fwd_t, bwd_t, bubble = k * fwd_t, k * bwd_t, k * bubble
-        l_hop, l_crossed, l_save = link(*(paired_loopback(prof, c, "pp") or (c, Group(1, d.pp))))
-        local = makespan(d.pp, m, fwd_t / m, bwd_t / m, l_hop, s.schedule, l_crossed, l_save)
+        l_hop, l_crossed, l_save, l_latency = link(*(paired_loopback(prof, c, "pp") or (c, Group(1, d.pp))))
+        local = makespan(d.pp, m, fwd_t / m, bwd_t / m, l_hop, s.schedule, l_crossed, l_save, l_latency)
         phases = {"forward": fwd_t, "backward": bwd_t, "bubble": bubble,
-                  "p2p": max(0.0, makespan(d.pp, m, fwd_t / m, bwd_t / m, hop, s.schedule, crossed, save) - local)}
+                  "p2p": max(0.0, makespan(d.pp, m, fwd_t / m, bwd_t / m, hop, s.schedule, crossed, save, latency) - local)}
     else:
-        span = makespan(d.pp, m, fwd_t / m, bwd_t / m, hop, s.schedule, crossed, save)
+        span = makespan(d.pp, m, fwd_t / m, bwd_t / m, hop, s.schedule, crossed, save, latency)
         phases = {"bubble": bubble, "p2p": max(0.0, span - fwd_t - bwd_t - bubble)}
     wire = 2 * m * (d.pp - 1) * hop / d.pp
     grad_bytes = s.grad_comm_bytes * params_rank

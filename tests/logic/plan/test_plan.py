@@ -236,6 +236,15 @@ def test_pipeline_transfers_follow_torchs_1f1b_waits():
     # (crossed 0.5), so F1 there waits to 2.5; grad1 2.5-3.5 alone; stage 0's B1 at 3.5 (3 without)
     assert makespan(2, 2, 0.0, 0.0, 1.0) == pytest.approx(3.0)
     assert makespan(2, 2, 0.0, 0.0, 1.0, crossed=0.5) == pytest.approx(3.5)
+    # A send moves no data before its receive is posted (torch posts it where it waits) and the
+    # notice has crossed: GPipe, 2 stages, 2 micro-batches, F = B = 1, each transfer 3 of which 2
+    # are latency (1 on the wire). act0: fired 1, posted 0 (+2 notice) -> wire 2-3, arrives 5; stage
+    # 1's F0 5-6 posts act1 at 6 -> wire 8-9, arrives 11; F1 11-12, B0 12-13 fires grad0 (stage 0
+    # posted it at 11: wire 13-14, arrives 16), B1 13-14 fires grad1; stage 0's B0 16-17 posts grad1
+    # at 17 -> wire 19-20, arrives 22; B1 22-23. Without the latency, a receive posted late still
+    # holds its send back: 18 (16 where every send went at once).
+    assert makespan(2, 2, 1.0, 1.0, 3.0, "gpipe", latency=2.0) == pytest.approx(23.0)
+    assert makespan(2, 2, 1.0, 1.0, 3.0, "gpipe") == pytest.approx(18.0)
     blocks = tuple(Block(params=100, fwd_flops=1e6, act_bytes=100.0, out_bytes=1e6) for _ in range(2))
     prof = ModelProfile(name="p", params=200, fwd_flops=2e6, act_bytes=200.0, blocks=blocks)
     c = flat(nodes=2, ppn=1, inter_bw=1e9, lat=0.0, device="cpu")

@@ -96,13 +96,10 @@ def test_two_sends_crossing_give_the_share_by_which_each_is_slowed_between_and_b
     assert costs.crossing(64 << 10, costs.Group(2, 1), c) == pytest.approx(0.6)
     assert costs.crossing(64 << 10, costs.Group(1, 2), c) == 0.0  # inside a node: not measured there
     assert math.isclose(costs.crossing(64 << 10, costs.Group(2, 1), _cpu()), 0.0)
-    from dtrain.plan.pipeline_sim import makespan
-
     pp2, s = Layout("pp=2", ParallelDims(pp=2)), Settings(batch=8, microbatches=4)
     p = predict(_prof(), c, pp2, s)
     f, b = p.phases_s["forward"] / 4, p.phases_s["backward"] / 4
-    hop = costs.p2p(200, costs.Group(2, 1), c)
-    assert p.phases_s["p2p"] == pytest.approx(makespan(2, 4, f, b, hop, crossed=0.6) - 5 * (f + b))
+    assert p.phases_s["p2p"] == pytest.approx(_span(f, b, costs.Group(2, 1), c, crossed=0.6) - 5 * (f + b))
     assert p.phases_s["p2p"] > predict(_prof(), replace(c, links={"inter": free}), pp2, s).phases_s["p2p"]
 
 
@@ -150,6 +147,13 @@ def test_broadcasts_pay_a_latency_per_message_and_gloo_a_tree():
     bw = c.inter_bw
     assert costs.broadcast(1e6, costs.Group(2, 1), c, messages=10) == pytest.approx(10 * 1e-3 + 1e6 / bw)
     assert costs.broadcast(1e6, costs.Group(4, 1), c) == pytest.approx(2 * (1e-3 + 1e6 / bw))  # two rounds of a binomial tree
+
+
+def _span(f: float, b: float, group: costs.Group, c, **kw) -> float:
+    """A pipeline of two, 4 micro-batches of 200 bytes, played out on ``group``'s link in ``c``."""
+    from dtrain.plan.pipeline_sim import makespan
+
+    return makespan(2, 4, f, b, costs.p2p(200, group, c), latency=costs.p2p(1, group, c), **kw)
 
 
 def _machinery(**steps: tuple[float, float, float]) -> Machinery:
@@ -219,8 +223,6 @@ def test_a_pipeline_slot_is_a_measured_micro_batch_plus_the_schedules_own_work()
 
 
 def test_a_pipeline_of_two_measured_in_the_world_of_two_is_its_schedule_plus_what_the_link_adds():
-    from dtrain.plan.pipeline_sim import makespan
-
     m = replace(_machinery(micro=(0.004, 0.006, 0.0), pp=(0.048, 0.0, 0.002)),
                 steps2={"plain": Phases(0.012, 0.024, 0.002), "pp": Phases(0.060, 0.0, 0.002)})
     s, pp2 = Settings(batch=8, microbatches=4), Layout("pp=2", ParallelDims(pp=2))
@@ -232,8 +234,8 @@ def test_a_pipeline_of_two_measured_in_the_world_of_two_is_its_schedule_plus_wha
     slow = replace(_cpu(), inter_lat=0.005)
     q = predict(_prof(m), slow, pp2, s)
     f, b = q.phases_s["forward"] / 4, q.phases_s["backward"] / 4
-    local = makespan(2, 4, f, b, costs.p2p(200, costs.Group(1, 2), slow))
-    assert q.phases_s["p2p"] == pytest.approx(makespan(2, 4, f, b, costs.p2p(200, costs.Group(2, 1), slow)) - local)
+    local = _span(f, b, costs.Group(1, 2), slow)
+    assert q.phases_s["p2p"] == pytest.approx(_span(f, b, costs.Group(2, 1), slow) - local)
     assert q.phases_s["p2p"] > 0.005  # at least one send's latency on the critical path
     # four processes on two shared cores: twice the world of one's time (an even share), over the
     # pair's own slowdown (its plain step, 38 ms with both ranks at once, against 32 ms alone)
@@ -251,8 +253,6 @@ def test_a_pipeline_of_two_measured_in_the_world_of_two_is_its_schedule_plus_wha
 
 
 def test_a_pipeline_whose_processes_outnumber_the_shared_cores_takes_the_layouts_own_schedule_as_timed():
-    from dtrain.plan.pipeline_sim import makespan
-
     m = replace(_machinery(micro=(0.004, 0.006, 0.0), pp=(0.048, 0.0, 0.002)),
                 steps2={"plain": Phases(0.012, 0.024, 0.002), "pp": Phases(0.060, 0.0, 0.002)},
                 schedules={"pp=2,dp_replicate=2": (4, 0.150)})
@@ -263,8 +263,7 @@ def test_a_pipeline_whose_processes_outnumber_the_shared_cores_takes_the_layouts
     f, b, bubble = p.phases_s["forward"], p.phases_s["backward"], p.phases_s["bubble"]
     assert f + b + bubble == pytest.approx(0.150)
     # the link pays what its sends add beyond the loopback the schedule was timed on
-    assert p.phases_s["p2p"] == pytest.approx(makespan(2, 4, f / 4, b / 4, costs.p2p(200, costs.Group(2, 1), shared))
-                                              - makespan(2, 4, f / 4, b / 4, costs.p2p(200, costs.Group(1, 2), shared)))
+    assert p.phases_s["p2p"] == pytest.approx(_span(f / 4, b / 4, costs.Group(2, 1), shared) - _span(f / 4, b / 4, costs.Group(1, 2), shared))
     assert p.phases_s["p2p"] > 0.002
     # timed for another world, another micro-batching, or on cores the job does not outnumber: the pair's, scaled
     without = predict(_prof(replace(m, schedules={})), shared, lay, s).phases_s
