@@ -75,13 +75,13 @@ GROUPS = {
                                                      ("zero1", "none"), ("fsdp", "none")]),
     "mlp-1g": Group(2, 1000, "synthetic", MLP, 64, [("ddp", "none"), ("ddp", "bf16"), ("zero1", "none"), ("fsdp", "none")]),
     "lm-4h-100m": Group(4, 100, "lm", LM, 16, [("ddp", "none"), ("ddp", "bf16"), ("fsdp", "none"), ("pp=2,dp_replicate=2", "none")]),
-    # With a delay (from 2026-11-27: the bed's delay line; the five above have none).
+    # With a delay (from run 28, 2026-11-27: the bed's delay line; the five above have none).
     "lm-100m-10ms": Group(2, 100, "lm", LM, 16, [("ddp", "none"), ("ddp", "bf16"), ("ddp", "powersgd:2"), ("ddp", "localsgd:16"),
                                                  ("fsdp", "none"), ("pp=2", "none")], delay_ms=10),
     "mlp-3h-50m-5ms": Group(3, 50, "synthetic", MLP, 64, [("ddp", "none"), ("ddp", "fp16"), ("ddp", "powersgd:2"), ("ddp", "localsgd:16"),
                                                           ("zero1", "none"), ("fsdp", "none")], delay_ms=5),
 }
-DEFAULT_GROUPS = ["lm-1g", "lm-20m", "mlp-100m", "mlp-1g", "lm-4h-100m"]
+
 RAW: str | None = None
 EVERY = 10
 """The runs' --log-every (and the plan's: each log step's collectives)."""
@@ -240,8 +240,7 @@ def row(name: str, layout: str, comm: str, group_plan: dict, runs: list[tuple[di
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--groups", default=",".join(DEFAULT_GROUPS), help=f"comma-separated, of: {', '.join(GROUPS)} (default: the five "
-                   "without a delay)")
+    p.add_argument("--groups", default=",".join(GROUPS), help=f"comma-separated, of: {', '.join(GROUPS)} (default: all)")
     p.add_argument("--steps", type=int, default=42, help="training steps per run; the window is steps 10..STEPS (42: 32 steps, two "
                    "local SGD periods of 16, so its averaging counts as often as it runs)")
     p.add_argument("--repeats", type=int, default=1, help="runs of each configuration (median; alternating order)")
