@@ -1,5 +1,5 @@
-"""What the two-host bed benchmarks share (zero1_broadcasts.py, p2p_duplex.py, allreduce_small.py):
-run a worker command on 2 bed hosts with a shaped link and read rank 0's result line."""
+"""What the bed benchmarks share (zero1_broadcasts.py, p2p_duplex.py, allreduce_small.py): run a
+worker command on the bed's hosts (2 unless told) with a shaped link and read rank 0's result line."""
 
 from __future__ import annotations
 
@@ -21,10 +21,12 @@ def result(output: str, what: str) -> dict:
     return json.loads(line[-1])
 
 
-def on_bed(command: Callable[[int, str], list[str]], rate: float, timeout: float, what: str) -> dict:
-    """``command(rank, master address)`` on each of 2 bed hosts at ``rate`` Mbit/s; rank 0's result."""
+def on_bed(command: Callable[[int, str], list[str]], rate: float, timeout: float, what: str, *, hosts: int = 2,
+           delay_ms: float | None = None) -> dict:
+    """``command(rank, master address)`` on each of ``hosts`` bed hosts at ``rate`` Mbit/s (and
+    ``delay_ms`` on what each sends); rank 0's result."""
     from dtrain.testing.netbed import NetBed
 
-    with NetBed(hosts=2, rate_mbit=rate) as bed:
+    with NetBed(hosts=hosts, rate_mbit=rate, delay_ms=delay_ms or None) as bed:
         res = bed.run_nodes(command, timeout=timeout, env=ENV)
     return result(res[0].output, f"{what} on link {rate:g} Mbit/s")

@@ -9,6 +9,7 @@ loopback of one host, over gloo.
 
     python benchmarks/zero1_broadcasts.py --rates 1000,100,20 --tensors 38 --total-bytes 547840
     python benchmarks/zero1_broadcasts.py --rates 100 --numel 401408,512,262144,512,5120,10   # the bed's mlp
+    python benchmarks/zero1_broadcasts.py --hosts 3 --rates 50 --delay-ms 5 --numel ...          # 3 hosts, delayed
 
 (root, ``ip netns``). One JSON line per link (``--out``) and a table: medians of ``--reps``.
 """
@@ -42,7 +43,7 @@ def worker(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
 
-    dist.init_process_group("gloo", init_method=f"tcp://{args.master}:{args.port}", rank=args.rank, world_size=2)
+    dist.init_process_group("gloo", init_method=f"tcp://{args.master}:{args.port}", rank=args.rank, world_size=args.hosts)
     n = dist.get_world_size()
     if args.numel:  # a model's own tensors, owned and ordered as ZeRO's greedy partition does
         sizes = [int(x) for x in args.numel.split(",")]
@@ -89,10 +90,11 @@ def worker(args: argparse.Namespace) -> None:
 
 def run_link(args: argparse.Namespace, rate: float | None, port: int) -> dict:
     me = [sys.executable, os.path.abspath(__file__), "--worker", "--tensors", str(args.tensors),
-          "--total-bytes", str(args.total_bytes), "--reps", str(args.reps), "--port", str(port), "--numel", args.numel]
-    if rate is None:  # one host: two processes over loopback
+          "--total-bytes", str(args.total_bytes), "--reps", str(args.reps), "--port", str(port), "--numel", args.numel,
+          "--hosts", str(args.hosts)]
+    if rate is None:  # one host: the processes over loopback
         procs = [subprocess.Popen([*me, "--rank", str(r), "--master", "127.0.0.1"], stdout=subprocess.PIPE, text=True, env=ENV)
-                 for r in range(2)]
+                 for r in range(args.hosts)]
         try:
             outs = [p.communicate(timeout=args.timeout)[0] for p in procs]
         finally:  # a hang ends here, with both ranks
@@ -101,9 +103,10 @@ def run_link(args: argparse.Namespace, rate: float | None, port: int) -> dict:
                 p.wait()
         ms = result(outs[0], "zero1_broadcasts on loopback")
     else:
-        ms = on_bed(lambda r, master: [*me, "--rank", str(r), "--master", master], rate, args.timeout, "zero1_broadcasts")
+        ms = on_bed(lambda r, master: [*me, "--rank", str(r), "--master", master], rate, args.timeout, "zero1_broadcasts",
+                    hosts=args.hosts, delay_ms=args.delay_ms)
     shape = {"numel": args.numel} if args.numel else {"tensors": args.tensors, "total_bytes": args.total_bytes}
-    return {"rate_mbit": rate, **shape, "reps": args.reps, "ms": ms}
+    return {"rate_mbit": rate, "hosts": args.hosts, "delay_ms": args.delay_ms, **shape, "reps": args.reps, "ms": ms}
 
 
 def main() -> None:
@@ -117,6 +120,8 @@ def main() -> None:
     p.add_argument("--total-bytes", type=int, default=547840, help="bytes of all of them (the bed's lm: 136,960 fp32)")
     p.add_argument("--numel", default="", help="elements of each of a model's tensors, comma-separated (instead of "
                    "--tensors/--total-bytes; the bed's mlp: 401408,512,262144,512,5120,10)")
+    p.add_argument("--hosts", type=int, default=2, help="bed hosts, one rank each (default 2)")
+    p.add_argument("--delay-ms", type=float, default=0.0, help="added to what each host sends (default none)")
     p.add_argument("--reps", type=int, default=15)
     p.add_argument("--rounds", type=int, default=1, help="each link this many times, links alternating")
     p.add_argument("--timeout", type=float, default=300)
@@ -136,7 +141,7 @@ def main() -> None:
                 with open(args.out, "a") as fh:
                     fh.write(json.dumps(row) + "\n")
     what = f"tensors of {args.numel} elements" if args.numel else f"{args.tensors} tensors, {args.total_bytes:,} bytes"
-    print(f"\n{what}, 2 ranks, gloo; medians of {args.reps} (ms)")
+    print(f"\n{what}, {args.hosts} ranks, gloo, {args.delay_ms:g} ms each way; medians of {args.reps} (ms)")
     print("| link | round | queued (ZeRO's) | each waited | one 64 B broadcast | load |\n|---|---|---|---|---|---|")
     for r in rows:
         m = r["ms"]
