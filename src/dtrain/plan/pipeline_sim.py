@@ -8,7 +8,8 @@ torch's 1F1B fires each send together with the next receive and waits for both
 send before firing the next; GPipe fires its sends as it goes and waits for them all at the end
 of the forwards and of the backwards. torch posts a receive where it waits for it, and a send
 moves no data before its receiver has posted the receive and said so (gloo's pairs: a send that
-finds no notice of a posted receive waits for one, as NCCL's send waits for its peer's receive):
+finds no notice of a posted receive waits for one; taken the same for NCCL, whose microsecond
+latencies make it matter little there):
 a transfer starts at the later of its send and its receive's post plus one ``latency`` (the
 notice crossing the link), holds its link for its time less that latency (the wire), and arrives
 one latency after its last byte left. A send is taken to complete when its bytes have crossed the
