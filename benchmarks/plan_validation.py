@@ -80,6 +80,9 @@ GROUPS = {
                                                  ("fsdp", "none"), ("pp=2", "none")], delay_ms=10),
     "mlp-3h-50m-5ms": Group(3, 50, "synthetic", MLP, 64, [("ddp", "none"), ("ddp", "fp16"), ("ddp", "powersgd:2"), ("ddp", "localsgd:16"),
                                                           ("zero1", "none"), ("fsdp", "none")], delay_ms=5),
+    # The longest delay (from run 30): 20 ms each way, 40 ms between two hosts.
+    "lm-3h-50m-20ms": Group(3, 50, "lm", LM, 16, [("ddp", "none"), ("ddp", "bf16"), ("ddp", "localsgd:16"), ("zero1", "none"),
+                                                  ("fsdp", "none")], delay_ms=20),
 }
 
 RAW: str | None = None

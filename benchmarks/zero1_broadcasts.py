@@ -106,7 +106,27 @@ def run_link(args: argparse.Namespace, rate: float | None, port: int) -> dict:
         ms = on_bed(lambda r, master: [*me, "--rank", str(r), "--master", master], rate, args.timeout, "zero1_broadcasts",
                     hosts=args.hosts, delay_ms=args.delay_ms)
     shape = {"numel": args.numel} if args.numel else {"tensors": args.tensors, "total_bytes": args.total_bytes}
-    return {"rate_mbit": rate, "hosts": args.hosts, "delay_ms": args.delay_ms, **shape, "reps": args.reps, "ms": ms}
+    row = {"rate_mbit": rate, "hosts": args.hosts, "delay_ms": args.delay_ms, **shape, "reps": args.reps, "ms": ms}
+    if rate is not None:
+        row["bytes_ms"] = bytes_times(args, rate)
+    return row
+
+
+def bytes_times(args: argparse.Namespace, rate: float) -> dict:
+    """The plan's two ways of pricing the broadcasts' bytes at the link's rate (no latency): gloo's
+    trees played out two at a time (``costs.queued_broadcasts``, the plan's since 2026-11-27) and
+    every tree's bytes one after another (``costs.broadcast``, the plan's before)."""
+    from dataclasses import replace
+
+    from dtrain.plan import cluster, costs
+
+    n = args.hosts
+    sizes = [int(x) for x in args.numel.split(",")] if args.numel else [max(1, args.total_bytes // args.tensors // 4)] * args.tensors
+    sends = [(r, 4 * e) for r, mine in enumerate(costs.zero_partition(sizes, n)) for e in mine]
+    c = replace(cluster.build({"device": "cpu", "nodes": n, "procs_per_node": 1}), inter_bw=rate * 1e6 / 8, inter_lat=0.0)
+    g = costs.Group(n, 1)
+    return {"played_out": round(1e3 * costs.queued_broadcasts(sends, g, c), 1),
+            "one_after_another": round(1e3 * costs.broadcast(sum(b for _, b in sends), g, c), 1)}
 
 
 def main() -> None:
@@ -142,11 +162,13 @@ def main() -> None:
                     fh.write(json.dumps(row) + "\n")
     what = f"tensors of {args.numel} elements" if args.numel else f"{args.tensors} tensors, {args.total_bytes:,} bytes"
     print(f"\n{what}, {args.hosts} ranks, gloo, {args.delay_ms:g} ms each way; medians of {args.reps} (ms)")
-    print("| link | round | queued (ZeRO's) | each waited | one 64 B broadcast | load |\n|---|---|---|---|---|---|")
+    print("| link | round | queued (ZeRO's) | each waited | one 64 B broadcast | bytes: played out | bytes: one after "
+          "another | load |\n|---|---|---|---|---|---|---|---|")
     for r in rows:
-        m = r["ms"]
+        m, b = r["ms"], r.get("bytes_ms", {})
         link = "loopback" if r["rate_mbit"] is None else f"{r['rate_mbit']:g} Mbit/s"
-        print(f"| {link} | {r['round']} | {m['queued']} | {m['waited']} | {m['one_64B']} | {r['load1']} |")
+        print(f"| {link} | {r['round']} | {m['queued']} | {m['waited']} | {m['one_64B']} | {b.get('played_out', '-')} | "
+              f"{b.get('one_after_another', '-')} | {r['load1']} |")
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ cluster's described bandwidth and latency.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .cluster import Cluster
@@ -167,6 +167,95 @@ def broadcast(nbytes: float, group: Group, c: Cluster, *, messages: int = 1) -> 
     f = c.figure("broadcast", group.nodes > 1, group.sharing)
     steps, _ = shape("broadcast", c.backend)
     return f.seconds("broadcast", nbytes, group.size, c.backend) + (max(1, messages) - 1) * steps(group.size) * f.lat
+
+
+def zero_partition(sizes: Sequence[float], n: int) -> list[list[float]]:
+    """Each of ``n`` ranks' tensors (elements) under torch's ZeroRedundancyOptimizer partition:
+    tensors largest first, each to the rank that holds least so far."""
+    held, out = [0.0] * n, [[] for _ in range(n)]
+    for k in sorted(sizes, reverse=True):
+        r = held.index(min(held))
+        out[r].append(k)
+        held[r] += k
+    return out
+
+
+def binomial_edges(n: int, root: int) -> list[tuple[int, int]]:
+    """(sender, receiver) of gloo's broadcast from ``root`` to ``n`` ranks (``gloo::broadcast``):
+    in virtual ranks (root 0), v receives from v less its highest set bit; a sender posts its sends
+    to all its children at once, a forwarder once its own receive is in."""
+    out = []
+    for v in range(1, n):
+        parent = v - (1 << (v.bit_length() - 1))
+        out.append(((parent + root) % n, (v + root) % n))
+    return out
+
+
+GLOO_THREADS = 2
+"""Collectives a gloo process group runs at once (``ProcessGroupGloo::Options``' default threads)."""
+SIMULATED_RANKS = 16
+"""Up to this many ranks ``queued_broadcasts`` plays the trees out; beyond, one after another."""
+
+
+def queued_broadcasts(sends: Sequence[tuple[int, float]], group: Group, c: Cluster, *, messages: int = 1) -> float:
+    """Seconds for broadcasts issued all at once and then waited for (ZeRO's parameter broadcasts,
+    ``async_op``): ``sends`` (root rank in ``group``, bytes) in issue order.
+
+    With NCCL they run one after another on the communicator's stream, and so they do inside one
+    node (gloo over loopback: the CPU copies them; 2 processes took longer queued than waited) and
+    beyond ``SIMULATED_RANKS``: ``broadcast`` of them all. Between nodes, gloo's worker threads run
+    ``GLOO_THREADS`` of them at once, in issue order, each a binomial tree (``binomial_edges``);
+    this plays them out: each transfer between two nodes goes at the link's rate split evenly
+    among the transfers on its busiest resource (a node's sends, a node's receives, or a pair of
+    ranks' one connection, whose two directions took turns on the bed: two hosts, two owners sending
+    to each other, 428-445 ms where their bytes one after another take 429, in most runs); an edge
+    inside a node is left out (loopback). The bed (``benchmarks/zero1_broadcasts.py``, 50 Mbit/s):
+    the mlp's two large owners on 3 hosts overlap (550-679 ms, played out 514, one after another
+    857), the LM's 38 small tensors, owned 13 by 13, do not (172, played out and serial 175). The
+    latency is paid ``messages`` times per tree round, as ``broadcast``'s."""
+    n = group.size
+    total = sum(b for _, b in sends)
+    if n <= 1 or total <= 0:
+        return 0.0
+    if c.backend == "nccl" or group.nodes <= 1 or n > SIMULATED_RANKS:
+        return broadcast(total, group, c, messages=messages)
+    f = c.figure("broadcast", True, group.sharing)
+    steps, _ = shape("broadcast", c.backend)
+    busy = _play_trees(sends, n, group.per_node)
+    return max(1, messages) * steps(n) * f.lat + (f.transfer(busy) if busy > 0 else 0.0)
+
+
+def _play_trees(sends: Sequence[tuple[int, float]], n: int, per_node: int) -> float:
+    """How long (in bytes at the link's rate) ``queued_broadcasts``' trees take, ``GLOO_THREADS``
+    at a time: a fluid model, each transfer's rate 1 / the transfers on its busiest resource."""
+    queue = [(root, b) for root, b in sends if b > 0]
+    active: list[dict] = []  # each: {"flows": {edge: bytes left}, "waits": {edge: its sender's own edge}}
+    t = 0.0
+    while queue or active:
+        while queue and len(active) < GLOO_THREADS:
+            root, nbytes = queue.pop(0)
+            edges = [(a, b) for a, b in binomial_edges(n, root) if a // per_node != b // per_node]
+            into = {b: (a, b) for a, b in binomial_edges(n, root)}
+            active.append({"flows": dict.fromkeys(edges, nbytes), "waits": {e: into.get(e[0]) for e in edges}})
+        ready = [(k, e) for k, bc in enumerate(active) for e, left in bc["flows"].items()
+                 if left > 0 and bc["flows"].get(bc["waits"][e], 0.0) <= 0]
+        if not ready:  # every tree's transfers are done (or inside nodes)
+            active = [bc for bc in active if any(v > 0 for v in bc["flows"].values())]
+            continue
+        users: dict[tuple, int] = {}
+        keys = {}
+        for k, (a, b) in ready:
+            keys[(k, (a, b))] = (("out", a // per_node), ("in", b // per_node), ("pair", min(a, b), max(a, b)))
+            for key in keys[(k, (a, b))]:
+                users[key] = users.get(key, 0) + 1
+        rate = {ke: 1.0 / max(users[key] for key in keys[ke]) for ke in keys}
+        dt = min(active[k]["flows"][e] / rate[(k, e)] for k, e in ready)
+        t += dt
+        for k, e in ready:
+            left = active[k]["flows"][e] - dt * rate[(k, e)]
+            active[k]["flows"][e] = 0.0 if left <= 1e-9 * (1 + dt) else left
+        active = [bc for bc in active if any(v > 0 for v in bc["flows"].values())]
+    return t
 
 
 def p2p(nbytes: float, group: Group, c: Cluster) -> float:

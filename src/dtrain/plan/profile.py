@@ -50,6 +50,9 @@ class ModelProfile:
     tokens_per_sample: int | None = None
     tensors: int = 0
     """Parameter tensors (a per-parameter collective pays a latency for each)."""
+    tensor_sizes: tuple[int, ...] = ()
+    """Each parameter tensor's elements, in the model's order (empty where not counted): who owns
+    which under ZeRO's partition (``costs.zero_shares``)."""
     bwd_ratio: float = 2.0
     timing: Timing | None = None
     precision: str = "fp32"
@@ -151,7 +154,7 @@ def count(build: Callable[[], nn.Module], x: Any, y: Any, loss_fn: Callable, *, 
         h.remove()
     params = list(model.parameters())
     o = _first_tensor(out)
-    return {"params": sum(p.numel() for p in params), "tensors": len(params), "fwd": fwd, "bwd": total - fwd, "act": act,
+    return {"params": sum(p.numel() for p in params), "tensors": len(params), "sizes": tuple(p.numel() for p in params), "fwd": fwd, "bwd": total - fwd, "act": act,
             "out": _nbytes(o) if o is not None else 0, "blocks": per_block,
             "matrices": tuple((p.shape[0], p.numel() // p.shape[0]) for p in params if p.dim() >= 2)}
 
@@ -173,6 +176,7 @@ def profile_task(task: Any, *, batch: int, precision: str = "fp32", optimizer: s
     bwd_ratio = c["bwd"] / c["fwd"] if c["fwd"] else 2.0
     prof = ModelProfile(name=task.name, params=c["params"], fwd_flops=c["fwd"] / batch, act_bytes=c["act"] / batch,
                         blocks=blocks, matrices=c["matrices"], out_bytes=c["out"] / batch, tensors=c["tensors"],
+                        tensor_sizes=c["sizes"],
                         tokens_per_sample=task.tokens_per_sample, bwd_ratio=bwd_ratio, precision=precision, notes=notes)
     return add_timing(prof, task, batch=batch, optimizer=optimizer, threads=threads, machinery=machinery) if timed else prof
 

@@ -324,20 +324,28 @@ def beyond_loopback(prof: ModelProfile, c: Cluster, kind: str, group: Group, cos
     return out
 
 
+def zero_sends(prof: ModelProfile, n: int, nbytes: float) -> list[tuple[int, float]]:
+    """ZeRO's parameter broadcasts among ``n`` ranks, in the order torch issues them (owner by owner,
+    each owner's tensors largest first): (owner, bytes), the profile's tensors scaled to ``nbytes``
+    (a stage's or a TP shard's part); ``tensors`` equal ones where the profile has no sizes."""
+    sizes = prof.tensor_sizes or (1,) * max(prof.tensors, n)
+    scale = nbytes / sum(sizes)
+    return [(r, e * scale) for r, mine in enumerate(costs.zero_partition(sizes, n)) for e in mine]
+
+
 def serial_comm(prof: ModelProfile, c: Cluster, layout: Layout, s, params_rank: float, g_rep: Group, g_tp: Group) -> float:
     """Seconds of the collectives nothing overlaps: zero1's parameter broadcasts, TP's activations."""
     out = 0.0
     if layout.zero1:
         # torch's ZeroRedundancyOptimizer broadcasts each parameter from the rank that stepped it
-        # (parameters_as_bucket_view=False), one broadcast after another: every parameter byte
-        # crosses the link in turn (not all ranks at once, as in an all-gather); on the bed 2.7 MB
-        # at 100 Mbit/s took 221 ms, not 115. It issues them all (async_op) before waiting, so a
-        # tensor's broadcast does not wait for the one before it to arrive: the link's latency is
-        # paid once per sending rank, not per tensor (benchmarks/zero1_broadcasts.py: 38 tensors,
-        # 548 KB took 42.5 ms at 100 Mbit/s, its bytes' 43.8 ms; a latency per tensor said 37 x
-        # 0.3 ms more).
+        # (parameters_as_bucket_view=False), issuing them all (async_op) before waiting: the link's
+        # latency is paid once per sending rank, not per tensor (benchmarks/zero1_broadcasts.py: 38
+        # tensors, 548 KB took 42.5 ms at 100 Mbit/s, its bytes' 43.8 ms; a latency per tensor said
+        # 37 x 0.3 ms more). gloo runs them at once, so different owners' trees share the links
+        # (costs.queued_broadcasts: two at a time, in issue order).
         out += beyond_loopback(prof, c, "zero1", g_rep,
-                               lambda cl, g: costs.broadcast(4 * params_rank, g, cl, messages=min(prof.tensors, g.size)))
+                               lambda cl, g: costs.queued_broadcasts(zero_sends(prof, g.size, 4 * params_rank), g, cl,
+                                                                     messages=min(prof.tensors, g.size)))
     if layout.dims.tp > 1:
         def tp(cl: Cluster, g: Group) -> float:
             per = costs.gather(s.batch * prof.boundary_bytes, g, cl)

@@ -270,6 +270,46 @@ def test_gloo_reduce_scatter_costs_an_allreduce_and_zero1_pays_a_latency_per_sen
     assert extra == pytest.approx(4e6 / c.intra_bw + 2 * 1e-3)
 
 
+def test_queued_broadcasts_between_nodes_run_two_trees_at_a_time_sharing_the_links():
+    # gloo's tree (gloo::broadcast): 3 ranks, the root sends to both; 4 ranks, vrank 1 forwards to 3
+    assert costs.binomial_edges(3, 0) == [(0, 1), (0, 2)]
+    assert costs.binomial_edges(4, 1) == [(1, 2), (1, 3), (2, 0)]
+    # torch's ZeRO partition: largest first, each to the rank holding least (the bed's mlp on 3 ranks)
+    assert costs.zero_partition([401408, 512, 262144, 512, 5120, 10], 3) == [[401408], [262144], [5120, 512, 512, 10]]
+    MB = 1e6
+    c = flat(nodes=3, ppn=1, inter_bw=1 * MB, lat=0.0, device="cpu")
+    three = costs.Group(3, 1)
+    # owners 0 and 1 at once: each of their four transfers shares a node's sends (or a receive, or a
+    # connection) with one other, so each goes at half the rate: 1.05 MB ends at 2.1 s; owner 2's
+    # empty tree is done at once; owner 0's two 0.55 MB left share its sends: 1.1 s more. One after
+    # another they would take 2 x 2.65 s.
+    sends = [(0, 1.6 * MB), (1, 1.05 * MB), (2, 0.0)]
+    assert costs.queued_broadcasts(sends, three, c) == pytest.approx(3.2)
+    assert costs.broadcast(2.65 * MB, three, c) == pytest.approx(5.3)
+    # one owner's tensors two at a time share its sends: no faster than one after another
+    assert costs.queued_broadcasts([(0, 1 * MB)] * 4, three, c) == pytest.approx(8.0)
+    # 4 ranks, one tree: the root's two sends share its link (2 s), then vrank 1 forwards (1 s)
+    assert costs.queued_broadcasts([(0, 1 * MB)], costs.Group(4, 1), flat(nodes=4, ppn=1, inter_bw=1 * MB, lat=0.0, device="cpu")) == pytest.approx(3.0)
+    # two nodes: the owners send to each other on their one connection, in turn: all the bytes
+    assert costs.queued_broadcasts([(0, 1.6 * MB), (1, 1.05 * MB)], costs.Group(2, 1), c) == pytest.approx(2.65)
+    # a latency per tree round per message, as broadcast's: 3 ranks, 2 rounds, 3 messages
+    lat = flat(nodes=3, ppn=1, inter_bw=1 * MB, lat=1e-3, device="cpu")
+    assert costs.queued_broadcasts(sends, three, lat, messages=3) == pytest.approx(3.2 + 6e-3)
+    # NCCL's on one stream and gloo's inside a node stay one after another
+    gpu = flat(nodes=3, ppn=1, inter_bw=1 * MB, lat=0.0)
+    assert costs.queued_broadcasts(sends, three, gpu) == pytest.approx(costs.broadcast(2.65 * MB, three, gpu))
+    one = flat(nodes=1, ppn=3, intra_bw=1 * MB, lat=0.0, device="cpu")
+    assert costs.queued_broadcasts(sends, costs.Group(1, 3), one) == pytest.approx(5.3)
+    # the plan's zero1 on 3 nodes issues the profile's tensors as ZeRO owns them (4-byte elements)
+    sizes = (400_000, 250_000, 100_000)
+    prof = ModelProfile(name="m", params=sum(sizes), fwd_flops=1e6, act_bytes=100.0, tensors=3, tensor_sizes=sizes)
+    z = predict(prof, c, Layout("zero1", ParallelDims(dp_replicate=3), zero1=True), Settings(batch=3))
+    d = predict(prof, c, Layout("ddp", ParallelDims(dp_replicate=3)), Settings(batch=3))
+    played = costs.queued_broadcasts([(0, 1.6 * MB), (1, 1.0 * MB), (2, 0.4 * MB)], three, c)
+    assert z.phases_s["exposed_comm"] - d.phases_s["exposed_comm"] == pytest.approx(played)
+    assert played < costs.broadcast(3 * MB, three, c)
+
+
 def replace_tensors(prof: ModelProfile, n: int) -> ModelProfile:
     from dataclasses import replace
 
