@@ -211,8 +211,16 @@ def queued_broadcasts(sends: Sequence[tuple[int, float]], group: Group, c: Clust
     to each other, 428-445 ms where their bytes one after another take 429, in most runs); an edge
     inside a node is left out (loopback). The bed (``benchmarks/zero1_broadcasts.py``, 50 Mbit/s):
     the mlp's two large owners on 3 hosts overlap (550-679 ms, played out 514, one after another
-    857), the LM's 38 small tensors, owned 13 by 13, do not (172, played out and serial 175). The
-    latency is paid ``messages`` times per tree round, as ``broadcast``'s."""
+    857), the LM's 38 small tensors, owned 13 by 13, do not (172, played out and serial 175).
+
+    The latency: each tree waits for its receivers' "receive posted" notice and then its data to
+    cross (a 64-byte broadcast: ``steps(n)`` x the figure's latency), and holds its worker thread
+    that long, so the trees take at least ``ceil(trees / GLOO_THREADS)`` such waits; where the
+    bytes take longer, the latency is paid ``messages`` times per tree round, as ``broadcast``'s
+    (on an undelayed link the waits hide behind the other thread's bytes: bed run 11, a latency
+    per tensor made lm-1g's zero1 +31.5%). Bed run 30, the LM on 3 hosts at 20 ms each way: 38
+    trees of 14 KB took ~805 ms beyond ddp's step, 19 x the 42.6 ms 64-byte broadcast is 809, the
+    bytes and a latency per owner 295."""
     n = group.size
     total = sum(b for _, b in sends)
     if n <= 1 or total <= 0:
@@ -222,7 +230,9 @@ def queued_broadcasts(sends: Sequence[tuple[int, float]], group: Group, c: Clust
     f = c.figure("broadcast", True, group.sharing)
     steps, _ = shape("broadcast", c.backend)
     busy = _play_trees(sends, n, group.per_node)
-    return max(1, messages) * steps(n) * f.lat + (f.transfer(busy) if busy > 0 else 0.0)
+    by_bytes = max(1, messages) * steps(n) * f.lat + (f.transfer(busy) if busy > 0 else 0.0)
+    trees = sum(1 for _, b in sends if b > 0)
+    return max(by_bytes, math.ceil(trees / GLOO_THREADS) * steps(n) * f.lat)
 
 
 def _play_trees(sends: Sequence[tuple[int, float]], n: int, per_node: int) -> float:

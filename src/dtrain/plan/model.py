@@ -61,8 +61,11 @@ ASSUMPTIONS = (
     "of two on the profile's shared cores, measured (the world of two's stretches of steps without a meeting: the "
     "slower rank's time over the pair's mean, x the step's compute, phase 'drift'); elsewhere not counted",
     "zero1: ddp's all-reduce, the optimizer on 1/dp of the parameters, then each parameter broadcast by its owner "
-    "(torch's ZeroRedundancyOptimizer: one broadcast after another, so all parameter bytes / bandwidth; all issued before "
-    "any is waited for, so a latency per sending rank, not per tensor; exposed)",
+    "(torch's ZeroRedundancyOptimizer, its greedy partition of the profile's tensors; all issued before any is waited "
+    "for, so a latency per sending rank, not per tensor; exposed): with NCCL and inside a node one broadcast after "
+    "another, all parameter bytes x the tree's rounds / bandwidth; gloo between nodes two at a time in issue order, each "
+    "gloo's binomial tree, its transfers sharing evenly a node's sends, its receives and a rank pair's connection "
+    "(both directions); up to 16 ranks, beyond one after another",
     "fsdp/hsdp: units are the task's blocks plus the rest of the model; each unit all-gathered in forward and again "
     "in backward, its gradient reduce-scattered (hsdp: then all-reduced between nodes), all in fp32 (dtrain sets no "
     "mixed-precision policy), on one link in issue order, prefetching one unit ahead; on gloo an unmeasured "

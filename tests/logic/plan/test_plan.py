@@ -295,6 +295,16 @@ def test_queued_broadcasts_between_nodes_run_two_trees_at_a_time_sharing_the_lin
     # a latency per tree round per message, as broadcast's: 3 ranks, 2 rounds, 3 messages
     lat = flat(nodes=3, ppn=1, inter_bw=1 * MB, lat=1e-3, device="cpu")
     assert costs.queued_broadcasts(sends, three, lat, messages=3) == pytest.approx(3.2 + 6e-3)
+    # many small trees on a long link: two at a time, each waits a 64-byte broadcast's rendezvous
+    # (2 rounds x 20 ms), longer than their bytes (38 x 2 x 14.4 KB at 6.25 MB/s) and 3 latencies
+    far = flat(nodes=3, ppn=1, inter_bw=6.25 * MB, lat=20e-3, device="cpu")
+    small = [(i * 3 // 38, 14_400.0) for i in range(38)]
+    assert costs.queued_broadcasts(small, three, far, messages=3) == pytest.approx(19 * 2 * 20e-3)
+    # on a short one the bytes take longer: one owner's trees share its link, so about all the bytes
+    # one after another (less where two owners' trees meet), and a latency per owner
+    near = flat(nodes=3, ppn=1, inter_bw=6.25 * MB, lat=0.1e-3, device="cpu")
+    serial = 38 * 2 * 14_400 / (6.25 * MB)
+    assert 0.95 * serial < costs.queued_broadcasts(small, three, near, messages=3) - 6 * 0.1e-3 <= serial
     # NCCL's on one stream and gloo's inside a node stay one after another
     gpu = flat(nodes=3, ppn=1, inter_bw=1 * MB, lat=0.0)
     assert costs.queued_broadcasts(sends, three, gpu) == pytest.approx(costs.broadcast(2.65 * MB, three, gpu))
