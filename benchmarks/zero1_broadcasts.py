@@ -29,16 +29,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bed_pair import ENV, on_bed, result  # noqa: E402
 
 
-def zero_partition(sizes: list[int], n: int) -> list[list[int]]:
-    """torch's ZeroRedundancyOptimizer partition: largest first, each to the rank holding least so far."""
-    held, out = [0] * n, [[] for _ in range(n)]
-    for k in sorted(sizes, reverse=True):
-        r = held.index(min(held))
-        out[r].append(k)
-        held[r] += k
-    return out
-
-
 def worker(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
@@ -48,6 +38,8 @@ def worker(args: argparse.Namespace) -> None:
     if args.numel:  # a model's own tensors, owned and ordered as ZeRO's greedy partition does
         sizes = [int(x) for x in args.numel.split(",")]
         tensors, owner = [], []
+        from dtrain.plan.costs import zero_partition  # torch's ZeroRedundancyOptimizer partition
+
         for r, mine in enumerate(zero_partition(sizes, n)):
             tensors += [torch.ones(k) for k in mine]
             owner += [r] * len(mine)

@@ -208,7 +208,8 @@ def queued_broadcasts(sends: Sequence[tuple[int, float]], group: Group, c: Clust
     this plays them out: each transfer between two nodes goes at the link's rate split evenly
     among the transfers on its busiest resource (a node's sends, a node's receives, or a pair of
     ranks' one connection, whose two directions took turns on the bed: two hosts, two owners sending
-    to each other, 428-445 ms where their bytes one after another take 429, in most runs); an edge
+    to each other, 440-477 ms where their bytes one after another take 429, in 6 runs of 10; in the
+    other 4, 270-295); an edge
     inside a node is left out (loopback). The bed (``benchmarks/zero1_broadcasts.py``, 50 Mbit/s):
     the mlp's two large owners on 3 hosts overlap (550-679 ms, played out 514, one after another
     857), the LM's 38 small tensors, owned 13 by 13, do not (172, played out and serial 175).

@@ -65,7 +65,8 @@ ASSUMPTIONS = (
     "for, so a latency per sending rank, not per tensor; exposed): with NCCL and inside a node one broadcast after "
     "another, all parameter bytes x the tree's rounds / bandwidth; gloo between nodes two at a time in issue order, each "
     "gloo's binomial tree, its transfers sharing evenly a node's sends, its receives and a rank pair's connection "
-    "(both directions); up to 16 ranks, beyond one after another",
+    "(both directions), and at least ceil(tensors / 2) x a 64-byte broadcast's time (each tree holds a thread for "
+    "its rendezvous); up to 16 ranks, beyond one after another",
     "fsdp/hsdp: units are the task's blocks plus the rest of the model; each unit all-gathered in forward and again "
     "in backward, its gradient reduce-scattered (hsdp: then all-reduced between nodes), all in fp32 (dtrain sets no "
     "mixed-precision policy), on one link in issue order, prefetching one unit ahead; on gloo an unmeasured "
