@@ -93,24 +93,42 @@ def relay(hosts: list[int], bridge: list[int], delays: list[float], control: int
                 _send(bridge[i], q.popleft()[1])
 
 
+START_TIMEOUT_S = 30.0
+"""How long ``start`` waits for the program's "ready" (it opens two TAP devices per host)."""
+
+
 def start(bridge_namespace: str, delays_ms: list[float]) -> subprocess.Popen:
     """This program in ``bridge_namespace``, once its devices ``t<i>`` and ``h<i>`` exist there."""
     # By its path: it imports nothing of dtrain's, so it runs whatever put dtrain on the caller's path.
     proc = subprocess.Popen(["ip", "netns", "exec", bridge_namespace, sys.executable, os.path.abspath(__file__),
                              "--delays", ",".join(f"{d:g}" for d in delays_ms)],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    if proc.stdout.readline().strip() != "ready":
+    said = answer_of(proc, START_TIMEOUT_S)
+    if said != "ready":
         proc.kill()
-        raise RuntimeError(f"the delay line did not start: {proc.communicate()[1].strip()[-500:]}")
+        why = f"no answer in {START_TIMEOUT_S:g} s" if said is None else proc.communicate()[1].strip()[-500:]
+        raise RuntimeError(f"the delay line did not start: {why}")
     return proc
+
+
+def answer_of(proc: subprocess.Popen, timeout: float) -> str | None:
+    """The program's next line, or None where none came in ``timeout`` seconds (a stalled
+    program fails its caller instead of hanging it). Each request gets one line back, so no
+    line waits in the pipe's buffer beyond the one asked for."""
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        if not sel.select(timeout):
+            return None
+    return proc.stdout.readline().strip()
 
 
 def set_delay(proc: subprocess.Popen, host: int, ms: float) -> None:
     """Host ``host``'s delay, from now on (what it already sent keeps its own)."""
     proc.stdin.write(f"{host} {ms:g}\n")
     proc.stdin.flush()
-    if proc.stdout.readline().strip() != "ok":
-        raise RuntimeError("the delay line has ended")
+    said = answer_of(proc, 10.0)
+    if said != "ok":
+        raise RuntimeError("the delay line has ended" if said is not None else "the delay line did not answer in 10 s")
 
 
 def main(argv: list[str] | None = None) -> int:

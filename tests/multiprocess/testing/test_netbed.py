@@ -216,3 +216,23 @@ def test_a_bed_without_a_delay_line_cannot_be_given_a_delay_later_without_netem(
         assert not bed.delay_line
         with pytest.raises(netbed.NetBedUnavailable, match="no netem qdisc .* built without the delay line"):
             bed.shape(0, netbed.Link(rate_mbit=100, delay_ms=5))
+
+
+@pytest.mark.timeout(60)
+def test_the_delay_lines_answer_waits_a_bounded_time():
+    # a delay line that stalls before its answer fails its caller, it does not hang it
+    from dtrain.testing.delayline import answer_of
+
+    silent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], stdout=subprocess.PIPE, text=True)
+    try:
+        t0 = time.monotonic()
+        assert answer_of(silent, 0.3) is None
+        assert time.monotonic() - t0 < 5
+    finally:
+        silent.kill()
+        silent.wait()
+    says = subprocess.Popen([sys.executable, "-c", "print('ready', flush=True)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert answer_of(says, 10) == "ready"
+    finally:
+        says.wait()
