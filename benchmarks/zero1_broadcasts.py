@@ -37,12 +37,9 @@ def worker(args: argparse.Namespace) -> None:
     n = dist.get_world_size()
     if args.numel:  # a model's own tensors, owned and ordered as ZeRO's greedy partition does
         sizes = [int(x) for x in args.numel.split(",")]
-        tensors, owner = [], []
-        from dtrain.plan.costs import zero_partition  # torch's ZeroRedundancyOptimizer partition
+        from dtrain.plan.costs import zero_broadcasts  # torch's ZeroRedundancyOptimizer partition and order
 
-        for r, mine in enumerate(zero_partition(sizes, n)):
-            tensors += [torch.ones(k) for k in mine]
-            owner += [r] * len(mine)
+        owner, tensors = zip(*((r, torch.ones(int(k))) for r, k in zero_broadcasts(sizes, n)))
     else:
         per = max(1, args.total_bytes // args.tensors // 4)
         tensors = [torch.ones(per) for _ in range(args.tensors)]
@@ -114,7 +111,7 @@ def bytes_times(args: argparse.Namespace, rate: float) -> dict:
 
     n = args.hosts
     sizes = [int(x) for x in args.numel.split(",")] if args.numel else [max(1, args.total_bytes // args.tensors // 4)] * args.tensors
-    sends = [(r, 4 * e) for r, mine in enumerate(costs.zero_partition(sizes, n)) for e in mine]
+    sends = [(r, 4 * e) for r, e in costs.zero_broadcasts(sizes, n)]
     c = replace(cluster.build({"device": "cpu", "nodes": n, "procs_per_node": 1}), inter_bw=rate * 1e6 / 8, inter_lat=0.0)
     g = costs.Group(n, 1)
     return {"played_out": round(1e3 * costs.queued_broadcasts(sends, g, c), 1),

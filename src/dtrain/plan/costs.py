@@ -17,6 +17,7 @@ cluster's described bandwidth and latency.
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -180,6 +181,12 @@ def zero_partition(sizes: Sequence[float], n: int) -> list[list[float]]:
     return out
 
 
+def zero_broadcasts(sizes: Sequence[float], n: int) -> list[tuple[int, float]]:
+    """(owner, elements) of each broadcast torch's ZeroRedundancyOptimizer issues after its step, in
+    its order: owner by owner, each owner's tensors as ``zero_partition`` gave them (largest first)."""
+    return [(r, e) for r, mine in enumerate(zero_partition(sizes, n)) for e in mine]
+
+
 def binomial_edges(n: int, root: int) -> list[tuple[int, int]]:
     """(sender, receiver) of gloo's broadcast from ``root`` to ``n`` ranks (``gloo::broadcast``):
     in virtual ranks (root 0), v receives from v less its highest set bit; a sender posts its sends
@@ -209,8 +216,7 @@ def queued_broadcasts(sends: Sequence[tuple[int, float]], group: Group, c: Clust
     among the transfers on its busiest resource (a node's sends, a node's receives, or a pair of
     ranks' one connection, whose two directions took turns on the bed: two hosts, two owners sending
     to each other, 440-477 ms where their bytes one after another take 429, in 6 runs of 10; in the
-    other 4, 270-295); an edge
-    inside a node is left out (loopback). The bed (``benchmarks/zero1_broadcasts.py``, 50 Mbit/s):
+    other 4, 270-295); an edge inside a node is left out (loopback). The bed (``benchmarks/zero1_broadcasts.py``, 50 Mbit/s):
     the mlp's two large owners on 3 hosts overlap (550-679 ms, played out 514, one after another
     857), the LM's 38 small tensors, owned 13 by 13, do not (172, played out and serial 175).
 
@@ -238,34 +244,35 @@ def queued_broadcasts(sends: Sequence[tuple[int, float]], group: Group, c: Clust
 
 def _play_trees(sends: Sequence[tuple[int, float]], n: int, per_node: int) -> float:
     """How long (in bytes at the link's rate) ``queued_broadcasts``' trees take, ``GLOO_THREADS``
-    at a time: a fluid model, each transfer's rate 1 / the transfers on its busiest resource."""
-    queue = [(root, b) for root, b in sends if b > 0]
-    active: list[dict] = []  # each: {"flows": {edge: bytes left}, "waits": {edge: its sender's own edge}}
+    at a time: a fluid model, each transfer's rate 1 / the transfers on its busiest resource. A
+    tree's transfers are its edges between nodes; one waits for its sender's own (if between nodes)."""
+    queue = deque((root, b) for root, b in sends if b > 0)
+    active: list[tuple[dict, dict]] = []  # per tree: {edge: bytes left}, {edge: the edge into its sender}
     t = 0.0
     while queue or active:
         while queue and len(active) < GLOO_THREADS:
-            root, nbytes = queue.pop(0)
-            edges = [(a, b) for a, b in binomial_edges(n, root) if a // per_node != b // per_node]
-            into = {b: (a, b) for a, b in binomial_edges(n, root)}
-            active.append({"flows": dict.fromkeys(edges, nbytes), "waits": {e: into.get(e[0]) for e in edges}})
-        ready = [(k, e) for k, bc in enumerate(active) for e, left in bc["flows"].items()
-                 if left > 0 and bc["flows"].get(bc["waits"][e], 0.0) <= 0]
-        if not ready:  # every tree's transfers are done (or inside nodes)
-            active = [bc for bc in active if any(v > 0 for v in bc["flows"].values())]
-            continue
+            root, nbytes = queue.popleft()
+            tree = binomial_edges(n, root)
+            left = {e: nbytes for e in tree if e[0] // per_node != e[1] // per_node}
+            if left:  # a tree inside nodes only takes no link time
+                into = {b: (a, b) for a, b in tree}
+                active.append((left, {e: into.get(e[0]) for e in left}))
+        if not active:
+            break
+        ready = [(left, e) for left, after in active for e, more in left.items() if more > 0 and left.get(after[e], 0.0) <= 0]
+        resources = {(id(left), e): (("out", e[0] // per_node), ("in", e[1] // per_node), ("pair", min(e), max(e)))
+                     for left, e in ready}
         users: dict[tuple, int] = {}
-        keys = {}
-        for k, (a, b) in ready:
-            keys[(k, (a, b))] = (("out", a // per_node), ("in", b // per_node), ("pair", min(a, b), max(a, b)))
-            for key in keys[(k, (a, b))]:
+        for keys in resources.values():
+            for key in keys:
                 users[key] = users.get(key, 0) + 1
-        rate = {ke: 1.0 / max(users[key] for key in keys[ke]) for ke in keys}
-        dt = min(active[k]["flows"][e] / rate[(k, e)] for k, e in ready)
+        rate = {k: 1.0 / max(users[key] for key in keys) for k, keys in resources.items()}
+        dt = min(left[e] / rate[(id(left), e)] for left, e in ready)
         t += dt
-        for k, e in ready:
-            left = active[k]["flows"][e] - dt * rate[(k, e)]
-            active[k]["flows"][e] = 0.0 if left <= 1e-9 * (1 + dt) else left
-        active = [bc for bc in active if any(v > 0 for v in bc["flows"].values())]
+        for left, e in ready:
+            more = left[e] - dt * rate[(id(left), e)]
+            left[e] = 0.0 if more <= 1e-9 * (1 + dt) else more
+        active = [(left, after) for left, after in active if any(v > 0 for v in left.values())]
     return t
 
 

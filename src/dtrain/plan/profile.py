@@ -52,7 +52,7 @@ class ModelProfile:
     """Parameter tensors (a per-parameter collective pays a latency for each)."""
     tensor_sizes: tuple[int, ...] = ()
     """Each parameter tensor's elements, in the model's order (empty where not counted): who owns
-    which under ZeRO's partition (``costs.zero_shares``)."""
+    which under ZeRO's partition (``steps.zero_sends``)."""
     bwd_ratio: float = 2.0
     timing: Timing | None = None
     precision: str = "fp32"

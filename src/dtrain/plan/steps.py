@@ -330,7 +330,7 @@ def zero_sends(prof: ModelProfile, n: int, nbytes: float) -> list[tuple[int, flo
     (a stage's or a TP shard's part); ``tensors`` equal ones where the profile has no sizes."""
     sizes = prof.tensor_sizes or (1,) * max(prof.tensors, n)
     scale = nbytes / sum(sizes)
-    return [(r, e * scale) for r, mine in enumerate(costs.zero_partition(sizes, n)) for e in mine]
+    return [(r, e * scale) for r, e in costs.zero_broadcasts(sizes, n)]
 
 
 def serial_comm(prof: ModelProfile, c: Cluster, layout: Layout, s, params_rank: float, g_rep: Group, g_tp: Group) -> float:

@@ -95,6 +95,8 @@ def relay(hosts: list[int], bridge: list[int], delays: list[float], control: int
 
 START_TIMEOUT_S = 30.0
 """How long ``start`` waits for the program's "ready" (it opens two TAP devices per host)."""
+ANSWER_TIMEOUT_S = 10.0
+"""How long ``set_delay`` waits for its "ok"."""
 
 
 def start(bridge_namespace: str, delays_ms: list[float]) -> subprocess.Popen:
@@ -126,9 +128,9 @@ def set_delay(proc: subprocess.Popen, host: int, ms: float) -> None:
     """Host ``host``'s delay, from now on (what it already sent keeps its own)."""
     proc.stdin.write(f"{host} {ms:g}\n")
     proc.stdin.flush()
-    said = answer_of(proc, 10.0)
+    said = answer_of(proc, ANSWER_TIMEOUT_S)
     if said != "ok":
-        raise RuntimeError("the delay line has ended" if said is not None else "the delay line did not answer in 10 s")
+        raise RuntimeError("the delay line has ended" if said is not None else f"the delay line did not answer in {ANSWER_TIMEOUT_S:g} s")
 
 
 def main(argv: list[str] | None = None) -> int:
