@@ -120,6 +120,7 @@ def time_collectives(device: torch.device, sizes: tuple[int, ...] = LINK_SIZES, 
         out[kind][size] = seconds / 2 if kind == "send_recv" else seconds
     out[CROSSED] = time_crossed(device, out["send_recv"], reps)
     out[IDLE] = time_after_idle(device, out["send_recv"], reps)
+    out[STREAM] = time_stream(device, out["send_recv"], reps)
     return out
 
 
@@ -141,6 +142,47 @@ def time_after_idle(device: torch.device, one_way: dict[int, float], reps: int) 
     op = _ops("send_recv", IDLE_SIZE, dist.get_world_size(), dist.get_rank(), device)
     got = _call_time(op, device, max(reps, IDLE_REPS), pause=min(0.2, one_way_at(one_way, IDLE_SIZE)))
     mine = torch.tensor([got / 2], dtype=torch.float64, device=device)
+    dist.all_reduce(mine, op=dist.ReduceOp.MAX)
+    return {IDLE_SIZE: mine.item()}
+
+
+STREAM = "send_recv_stream"
+"""A send of ``IDLE_SIZE`` between ranks 0 and 1 (half a round trip) on a connection of its own
+that has carried nothing else, each after a pause as ``IDLE``'s: what a pipeline's hand-off costs
+on its connection once that has settled. A sender's TCP may pace such a connection below the
+link's rate: BBR (the test bed machine's default) estimates the bandwidth from what the bursts
+delivered, and on a 100 Mbit/s bed link with 10 ms each way sent 64 KiB at ~50 Mbit/s, 21.5 ms
+a send, where a connection that had just carried 4 MiB took 15.8 (CUBIC: 15.1 and 15.0;
+benchmarks/p2p_window.py). The probe's other sends run on the default group's connection, which
+its megabyte sizes have warmed."""
+STREAM_REPS = 12
+"""Round trips timed on the new connection; the median of the second half is kept (BBR's start-up
+settled within ~5 sends there)."""
+
+
+def time_stream(device: torch.device, one_way: dict[int, float], reps: int) -> dict[int, float]:
+    """Collective: every rank of the default group (each joins the new group of ranks 0 and 1).
+    ``STREAM`` at ``IDLE_SIZE``: ``STREAM_REPS`` (at least ``reps``) round trips on the new
+    group, each after a barrier and a pause of one send's time (``one_way``); the median of the
+    second half, halved; the slowest rank's."""
+    rank = dist.get_rank()
+    pair = dist.new_group([0, 1])
+    t = torch.ones(IDLE_SIZE // 4, dtype=torch.float32, device=device)
+    pause = min(0.2, one_way_at(one_way, IDLE_SIZE))
+    times = []
+    for _ in range(max(reps, STREAM_REPS)):
+        dist.barrier()
+        time.sleep(pause)
+        t0 = time.perf_counter()
+        if rank < 2:
+            peer = 1 - rank
+            for step in ((dist.send, dist.recv) if rank == 0 else (dist.recv, dist.send)):
+                step(t, peer, group=pair)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+        times.append(time.perf_counter() - t0)
+    dist.destroy_process_group(pair)
+    mine = torch.tensor([statistics.median(times[len(times) // 2:]) / 2], dtype=torch.float64, device=device)
     dist.all_reduce(mine, op=dist.ReduceOp.MAX)
     return {IDLE_SIZE: mine.item()}
 

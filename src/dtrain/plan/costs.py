@@ -283,6 +283,20 @@ def p2p(nbytes: float, group: Group, c: Cluster) -> float:
     return _flat("send_recv", nbytes, 2, c, group.nodes > 1, group.sharing if group.nodes > 1 else 1)
 
 
+def paced_p2p(nbytes: float, group: Group, c: Cluster) -> float | None:
+    """One send of ``nbytes`` to a neighbour on a connection that carries only such sends (a
+    pipeline's), where the measured link paced those (``links.Links.paced``): its latency, the
+    probe's size of it at the paced rate, the rest at the link's (a larger send is not measured:
+    the sender's estimate would grow with it); never less than ``p2p``. None where not paced."""
+    measured = crossed_link(group, c)
+    got = measured.paced() if measured is not None else None
+    if got is None or nbytes <= 0:
+        return None
+    size, rate = got
+    first = min(nbytes, size)
+    return max(p2p(nbytes, group, c), p2p(1, group, c) + first / rate + p2p(nbytes, group, c) - p2p(first, group, c))
+
+
 def crossing(nbytes: float, group: Group, c: Cluster) -> float:
     """How much of its time a send of ``nbytes`` between neighbours in ``group`` is slowed while one
     goes the other way, as measured on the link (``links.Links.crossing``); 0 where not measured."""

@@ -127,6 +127,22 @@ class Links:
             return 0.0
         return min(float(size), max(0.0, size * (busy - idle) / (busy - lat)))
 
+    def paced(self) -> tuple[float, float] | None:
+        """(bytes, bytes/s): the rate at which a connection that carries only sends of the probe's
+        size (``diag.probe.STREAM``) moved them, where slower than one send of that size right
+        after a barrier on the probe's warmed connection (its sender's TCP paced it below the
+        link: BBR's estimate from such bursts); None where not measured or not slower."""
+        from ..diag.probe import STREAM, one_way_at
+
+        one, got = self.seconds.get("send_recv"), self.seconds.get(STREAM)
+        if not one or not got:
+            return None
+        size, t = next(iter(got.items()))
+        lat, busy = min(one.items())[1], one_way_at(one, size)
+        if t <= busy or t <= lat:
+            return None
+        return float(size), size / (t - lat)
+
     def describe(self) -> dict[str, Any]:
         from ..diag.probe import CROSSED
 
@@ -135,7 +151,8 @@ class Links:
                                 "gbit_per_s_by_size": {str(int(b)): round(r * 8 / 1e9, 4) for b, r in f.by_size}}
                             for k, f in self.figures.items()},
                 "crossing": {str(b): round(self.crossing(b), 3) for b in sorted(self.seconds.get(CROSSED, {}))},
-                "burst_bytes": round(self.burst())}
+                "burst_bytes": round(self.burst()),
+                "paced_gbit_per_s": round(self.paced()[1] * 8 / 1e9, 4) if self.paced() else None}
 
     def as_record(self) -> dict[str, Any]:
         """What ``dtrain doctor --links-out`` writes and ``from_record`` reads."""

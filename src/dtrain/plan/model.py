@@ -79,8 +79,10 @@ ASSUMPTIONS = (
     "micro-batch; torch's schedule (GPipe, 1F1B) played out in time with every stage as slow as the busiest: each "
     "activation and gradient crosses its link one after another, a send completes when its bytes have crossed, and a "
     "stage waits where torch's schedule waits (1F1B: each send with the next receive); a send moves no data before "
-    "its receive is posted (where torch waits for it) and the notice has crossed (one latency); data-parallel gradient sync "
-    "after the schedule, not overlapped",
+    "its receive is posted (where torch waits for it) and the notice has crossed (one latency); where the measured link "
+    "paced a connection that carries only sends of 64 KiB below the link's rate (--links' send on a connection of its "
+    "own; a sender's BBR estimating the rate from such bursts), a hand-off's first 64 KiB go at that pace (and gain no "
+    "burst after idle), the rest at the link's; data-parallel gradient sync after the schedule, not overlapped",
     "memory per rank at the step's peak: parameters + gradients + optimizer state + saved activations of the "
     "micro-batches in flight + fsdp's two gathered units + PowerSGD's error feedback (a gradient's copy), all at once "
     "(an upper bound: activations are freed as gradients appear); on CPU (peak resident set) + a worker's measured "

@@ -142,6 +142,9 @@ def pipeline_step(prof: ModelProfile, c: Cluster, layout: Layout, s, fwd_t: floa
         """A transfer's seconds, its slowdown by one the other way, what it saves after idle time,
         the latency of a message of no size (a receive's notice)."""
         cost = lambda x: costs.p2p(x, g, cl)  # noqa: E731
+        paced = costs.paced_p2p(nbytes, g, cl)
+        if paced is not None:  # sent below the link's rate: the shaper's bucket stays full, no burst to gain
+            return paced, costs.crossing(nbytes, g, cl), 0.0, cost(1)
         return cost(nbytes), costs.crossing(nbytes, g, cl), costs.idle_saving(cost, "send_recv", nbytes, g, cl), cost(1)
 
     hop, crossed, save, latency = link(c, g_pp)

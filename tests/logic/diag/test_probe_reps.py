@@ -1,6 +1,7 @@
 """The links probe repeats latency-bound sizes more than the large ones (it costs next to nothing,
 and a median of 3 small collectives moved 5x between two measurements of one bed link), and times
-two sends crossing in opposite directions, the second fired a share of one send's time later."""
+two sends crossing in opposite directions, the second fired a share of one send's time later, and
+sends on a connection of their own (a pipeline's hand-offs: a sender's TCP may pace it)."""
 
 from __future__ import annotations
 
@@ -21,8 +22,10 @@ def test_small_sizes_are_timed_at_least_small_reps_times(monkeypatch):
     monkeypatch.setattr(probe.dist, "get_rank", lambda: 0)
     monkeypatch.setattr(probe.dist, "all_reduce", lambda t, op=None: None)
     monkeypatch.setattr(probe, "time_after_idle", lambda device, one_way, reps: {probe.IDLE_SIZE: one_way[64]})
+    monkeypatch.setattr(probe, "time_stream", lambda device, one_way, reps: {probe.IDLE_SIZE: 2 * one_way[64]})
     out = probe.time_collectives(torch.device("cpu"), sizes=(64, 64 << 10, 1 << 20), reps=3)
     assert out[probe.IDLE] == {probe.IDLE_SIZE: out["send_recv"][64]}
+    assert out[probe.STREAM] == {probe.IDLE_SIZE: 2 * out["send_recv"][64]}
     reps = {size: (r, e) for (kind, size, _), r, e in asked if kind != probe.CROSSED}
     assert reps == {64: (probe.SMALL_REPS[1], True), 64 << 10: (probe.SMALL_REPS[1], True), 1 << 20: (3, False)}
     assert out["send_recv"][64] == pytest.approx((1e-3 + 64 / 1e8) / 2)  # half a round trip
@@ -72,3 +75,35 @@ def test_a_send_after_idle_waits_one_sends_time_before_each_round_trip(monkeypat
     assert out == {probe.IDLE_SIZE: pytest.approx(0.012 / 2)}
     pause = probe.one_way_at(one_way, probe.IDLE_SIZE)
     assert events == ["send"] + ["barrier", ("sleep", pause), "send"] * probe.IDLE_REPS
+
+
+def test_sends_on_a_connection_of_their_own_keep_the_settled_second_half(monkeypatch):
+    """The stream of hand-offs: a new group of ranks 0 and 1, each round trip after a barrier and
+    one send's pause; the median of the second half (BBR's start-up left out), halved; the group
+    is destroyed afterwards."""
+    events, clock, made = [], [0.0], []
+    monkeypatch.setattr(probe.dist, "get_rank", lambda: 0)
+    monkeypatch.setattr(probe.dist, "all_reduce", lambda t, op=None: None)
+    monkeypatch.setattr(probe.dist, "barrier", lambda: events.append("barrier"))
+    monkeypatch.setattr(probe.dist, "new_group", lambda ranks: made.append(ranks) or "pair")
+    monkeypatch.setattr(probe.dist, "destroy_process_group", lambda g: events.append(("destroy", g)))
+    # half round trips of the start-up (slow, then settling), then the settled ones: 21 ms, one 30 ms
+    halves = iter([0.06, 0.03, 0.025, 0.023, 0.022, 0.021] + [0.021, 0.021, 0.03, 0.021, 0.021, 0.021])
+
+    def leg(name):
+        def call(t, peer, group=None):
+            assert (peer, group) == (1, "pair")
+            events.append(name)
+            if name == "recv":
+                clock[0] += 2 * next(halves)
+        return call
+    monkeypatch.setattr(probe.dist, "send", leg("send"))
+    monkeypatch.setattr(probe.dist, "recv", leg("recv"))
+    monkeypatch.setattr(probe.time, "sleep", lambda s: events.append(("sleep", s)))
+    monkeypatch.setattr(probe.time, "perf_counter", lambda: clock[0])
+    one_way = {64: 1e-4, 1 << 20: 0.4}
+    out = probe.time_stream(torch.device("cpu"), one_way, reps=3)
+    assert made == [[0, 1]]
+    assert out == {probe.IDLE_SIZE: pytest.approx(0.021)}
+    pause = probe.one_way_at(one_way, probe.IDLE_SIZE)
+    assert events == ["barrier", ("sleep", pause), "send", "recv"] * probe.STREAM_REPS + [("destroy", "pair")]

@@ -103,6 +103,43 @@ def test_two_sends_crossing_give_the_share_by_which_each_is_slowed_between_and_b
     assert p.phases_s["p2p"] > predict(_prof(), replace(c, links={"inter": free}), pp2, s).phases_s["p2p"]
 
 
+def test_a_connection_paced_below_the_link_slows_a_pipelines_hand_offs():
+    """The probe's 64 KiB sends on a connection of their own took 21.5 ms on a 100 Mbit/s link
+    with 10 ms each way, where the warmed connection's send of that size takes ~15.6 (the bed's
+    BBR paced it at ~47 Mbit/s; benchmarks/p2p_window.py): a pipeline's hand-off pays that pace
+    for its first 64 KiB, the rest at the link's rate, and gains no burst after idle."""
+    from dtrain.diag.probe import IDLE, STREAM, one_way_at
+    from dtrain.plan.pipeline_sim import makespan
+
+    one = {64: 0.010, 1 << 20: 0.010 + (1 << 20) / 12.5e6, 4 << 20: 0.010 + (4 << 20) / 12.5e6}
+    size = 64 << 10
+    assert one_way_at(one, size) == pytest.approx(0.010 + size / 12.5e6, rel=1e-3)  # ~15.2 ms
+    lk = links.from_measurement({"send_recv": one, STREAM: {size: 0.0215}, IDLE: {size: 0.0150}},
+                                ranks=2, between="nodes", backend="gloo")
+    rate = size / (0.0215 - 0.010)
+    assert lk.paced() == (size, pytest.approx(rate))
+    assert lk.describe()["paced_gbit_per_s"] == pytest.approx(round(rate * 8 / 1e9, 4))
+    assert links.from_record(lk.as_record()).paced() == (size, pytest.approx(rate))
+    # CUBIC on the same link: the stream no slower than the warmed send; or not measured: not paced
+    for other in ({"send_recv": one, STREAM: {size: 0.0151}}, {"send_recv": one}):
+        assert links.from_measurement(other, ranks=2, between="nodes", backend="gloo").paced() is None
+    c = replace(_cpu(), links={"inter": lk})
+    g = costs.Group(2, 1)
+    p2p = lambda x: costs.p2p(x, g, c)  # noqa: E731
+    assert costs.paced_p2p(200, g, c) == pytest.approx(p2p(1) + 200 / rate)
+    assert costs.paced_p2p(1 << 20, g, c) == pytest.approx(p2p(1) + size / rate + p2p(1 << 20) - p2p(size))
+    assert costs.paced_p2p(1 << 20, g, c) > p2p(1 << 20)
+    assert costs.paced_p2p(200, costs.Group(1, 2), c) is None  # inside a node: not measured there
+    # a pipeline of two on that link: each hand-off at the pace, no burst saved
+    pp2, s = Layout("pp=2", ParallelDims(pp=2)), Settings(batch=8, microbatches=4)
+    p = predict(_prof(), c, pp2, s)
+    f, b = p.phases_s["forward"] / 4, p.phases_s["backward"] / 4
+    paced = makespan(2, 4, f, b, p2p(1) + 200 / rate, latency=p2p(1))
+    assert p.phases_s["p2p"] == pytest.approx(paced - 5 * (f + b))
+    free = links.from_measurement({"send_recv": one, IDLE: {size: 0.0150}}, ranks=2, between="nodes", backend="gloo")
+    assert p.phases_s["p2p"] > predict(_prof(), replace(c, links={"inter": free}), pp2, s).phases_s["p2p"]
+
+
 def test_a_record_round_trips_and_bad_files_are_one_line(tmp_path):
     secs = {k: _times(k, 1e-4, 1e8, 2) for k in links.SHAPES}
     got = links.from_measurement(secs, ranks=2, between="nodes", backend="gloo", load=1.5)
