@@ -22,14 +22,13 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from bed_pair import ENV, result  # noqa: E402
+from bed_pair import link_args, run_pair  # noqa: E402
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -71,13 +70,7 @@ def worker(args: argparse.Namespace) -> None:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
-    p.add_argument("--master", default="127.0.0.1", help=argparse.SUPPRESS)
-    p.add_argument("--port", type=int, default=29831)
-    p.add_argument("--rate", type=float, default=100.0, help="Mbit/s of each host's link")
-    p.add_argument("--delay-ms", type=float, default=10.0, help="added to what each host sends (a round trip: twice this)")
-    p.add_argument("--bytes", type=int, default=65536, help="bytes per send (the bed lm's activation per micro-batch: 65536)")
+    link_args(p, 29831)
     p.add_argument("--pause", type=float, default=0.1, help="seconds between the send and the receive")
     p.add_argument("--reps", type=int, default=9)
     p.add_argument("--out", default=None)
@@ -85,15 +78,7 @@ def main() -> int:
     if args.worker:
         worker(args)
         return 0
-    from dtrain.testing.netbed import NetBed
-
-    with NetBed(hosts=2, rate_mbit=args.rate, delay_ms=args.delay_ms or None) as bed:
-        outs = bed.run_nodes(lambda r, master: [sys.executable, os.path.abspath(__file__), "--worker", "--rank", str(r), "--master", master,
-                                                "--port", str(args.port), "--bytes", str(args.bytes), "--pause", str(args.pause),
-                                                "--reps", str(args.reps)], timeout=300, env=ENV)
-        line = {"rate_mbit": args.rate, "delay_ms": args.delay_ms, "delay_line": bed.delay_line, **result(outs[0].output, "p2p_rendezvous"),
-                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=HERE).stdout.strip()}
+    line = run_pair(__file__, args, ["--pause", str(args.pause), "--reps", str(args.reps)], "p2p_rendezvous", timeout=300)
     print(json.dumps(line))
     if args.out:
         with open(args.out, "a") as fh:

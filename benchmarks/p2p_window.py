@@ -1,4 +1,4 @@
-"""Is a pipeline's hand-off on a delayed link slowed by TCP's congestion window? (issue 31: the
+"""Is a pipeline's hand-off on a delayed link slowed by its sender's TCP? (issue 31: the
 bed's 2-stage pipeline at 10 ms each way stays ~23% under its plan; ``p2p_rendezvous.py`` saw a
 64 KiB send with its receive already posted take 21.2 ms where one latency and the bytes make
 ~15.6, while the links probe's send after idle, on a connection that had carried megabytes,
@@ -33,7 +33,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from bed_pair import ENV, result  # noqa: E402
+from bed_pair import link_args, run_pair  # noqa: E402
 
 
 def windows(port: int) -> list[tuple[int, str]]:
@@ -89,13 +89,7 @@ def worker(args: argparse.Namespace) -> None:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
-    p.add_argument("--master", default="127.0.0.1", help=argparse.SUPPRESS)
-    p.add_argument("--port", type=int, default=29833)
-    p.add_argument("--rate", type=float, default=100.0, help="Mbit/s of each host's link")
-    p.add_argument("--delay-ms", type=float, default=10.0, help="added to what each host sends (a round trip: twice this)")
-    p.add_argument("--bytes", type=int, default=65536, help="bytes per send (the bed lm's activation per micro-batch: 65536)")
+    link_args(p, 29833)
     p.add_argument("--warm-bytes", type=int, default=4 << 20, help="the send before each of the warm case's (the probe's largest)")
     p.add_argument("--gap", type=float, default=0.05, help="seconds of idle link before each timed send")
     p.add_argument("--reps", type=int, default=12)
@@ -105,17 +99,10 @@ def main() -> int:
     if args.worker:
         worker(args)
         return 0
-    from dtrain.testing.netbed import NetBed
-
-    with NetBed(hosts=2, rate_mbit=args.rate, delay_ms=args.delay_ms or None) as bed:
-        cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--port", str(args.port), "--bytes", str(args.bytes),
-               "--warm-bytes", str(args.warm_bytes), "--gap", str(args.gap), "--reps", str(args.reps), "--cc", args.cc]
-        outs = bed.run_nodes(lambda r, master: [*cmd, "--rank", str(r), "--master", master], timeout=600, env=ENV)
-        line = {"rate_mbit": args.rate, "delay_ms": args.delay_ms, "delay_line": bed.delay_line, "bytes": args.bytes,
-                "warm_bytes": args.warm_bytes, "gap_s": args.gap,
-                "cc": args.cc or open("/proc/sys/net/ipv4/tcp_congestion_control").read().strip(), **result(outs[0].output, "p2p_window"),
-                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=HERE).stdout.strip()}
+    cc = args.cc or open("/proc/sys/net/ipv4/tcp_congestion_control").read().strip()
+    got = run_pair(__file__, args, ["--warm-bytes", str(args.warm_bytes), "--gap", str(args.gap), "--reps", str(args.reps), "--cc", args.cc],
+                   "p2p_window")
+    line = {**got, "bytes": args.bytes, "warm_bytes": args.warm_bytes, "gap_s": args.gap, "cc": cc}
     if args.out:
         with open(args.out, "a") as fh:
             fh.write(json.dumps(line) + "\n")
