@@ -37,6 +37,12 @@ def _call_time(op: Callable[[], object], device: torch.device, reps: int, expect
     """Seconds of one ``op`` after a barrier (and ``pause`` seconds idle), ``reps`` times: their
     median, or with ``expected`` their ``expected_time``."""
     op()  # warm-up: connections, buffers
+    times = _call_times(op, device, reps, pause)
+    return expected_time(times) if expected else statistics.median(times)
+
+
+def _call_times(op: Callable[[], object], device: torch.device, reps: int, pause: float = 0.0) -> list[float]:
+    """Seconds of each of ``reps`` calls of ``op``, each after a barrier (and ``pause`` seconds idle)."""
     times = []
     for _ in range(reps):
         dist.barrier()
@@ -47,7 +53,7 @@ def _call_time(op: Callable[[], object], device: torch.device, reps: int, expect
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         times.append(time.perf_counter() - t0)
-    return expected_time(times) if expected else statistics.median(times)
+    return times
 
 
 def expected_time(times: list[float]) -> float:
@@ -60,8 +66,9 @@ def expected_time(times: list[float]) -> float:
     return statistics.mean(times[cut:len(times) - cut])
 
 
-def _ops(kind: str, nbytes: int, n: int, rank: int, device: torch.device) -> Callable[[], object]:
-    """One ``kind`` collective of ``nbytes`` (rounded to whole float32 elements, a multiple of n)."""
+def _ops(kind: str, nbytes: int, n: int, rank: int, device: torch.device, group: dist.ProcessGroup | None = None) -> Callable[[], object]:
+    """One ``kind`` collective of ``nbytes`` (rounded to whole float32 elements, a multiple of n);
+    ``send_recv``'s round trip on ``group`` (the default group where None)."""
     numel = max(n, nbytes // 4 // n * n)
     whole = torch.ones(numel, dtype=torch.float32, device=device)
     part = torch.ones(numel // n, dtype=torch.float32, device=device)
@@ -79,11 +86,11 @@ def _ops(kind: str, nbytes: int, n: int, rank: int, device: torch.device) -> Cal
 
     def ping_pong() -> None:  # rank 0 -> 1 -> 0; the others wait at the next barrier
         if rank == 0:
-            dist.send(whole, 1)
-            dist.recv(whole, 1)
+            dist.send(whole, 1, group=group)
+            dist.recv(whole, 1, group=group)
         elif rank == 1:
-            dist.recv(whole, 0)
-            dist.send(whole, 0)
+            dist.recv(whole, 0, group=group)
+            dist.send(whole, 0, group=group)
     return ping_pong
 
 
@@ -165,22 +172,9 @@ def time_stream(device: torch.device, one_way: dict[int, float], reps: int) -> d
     ``STREAM`` at ``IDLE_SIZE``: ``STREAM_REPS`` (at least ``reps``) round trips on the new
     group, each after a barrier and a pause of one send's time (``one_way``); the median of the
     second half, halved; the slowest rank's."""
-    rank = dist.get_rank()
     pair = dist.new_group([0, 1])
-    t = torch.ones(IDLE_SIZE // 4, dtype=torch.float32, device=device)
-    pause = min(0.2, one_way_at(one_way, IDLE_SIZE))
-    times = []
-    for _ in range(max(reps, STREAM_REPS)):
-        dist.barrier()
-        time.sleep(pause)
-        t0 = time.perf_counter()
-        if rank < 2:
-            peer = 1 - rank
-            for step in ((dist.send, dist.recv) if rank == 0 else (dist.recv, dist.send)):
-                step(t, peer, group=pair)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-        times.append(time.perf_counter() - t0)
+    op = _ops("send_recv", IDLE_SIZE, 2, dist.get_rank(), device, group=pair)  # no warm-up: the connection's start is timed
+    times = _call_times(op, device, max(reps, STREAM_REPS), pause=min(0.2, one_way_at(one_way, IDLE_SIZE)))
     dist.destroy_process_group(pair)
     mine = torch.tensor([statistics.median(times[len(times) // 2:]) / 2], dtype=torch.float64, device=device)
     dist.all_reduce(mine, op=dist.ReduceOp.MAX)
