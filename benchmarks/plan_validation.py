@@ -26,6 +26,7 @@ the kernel has none, as here, the bed's user-space delay line). Needs root and i
 
     PYTHONPATH=src python3 benchmarks/plan_validation.py [--groups lm-1g,mlp-100m] [--repeats 1] [--contest 2] [--out rows.jsonl]
     PYTHONPATH=src python3 benchmarks/plan_validation.py --table rows.jsonl      # the table of saved rows
+    PYTHONPATH=src python3 benchmarks/plan_validation.py --picks run1.jsonl run2.jsonl ...   # the picks of several runs
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ SRC = os.path.join(os.path.dirname(HERE), "src")
 sys.path.insert(0, SRC)
 sys.path.insert(0, HERE)
 
-from plan_validation_table import print_table  # noqa: E402
+from plan_validation_table import pick_tally, print_table  # noqa: E402
 
 from dtrain.testing.netbed import NetBed  # noqa: E402
 
@@ -254,7 +255,16 @@ def main() -> int:
     p.add_argument("--out", default=None, help="append each row as a JSON line here")
     p.add_argument("--raw", default=None, help="append each run's result line (with its breakdown) here")
     p.add_argument("--table", default=None, metavar="JSONL", help="only print the table of rows saved by --out")
+    p.add_argument("--picks", nargs="+", default=None, metavar="JSONL", help="only tally the picks of several runs' rows (one "
+                   "file each, saved by --out): each group of each run, right, unsettled or missed")
     args = p.parse_args()
+    if args.picks:
+        runs = {}
+        for path in args.picks:
+            with open(path) as fh:
+                runs[os.path.basename(path).removesuffix(".jsonl")] = [json.loads(line) for line in fh if line.strip()]
+        pick_tally(runs)
+        return 0
     if args.table:
         with open(args.table) as fh:
             print_table([json.loads(line) for line in fh if line.strip()])

@@ -104,3 +104,35 @@ def runs_overlap(a: dict, b: dict) -> bool:
         return False
     slow, fast = (ra, rb) if a["measured_ms"] >= b["measured_ms"] else (rb, ra)
     return min(slow) <= max(fast)
+
+
+def pick_tally(runs: dict[str, list[dict]], margin: float | None = None) -> None:
+    """The picks of several bed runs (``runs``: a run's name and its rows), each group of each run
+    one pick: right, unsettled (missed, the runs of the pick and of the fastest overlapping) or
+    settled wrong; and how much slower the pick measured than the fastest."""
+    if margin is None:
+        from dtrain.plan import MARGIN as margin
+    right = unsettled = close = close_right = 0
+    regrets = []
+    for run, rows in runs.items():
+        for name, bp, bm in picks_of(rows):
+            ok = (bp["layout"], bp["comm"]) == (bm["layout"], bm["comm"])
+            tie = not ok and runs_overlap(bp, bm)
+            near = any(r is not bp and r["pred_samples_per_s"] * (1 + margin) >= bp["pred_samples_per_s"] for r in rows if r["group"] == name)
+            right, unsettled, close, close_right = right + ok, unsettled + tie, close + near, close_right + (near and ok)
+            regrets.append(bm["meas_samples_per_s"] / bp["meas_samples_per_s"] - 1)
+            verdict = "right" if ok else ("unsettled" if tie else "missed")
+            print(f"{run} {name}: {verdict}; plan {bp['layout']} {bp['comm']}, fastest {bm['layout']} {bm['comm']}"
+                  + ("" if ok else f" ({regrets[-1]:.1%} faster; runs {_runs(bm)} against {_runs(bp)} ms)")
+                  + (" [close call]" if near else ""))
+    n = len(regrets)
+    print(f"\n{n} picks over {len(runs)} runs: right {right} ({right / n:.0%}); missed {n - right}, of them {unsettled} unsettled "
+          f"(the runs overlap); right or unsettled {right + unsettled} ({(right + unsettled) / n:.0%})")
+    print(f"clear calls (runner-up predicted {margin:.0%} or more behind): {right - close_right} of {n - close} right; "
+          f"close calls: {close_right} of {close} right")
+    print(f"the pick measured a median {statistics.median(regrets):.1%}, mean {statistics.mean(regrets):.1%}, at most "
+          f"{max(regrets):.1%} slower than the fastest")
+
+
+def _runs(r: dict) -> str:
+    return "/".join(f"{v:.0f}" for v in r.get("measured_runs_ms", [r["measured_ms"]]))
