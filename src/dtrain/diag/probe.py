@@ -110,21 +110,36 @@ def _sized_time(op: Callable[[], object], device: torch.device, size: int, reps:
     return _call_time(op, device, reps)
 
 
+SPREAD_KINDS = ("all_gather",)
+"""Kinds whose sizes above ``SMALL_REPS``' are timed in three groups of calls (before, amid and
+after the others) and the slowest group's median kept. On the test bed's shaped links an
+all-gather of 1 MiB takes one of two modes that come in runs of calls: the bytes at the link's rate
+(1.03-1.12x a one-way send of each rank's share) or ~1.5x (benchmarks/allgather_modes.py: 100 Mbit/s,
+44 or 64 ms, 19 of 30 calls slow). FSDP's all-gathers in training took the slow one: lm-20m's fsdp
+step measured 560-602 ms in runs 17-34 whichever mode its probe found, and the plan's fsdp row was
+-13% to -19% where the probe's three calls had all been fast (mlp-100m and lm-20m, runs 17-34:
+benchmarks/results/31-plan.md), +2% to +11% (lm-20m) and -2% to -5% (mlp-100m) where slow. The
+all-reduce and the reduce-scatter took the same time in every probe there (lm-20m, 1 MiB: 447-474
+and 448-462 ms, runs 25-34)."""
+
+
 def time_collectives(device: torch.device, sizes: tuple[int, ...] = LINK_SIZES, reps: int = 3) -> dict[str, dict[int, float]]:
     """Collective: every rank of the default group (at least 2). Median seconds of each of
     ``KINDS`` at each size after a barrier (``reps`` times; small sizes at least ``SMALL_REPS``
-    times, their ``expected_time``),
+    times, their ``expected_time``; ``SPREAD_KINDS``' large sizes in three groups, the slowest kept),
     the slowest rank's (a sender's call may return once its socket buffers hold the data; its
     receivers' do not); ``send_recv`` is half a round trip between ranks 0 and 1 (one transfer one
     way). The same values on every rank."""
     n, rank = dist.get_world_size(), dist.get_rank()
     plan = [(kind, size) for kind in KINDS for size in sizes]
-    mine = torch.tensor([_sized_time(_ops(kind, size, n, rank, device), device, size, reps) for kind, size in plan],
+    spread = [(kind, size) for kind, size in plan if kind in SPREAD_KINDS and size > SMALL_REPS[0]]
+    order = spread + plan + spread  # the spread kinds' large sizes: three groups of calls, seconds apart
+    mine = torch.tensor([_sized_time(_ops(kind, size, n, rank, device), device, size, reps) for kind, size in order],
                         dtype=torch.float64, device=device)
     dist.all_reduce(mine, op=dist.ReduceOp.MAX)
     out: dict[str, dict[int, float]] = {kind: {} for kind in KINDS}
-    for (kind, size), seconds in zip(plan, mine.tolist()):
-        out[kind][size] = seconds / 2 if kind == "send_recv" else seconds
+    for (kind, size), seconds in zip(order, mine.tolist()):  # a spread size: the slowest group's median
+        out[kind][size] = max(out[kind].get(size, 0.0), seconds / 2 if kind == "send_recv" else seconds)
     out[CROSSED] = time_crossed(device, out["send_recv"], reps)
     out[IDLE] = time_after_idle(device, out["send_recv"], reps)
     out[STREAM] = time_stream(device, out["send_recv"], reps)
