@@ -4,6 +4,7 @@ configuration; per group, whether the plan's fastest was the fastest measured)."
 from __future__ import annotations
 
 import statistics
+from typing import NamedTuple
 
 
 def picks_of(rows: list[dict]) -> list[tuple[str, dict, dict]]:
@@ -13,6 +14,34 @@ def picks_of(rows: list[dict]) -> list[tuple[str, dict, dict]]:
         groups.setdefault(r["group"], []).append(r)
     return [(g, max(rs, key=lambda r: r["pred_samples_per_s"]), max(rs, key=lambda r: r["meas_samples_per_s"]))
             for g, rs in groups.items()]
+
+
+class Pick(NamedTuple):
+    group: str
+    plan: dict
+    """The row the group's plan put fastest."""
+    fastest: dict
+    """The row measured fastest."""
+    right: bool
+    unsettled: bool
+    """Missed, but the pick's runs overlap the fastest's (``runs_overlap``)."""
+    close: bool
+    """The plan put another configuration within ``margin`` of its best's samples/s (``dtrain.plan.MARGIN``)."""
+    regret: float
+    """How much faster the fastest measured than the pick (0 where right)."""
+
+
+def judged(rows: list[dict], margin: float | None = None) -> list[Pick]:
+    """Each group's pick in ``rows``, judged against the measured medians."""
+    if margin is None:
+        from dtrain.plan import MARGIN as margin
+    out = []
+    for name, bp, bm in picks_of(rows):
+        right = bp["layout"] == bm["layout"] and bp["comm"] == bm["comm"]
+        close = any(r is not bp and r["pred_samples_per_s"] * (1 + margin) >= bp["pred_samples_per_s"] for r in rows if r["group"] == name)
+        out.append(Pick(name, bp, bm, right, not right and runs_overlap(bp, bm), close,
+                        bm["meas_samples_per_s"] / bp["meas_samples_per_s"] - 1))
+    return out
 
 
 def ratio_errors(rows: list[dict]) -> dict[tuple[str, str, str], float]:
@@ -62,37 +91,27 @@ def summary(rows: list[dict], ratios: dict) -> None:
         mem = [abs(r[f"pred_{key}_mib"] / r[f"meas_{key}_mib"] - 1) for r in rows if r.get(f"meas_{key}_mib") and r.get(f"pred_{key}_mib")]
         if mem:
             print(f"{name} per rank: median |error| {statistics.median(mem):.1%}, max {max(mem):.1%} over {len(mem)} configurations")
-    picks = picks_of(rows)  # the group's plan (all its layouts at one moment) against the measured medians
-    right, ties, regrets = 0, 0, []
-    for name, bp, bm in picks:
-        ok = bp["layout"] == bm["layout"] and bp["comm"] == bm["comm"]
-        right += ok
-        regret = bm["meas_samples_per_s"] / bp["meas_samples_per_s"] - 1
-        regrets.append(regret)
-        tie = not ok and runs_overlap(bp, bm)  # unsettled
-        ties += tie
-        print(f"{name}: plan picks {bp['layout']} {bp['comm']}; fastest measured {bm['layout']} {bm['comm']}"
-              + ("" if ok else f" (the pick measured {regret:.0%} slower than the fastest"
-                 + ("; their runs overlap: the runs do not settle the order)" if tie else ")")))
+    picks = judged(rows)  # the group's plan (all its layouts at one moment) against the measured medians
+    for k in picks:
+        bp, bm = k.plan, k.fastest
+        print(f"{k.group}: plan picks {bp['layout']} {bp['comm']}; fastest measured {bm['layout']} {bm['comm']}"
+              + ("" if k.right else f" (the pick measured {k.regret:.0%} slower than the fastest"
+                 + ("; their runs overlap: the runs do not settle the order)" if k.unsettled else ")")))
+    right, ties, regrets = sum(k.right for k in picks), sum(k.unsettled for k in picks), [k.regret for k in picks]
     print(f"fastest picked right in {right} of {len(picks)} groups"
           + (f"; of the {len(picks) - right} missed, {ties} unsettled (the pick's runs overlap the fastest's)" if ties else "")
           + f"; the pick measured a median {statistics.median(regrets):.1%}, at most {max(regrets):.1%} slower than the fastest")
-    print(close_calls(rows))
+    print(close_calls(picks))
 
 
-def close_calls(rows: list[dict], margin: float | None = None) -> str:
-    """The picks split as `dtrain plan` flags them: a close call where the group plan put another
-    configuration within ``margin`` (``dtrain.plan.MARGIN``) of its best's samples/s."""
+def close_calls(picks: list[Pick], margin: float | None = None) -> str:
+    """The picks split as `dtrain plan` flags them (``Pick.close``): right of the clear calls, of the close ones."""
     if margin is None:
         from dtrain.plan import MARGIN as margin
-    got = {True: [0, 0], False: [0, 0]}
-    for name, bp, bm in picks_of(rows):
-        close = any(r is not bp and r["pred_samples_per_s"] * (1 + margin) >= bp["pred_samples_per_s"] for r in rows if r["group"] == name)
-        got[close][0] += 1
-        got[close][1] += bp["layout"] == bm["layout"] and bp["comm"] == bm["comm"]
-    (nc, rc), (nf, rf) = got[True], got[False]
-    return (f"picks the plan calls clear (runner-up predicted {margin:.0%} or more behind): {rf} of {nf} right; "
-            f"close calls (`dtrain plan` names them and the bench that orders them): {rc} of {nc} right")
+    clear = [k for k in picks if not k.close]
+    close = [k for k in picks if k.close]
+    return (f"picks the plan calls clear (runner-up predicted {margin:.0%} or more behind): {sum(k.right for k in clear)} of {len(clear)} "
+            f"right; close calls (`dtrain plan` names them and the bench that orders them): {sum(k.right for k in close)} of {len(close)} right")
 
 
 def runs_overlap(a: dict, b: dict) -> bool:
@@ -108,28 +127,29 @@ def runs_overlap(a: dict, b: dict) -> bool:
 
 def pick_tally(runs: dict[str, list[dict]], margin: float | None = None) -> None:
     """The picks of several bed runs (``runs``: a run's name and its rows), each group of each run
-    one pick: right, unsettled (missed, the runs of the pick and of the fastest overlapping) or
-    settled wrong; and how much slower the pick measured than the fastest."""
+    one pick (``judged``): right, unsettled or missed; and how much slower the pick measured than
+    the fastest."""
     if margin is None:
         from dtrain.plan import MARGIN as margin
-    right = unsettled = close = close_right = 0
-    regrets = []
+    picks = []
     for run, rows in runs.items():
-        for name, bp, bm in picks_of(rows):
-            ok = (bp["layout"], bp["comm"]) == (bm["layout"], bm["comm"])
-            tie = not ok and runs_overlap(bp, bm)
-            near = any(r is not bp and r["pred_samples_per_s"] * (1 + margin) >= bp["pred_samples_per_s"] for r in rows if r["group"] == name)
-            right, unsettled, close, close_right = right + ok, unsettled + tie, close + near, close_right + (near and ok)
-            regrets.append(bm["meas_samples_per_s"] / bp["meas_samples_per_s"] - 1)
-            verdict = "right" if ok else ("unsettled" if tie else "missed")
-            print(f"{run} {name}: {verdict}; plan {bp['layout']} {bp['comm']}, fastest {bm['layout']} {bm['comm']}"
-                  + ("" if ok else f" ({regrets[-1]:.1%} faster; runs {_runs(bm)} against {_runs(bp)} ms)")
-                  + (" [close call]" if near else ""))
-    n = len(regrets)
+        for k in judged(rows, margin):
+            picks.append(k)
+            verdict = "right" if k.right else ("unsettled" if k.unsettled else "missed")
+            print(f"{run} {k.group}: {verdict}; plan {k.plan['layout']} {k.plan['comm']}, fastest {k.fastest['layout']} {k.fastest['comm']}"
+                  + ("" if k.right else f" ({k.regret:.1%} faster; runs {_runs(k.fastest)} against {_runs(k.plan)} ms)")
+                  + (" [close call]" if k.close else ""))
+    if not picks:
+        print("no picks: the files hold no rows")
+        return
+    n, right, unsettled = len(picks), sum(k.right for k in picks), sum(k.unsettled for k in picks)
+    close = [k for k in picks if k.close]
+    close_right = sum(k.right for k in close)
+    regrets = [k.regret for k in picks]
     print(f"\n{n} picks over {len(runs)} runs: right {right} ({right / n:.0%}); missed {n - right}, of them {unsettled} unsettled "
           f"(the runs overlap); right or unsettled {right + unsettled} ({(right + unsettled) / n:.0%})")
-    print(f"clear calls (runner-up predicted {margin:.0%} or more behind): {right - close_right} of {n - close} right; "
-          f"close calls: {close_right} of {close} right")
+    print(f"clear calls (runner-up predicted {margin:.0%} or more behind): {right - close_right} of {n - len(close)} right; "
+          f"close calls: {close_right} of {len(close)} right")
     print(f"the pick measured a median {statistics.median(regrets):.1%}, mean {statistics.mean(regrets):.1%}, at most "
           f"{max(regrets):.1%} slower than the fastest")
 

@@ -133,7 +133,7 @@ def time_collectives(device: torch.device, sizes: tuple[int, ...] = LINK_SIZES, 
     n, rank = dist.get_world_size(), dist.get_rank()
     plan = [(kind, size) for kind in KINDS for size in sizes]
     spread = [(kind, size) for kind, size in plan if kind in SPREAD_KINDS and size > SMALL_REPS[0]]
-    order = spread + plan + spread  # the spread kinds' large sizes: three groups of calls, seconds apart
+    order = spread + plan + spread  # the spread kinds' large sizes: three groups of calls, the other kinds between them
     mine = torch.tensor([_sized_time(_ops(kind, size, n, rank, device), device, size, reps) for kind, size in order],
                         dtype=torch.float64, device=device)
     dist.all_reduce(mine, op=dist.ReduceOp.MAX)
