@@ -123,7 +123,9 @@ class DeviceLoader:
         self._epoch_start = 0  # global offset where the epoch in progress began
         self._yielded = 0  # batches handed out in the epoch in progress
         self._len = 0  # batches in the epoch in progress
-        self._done = False  # the last iteration ran to its end
+        # An iteration started and not yet ended: only then does the position follow the
+        # batches handed out; otherwise it is where the next iteration will start (the sampler's).
+        self._active = False
         self._fixed: Any = None  # the batch of a data set with ``device_batch``, on the device
 
     @property
@@ -154,7 +156,7 @@ class DeviceLoader:
         n = self._len = len(self.loader)
         self._on_last(False)
         move = self.device.type != "cpu"
-        self._epoch_start, self._yielded, self._done = self.sampler.start, 0, False
+        self._epoch_start, self._yielded, self._active = self.sampler.start, 0, True
         if self.loader.generator is not None:  # workers' seeds follow (seed, epoch, rank), not history
             s = self.sampler
             self.loader.generator.manual_seed((s.seed * 1_000_003 + s._next_epoch) * 4099 + s.rank)
@@ -165,7 +167,7 @@ class DeviceLoader:
             if self._on_batch is not None:
                 self._on_batch()  # the stall watchdog's heartbeat
             yield batch
-        self._done = True
+        self._active = False
 
     def _batches(self, move: bool) -> Iterator[Any]:
         """The DataLoader's batches on the device; for a data set that makes its own batch
@@ -185,17 +187,26 @@ class DeviceLoader:
 
     def state_dict(self) -> dict[str, int]:
         """Where the data stands: the epoch and how many samples of its global order all ranks
-        together have consumed (a position that any world size can resume from)."""
+        together have consumed (a position that any world size can resume from).
+
+        Between iterations (before the first, after one ran out, after ``load_state_dict``) that is
+        where the next iteration starts: a resumed run saved again before its first batch (an
+        elastic restart from the last checkpoint saves the final one again) keeps the position it
+        resumed from, not that of an iteration that never ran."""
+        seed = self.sampler.seed
+        if not self._active:
+            return {"epoch": self.sampler._next_epoch, "samples_consumed": self.sampler.start, "seed": seed}
         consumed = self._epoch_start + self._yielded * self.loader.batch_size * self.world_size
-        epoch = self.sampler.epoch
-        if self._done or consumed >= len(self.dataset) or epoch < 0:
-            return {"epoch": epoch + 1, "samples_consumed": 0, "seed": self.sampler.seed}
-        return {"epoch": epoch, "samples_consumed": consumed, "seed": self.sampler.seed}
+        if consumed >= len(self.dataset):
+            return {"epoch": self.sampler.epoch + 1, "samples_consumed": 0, "seed": seed}
+        return {"epoch": self.sampler.epoch, "samples_consumed": consumed, "seed": seed}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
-        """The next iteration continues ``state``'s epoch where it stood."""
+        """The next iteration continues ``state``'s epoch where it stood; an iteration in
+        progress is abandoned (``state_dict`` reports ``state`` until the next one starts)."""
         self.sampler.seed = int(state["seed"])
         self.sampler.start_at(int(state["epoch"]), int(state["samples_consumed"]))
+        self._active = False
 
     @property
     def next_epoch(self) -> int:
