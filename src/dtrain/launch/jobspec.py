@@ -32,13 +32,14 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from . import jobvalues as jv
 
 LAYOUTS = ("node", "process")
 #: Launch flags that the job description owns; written in ``command`` they would disagree with it.
 _OWNED_FLAGS = ("-n", "--nproc", "--nnodes", "--node-rank", "--master-addr", "--master-port", "--rdzv-id")
-_TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
-_MEM = re.compile(r"^(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?$", re.IGNORECASE)
-_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_TIME = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?")
+_MEM = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?", re.IGNORECASE)
+_JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,6 +57,17 @@ class SlurmOptions:
     extra: tuple[str, ...] = ()
     """More sbatch options, e.g. ``"--exclusive"`` or ``"--constraint=a100"``."""
 
+    def __post_init__(self) -> None:
+        jv.check_types(self, "[slurm] ")
+        for key in ("partition", "account", "qos"):
+            if getattr(self, key) is not None:
+                jv.slurm_name(f"[slurm] {key}", getattr(self, key), several=key == "partition")
+        jv.in_range("[slurm] signal_before_s", self.signal_before_s, 0, 65535,
+                    "give the seconds before the time limit at which SLURM sends SIGUSR1 (0: none), e.g. 90")
+        jv.not_empty("[slurm] output", jv.one_line("[slurm] output", self.output))
+        for i, option in enumerate(self.extra):
+            jv.sbatch_option(f"[slurm] extra[{i}]", option)
+
 
 @dataclass(frozen=True, kw_only=True)
 class K8sOptions:
@@ -66,6 +78,18 @@ class K8sOptions:
     image_pull_policy: str | None = None
     backoff_limit: int = 3
     """Pod restarts the operator allows before the job fails."""
+
+    def __post_init__(self) -> None:
+        jv.check_types(self, "[k8s] ")
+        if self.image and any(c.isspace() for c in jv.one_line("[k8s] image", self.image)):
+            raise ConfigError(f"[k8s] image {jv.shown(self.image)} holds a space; give an image reference such as "
+                              '"registry.example.com/me/train:1".')
+        jv.dns_label("[k8s] namespace", self.namespace)
+        jv.in_range("[k8s] port", self.port, 1, 65535, "give the rendezvous port, e.g. port = 29500")
+        if self.image_pull_policy is not None and self.image_pull_policy not in jv.PULL_POLICIES:
+            raise ConfigError(f"[k8s] image_pull_policy {jv.shown(self.image_pull_policy)} is not one of Kubernetes' "
+                              f"policies; choose one of: {', '.join(jv.PULL_POLICIES)}.")
+        jv.in_range("[k8s] backoff_limit", self.backoff_limit, 0, 2**31 - 1, "give the pod restarts the job may take, e.g. 3")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -94,6 +118,7 @@ class JobSpec:
     k8s: K8sOptions = field(default_factory=K8sOptions)
 
     def __post_init__(self) -> None:
+        jv.check_types(self)
         for key in ("nodes", "procs_per_node", "cpus_per_proc"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"{key} must be >= 1, got {getattr(self, key)}.")
@@ -110,19 +135,29 @@ class JobSpec:
                 f"process per GPU: set procs_per_node = {self.gpus_per_node} (or gpus_per_node = {self.procs_per_node})."
             )
         if self.layout not in LAYOUTS:
-            raise ConfigError(f"unknown layout {self.layout!r}; choose one of: {', '.join(LAYOUTS)}.")
-        if not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", self.name):
-            raise ConfigError(f"job name {self.name!r} may hold only letters, digits, '-', '_' and '.'; e.g. name = \"mnist-2n\".")
+            raise ConfigError(f"unknown layout {jv.shown(self.layout)}; choose one of: {', '.join(LAYOUTS)}.")
+        if not _JOB_NAME.fullmatch(self.name):
+            raise ConfigError(f"job name {jv.shown(self.name)} may hold only letters, digits, '-', '_' and '.'; "
+                              'e.g. name = "mnist-2n".')
         if self.mem_per_proc is not None:
             mem_mib(self.mem_per_proc)
         if self.time is not None:
             time_seconds(self.time)
-        for key in self.env:
-            if not _ENV_KEY.match(key):
-                raise ConfigError(f"environment variable name {key!r} is not valid; use letters, digits and '_'.")
+        self._check_text()
         if not self.dtrain:
             raise ConfigError("dtrain = \"\" names no command; use e.g. dtrain = \"python3 -m dtrain\".")
         self.entry()
+
+    def _check_text(self) -> None:
+        """Free text that the scripts quote: one line each; environment names as the shell takes them."""
+        for key in ("command", "dtrain"):
+            for i, arg in enumerate(getattr(self, key)):
+                jv.one_line(f"{key}[{i}]", arg)
+        for key, value in self.env.items():
+            jv.env_key("[env]", key)
+            jv.one_line(f"[env] {key}", value)
+        if self.workdir is not None:
+            jv.not_empty("workdir", jv.one_line("workdir", self.workdir))
 
     # -- the command ------------------------------------------------------------------------
     def entry(self) -> tuple[str, list[str]]:
@@ -174,7 +209,7 @@ def parse_nodes(value: Any, where: str = "nodes") -> tuple[int, int | None]:
         return value, None
     text = str(value).strip()
     low, sep, high = text.partition(":")
-    if low.isdigit() and (not sep or high.isdigit()):
+    if low.isdecimal() and (not sep or high.isdecimal()):
         return int(low), (int(high) if sep else None)
     raise ConfigError(f"{where} {value!r} is not a number of nodes or \"MIN:MAX\"; write e.g. nodes = 2 or nodes = \"1:4\".")
 
@@ -191,21 +226,21 @@ def _script_index(sub: str, args: list[str]) -> int:
 
 def mem_mib(text: str) -> int:
     """``"4G"`` -> 4096 (MiB); a plain number is MiB, as in SLURM."""
-    m = _MEM.match(str(text).strip())
+    m = _MEM.fullmatch(str(text).strip())
     if not m:
-        raise ConfigError(f"mem_per_proc {text!r} is not a size; write e.g. \"4G\" or \"512M\".")
+        raise ConfigError(f"mem_per_proc {jv.shown(text)} is not a size; write e.g. \"4G\" or \"512M\".")
     value, unit = float(m.group(1)), m.group(2).upper()
     mib = value * {"": 1, "K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}[unit]
     if mib < 1:
-        raise ConfigError(f"mem_per_proc {text!r} is less than 1 MiB.")
+        raise ConfigError(f"mem_per_proc {jv.shown(text)} is less than 1 MiB.")
     return int(round(mib))
 
 
 def time_seconds(text: str) -> int:
     """SLURM's time forms (``MM``, ``MM:SS``, ``HH:MM:SS``, ``D-HH``, ``D-HH:MM``, ``D-HH:MM:SS``) in seconds."""
-    m = _TIME.match(str(text).strip())
+    m = _TIME.fullmatch(str(text))  # not stripped: the text goes into the script as it is
     if not m:
-        raise ConfigError(f"time {text!r} is not a time limit; write e.g. \"02:00:00\", \"90\" (minutes) or \"1-00:00:00\".")
+        raise ConfigError(f"time {jv.shown(text)} is not a time limit; write e.g. \"02:00:00\", \"90\" (minutes) or \"1-00:00:00\".")
     days, a, b, c = m.groups()
     parts = [int(x) for x in (a, b, c) if x is not None]
     if days is not None:  # D-HH[:MM[:SS]]
@@ -218,7 +253,7 @@ def time_seconds(text: str) -> int:
     else:
         total = parts[0] * 60
     if total <= 0:
-        raise ConfigError(f"time {text!r} is zero; give a positive time limit.")
+        raise ConfigError(f"time {jv.shown(text)} is zero; give a positive time limit.")
     return total
 
 
@@ -237,46 +272,60 @@ def load(path: str | Path) -> JobSpec:
 
 
 def from_dict(data: dict[str, Any], *, where: str = "job") -> JobSpec:
+    """The job of a parsed TOML file, validated; every mistake is one line that starts with ``where``."""
     data = dict(data)
-    slurm = _section(SlurmOptions, data.pop("slurm", {}), f"{where} [slurm]")
-    k8s = _section(K8sOptions, data.pop("k8s", {}), f"{where} [k8s]")
-    top = _coerce(JobSpec, data, where)
-    return JobSpec(**top, slurm=slurm, k8s=k8s)
+    try:
+        slurm = _section(SlurmOptions, data.pop("slurm", {}), "[slurm]")
+        k8s = _section(K8sOptions, data.pop("k8s", {}), "[k8s]")
+        return JobSpec(**_coerce(JobSpec, data), slurm=slurm, k8s=k8s)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
 
 
-def _section(cls: type, data: Any, where: str) -> Any:
+def _section(cls: type, data: Any, name: str) -> Any:
     if not isinstance(data, dict):
-        raise ConfigError(f"{where} must be a table.")
-    return cls(**_coerce(cls, data, where))
+        raise ConfigError(f"{name} must be a table, got {jv.shown(data)}; write {name} on a line of its own, its keys below.")
+    return cls(**_coerce(cls, data))
 
 
-def _coerce(cls: type, data: dict[str, Any], where: str) -> dict[str, Any]:
+def _coerce(cls: type, data: dict[str, Any]) -> dict[str, Any]:
+    """TOML's values in the fields' shapes (a command string split into words, numbers of ``[env]``
+    as strings); the types themselves are checked by the dataclass."""
     known = {f.name for f in fields(cls) if f.name not in ("slurm", "k8s", "max_nodes")}
     if cls is JobSpec and "nnodes" in data:
-        raise ConfigError(f"{where}: a job file says nodes, not nnodes; write nodes = {json.dumps(data['nnodes'])} "
+        raise ConfigError(f"a job file says nodes, not nnodes; write nodes = {json.dumps(data['nnodes'])} "
                           "(a number, or \"MIN:MAX\" for an elastic job).")
     unknown = sorted(set(data) - known)
     if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}; known keys: {', '.join(sorted(known))}.")
+        raise ConfigError(f"unknown key(s) {', '.join(unknown)}; known keys: {', '.join(sorted(known))}.")
     out = dict(data)
     for key in ("command", "dtrain", "setup", "extra"):
         if key in out:
-            value = out[key]
-            out[key] = tuple(shlex.split(value)) if isinstance(value, str) and key in ("command", "dtrain") else (
-                (value,) if isinstance(value, str) else tuple(str(v) for v in value))
-    if "env" in out:
-        if not isinstance(out["env"], dict):
-            raise ConfigError(f"{where}: env must be a table of NAME = \"value\".")
-        out["env"] = {str(k): str(v) for k, v in out["env"].items()}
-    for key in ("mem_per_proc", "time"):
-        if key in out and out[key] is not None:
-            out[key] = str(out[key])
+            out[key] = _words(key, out[key])
+    if "env" in out and isinstance(out["env"], dict):  # NCCL_IB_TIMEOUT = 22 means the string "22"
+        out["env"] = {k: str(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v for k, v in out["env"].items()}
+    for key in ("mem_per_proc", "time"):  # time = 90: minutes
+        if isinstance(out.get(key), (int, str)) and not isinstance(out[key], bool):
+            out[key] = str(out[key]).strip()
     if cls is JobSpec and "nodes" in out:
-        out["nodes"], out["max_nodes"] = parse_nodes(out["nodes"], f"{where}: nodes")
-    for f in fields(cls):
-        if f.name in out and f.type in ("int",) and not isinstance(out[f.name], int):
-            raise ConfigError(f"{where}: {f.name} must be an integer, got {out[f.name]!r}.")
+        out["nodes"], out["max_nodes"] = parse_nodes(out["nodes"], "nodes")
     return out
+
+
+def _words(key: str, value: Any) -> Any:
+    """A list as a tuple; a string as its words (``command``, ``dtrain``) or as one item; anything
+    else as it is, for the type check to name."""
+    if isinstance(value, list):
+        return tuple(value)
+    if not isinstance(value, str):
+        return value
+    if key not in ("command", "dtrain"):
+        return (value,)
+    try:
+        return tuple(shlex.split(value))
+    except ValueError as exc:  # an unclosed quote
+        raise ConfigError(f"{key} {jv.shown(value)} cannot be split into words ({exc}); write it as a list, "
+                          f'e.g. {key} = ["train.py", "--lr", "0.1"].') from None
 
 
 def with_overrides(job: JobSpec, **values: Any) -> JobSpec:

@@ -26,11 +26,11 @@ from typing import Any
 
 from ..errors import ConfigError
 from .jobspec import JobSpec, mem_mib, time_seconds
+from .jobvalues import dns_label
 from .sbatch import job_env
 
 API_VERSION = "kubeflow.org/v1"
 INDEX_LABEL = "training.kubeflow.org/replica-index"
-_DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 #: How long a worker waits for the master's service name to resolve (it appears once the master runs).
 DNS_WAIT_S = 300
 
@@ -39,8 +39,8 @@ def render(job: JobSpec) -> dict[str, Any]:
     """The PyTorchJob manifest for ``job``, as a dict (``to_yaml``/``json.dumps`` to write it)."""
     if not job.k8s.image:
         raise ConfigError('a Kubernetes job needs an image: set [k8s] image = "registry/you/train:tag" or --image.')
-    if not _DNS1123.match(job.name) or len(job.name) > 50:
-        raise ConfigError(f"job name {job.name!r} is not a Kubernetes name; use lower-case letters, digits and '-' (at most 50).")
+    # 50, not 63: the operator names the pods' services <name>-master-0 and <name>-worker-N.
+    dns_label("job name", job.name, limit=50)
     if job.layout != "node":
         raise ConfigError("layout 'process' is SLURM's; on Kubernetes each pod is a node running procs_per_node processes (layout 'node').")
     spec: dict[str, Any] = {}

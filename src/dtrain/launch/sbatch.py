@@ -29,6 +29,7 @@ from pathlib import Path
 from ..errors import ConfigError, LaunchError
 from ..world.slurm import PORT_BASE
 from .jobspec import JobSpec, mem_mib
+from .jobvalues import comment, one_line, sbatch_arg
 
 ELASTIC_NOTE = ("SLURM starts an elastic job on MIN to MAX nodes and, with --no-kill, goes on when nodes fail (down to "
                 "MIN), but cannot add nodes to a running job: no node joins it later")
@@ -95,15 +96,16 @@ def render(job: JobSpec, *, source: str = "") -> str:
     for key in ("partition", "account", "qos"):
         if getattr(s, key):
             opts.append(f"--{key}={getattr(s, key)}")
-    opts.append(f"--chdir={job.workdir or os.getcwd()}")
+    opts.append(f"--chdir={job.workdir or one_line('the current folder (--chdir)', os.getcwd())}")
     if job.elastic:
         opts.append("--no-kill")  # a failed node does not end the job
     opts += list(s.extra)
-    lines = ["#!/bin/bash", f"# Written by `dtrain submit --slurm{' ' + source if source else ''}`: "
+    lines = ["#!/bin/bash", f"# Written by `dtrain submit --slurm{' ' + comment(source) if source else ''}`: "
              f"{job.nodes_text()} node(s) x {job.procs_per_node} process(es), layout '{job.layout}'."]
     if job.elastic:
         lines.append(f"# Elastic: {ELASTIC_NOTE}. The rendezvous runs on the first node of the allocation.")
-    lines += [f"#SBATCH {o}" for o in opts]
+    # Every value was checked where the job was defined (jobspec); free text is quoted as sbatch reads it.
+    lines += [f"#SBATCH {sbatch_arg(o)}" for o in opts]
     lines += ["", "set -euo pipefail"]
     lines += [f"export {k}={shlex.quote(v)}" for k, v in job_env(job).items()]
     lines += list(s.setup)
