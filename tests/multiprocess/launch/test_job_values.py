@@ -1,0 +1,31 @@
+"""The sbatch scripts of hostile job values, run by bash with a stand-in for srun: nothing but
+srun runs, and srun gets the job's words as written (issue 51, item 3)."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from dtrain.launch import jobspec, sbatch
+from tests.logic.launch.test_job_values import BASE, FREE_TEXT, HOSTILE
+
+
+@pytest.mark.parametrize("value", [v for v in HOSTILE if "\n" not in v and "\r" not in v])
+@pytest.mark.parametrize("where", sorted(FREE_TEXT))
+def test_the_script_runs_srun_alone_with_the_words_as_written(tmp_path, where, value):
+    job = jobspec.with_overrides(BASE, **FREE_TEXT[where](value), slurm_setup=('cd "$RUN_DIR"',))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    srun = bin_dir / "srun"
+    srun.write_text('#!/bin/sh\nprintf "%s\\n" "A=${A-}"; for a in "$@"; do printf "[%s]\\n" "$a"; done\n')
+    srun.chmod(0o755)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "RUN_DIR": str(run_dir), "SLURM_JOB_ID": "1", "SLURM_JOB_NODELIST": "n1"}
+    r = subprocess.run(["bash", "-c", sbatch.render(job)], capture_output=True, text=True, env=env, cwd=run_dir, timeout=30)
+    assert r.returncode == 0, r.stderr
+    assert list(run_dir.iterdir()) == [] and not (tmp_path / "INJECTED").exists()
+    printed = r.stdout.splitlines()
+    assert printed[0] == f"A={job.env.get('A', '')}"
+    assert "\n".join(printed[1:]) == "\n".join(f"[{a}]" for a in sbatch.srun_argv(job)[1:])
