@@ -9,7 +9,7 @@ from .._check import Parser
 from ..errors import DtrainError
 
 #: Subcommand modules, each with ``add_parser(subparsers)`` that sets ``func``.
-COMMANDS = ("run", "train", "bench", "plan", "ckpt", "doctor", "submit", "report")
+COMMANDS = ("run", "train", "bench", "plan", "dryrun", "ckpt", "doctor", "submit", "report")
 
 
 def build_parser() -> Parser:

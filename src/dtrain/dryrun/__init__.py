@@ -1,0 +1,56 @@
+"""`dtrain dry-run`: check a configuration for a large world before booking it, by running one of
+its ranks for real on this machine's device, with torch's fake process group for the others.
+
+    rec = dry_run(DryRunConfig(task=TaskConfig(name="lm"), parallel=ParallelConfig(strategy="fsdp"),
+                               world_size=512, local_size=8))
+    rec["peak_mib"], rec["fits"], rec["collectives"]
+
+The rank runs `dtrain train`'s own program (``rank.run_rank``: ``dtrain.init``, ``ctx.setup``
+through the one apply path, forward, backward, optimizer) on a model built on the meta device, so
+only its own shard is ever allocated. Its memory and collectives are recorded as a real run's
+would be (``track``), and `dtrain plan`'s memory prediction is set beside them (``report``).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from ..errors import ConfigError, DtrainError
+from ..tasks import load_task
+from ..world.device import pick_device
+from .config import DryRunConfig
+from .fake import fake_group, world_of
+from .rank import RankRun, run_rank
+from .report import lines, result
+
+__all__ = ["DryRunConfig", "RankRun", "dry_run", "lines", "run_rank"]
+
+
+def dry_run(cfg: DryRunConfig, *, with_prediction: bool = True) -> dict[str, Any]:
+    """Run rank ``cfg.rank`` of ``cfg.world_size`` here; the record (``report.result``). A
+    configuration that cannot run raises one ConfigError line naming the cause."""
+    t0 = time.perf_counter()
+    device = pick_device(cfg.runtime.device, 0)
+    task = load_task(cfg.task.name, data_dir=cfg.task.data_dir, options=cfg.task.args)
+    world = world_of(cfg.rank, cfg.world_size, cfg.local_size, device)
+    with fake_group(world):
+        try:
+            run = run_rank(cfg, world, task=task)
+        except DtrainError:
+            raise
+        except torch.OutOfMemoryError as exc:
+            raise ConfigError(f"rank {cfg.rank} of {cfg.world_size} ran out of memory on {device} "
+                              f"({_first_line(exc)}); shard more (dp_shard, tp), lower --batch-size, or add "
+                              "--activation-checkpointing.") from None
+        except (RuntimeError, ValueError, AssertionError, NotImplementedError) as exc:
+            raise ConfigError(f"rank {cfg.rank} of {cfg.world_size} cannot run this configuration: "
+                              f"{type(exc).__name__}: {_first_line(exc)}; change the layout or the model's shape.") from None
+    return result(cfg, task, run, device, time.perf_counter() - t0, with_prediction=with_prediction)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:300] if text else type(exc).__name__
