@@ -49,6 +49,8 @@ class RankRun:
     setup: list[Call] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)
     layout: str = ""
+    reserved_bytes: int | None = None
+    """On a GPU, ``torch.cuda.max_memory_reserved``: what the caching allocator took."""
     dims: dict[str, int] = field(default_factory=dict)
     batch: int = 0
     params_local: int = 0
@@ -202,6 +204,7 @@ def _steps(ctx: Context, cfg: DryRunConfig, task: Task, batch: int, materialize:
     if cuda:
         torch.cuda.synchronize(ctx.device)
     run.peak_bytes = int(torch.cuda.max_memory_allocated(ctx.device)) if cuda else memory.peak
+    run.reserved_bytes = int(torch.cuda.max_memory_reserved(ctx.device)) if cuda else None
     run.state = {"params": report.params_bytes, "grads": report.grads_bytes, "optimizer": report.optimizer_bytes}
     dims = ctx.strategy.layout(ctx.world)
     run.layout, run.dims = ctx.strategy.name if ctx.strategy.name != "composed" else str(dims), \

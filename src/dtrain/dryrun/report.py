@@ -16,6 +16,9 @@ from .rank import RankRun
 from .track import summarise
 
 MIB = 2**20
+CUDA_FIXED = 1.5 * 2**30
+"""Memory a GPU process takes beyond its tensors (the CUDA context, the allocator's slack), which
+``max_memory_allocated`` leaves out: `dtrain plan`'s GPU presets count the same (``fixed_bytes``)."""
 
 
 def device_memory(cfg: DryRunConfig, device: torch.device) -> tuple[float, str]:
@@ -63,13 +66,16 @@ def result(cfg: DryRunConfig, task: Task, run: RankRun, device: torch.device, wa
     per_step = summarise(steady)
     alike = all(summarise(s) == per_step for s in run.steps[1:])
     state = sum(run.state.values())
+    fixed = CUDA_FIXED if device.type == "cuda" else 0.0
     return {
         "task": task.name, "world_size": cfg.world_size, "procs_per_node": cfg.local_size, "rank": cfg.rank,
         "layout": run.layout, "dims": run.dims, "device": str(device), "precision": cfg.runtime.precision,
         "batch_size": run.batch, "grad_accum": cfg.batch.grad_accum, "steps": cfg.steps,
         "peak_mib": round(run.peak_bytes / MIB, 2), "peak_kind": run.peak_kind,
         "state_mib": round(state / MIB, 2), "state_mib_by_kind": {k: round(v / MIB, 2) for k, v in run.state.items()},
-        "device_memory_mib": round(capacity / MIB, 1), "device_memory_from": where, "fits": run.peak_bytes <= capacity,
+        "device_memory_mib": round(capacity / MIB, 1), "device_memory_from": where,
+        "fixed_mib": round(fixed / MIB, 1), "fits": run.peak_bytes + fixed <= capacity,
+        "reserved_mib": None if run.reserved_bytes is None else round(run.reserved_bytes / MIB, 2),
         "collectives": per_step, "collectives_same_every_step": alike,
         "collectives_first_step": summarise(run.steps[0]), "setup_collectives": summarise(run.setup),
         "empty_params": run.empty_params, "params_local": run.params_local,
@@ -92,7 +98,9 @@ def lines(rec: dict[str, Any]) -> list[str]:
         f"{rec['precision']}, batch {rec['batch_size']}/process, {rec['steps']} step(s) on {rec['device']}",
         f"peak: {_mib(rec['peak_mib'])} ({kind}); plan predicts {_mib(pred.get('peak_mib'))}",
         f"state (params+grads+optimizer): {_mib(rec['state_mib'])}; plan predicts {_mib(pred.get('state_mib'))}",
-        f"device memory: {_mib(rec['device_memory_mib'])} ({rec['device_memory_from']}): {fit}",
+        f"device memory: {_mib(rec['device_memory_mib'])} ({rec['device_memory_from']}): {fit}"
+        + (f" (with {_mib(rec['fixed_mib'])} for the CUDA context; the allocator reserved {_mib(rec['reserved_mib'])})"
+           if rec["fixed_mib"] else ""),
         "collectives per step:" + ("" if rec["collectives"] else " none"),
     ]
     for c in rec["collectives"]:

@@ -67,12 +67,13 @@ def _split_fused_qkv(state: dict, prefix: str, *args: object) -> None:
 class Block(nn.Module):
     """x + attn(ln(x)), then x + mlp(ln(x)) (pre-LN, as GPT-2)."""
 
-    def __init__(self, width: int, heads: int, dropout: float) -> None:
+    def __init__(self, width: int, heads: int, dropout: float, ffn: int | None = None) -> None:
         super().__init__()
+        hidden = ffn or 4 * width
         self.ln1 = nn.LayerNorm(width)
         self.attn = CausalSelfAttention(width, heads, dropout)
         self.ln2 = nn.LayerNorm(width)
-        self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width), nn.Dropout(dropout))
+        self.mlp = nn.Sequential(nn.Linear(width, hidden), nn.GELU(), nn.Linear(hidden, width), nn.Dropout(dropout))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln1(x))
@@ -91,13 +92,14 @@ class Head(nn.Module):
         return self.out(self.ln(x))
 
 
-def gpt(*, vocab: int, context: int, layers: int, heads: int, width: int, dropout: float = 0.0, tie: bool = True) -> nn.Sequential:
+def gpt(*, vocab: int, context: int, layers: int, heads: int, width: int, dropout: float = 0.0, tie: bool = True,
+        ffn: int | None = None) -> nn.Sequential:
     """``Sequential(embed, block0..blockN-1, head)``, initialised as GPT-2 (normal 0.02; the
-    residual projections scaled by 1/sqrt(2 x layers))."""
+    residual projections scaled by 1/sqrt(2 x layers)); ``ffn``: the MLP's hidden width (default 4 x width)."""
     model = nn.Sequential()
     model.add_module("embed", Embedding(vocab, context, width, dropout))
     for i in range(layers):
-        model.add_module(f"block{i}", Block(width, heads, dropout))
+        model.add_module(f"block{i}", Block(width, heads, dropout, ffn))
     model.add_module("head", Head(width, vocab))
     for name, p in model.named_parameters():
         if name.endswith(("attn.proj.weight", "mlp.2.weight")):

@@ -87,10 +87,15 @@ def read_corpus(files: list[str], max_bytes: int) -> tuple[bytes, int]:
     return b"".join(parts), used
 
 
-def _check_sizes(layers: int, heads: int, width: int, context: int, dropout: float, val_fraction: float, max_bytes: int) -> None:
+def _check_sizes(layers: int, heads: int, width: int, context: int, dropout: float, val_fraction: float, max_bytes: int,
+                 vocab: int = VOCAB, ffn: int = 0) -> None:
     for name, value in (("layers", layers), ("heads", heads), ("width", width), ("context", context)):
         if value < 1:
             raise ConfigError(f"task 'lm': {name}={value} must be >= 1; e.g. --task-arg {name}=4.")
+    if vocab < VOCAB:
+        raise ConfigError(f"task 'lm': vocab={vocab} is smaller than the {VOCAB} byte values its tokens take; use vocab >= {VOCAB}.")
+    if ffn < 0:
+        raise ConfigError(f"task 'lm': ffn={ffn} must be >= 1 (the MLP's hidden width), or 0 for 4 x width.")
     if width % heads:
         lo = width // heads * heads or heads
         raise ConfigError(f"task 'lm': width={width} is not divisible by heads={heads}; use a multiple of {heads} (e.g. width={lo}).")
@@ -103,8 +108,12 @@ def _check_sizes(layers: int, heads: int, width: int, context: int, dropout: flo
 
 
 def make_task(data_dir: str | None = None, layers: int = 4, heads: int = 4, width: int = 128, context: int = 128,
-              dropout: float = 0.0, tie: bool = True, max_bytes: int = 2_000_000, val_fraction: float = 0.05) -> Task:
-    _check_sizes(layers, heads, width, context, dropout, val_fraction, max_bytes)
+              dropout: float = 0.0, tie: bool = True, max_bytes: int = 2_000_000, val_fraction: float = 0.05,
+              vocab: int = VOCAB, ffn: int = 0) -> Task:
+    """``vocab`` > 256 and ``ffn`` (the MLP's hidden width; 0: 4 x width) shape the model as a
+    published one (e.g. Llama-3-8B's 128256 and a hidden width of its parameter count) for `dtrain
+    plan` and `dtrain dry-run`; tokens stay bytes, so rows above 255 are never looked up."""
+    _check_sizes(layers, heads, width, context, dropout, val_fraction, max_bytes, vocab, ffn)
     root, files = corpus_files(data_dir)
     data, used = read_corpus(files, max_bytes)
     tokens = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.zeros(0, dtype=torch.uint8)
@@ -124,7 +133,8 @@ def make_task(data_dir: str | None = None, layers: int = 4, heads: int = 4, widt
                 f"{len(train):,} training and {len(val):,} validation tokens (the last {val_fraction:.0%})")
     return Task(
         name="lm",
-        build_model=lambda: gpt(vocab=VOCAB, context=context, layers=layers, heads=heads, width=width, dropout=dropout, tie=tie),
+        build_model=lambda: gpt(vocab=vocab, context=context, layers=layers, heads=heads, width=width, dropout=dropout, tie=tie,
+                                ffn=ffn or None),
         train_set=Windows(train, context),
         test_set=Windows(val, context),
         loss_fn=token_loss,
