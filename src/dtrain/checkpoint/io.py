@@ -21,6 +21,9 @@ def atomic_save(obj: Any, path: str | os.PathLike) -> None:
     """
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):  # os.replace would fail after the whole write (IsADirectoryError)
+        raise CheckpointError(f"cannot write checkpoint {path}: it is a folder; give a file path, "
+                              f"e.g. {os.path.join(path, 'state.pt')}.")
     try:
         os.makedirs(folder, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from .. import _check as check
 from .._log import logger
 from ..errors import CheckpointError
 from . import lock
@@ -114,6 +115,7 @@ class CheckpointManager:
     def __init__(self, run: RunState, folder: str, *, keep: int = 3, async_save: bool = False) -> None:
         if keep < 1:
             raise CheckpointError(f"keep must be >= 1, got {keep}; at least the latest checkpoint is kept.")
+        check.instance("CheckpointManager(async_save=...)", async_save, bool, "give True or False")  # 'no' would be true
         self.run = run
         coll = run.collectives
         self.folder = folder

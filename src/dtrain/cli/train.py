@@ -44,8 +44,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--channels-last", action="store_true", help="model and image batches in channels-last (NHWC) layout; conv nets")
     g.add_argument("--sync-bn", action="store_true", help="BatchNorm statistics across ranks (SyncBatchNorm, GPU only)")
     g.add_argument("--log-every", type=int, default=20, help="steps between progress lines / metrics records")
-    g.add_argument("--warmup-steps", type=int, default=5,
-                   help="first steps left out of every rate (samples/s, tokens/s, MFU); their time is warmup_s (default 5)")
+    g.add_argument("--warmup-steps", type=int, default=None,
+                   help="first steps left out of every rate (samples/s, tokens/s, MFU); their time is warmup_s "
+                        "(default 5, at most half the run; more than half the run: a warning, and half the run)")
     g.add_argument("--metrics-file", default=None, help="append one JSON line per log interval to this file")
     g.add_argument("--checkpoint-dir", default=None, help="save the full training state here (at the end, and every --save-every steps)")
     g.add_argument("--save-every", type=int, default=None, help="also save every N steps")

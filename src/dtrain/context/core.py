@@ -36,6 +36,7 @@ from ..precision import Precision
 from ..strategies.base import Strategy
 from ..world import World, WorldView, destroy_process_group
 from . import evaluation
+from .closed import refused_after_close
 from .step import DtrainModule, DtrainOptimizer, Step
 
 __all__ = ["Context", "DtrainModule", "DtrainOptimizer"]
@@ -57,6 +58,7 @@ def _check_path_state(what: str, path: Any, state: Any) -> None:
     check.instance(f"{what}(path, state)", state, dict, 'give a dict such as {"model": model, "optimizer": optimizer}')
 
 
+@refused_after_close
 class Context(WorldView):
     """What a training script holds: the world, the strategy, the precision and their helpers.
 
@@ -76,6 +78,7 @@ class Context(WorldView):
         self.seed = seed
         self._owns_group = owns_group
         self._checkpoint_managers: list[CheckpointManager] = []
+        self._closed = False
         self.compile = False
         """``torch.compile`` models in ``setup`` (``dtrain.init(compile=True)``)."""
         self.activation_checkpointing = False
@@ -324,6 +327,7 @@ class Context(WorldView):
         position, grad scaler, communication state, every rank's RNG); see ``CheckpointManager``."""
         check.output_dir("ctx.checkpoints(folder)", os.fspath(folder) if isinstance(folder, os.PathLike) else folder)
         check.integer("ctx.checkpoints(keep=...)", keep, minimum=1)
+        check.instance("ctx.checkpoints(async_save=...)", async_save, bool, "give True or False")
         manager = CheckpointManager(self._run_state(), folder, keep=keep, async_save=async_save)
         self._checkpoint_managers.append(manager)  # ctx.close gives their folders' locks back
         return manager
@@ -335,9 +339,15 @@ class Context(WorldView):
         scheduler) are stored as their state dict.
         """
         _check_path_state("ctx.save", path, state)
+        problem = None
         if self.is_main:
-            atomic_save({k: _state_of(v) for k, v in state.items()}, path)
-        self.barrier()
+            try:
+                atomic_save({k: _state_of(v) for k, v in state.items()}, path)
+            except CheckpointError as exc:
+                problem = str(exc)
+        problem = self.collectives.broadcast_object(problem)  # every rank stops with rank 0's line, none waits
+        if problem is not None:
+            raise CheckpointError(problem)
 
     def load(self, path: str, state: dict[str, Any]) -> dict[str, Any]:
         """Load ``path`` (safely: no arbitrary unpickling) into the objects of ``state``.
@@ -366,6 +376,7 @@ class Context(WorldView):
 
         Collective: call on every rank.
         """
+        self._closed = True
         if self._watchdog is not None:
             self._watchdog.stop()
             self._watchdog = None

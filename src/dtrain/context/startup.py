@@ -60,6 +60,8 @@ def init(
     """
     _install_excepthook()
     _check_init_args(strategy, precision, seed, world, timeout_s, stall_timeout, debug, run_dir)
+    for name, flag in (("compile", compile), ("activation_checkpointing", activation_checkpointing)):
+        check.instance(f"dtrain.init({name}=...)", flag, bool, "give True or False")  # 'no' would be true
     if comm is not None:
         check.instance("dtrain.init(comm=...)", comm, (str, CommSpec), "give a name such as none, fp16, powersgd:2 or auto")
     if comm_warmup is not None:
@@ -83,7 +85,7 @@ def init(
         seed_everything(seed)
     ctx = Context(world=world, strategy=strat, precision=prec, seed=seed or 0, owns_group=owns_group,
                   debug=env.diag.debug if debug is None else debug)
-    ctx.compile, ctx.activation_checkpointing = bool(compile), bool(activation_checkpointing)
+    ctx.compile, ctx.activation_checkpointing = compile, activation_checkpointing
     if world.distributed and stall > 0:
         ctx._watchdog = Watchdog(
             ctx.tracker, rank=world.rank, size=world.size, timeout_s=stall, run_dir=run_dir or env.diag.run_dir,

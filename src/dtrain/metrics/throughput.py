@@ -23,6 +23,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from .._log import logger
+
 WARMUP_STEPS = 5
 """Steps left out of every rate by default (nanoGPT leaves out 5 for MFU)."""
 
@@ -35,14 +37,20 @@ class SteadyRate:
     device (CUDA), called once at the end of warm-up so that its queued work counts as warm-up.
     Call ``start()`` before the first step, ``step_done()`` after each, ``window()`` at each log
     interval (after something that waited for the device, e.g. the loss's ``.item()``), and
-    ``finish()`` once the device has finished the last step."""
+    ``finish()`` once the device has finished the last step. ``warmup_steps`` None: the default,
+    shrunk quietly for a short run; a number given that the run cannot hold is shrunk with a warning."""
 
-    def __init__(self, samples_per_step: int, *, steps: int | None = None, warmup_steps: int = WARMUP_STEPS,
+    def __init__(self, samples_per_step: int, *, steps: int | None = None, warmup_steps: int | None = None,
                  sync: Callable[[], None] | None = None, clock: Callable[[], float] = time.perf_counter) -> None:
-        if warmup_steps < 0:
-            raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
+        asked = WARMUP_STEPS if warmup_steps is None else warmup_steps
+        if asked < 0:
+            raise ValueError(f"warmup_steps must be >= 0, got {asked}")
         self.samples_per_step = samples_per_step
-        self.warmup_steps = warmup_steps if steps is None else min(warmup_steps, steps // 2)
+        self.warmup_steps = asked if steps is None else min(asked, steps // 2)
+        if warmup_steps is not None and self.warmup_steps < warmup_steps:  # the default shrinks quietly
+            logger.warning(f"--warmup-steps {warmup_steps} is more than half of this run's {steps} steps; the rates leave "
+                           f"out the first {self.warmup_steps} step(s) instead (give --warmup-steps {self.warmup_steps} or "
+                           "fewer, or a longer run).")
         self.steps = 0
         self._sync, self._clock = sync, clock
         self._t_start: float | None = None

@@ -8,7 +8,10 @@ this package branches on a strategy's name.
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import re
+import typing
 from collections.abc import Callable
 from typing import Any
 
@@ -83,10 +86,30 @@ def _make(name: str, factory: Callable[..., Strategy], options: dict[str, Any]) 
         return factory(**options)
     except TypeError as exc:
         bad = re.search(r"unexpected keyword argument '(\w+)'", str(exc))
-        if bad is None:
+        if bad is None and "takes no arguments" not in str(exc):
             raise
-        raise ConfigError(f"strategy {name!r} has no option {bad.group(1)!r}; drop it, or see the strategy's config "
-                          f"class (e.g. dtrain.strategies.ddp.DDPConfig) for the options it takes.") from None
+        unknown = bad.group(1) if bad else ", ".join(sorted(options))
+        known = option_names(factory)
+        if not known:
+            raise ConfigError(f"strategy {name!r} takes no options, got {unknown}; drop it, or choose a strategy that "
+                              f"has it (one of: {', '.join(available())}).") from None
+        raise ConfigError(f"strategy {name!r} has no option {unknown}; its options are: {', '.join(known)}.") from None
+
+
+def option_names(factory: Callable[..., Strategy]) -> list[str]:
+    """The options a strategy's factory takes: its keyword parameters and its config class's
+    fields (read for the message of an unknown option; the call itself decides)."""
+    target = factory.__init__ if isinstance(factory, type) else factory
+    try:
+        params = inspect.signature(factory).parameters
+        config = typing.get_type_hints(target).get("config")
+    except (TypeError, ValueError, NameError):
+        return []
+    names = {p.name for p in params.values() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "config"}
+    for cls in typing.get_args(config) or ((config,) if config is not None else ()):
+        if dataclasses.is_dataclass(cls):
+            names |= {f.name for f in dataclasses.fields(cls)}
+    return sorted(names)
 
 
 def comm_options(strategy: str | Strategy, comm: CommSpec | None, *, distributed: bool) -> dict[str, CommSpec]:

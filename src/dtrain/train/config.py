@@ -155,9 +155,10 @@ class RuntimeConfig:
 class ObserveConfig:
     log_every: int = 20
     """Steps between progress lines and metrics records (``--log-every``)."""
-    warmup_steps: int = 5
+    warmup_steps: int | None = None
     """Steps left out of every rate: compilation, autotuning, first batches (``--warmup-steps``;
-    ``dtrain.metrics.throughput``)."""
+    ``dtrain.metrics.throughput``). None: 5, at most half the run; a number given that is more than
+    half the run is shrunk with a warning."""
     metrics_file: str | None = None
     """Append one JSON line per log interval to this file (``--metrics-file``)."""
     ledger: str | None = None
@@ -178,7 +179,7 @@ class ObserveConfig:
         _at_least(1, log_every=self.log_every)
         if self.metrics_file is not None:
             check.output_file("--metrics-file", self.metrics_file)
-        if self.warmup_steps < 0:
+        if self.warmup_steps is not None and self.warmup_steps < 0:
             raise ConfigError(f"--warmup-steps must be >= 0, got {self.warmup_steps}; 0 counts every step in the rates.")
         if self.ledger is not None:
             check.output_dir("--ledger", self.ledger)

@@ -79,3 +79,25 @@ def test_rates_read_as_people_read_them():
     line = progress_fields({"loss": 2.34567, "samples_per_s": 20670.0, "tokens_per_s": 414000.0, "mfu": 0.261})
     assert line == "loss=2.346  20,670 samples/s  414,000 tokens/s  MFU 26.1%"
     assert progress_fields({"loss": 1.0, "samples_per_s": None, "tokens_per_s": None, "mfu": None}) == "loss=1  warming up"
+
+
+def test_a_warmup_the_run_cannot_hold_is_named_in_one_warning():
+    """--warmup-steps 100 on a 3-step run was shrunk to 1 without a word (issue 51, item 5); the
+    default (5) still shrinks quietly, as docs/performance.md says."""
+    import logging
+
+    said: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: said.append(record.getMessage())  # type: ignore[method-assign]
+    logger = logging.getLogger("dtrain")
+    logger.addHandler(handler)
+    try:
+        rate = SteadyRate(8, steps=3, warmup_steps=100)
+        assert rate.warmup_steps == 1
+        assert said == ["--warmup-steps 100 is more than half of this run's 3 steps; the rates leave out the first 1 "
+                        "step(s) instead (give --warmup-steps 1 or fewer, or a longer run)."]
+        said.clear()
+        quiet = [SteadyRate(8, steps=3), SteadyRate(8, steps=3, warmup_steps=1), SteadyRate(8, warmup_steps=100)]
+        assert [r.warmup_steps for r in quiet] == [1, 1, 100] and said == []
+    finally:
+        logger.removeHandler(handler)

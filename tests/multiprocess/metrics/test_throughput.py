@@ -30,3 +30,13 @@ def test_train_reports_steady_state_with_the_slow_first_step_apart(tmp_path):
     assert result["samples_per_s"] > 0.3 * later, (result, records)  # so does the whole run's rate
     assert re.search(r"step 10/40\s+loss=\S+\s+[\d,.]+ samples/s", r.stderr), r.stderr
     assert "samples_per_s=" not in r.stderr
+
+
+def test_a_warmup_longer_than_the_run_is_named_and_the_run_kept():
+    r = run_cli(["train", "--task", "synthetic", "--task-arg", "samples=256", "--max-steps", "3", "--warmup-steps", "100"],
+                timeout=180)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout.strip().splitlines()[-1])["warmup_steps"] == 1
+    warned = [line for line in r.stderr.splitlines() if "warmup" in line]
+    assert warned == ["dtrain: --warmup-steps 100 is more than half of this run's 3 steps; the rates leave out the first 1 "
+                      "step(s) instead (give --warmup-steps 1 or fewer, or a longer run)."], r.stderr
