@@ -61,6 +61,22 @@ def seconds(what: str, value: Any) -> float:
     return number(what, value, positive=True)
 
 
+MIN_STARTUP_S = 1.0
+"""The smallest start-up bound. torch counts its store's timeouts in whole milliseconds and the
+rendezvous' in whole seconds: a bound below a second ended waits before any connection could be
+made (``--startup-timeout 1e-9``: a 0 ms store timeout, logged with ~40 lines of C++ frames)."""
+
+
+def startup_seconds(what: str, value: Any) -> float:
+    """A start-up bound (``--startup-timeout``, ``--rdzv-timeout``, DTRAIN_STARTUP_TIMEOUT):
+    finite, at least ``MIN_STARTUP_S`` seconds."""
+    instance(what, value, (int, float), "give a number of seconds")
+    if not (math.isfinite(value) and value >= MIN_STARTUP_S):
+        raise ConfigError(f"{what} must be a finite number of seconds >= {MIN_STARTUP_S:g}, got {value:g}; give the seconds "
+                          "each start-up wait may take, e.g. 120 (the default).")
+    return float(value)
+
+
 def output_file(what: str, path: str) -> str:
     """A file dtrain will write (creating its folders): not a folder, not under a file, in a
     place this user may write. Checked before any work starts."""

@@ -74,7 +74,8 @@ def _seconds(var: str, text: str) -> float:
 
 
 def _bound(var: str, text: str) -> float | None:
-    return _seconds(var, text) or None  # 0: the default bound
+    value = _seconds(var, text)
+    return check.startup_seconds(var, value) if value else None  # 0: the default bound
 
 
 def _steps(var: str, text: str) -> int:

@@ -10,6 +10,7 @@ from ..errors import ConfigError
 from ..launch import LaunchSpec
 from ..launch.srun import spec_for_step
 from ..options import hand_over
+from ..world.reach import check_not_wildcard
 from ..world.slurm import SlurmStep
 
 
@@ -25,13 +26,14 @@ def add_launch_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--local-addr", default=None, metavar="ADDR",
                    help="this node's address as the other nodes reach it (default: the address of the interface that "
                         "routes to --master-addr; never what the host name resolves to)")
-    g.add_argument("--startup-timeout", type=float, default=120.0, metavar="SECONDS",
-                   help="bound on each start-up wait: store connect, process-group init, first collective (default 120)")
+    g.add_argument("--startup-timeout", type=_bound_arg, default=120.0, metavar="SECONDS",
+                   help="bound on each start-up wait: waiting for the other nodes, store connect, process-group init, "
+                        "first collective (default 120; at least 1)")
     g.add_argument("--launcher", default="torchrun", help="torchrun (torch's elastic agent, default) or spawn (torch.multiprocessing.spawn)")
     g.add_argument("--max-restarts", type=int, default=None,
                    help="restart failed workers up to K times (torchrun launcher; default 0, with --nnodes MIN:MAX 10)")
     g.add_argument("--rdzv-id", default="dtrain", help="with --nnodes MIN:MAX: the job's name in the rendezvous (default dtrain)")
-    g.add_argument("--rdzv-timeout", type=float, default=None, metavar="SECONDS",
+    g.add_argument("--rdzv-timeout", type=_bound_arg, default=None, metavar="SECONDS",
                    help="with --nnodes MIN:MAX: how long a rendezvous waits for MIN nodes (default: --startup-timeout)")
     g.add_argument("--rdzv-last-call", type=float, default=5.0, metavar="SECONDS",
                    help="with --nnodes MIN:MAX: once MIN nodes are in, how long to wait for more (default 5)")
@@ -41,6 +43,17 @@ def add_launch_args(parser: argparse.ArgumentParser) -> None:
                    help="report and stop the job when a rank makes no progress this long (default 900; 0: off)")
     d.add_argument("--debug", action="store_true", help="check every dtrain collective across ranks (slower)")
     d.add_argument("--run-dir", default=None, help="where stall reports and stack dumps go (default ./dtrain-run)")
+
+
+def _bound_arg(text: str) -> float:
+    """--startup-timeout, --rdzv-timeout: refused while the arguments are read, before anything
+    starts (see ``check.startup_seconds``)."""
+    try:
+        return check.startup_seconds("it", float(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds; give e.g. 120 (the default)") from None
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc).rstrip(".")) from None
 
 
 def add_comm_args(parser: argparse.ArgumentParser) -> None:
@@ -85,14 +98,14 @@ def slurm_step(args: argparse.Namespace) -> SlurmStep | None:
 
 def launch_spec(args: argparse.Namespace) -> LaunchSpec:
     export_diagnostics(args)
-    if args.rdzv_timeout is not None:  # None: the start-up bound (--startup-timeout)
-        check.seconds("--rdzv-timeout", args.rdzv_timeout)  # nan passed the spec's own comparisons
     check.number("--rdzv-last-call", args.rdzv_last_call)
     if args.master_addr is not None:
         check.host("--master-addr", args.master_addr)
     if args.local_addr is not None:
         check.host("--local-addr", args.local_addr)
-    startup = check.number("--startup-timeout (seconds)", args.startup_timeout, positive=True)
+        check_not_wildcard("--local-addr", args.local_addr)
+    # --startup-timeout and --rdzv-timeout (None: --startup-timeout) were checked as they were read (_bound_arg).
+    startup = args.startup_timeout
     hand_over(startup={"timeout": startup})
     nproc = 1 if args.nproc is None else args.nproc
     nnodes, max_nodes = parse_nnodes(args.nnodes)

@@ -19,11 +19,13 @@ keep-alive to expire instead.
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from typing import Any
 
 from .._log import logger
 from ..diag.startwatch import KEEP_ALIVE_ATTEMPTS, KEEP_ALIVE_S, dead_after_s, lost_node, read_state  # noqa: F401 -- KEEP_ALIVE_*: the rendezvous options (runner.py)
+from .preflight import Notes, wait_for_master
 
 BACKEND = "dtrain-c10d"
 _LEAVE_TIMEOUT_S = 10.0
@@ -44,7 +46,37 @@ def _create(params: Any) -> Any:
     _handler = create_handler(store, backend, params)
     _handler._dtrain_backend = backend  # the exit barrier reads the rendezvous state through it
     _leave_if_lost(_handler)
+    _say_while_gathering(_handler, params)
     return _handler
+
+
+def _say_while_gathering(handler: Any, params: Any) -> None:
+    """torch's rendezvous waits for MIN nodes without a word (up to --rdzv-timeout); while this
+    node waits in it, a progress line at the rate of the static jobs' (preflight.Notes)."""
+    gather = handler.next_rendezvous
+    join_s = params.get_as_int("join_timeout", 600)
+
+    def note(done: threading.Event) -> None:
+        notes, start = Notes(), time.monotonic()
+        while not done.wait(0.5):
+            elapsed = time.monotonic() - start
+            if not notes.due(elapsed):
+                continue
+            state = read_state(handler._dtrain_backend)
+            joined = len(state.participants) if state is not None and not state.complete else None
+            if joined is not None and joined < params.min_nodes:
+                logger.info(f"waiting for {params.min_nodes - joined} more node(s) at {params.endpoint} ({elapsed:.0f} s "
+                            f"of {join_s} s): {joined} of --nnodes {params.min_nodes}:{params.max_nodes} joined the rendezvous")
+
+    def next_rendezvous() -> Any:
+        done = threading.Event()
+        threading.Thread(target=note, args=(done,), name="dtrain-rdzv-notes", daemon=True).start()
+        try:
+            return gather()
+        finally:
+            done.set()
+
+    handler.next_rendezvous = next_rendezvous
 
 
 #: Handlers of agents that failed in this launcher: kept, since the first one may own the
@@ -68,6 +100,15 @@ def finished_without_this_node(exc: BaseException) -> bool:
     started again; node 0 waited out the lost node's role info (the store timeout) while node 1,
     alone in the next round, trained what was left and closed the rendezvous."""
     return type(exc).__name__ == "RendezvousClosedError"
+
+
+def join_timed_out(me: str, endpoint: str, min_nodes: int, max_nodes: int | None, waited_s: float) -> str:
+    """The one line for torch's RendezvousTimeoutError (it carries no message): no round took this
+    node in, because fewer than MIN nodes joined, or a running job had no room (MAX nodes)."""
+    return (f"node {me} waited {waited_s:g} s at the rendezvous {endpoint} and no round formed with it: --nnodes "
+            f"{min_nodes}:{max_nodes} needs {min_nodes} node(s) to start (a running job takes one more up to {max_nodes}); "
+            "start the other node(s) with the same --nnodes, --master-addr, --master-port and --rdzv-id, or raise "
+            "--rdzv-timeout (default: --startup-timeout).")
 
 
 def _leave_if_lost(handler: Any) -> None:
@@ -111,12 +152,16 @@ def _c10d_backend(params: Any) -> tuple[Any, Any]:
         store, _ = host_store(host, port, timeout_s=timeout_s)
         _hosted[(host, port)] = store
     else:
+        me = f"node {params.local_addr or 'this node'}"
+        # Polled from Python first: torch's client retries a refused connection silently, then
+        # logs its timeout with ~40 lines of C++ frames.
+        wait_for_master(host, port, timeout_s=timeout_s, me=me, what="the rendezvous store",
+                        fix="start the first node (the one at --master-addr) with the same --master-port")
         try:
             store = dist.TCPStore(host, port, is_master=False, timeout=datetime.timedelta(seconds=timeout_s))
         except (RuntimeError, ValueError) as exc:
             cause = unreachable_cause(host, here_is_master=False)
-            me = params.local_addr or "this node"
-            raise LaunchError(f"node {me} could not connect to the rendezvous store at {host}:{port} within {timeout_s} s: "
+            raise LaunchError(f"{me} could not connect to the rendezvous store at {host}:{port} within {timeout_s} s: "
                               f"{cause} (is the first node's launcher running? --startup-timeout bounds this wait; "
                               f"torch: {str(exc).splitlines()[0][:120]})") from None
     return C10dRendezvousBackend(store, params.run_id), store

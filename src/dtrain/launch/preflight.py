@@ -1,8 +1,9 @@
 """Checks the launcher makes before any worker starts, so that a misconfigured multi-node job
 fails in seconds with one clear line instead of waiting for a rendezvous timeout:
 
-- the master address answers (connection refused is fine: node 0 may start later; no answer or
-  no route for ``unreachable_s`` is an error),
+- the master address answers (connection refused, or no reply, is fine until ``--startup-timeout``:
+  node 0 may start later; no reply for ``UNREACHABLE_S``, or no route, is an error sooner),
+- node 0 sees every other node within ``--startup-timeout`` (a progress line while it waits),
 - every node was started with the same ``--nnodes`` and ``-n``, and runs the same dtrain, torch
   and Python versions (each node posts its view to node 0's rendezvous store and compares).
 """
@@ -24,42 +25,61 @@ import torch.distributed as dist
 from .._log import logger
 from .._version import __version__
 from ..errors import ConfigError, LaunchError
+from ..world.reach import refusal, wait_for_listener
 from .spec import LaunchSpec
 
+#: A waiting node says so after FIRST_NOTE_S (nodes started together have met by then), then
+#: every NOTE_EVERY_S: a modest rate, up to the bound (--startup-timeout).
+FIRST_NOTE_S = 3.0
+NOTE_EVERY_S = 30.0
+#: Silence (connections that time out, not refused ones) this long ends a wait early: something
+#: drops the packets, and waiting longer will not change that.
+UNREACHABLE_S = 20.0
 
-def wait_for_master(addr: str, port: int, *, total_s: float = 900.0, unreachable_s: float = 20.0) -> None:
-    """Return once ``addr:port`` accepts a TCP connection; raise after ``unreachable_s`` of no
-    answer (or at once for no route), or after ``total_s`` of refused connections."""
-    start = time.monotonic()
-    silent = 0.0
-    last_note = start
-    while True:
-        t0 = time.monotonic()
-        try:
-            with socket.create_connection((addr, port), timeout=5):
-                return
-        except socket.gaierror as exc:
-            raise ConfigError(f"--master-addr {addr} does not resolve ({exc.strerror}); give node 0's IP address.") from None
-        except socket.timeout:
-            silent += time.monotonic() - t0
-        except OSError as exc:
-            if exc.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH):
-                raise LaunchError(f"--master-addr {addr} is unreachable from this node (no route to host); check the address and the network.") from None
-            if exc.errno != errno.ECONNREFUSED:
-                silent += time.monotonic() - t0
-            time.sleep(0.5)
-        now = time.monotonic()
-        if silent >= unreachable_s:
-            raise LaunchError(
-                f"--master-addr {addr}:{port} does not answer (no reply for {unreachable_s:.0f} s); check that it is node 0's "
-                "address as this node sees it, and that no firewall drops the port."
-            )
-        if now - start > total_s:
-            raise LaunchError(f"node 0 is not listening on {addr}:{port} after {total_s:.0f} s; start node 0 (--node-rank 0) there.")
-        if now - last_note > (10 if last_note == start else 30):  # first note after 10 s, then every 30 s
-            logger.info(f"waiting for node 0 at {addr}:{port}: connection refused (node 0 not started yet, "
-                        "or a wrong --master-addr/--master-port?)")
-            last_note = now
+
+class Notes:
+    """When a waiting node prints its next progress line (see FIRST_NOTE_S)."""
+
+    def __init__(self) -> None:
+        self._next = FIRST_NOTE_S
+
+    def due(self, elapsed_s: float) -> bool:
+        if elapsed_s < self._next:
+            return False
+        self._next = elapsed_s + NOTE_EVERY_S
+        return True
+
+
+def wait_for_master(addr: str, port: int, *, timeout_s: float, me: str = "this node", what: str = "node 0",
+                    fix: str = "start node 0 (--node-rank 0) there with the same --master-addr and --master-port") -> None:
+    """Return once ``addr:port`` accepts a TCP connection. Refused connections, and no reply (the
+    host may be starting), are waited out up to ``timeout_s``; ``UNREACHABLE_S`` of no reply, or no
+    route in this node's table, end the wait sooner. Each ends in one line naming ``me``, ``what``
+    it waited for, and ``fix`` (for a refusal; for no reply: check the address and firewalls)."""
+    notes = Notes()
+    where = f"{me} could not connect to {what} at {addr}:{port}"
+    check = f"check that {addr} is the address of {what} as this node sees it, and that no firewall drops the port"
+    seen = {"silent": 0.0, "at": 0.0}
+
+    def on_wait(elapsed: float, error: OSError) -> None:
+        if error.errno == errno.ENETUNREACH:
+            raise LaunchError(f"{where}: {refusal(error)} (this node has no route there); {check}.")
+        refused = error.errno == errno.ECONNREFUSED
+        if not refused:  # packets dropped, or no host at that address (yet)
+            seen["silent"] += elapsed - seen["at"]
+        seen["at"] = elapsed
+        if elapsed >= timeout_s:
+            raise LaunchError(f"{where} within {timeout_s:g} s: {refusal(error)}; {fix if refused else check}, or raise "
+                              "--startup-timeout.")
+        if seen["silent"] >= UNREACHABLE_S:
+            raise LaunchError(f"{where}: {refusal(error)} for {seen['silent']:.0f} s; {check}.")
+        if notes.due(elapsed):
+            logger.info(f"{me}: waiting for {what} at {addr}:{port} ({elapsed:.0f} s of {timeout_s:g} s): "
+                        f"{refusal(error)}; not started yet, or a wrong --master-addr/--master-port?")
+
+    error = wait_for_listener(addr, port, timeout_s, on_wait)
+    if error is not None:  # a name that does not resolve (no other error gets here)
+        raise ConfigError(f"--master-addr {addr} does not resolve ({error.strerror}); give {what}'s IP address.")
 
 
 def connect_store(addr: str, port: int, handshake_s: float = 20.0) -> dist.TCPStore:
@@ -91,26 +111,84 @@ def node_view(spec: LaunchSpec) -> dict:
             "python": platform.python_version(), "host": socket.gethostname()}
 
 
-def check_nodes(spec: LaunchSpec, port: int, *, timeout_s: float = 900.0) -> None:
-    """Post this node's view to the rendezvous store and compare it with the others' (node 0
-    waits for every node; the others compare with node 0). Raises LaunchError on a mismatch."""
-    store = dist.PrefixStore("/dtrain/preflight", connect_store(spec.addr, port))
-    store.set_timeout(datetime.timedelta(seconds=timeout_s))
+#: Node 0's word to the other nodes once it has checked them all: "ok", or why the job does not start.
+_VERDICT = "verdict"
+_POLL_S = 0.2
+
+
+def check_nodes(spec: LaunchSpec, port: int, *, timeout_s: float) -> None:
+    """Post this node's view to the rendezvous store and compare it with the others'. Node 0 waits
+    up to ``timeout_s`` for every node, then gives them its verdict; the others compare with node 0
+    and wait for that verdict, so no node's agent starts toward a job that node 0 gave up on.
+    Raises LaunchError (one line) on a mismatch or a node that never came."""
+    handshake = min(20.0, timeout_s)
+    store = dist.PrefixStore("/dtrain/preflight", connect_store(spec.addr, port, handshake_s=handshake))
+    store.set_timeout(datetime.timedelta(seconds=max(handshake, 5.0)))  # each read below is of a key that exists
     mine = node_view(spec)
-    others = range(1, spec.nnodes) if spec.node_rank == 0 else [0]
     try:
         store.set(f"node/{spec.node_rank}", json.dumps(mine))
-        for r in others:
-            theirs = json.loads(store.get(f"node/{r}"))  # waits until node r posts (or timeout)
-            try:
-                _compare(mine, spec.node_rank, theirs, r)
-            except LaunchError:
-                if spec.node_rank == 0:
-                    time.sleep(2)  # keep the store up a moment so node r can read our view and say why too
-                raise
-    except (RuntimeError, ValueError) as exc:  # the store went away or timed out
+        if spec.node_rank == 0:
+            _gather(store, spec, mine, f"{spec.addr}:{port}", timeout_s)
+        else:
+            _follow(store, spec, mine, f"{spec.addr}:{port}", time.monotonic() + timeout_s + 5.0)  # node 0 started waiting first; its verdict comes before this
+    except (RuntimeError, ValueError) as exc:  # the store went away
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise LaunchError(f"the pre-launch check with the other nodes failed ({first}); see node 0's output.") from None
+
+
+def _gather(store: dist.Store, spec: LaunchSpec, mine: dict, where: str, timeout_s: float) -> None:
+    """Node 0: every other node's view (at ``where``), compared with this one's, within ``timeout_s``."""
+    missing = list(range(1, spec.nnodes))
+    notes, start = Notes(), time.monotonic()
+    while True:
+        for r in [r for r in missing if store.check([f"node/{r}"])]:
+            missing.remove(r)
+            try:
+                _compare(mine, 0, json.loads(store.get(f"node/{r}")), r)
+            except LaunchError as exc:
+                _give_up(store, str(exc), linger_s=2.0)  # node r reads our view meanwhile and says why too
+                raise
+        if not missing:
+            store.set(_VERDICT, "ok")
+            return
+        elapsed = time.monotonic() - start
+        who = ", ".join(map(str, missing))
+        if elapsed >= timeout_s:
+            error = LaunchError(
+                f"node 0 waited {timeout_s:g} s at {where} for node(s) {who} of --nnodes {spec.nnodes}, which never "
+                f"connected; start every node with --nnodes {spec.nnodes} --master-addr {spec.addr} (and the same "
+                "--master-port), each with its own --node-rank, check that they can reach this address, or raise "
+                "--startup-timeout.")
+            _give_up(store, str(error), linger_s=1.0)
+            raise error
+        if notes.due(elapsed):
+            logger.info(f"waiting for {len(missing)} more node(s) at {where} ({elapsed:.0f} s of {timeout_s:g} s): "
+                        f"node(s) {who} not connected yet")
+        time.sleep(_POLL_S)
+
+
+def _follow(store: dist.Store, spec: LaunchSpec, mine: dict, where: str, deadline: float) -> None:
+    """A node other than 0: compare with node 0's view, then wait for node 0's verdict."""
+    for key in ("node/0", _VERDICT):
+        while not store.check([key]):
+            if time.monotonic() >= deadline:
+                raise LaunchError(f"node {spec.node_rank} waited for node 0 at {where} to check every "
+                                  f"node of --nnodes {spec.nnodes}, and it did not say; see node 0's output.")
+            time.sleep(_POLL_S)
+        if key == "node/0":
+            _compare(mine, spec.node_rank, json.loads(store.get(key)), 0)
+    verdict = store.get(_VERDICT).decode()
+    if verdict != "ok":
+        raise LaunchError(verdict)
+
+
+def _give_up(store: dist.Store, why: str, *, linger_s: float) -> None:
+    """Tell the other nodes why the job does not start, and keep the store up a moment for them to read it."""
+    try:
+        store.set(_VERDICT, why)
+    except (RuntimeError, ValueError):
+        return
+    time.sleep(linger_s)
 
 
 def _compare(mine: dict, me: int, theirs: dict, other: int) -> None:

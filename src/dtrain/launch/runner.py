@@ -73,8 +73,8 @@ def _rendezvous(spec: LaunchSpec) -> Iterator[int]:
             yield spec.port
         return
     if spec.node_rank != 0:
-        wait_for_master(spec.addr, spec.port)
-        check_nodes(spec, spec.port)
+        wait_for_master(spec.addr, spec.port, timeout_s=spec.startup_timeout, me=f"node {spec.node_rank}")
+        check_nodes(spec, spec.port, timeout_s=spec.startup_timeout)
         try:
             yield spec.port
         finally:
@@ -83,11 +83,13 @@ def _rendezvous(spec: LaunchSpec) -> Iterator[int]:
     store, port = host_store(spec.addr, spec.port)
     try:
         if spec.nnodes > 1:
-            check_nodes(spec, port)
-        yield port
+            check_nodes(spec, port, timeout_s=spec.startup_timeout)  # no agent of another node waits on a failed check
+        try:
+            yield port
+        finally:
+            if spec.nnodes > 1:
+                _wait_for_others(store, spec.nnodes - 1)
     finally:
-        if spec.nnodes > 1:
-            _wait_for_others(store, spec.nnodes - 1)
         del store
 
 
@@ -174,6 +176,9 @@ def _elastic(spec: LaunchSpec, entrypoint: Callable[..., Any] | str, args: tuple
             name = type(exc).__name__
             if name == "SignalException":
                 return 128 + int(getattr(exc, "sigval", 15))
+            if name == "RendezvousTimeoutError":  # torch's says nothing more than its name
+                raise LaunchError(membership.join_timed_out(advertised_address(spec.addr, spec.local_addr), f"{spec.addr}:{port}",
+                                                            spec.nnodes, spec.max_nodes, spec.join_timeout)) from None
             if membership.finished_without_this_node(exc):
                 print("dtrain: the job finished on the other node(s) while this node was joining (they closed the "
                       "rendezvous on success); nothing is left for this node to do.", file=sys.stderr, flush=True)
@@ -257,7 +262,8 @@ def _rdzv_options(spec: LaunchSpec, port: int) -> dict[str, Any]:
                                  "keep_alive_interval": membership.KEEP_ALIVE_S,
                                  "keep_alive_max_attempt": membership.KEEP_ALIVE_ATTEMPTS}}
     return {"run_id": f"dtrain-{uuid.uuid4().hex[:8]}" if spec.nnodes == 1 else "dtrain", "rdzv_backend": "static",
-            "rdzv_endpoint": f"{spec.addr}:{port}", "rdzv_configs": {"rank": spec.node_rank, "timeout": 900},
+            # The nodes met in the pre-launch check; the agents' store waits (a node lost since then) get the start-up bound.
+            "rdzv_endpoint": f"{spec.addr}:{port}", "rdzv_configs": {"rank": spec.node_rank, "timeout": max(1, int(spec.startup_timeout))},
             "local_addr": spec.addr if spec.nnodes == 1 else spec.local_addr}
 
 

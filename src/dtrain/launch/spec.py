@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .. import _check as check
 from ..errors import ConfigError
 
 LAUNCHERS = ("torchrun", "spawn")
@@ -56,8 +57,7 @@ class LaunchSpec:
             raise ConfigError("--max-restarts needs --launcher torchrun (torch.multiprocessing.spawn cannot restart workers).")
         if self.master_port is not None and not 0 <= self.master_port <= 65535:
             raise ConfigError(f"--master-port {self.master_port} is not a TCP port; use 1024..65535.")
-        if not self.startup_timeout > 0:
-            raise ConfigError(f"--startup-timeout must be > 0 seconds, got {self.startup_timeout:g}; e.g. --startup-timeout 120.")
+        check.startup_seconds("--startup-timeout", self.startup_timeout)
         if self.nnodes > 1 and not self.master_addr:
             raise ConfigError(f"--nnodes {self.nnodes} needs --master-addr, the address of node 0 that every node can reach.")
 
@@ -72,9 +72,9 @@ class LaunchSpec:
                               "nodes, leave --node-rank out.")
         if self.launcher != "torchrun":
             raise ConfigError("--nnodes MIN:MAX needs --launcher torchrun (torch's elastic agent).")
-        if self.join_timeout <= 0 or self.last_call_s < 0:
-            raise ConfigError(f"--rdzv-timeout must be > 0 and --rdzv-last-call >= 0, got {self.join_timeout:g} and "
-                              f"{self.last_call_s:g}.")
+        check.startup_seconds("--rdzv-timeout", self.join_timeout)
+        if not self.last_call_s >= 0:
+            raise ConfigError(f"--rdzv-last-call must be >= 0 seconds, got {self.last_call_s:g}; e.g. --rdzv-last-call 5.")
 
     @property
     def elastic(self) -> bool:

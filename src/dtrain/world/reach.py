@@ -11,7 +11,11 @@ user's ``--local-addr``.
 
 from __future__ import annotations
 
+import errno
+import ipaddress
 import socket
+import time
+from collections.abc import Callable
 from typing import Any
 
 from ..errors import ConfigError, LaunchError
@@ -22,6 +26,7 @@ def advertised_address(master_addr: str, local_addr: str | None = None) -> str:
     """The address this node advertises to the others: ``local_addr`` when given (it must be
     an address of this host), else the source address of the route to ``master_addr``."""
     if local_addr:
+        check_not_wildcard("--local-addr", local_addr)
         _check_own(local_addr)
         ip = resolves_to(local_addr)
         if ip and is_loopback(ip) and not is_loopback(master_addr):
@@ -33,6 +38,20 @@ def advertised_address(master_addr: str, local_addr: str | None = None) -> str:
         raise ConfigError(f"--master-addr {master_addr}: this node has no route there, so it has no address the other nodes "
                           "could reach; check the address (and this host's routes), or pass --local-addr.")
     return found
+
+
+def check_not_wildcard(flag: str, addr: str) -> None:
+    """A wildcard (0.0.0.0, ::) means "every interface" to a listening socket, but told to another
+    node it is that node's own host: it would connect to itself. Refused where it is given."""
+    ip = resolves_to(addr[1:-1] if addr.startswith("[") and addr.endswith("]") else addr)
+    try:
+        wildcard = ip is not None and ipaddress.ip_address(ip.split("%")[0]).is_unspecified
+    except ValueError:
+        wildcard = False
+    if wildcard:
+        raise ConfigError(f"{flag} {addr} is a wildcard address (every interface), not one the other nodes can reach; "
+                          "give the address of this node's interface on the network the nodes share (see `ip -brief "
+                          "addr`), or leave it out to use the interface that routes to --master-addr.")
 
 
 def _check_own(addr: str) -> None:
@@ -70,6 +89,39 @@ def unreachable_cause(addr: str, *, here_is_master: bool) -> str:
     if source_address(ip) is None:
         return f"this node has no route to {ip}; check the address and the routes"
     return f"nothing answered at {addr}; the node there may be gone, or a firewall drops the connection"
+
+
+def wait_for_listener(addr: str, port: int, timeout_s: float,
+                      on_wait: Callable[[float, OSError], None] | None = None) -> OSError | None:
+    """Try TCP connections to ``addr:port`` until one is accepted (None) or ``timeout_s`` has passed
+    (the last try's error). ``on_wait(elapsed_s, error)`` follows each failed try and may raise to
+    stop early. A store's client is opened only once something listens: torch's TCPStore client
+    retries a refused connection itself, and its timeout is logged with ~40 lines of C++ frames."""
+    start = time.monotonic()
+    while True:
+        left = start + timeout_s - time.monotonic()
+        try:
+            with socket.create_connection((addr, port), timeout=min(5.0, max(0.2, left))):
+                return None
+        except socket.gaierror as exc:
+            return exc  # the name does not resolve: waiting will not change that
+        except OSError as exc:
+            error = exc
+        elapsed = time.monotonic() - start
+        if on_wait is not None:
+            on_wait(elapsed, error)
+        if elapsed >= timeout_s:
+            return error
+        time.sleep(min(0.5, timeout_s - elapsed))
+
+
+def refusal(error: OSError) -> str:
+    """A failed connection's reason, in a few words."""
+    if isinstance(error, socket.timeout):
+        return "no answer"
+    if error.errno == errno.ECONNREFUSED:
+        return "connection refused (nothing listens there)"
+    return (error.strerror or type(error).__name__).lower()
 
 
 # -- the workers' store and process group: each wait bounded, each failure one line ---------------
@@ -119,12 +171,18 @@ def connect_store(world: Any, timeout_s: float) -> Any:
 
     import torch.distributed as dist
 
-    try:
-        return dist.TCPStore(world.master_addr, world.master_port, None, False, datetime.timedelta(seconds=timeout_s))
-    except (RuntimeError, ValueError) as exc:
-        cause = unreachable_cause(world.master_addr, here_is_master=world.node_rank == 0)
-        raise LaunchError(f"{node_name(world)} could not connect to the store at {world.master_addr}:{world.master_port} "
-                          f"within {timeout_s:g} s: {cause} (torch: {_first_line(exc)})") from None
+    start = time.monotonic()
+    error: BaseException | None = wait_for_listener(world.master_addr, world.master_port, timeout_s)
+    if error is None:
+        left = max(1.0, timeout_s - (time.monotonic() - start))
+        try:
+            return dist.TCPStore(world.master_addr, world.master_port, None, False, datetime.timedelta(seconds=left))
+        except (RuntimeError, ValueError) as exc:
+            error = exc
+    cause = unreachable_cause(world.master_addr, here_is_master=world.node_rank == 0)
+    why = refusal(error) if isinstance(error, OSError) else f"torch: {_first_line(error)}"
+    raise LaunchError(f"{node_name(world)} could not connect to the store at {world.master_addr}:{world.master_port} "
+                      f"within {timeout_s:g} s: {cause} ({why})")
 
 
 def node_name(world: Any) -> str:

@@ -52,7 +52,7 @@ def test_elastic_rendezvous_gets_the_address_and_the_bounds():
     cfg = opts["rdzv_configs"]
     assert cfg["read_timeout"] == 30 and cfg["join_timeout"] == 45
     assert cfg["keep_alive_interval"] * cfg["keep_alive_max_attempt"] <= 10
-    with pytest.raises(ConfigError, match="--startup-timeout must be > 0"):
+    with pytest.raises(ConfigError, match="--startup-timeout must be a finite number of seconds >= 1"):
         LaunchSpec(startup_timeout=0)
 
 

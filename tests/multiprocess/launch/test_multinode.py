@@ -28,7 +28,7 @@ def _env() -> dict[str, str]:
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("flags, message", [
-    (["--startup-timeout", "0"], "--startup-timeout (seconds) must be > 0"),
+    (["--startup-timeout", "0"], "argument --startup-timeout: it must be a finite number of seconds >= 1, got 0"),
     (["--nnodes", "1:2", "--master-addr", "127.0.0.1", "--local-addr", "192.0.2.77"],
      "--local-addr 192.0.2.77 is not an address of this host"),
 ])
