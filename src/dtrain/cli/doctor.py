@@ -38,8 +38,10 @@ def main(args: argparse.Namespace) -> int:
     check.seconds("--timeout", args.timeout)
     if args.master_addr is not None:
         check.host("--master-addr", args.master_addr)
-    if args.links_out and args.no_probe:
+    if args.links_out is not None and args.no_probe:
         raise ConfigError("--links-out measures in the probe, which --no-probe skips; drop one of them.")
+    if args.links_out is not None and args.node_rank == 0:  # node 0 writes it, after minutes of probing: one line now, not a traceback then
+        check.output_file("--links-out", args.links_out)
     cfg = DoctorConfig(nnodes=args.nnodes, node_rank=args.node_rank, master_addr=args.master_addr,
                        master_port=args.master_port, probe=not args.no_probe, timeout_s=args.timeout, links_out=args.links_out)
     checks = run_doctor(cfg, echo=lambda line: print(line, flush=True))

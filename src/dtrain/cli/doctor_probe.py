@@ -99,7 +99,8 @@ def _write_links(cfg: DoctorConfig, seconds: dict, ranks: int, backend: str) -> 
     if cfg.node_rank != 0:
         return ""
     record = {"between": "nodes" if cfg.nnodes > 1 else "processes", "ranks": ranks, "backend": backend,
-              "load": os.getloadavg()[0], "seconds": {k: {str(b): s for b, s in v.items()} for k, v in seconds.items()}}
+              "device": "cuda" if backend == "nccl" else "cpu", "load": os.getloadavg()[0], "seconds": {k: {str(b): s for b, s in v.items()} for k, v in seconds.items()}}
+    os.makedirs(os.path.dirname(os.path.abspath(cfg.links_out)), exist_ok=True)  # as --links-out's check allowed
     with open(cfg.links_out, "w") as fh:
         json.dump(record, fh, indent=1)
     return f"; every collective's times written to {cfg.links_out}"

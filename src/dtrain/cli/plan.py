@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
+import sys
 
 from .. import _check as check
 from ..errors import ConfigError
@@ -63,31 +65,63 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def cluster_from_args(args: argparse.Namespace, nproc: int, nnodes: int):
-    from ..plan import cluster
+    """The cluster from ``--cluster``, the flags (each checked: ``plan.inputs``) and the links."""
+    from ..plan import cluster, inputs
 
     settings = cluster.load_file(args.cluster) if args.cluster else {}
     flags = {"device": args.device, "peak_tflops": args.peak_tflops, "achieved_fraction": args.mfu, "memory_gib": args.mem_gib,
              "intra_gbit": args.intra_gbit, "intra_latency_us": args.intra_latency_us, "inter_gbit": args.inter_gbit,
-             "inter_latency_us": args.inter_latency_us, "shared_cores": args.shared_cores}
-    settings.update({k: v for k, v in flags.items() if v is not None})
-    if args.nproc is not None or "procs_per_node" not in settings:
-        settings["procs_per_node"] = nproc
-    if args.nnodes is not None or "nodes" not in settings:
-        settings["nodes"] = nnodes
-    return cluster.with_links(cluster.build(settings), measured_links(args))
+             "inter_latency_us": args.inter_latency_us, "shared_cores": args.shared_cores, "procs_per_node": args.nproc,
+             "nodes": nnodes if args.nnodes is not None else None}
+    settings.update(inputs.cluster_settings(flags))
+    settings.setdefault("procs_per_node", nproc)
+    settings.setdefault("nodes", nnodes)
+    inputs.world(settings["nodes"], settings["procs_per_node"])
+    clu = cluster.build(settings)
+    if not clu.is_gpu and clu.shared_cores and clu.world_size > MAX_SHARED_WORLD:
+        raise ConfigError(f"--shared-cores {clu.shared_cores} with {clu.world_size:,} processes: the plan runs a job that shares "
+                          f"cores on this machine, starting its processes here to measure what sharing costs; at most "
+                          f"{MAX_SHARED_WORLD} (lower -n or --nnodes, or leave out --shared-cores).")
+    return cluster.with_links(clu, measured_links(args, clu))
 
 
-def measured_links(args: argparse.Namespace) -> dict:
-    """``--links`` files and ``--measure-links``, by where they were measured (``intra``/``inter``)."""
+MAX_SHARED_WORLD = 64
+"""Processes of a ``--shared-cores`` job on CPUs: the profile starts them all on this machine at once."""
+
+
+def measured_links(args: argparse.Namespace, clu) -> dict:
+    """``--links`` files by where they were measured (``intra``/``inter``); a warning for each
+    measured on other hardware than ``clu``'s."""
     from ..plan import links
 
     out = {}
     for path in args.links:
         got = links.load(path)
+        _warn_foreign(f"--links {path!r}", got, clu)
         out["inter" if got.between == "nodes" else "intra"] = got
-    if args.measure_links:
-        out["intra"] = links.measure_local()
     return out
+
+
+def measure_links(clu):
+    """``--measure-links``: ``clu`` with the collectives timed between 2 processes here, for the
+    figures inside a node (after every input is checked: it takes a few seconds)."""
+    from ..plan import cluster, links
+
+    got = links.measure_local()
+    _warn_foreign("--measure-links", got, clu)
+    return cluster.with_links(clu, {"intra": got})
+
+
+def _warn_foreign(what: str, got, clu) -> None:
+    """One line where links were timed with another backend or device than the plan's cluster
+    uses (gloo on this CPU for an H100 cluster): their figures still replace the cluster's."""
+    if clu is None:
+        return
+    device = "cuda" if clu.is_gpu else "cpu"
+    if (got.backend, got.device) != (clu.backend, device):
+        print(f"dtrain: warning: {what} measured {got.backend} on {got.device}, but the plan is for {clu.device.name} "
+              f"({clu.backend} on {device}): its times replace the cluster's figures as they are; measure on that hardware "
+              f"(`dtrain doctor --links-out FILE` there) or leave them out.", file=sys.stderr, flush=True)
 
 
 def _positive(name: str, value: int | None) -> None:
@@ -102,10 +136,12 @@ def main(args: argparse.Namespace) -> int:
     from ..precision import PRESETS
     from ..tasks import load_task
 
-    for name, value in (("--nproc", args.nproc), ("--batch-size", args.batch_size), ("--grad-accum", args.grad_accum),
+    for name, value in (("--batch-size", args.batch_size), ("--grad-accum", args.grad_accum),
                         ("--microbatches", args.microbatches), ("--profile-threads", args.profile_threads), ("--top", args.top),
                         ("--log-every", args.log_every)):
         _positive(name, value)
+    if args.batch_size is not None:
+        _batch_bound(args.batch_size)
     check.seconds("--profile-seconds", args.profile_seconds)
     if args.margin is not None and not 0 <= args.margin < 100:
         raise ConfigError(f"--margin {args.margin:g}: a percentage of the best's speed from 0 to under 100 (e.g. --margin 10).")
@@ -114,16 +150,21 @@ def main(args: argparse.Namespace) -> int:
     nnodes, max_nodes = parse_nnodes(args.nnodes)
     if max_nodes is not None or nnodes < 1:
         raise ConfigError(f"--nnodes {args.nnodes!r}: a plan is for a fixed number of nodes >= 1; write e.g. --nnodes 4.")
+    if args.chart is not None:
+        _chart_path(args.chart)
     clu = cluster_from_args(args, args.nproc or 1, nnodes)
     if args.precision in (None, "auto"):  # as train: fp32 unless asked; auto is bf16 on a GPU cluster
         args.precision = "bf16-mixed" if args.precision == "auto" and clu.is_gpu else "fp32"
     task = load_task(args.task, data_dir=args.data_dir, options=parse_task_args(args.task_arg))
     batch = args.batch_size or task.batch_size
+    _batch_bound(batch, task)
     if batch % args.grad_accum:
         raise ConfigError(f"--batch-size {batch} is not divisible by --grad-accum {args.grad_accum}; use a multiple of {args.grad_accum}.")
     comms = tuple(c.strip() for c in args.comm_methods.split(",") if c.strip()) or COMMS
     _check_comms(comms)
     layouts = _layouts(args.layouts, clu, comms) if args.layouts else None  # checked before the profile's cost
+    if args.measure_links:
+        clu = measure_links(clu)
     threads = args.profile_threads or max(1, usable_cores() // clu.procs_per_node)
     spec = None if args.no_layout_profile else (args.task, args.data_dir, parse_task_args(args.task_arg))
     plan = plan_task(task, clu, batch=batch, precision=args.precision, optimizer=args.optimizer, grad_accum=args.grad_accum,
@@ -141,6 +182,47 @@ def main(args: argparse.Namespace) -> int:
         if args.chart:
             print(f"chart: {args.chart}")
     return 0
+
+
+MAX_BATCH = 1 << 16
+"""Samples per process: the profile builds one batch of real samples (a million of digits' took
+30 s and 2.3 GB before any plan)."""
+MAX_BATCH_BYTES = 1 << 30
+
+
+def _batch_bound(batch: int, task=None) -> None:
+    """``--batch-size`` (or the task's own batch) within what the profile can build: at most
+    ``MAX_BATCH`` samples and, with ``task``, ``MAX_BATCH_BYTES`` of them (one sample's tensors)."""
+    if batch > MAX_BATCH:
+        raise ConfigError(f"--batch-size {batch:,} is per process, and the plan builds one batch of real samples to profile "
+                          f"it; at most {MAX_BATCH:,} (e.g. --batch-size 256).")
+    if task is not None:
+        import torch
+        from torch.utils._pytree import tree_leaves
+
+        if len(task.train_set) == 0:
+            return  # the profile says so
+        sample = task.train_set[0]
+        size = sum(t.nbytes if isinstance(t, torch.Tensor) else 8 for t in tree_leaves(sample)) + 512  # + Python's own per sample
+        if batch * size > MAX_BATCH_BYTES:
+            raise ConfigError(f"--batch-size {batch:,}: one batch of task {task.name!r} holds {batch * size / 2**30:.1f} GiB of "
+                              f"samples, which the plan builds to profile it; at most {MAX_BATCH_BYTES >> 30} GiB "
+                              f"(--batch-size {max(1, MAX_BATCH_BYTES // size):,} or less).")
+
+
+def _chart_path(path: str) -> None:
+    """``--chart``: matplotlib importable, a format it writes, a path this user can write; checked
+    before the profile's minutes (the chart is drawn after them)."""
+    check.output_file("--chart", path)
+    try:
+        from matplotlib.backend_bases import FigureCanvasBase
+    except ImportError:
+        raise ConfigError("--chart needs matplotlib; pip install 'dtrain[plot]' (or matplotlib), or leave out --chart.") from None
+    ext = os.path.splitext(path)[1].lstrip(".").lower()
+    formats = FigureCanvasBase.get_supported_filetypes()
+    if ext and ext not in formats:
+        raise ConfigError(f"--chart {path}: matplotlib writes no .{ext} files; end the name with one of "
+                          f"{', '.join('.' + f for f in sorted(formats))} (e.g. plan.png).")
 
 
 def _task_flags(args: argparse.Namespace, batch: int) -> tuple[str, ...]:

@@ -9,12 +9,12 @@ limited by it whichever rank sends.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from ..errors import ConfigError
+from . import inputs
 from .links import Figure, Links
 
 GB = 1e9
@@ -172,8 +172,7 @@ LINKS: dict[str, dict[str, float]] = {
     "p100": {"intra_bw": 80 * GB, "inter_bw": 12.5 * GB, "intra_lat": 5e-6, "inter_lat": 10e-6},
 }
 
-FILE_KEYS = {"nodes", "procs_per_node", "device", "peak_tflops", "memory_gib", "mem_bw_gbytes_per_s", "achieved_fraction",
-             "intra_gbit", "intra_latency_us", "inter_gbit", "inter_latency_us", "tree", "shared_cores"}
+FILE_KEYS = set(inputs.SETTINGS)
 
 
 def cpu_device(achieved_flops: float | None = None, memory_bytes: float | None = None) -> Device:
@@ -227,29 +226,13 @@ def device_named(kind: str) -> Device:
 
 
 def load_file(path: str) -> dict[str, Any]:
-    """A cluster file: JSON, or YAML when PyYAML is installed; keys as ``FILE_KEYS``."""
-    try:
-        with open(path) as fh:
-            text = fh.read()
-    except OSError as exc:
-        raise ConfigError(f"--cluster {path!r} cannot be read ({exc.strerror}); give a JSON or YAML file.") from None
-    if path.endswith((".yaml", ".yml")):
-        try:
-            import yaml
-        except ImportError:
-            raise ConfigError(f"--cluster {path!r} is YAML but PyYAML is not installed; pip install pyyaml, or write JSON.") from None
-        data = yaml.safe_load(text)
-    else:
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"--cluster {path!r} is not valid JSON (line {exc.lineno}: {exc.msg}).") from None
+    """A cluster file: JSON, or YAML when PyYAML is installed; keys as ``FILE_KEYS``, each value
+    checked (``inputs.cluster_settings``)."""
+    what, fix = f"--cluster {path!r}", 'give a JSON (or YAML) file such as {"device": "h100", "nodes": 4}'
+    data = inputs.parse(what, inputs.read_text(what, path, fix), fix, yaml=path.endswith((".yaml", ".yml")))
     if not isinstance(data, dict):
-        raise ConfigError(f"--cluster {path!r} must hold one object of keys, e.g. {{\"device\": \"h100\", \"nodes\": 4}}.")
-    unknown = sorted(set(data) - FILE_KEYS)
-    if unknown:
-        raise ConfigError(f"--cluster {path!r}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(FILE_KEYS))}.")
-    return data
+        raise ConfigError(f"{what} holds {inputs.shown(data)}, not one object of keys; {fix}.")
+    return inputs.cluster_settings(data, what)
 
 
 def build(settings: dict[str, Any], base_device: Device | None = None) -> Cluster:

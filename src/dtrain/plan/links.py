@@ -14,12 +14,12 @@ is in the figures, and the textbook shape only carries them to other group sizes
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ConfigError
+from . import inputs
 
 SHAPES = {
     "all_reduce": (lambda n: 2 * (n - 1), lambda n: 2 * (n - 1) / n),
@@ -87,6 +87,8 @@ class Links:
     """The measurements: kind -> bytes -> median seconds."""
     load: float | None = None
     """The machine's load average when measured (a loaded machine adds delay per message)."""
+    device: str = "cpu"
+    """What the ranks' tensors were on: ``cpu`` (gloo) or ``cuda`` (nccl)."""
 
     def crossing(self, nbytes: float) -> float:
         """By how much of its time a send of ``nbytes`` is slowed while a send goes the other way
@@ -146,7 +148,7 @@ class Links:
     def describe(self) -> dict[str, Any]:
         from ..diag.probe import CROSSED
 
-        return {"between": self.between, "ranks": self.ranks, "backend": self.backend, "load": self.load,
+        return {"between": self.between, "ranks": self.ranks, "backend": self.backend, "device": self.device, "load": self.load,
                 "figures": {k: {"latency_us": round(f.lat * 1e6, 1), "gbit_per_s": round(f.bw * 8 / 1e9, 4),
                                 "gbit_per_s_by_size": {str(int(b)): round(r * 8 / 1e9, 4) for b, r in f.by_size}}
                             for k, f in self.figures.items()},
@@ -156,7 +158,7 @@ class Links:
 
     def as_record(self) -> dict[str, Any]:
         """What ``dtrain doctor --links-out`` writes and ``from_record`` reads."""
-        return {"between": self.between, "ranks": self.ranks, "backend": self.backend, "load": self.load,
+        return {"between": self.between, "ranks": self.ranks, "backend": self.backend, "device": self.device, "load": self.load,
                 "seconds": {k: {str(b): s for b, s in v.items()} for k, v in self.seconds.items()}}
 
 
@@ -180,35 +182,73 @@ def fit(kind: str, seconds: dict[int, float], n: int, backend: str = "gloo") -> 
 
 
 def from_measurement(seconds: dict[str, dict[int, float]], *, ranks: int, between: str, backend: str,
-                     load: float | None = None) -> Links:
+                     load: float | None = None, device: str | None = None) -> Links:
     figures = {kind: fit(kind, by_size, ranks, backend) for kind, by_size in seconds.items() if kind in SHAPES}
-    return Links(between=between, ranks=ranks, backend=backend, figures=figures, seconds=seconds, load=load)
+    return Links(between=between, ranks=ranks, backend=backend, figures=figures, seconds=seconds, load=load,
+                 device=device or _device(backend))
+
+
+def _device(backend: str) -> str:
+    """Where dtrain's probe runs a backend: nccl on GPUs, gloo on CPUs (``cli.doctor_probe``)."""
+    return "cuda" if backend == "nccl" else "cpu"
+
+
+_FIX = "write it with `dtrain doctor --links-out FILE`"
+_SECONDS = inputs.Bound(float, "a measured time", 1e-9, 3600, "seconds", "0.0016")
+_SIZE = inputs.Bound(int, "a size", 1, 1 << 40, "bytes", "1048576")
+_RANKS = inputs.Bound(int, "the ranks measured", 2, inputs.MAX_WORLD, "", "2")
+_LOAD = inputs.Bound(float, "the load average", 0, 1e6, "", "1.5")
 
 
 def from_record(record: dict[str, Any], source: str = "links") -> Links:
-    try:
-        seconds = {k: {int(b): float(s) for b, s in v.items()} for k, v in record["seconds"].items()}
-        between, ranks = str(record["between"]), int(record["ranks"])
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise ConfigError(f"{source}: not a link measurement (as `dtrain doctor --links-out` writes): {exc!r} is missing or wrong.") from None
-    if between not in ("processes", "nodes"):
-        raise ConfigError(f"{source}: 'between' is {between!r}; a link measurement is between 'processes' or 'nodes'.")
-    return from_measurement(seconds, ranks=ranks, between=between, backend=str(record.get("backend", "gloo")),
-                            load=record.get("load"))
+    """A ``Links`` from what ``as_record`` wrote, each field checked where it enters: one line for
+    a missing field, a wrong type, a time that is not a finite positive number of seconds."""
+    def choice(key: str, means: str, choices: tuple[str, ...], default: str | None = None) -> str:
+        value = record.get(key, default)
+        if not isinstance(value, str) or value not in choices:
+            said = "is missing" if value is None else f"is {inputs.shown(value)}"
+            raise ConfigError(f"{source}: \"{key}\" {said}; a link measurement is {means} {' or '.join(map(repr, choices))} ({_FIX}).")
+        return value
+
+    between = choice("between", "between", ("processes", "nodes"))
+    ranks = inputs.check(_RANKS, record.get("ranks"), f'{source}: "ranks"', _FIX)
+    backend = choice("backend", "made with", ("gloo", "nccl"), "gloo")
+    device = choice("device", "on", ("cpu", "cuda"), _device(backend))  # files before the field: as the probe paired them
+    load = record.get("load")
+    load = None if load is None else inputs.check(_LOAD, load, f'{source}: "load"', _FIX)
+    return from_measurement(_seconds(record.get("seconds"), source), ranks=ranks, between=between, backend=backend,
+                            load=load, device=device)
+
+
+def _seconds(raw: Any, source: str) -> dict[str, dict[int, float]]:
+    """``seconds``: collective -> size in bytes (a decimal string) -> median seconds; each
+    collective of ``SHAPES`` at two sizes at least (its latency and bandwidth are fitted from them)."""
+    if not isinstance(raw, dict) or not raw:
+        said = "is missing" if raw is None else f"is {inputs.shown(raw)}" if raw else "is empty"
+        raise ConfigError(f"{source}: \"seconds\" {said}; it holds each collective's times by size ({_FIX}).")
+    out: dict[str, dict[int, float]] = {}
+    for kind, times in raw.items():
+        what = f"{source}: seconds[{inputs.shown(kind)}]"
+        if not isinstance(times, dict) or len(times) < (2 if kind in SHAPES else 1):
+            said = f"has {len(times)} size" if isinstance(times, dict) else f"is {inputs.shown(times)}"
+            raise ConfigError(f"{what} {said}; it holds the times by size in bytes, two sizes at "
+                              f"least, e.g. {{\"64\": 0.0016, \"1048576\": 0.009}} ({_FIX}).")
+        out[kind] = {}
+        for size, secs in times.items():
+            if not (isinstance(size, str) and size.isascii() and size.isdigit() and len(size) < 16):
+                raise ConfigError(f"{what}: size {inputs.shown(size)} is not a number of bytes such as \"1048576\" ({_FIX}).")
+            nbytes = inputs.check(_SIZE, int(size), f"{what}: size", _FIX)
+            out[kind][nbytes] = inputs.check(_SECONDS, secs, f'{what}["{size}"]', _FIX)
+    return out
 
 
 def load(path: str) -> Links:
-    """A link measurement written by ``dtrain doctor --links-out`` (JSON)."""
-    try:
-        with open(path) as fh:
-            record = json.load(fh)
-    except OSError as exc:
-        raise ConfigError(f"--links {path!r} cannot be read ({exc.strerror}); write one with `dtrain doctor --links-out {path}`.") from None
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"--links {path!r} is not valid JSON (line {exc.lineno}: {exc.msg}); write it with `dtrain doctor --links-out`.") from None
+    """A link measurement written by ``dtrain doctor --links-out`` (JSON; a small regular file)."""
+    what, fix = f"--links {path!r}", f"write one with `dtrain doctor --links-out {path}`"
+    record = inputs.parse(what, inputs.read_text(what, path, fix), fix)
     if not isinstance(record, dict):
-        raise ConfigError(f"--links {path!r} must hold one JSON object, as `dtrain doctor --links-out` writes.")
-    return from_record(record, f"--links {path!r}")
+        raise ConfigError(f"{what} holds {inputs.shown(record)}, not one JSON object as `dtrain doctor --links-out` writes.")
+    return from_record(record, what)
 
 
 def measure_body(sizes: tuple[int, ...], reps: int) -> dict[str, dict[int, float]]:
