@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import sys
 from pathlib import Path
 
@@ -79,7 +78,7 @@ def build_job(args: argparse.Namespace) -> tuple[jobspec.JobSpec, str]:
     overrides = dict(
         name=args.name, nodes=args.nodes, procs_per_node=args.procs_per_node, gpus_per_node=args.gpus_per_node,
         cpus_per_proc=args.cpus_per_proc, mem_per_proc=args.mem_per_proc, time=args.time, layout=args.layout,
-        command=tuple(command) or None, dtrain=tuple(shlex.split(args.dtrain_cmd)) if args.dtrain_cmd else None,
+        command=tuple(command) or None, dtrain=jobspec.split_words("--dtrain-cmd", args.dtrain_cmd) if args.dtrain_cmd else None,
         env={**(base.env if base else {}), **env} if env else None,
         slurm_partition=args.partition, k8s_image=args.image,
     )

@@ -319,13 +319,18 @@ def _words(key: str, value: Any) -> Any:
         return tuple(value)
     if not isinstance(value, str):
         return value
-    if key not in ("command", "dtrain"):
-        return (value,)
+    return split_words(key, value) if key in ("command", "dtrain") else (value,)
+
+
+def split_words(what: str, text: str) -> tuple[str, ...]:
+    """``text`` split into words as the shell would (``command = "train.py --lr 0.1"``, ``--dtrain-cmd``)."""
     try:
-        return tuple(shlex.split(value))
+        return tuple(shlex.split(text))
     except ValueError as exc:  # an unclosed quote
-        raise ConfigError(f"{key} {jv.shown(value)} cannot be split into words ({exc}); write it as a list, "
-                          f'e.g. {key} = ["train.py", "--lr", "0.1"].') from None
+        example = '["train.py", "--lr", "0.1"]' if what == "command" else '["python3", "-m", "dtrain"]'
+        listed = "" if what.startswith("-") else f", or write a list, e.g. {what} = {example}"
+        raise ConfigError(f"{what} {jv.shown(text)} cannot be split into words ({str(exc).lower()}); close the quote"
+                          f"{listed}.") from None
 
 
 def with_overrides(job: JobSpec, **values: Any) -> JobSpec:

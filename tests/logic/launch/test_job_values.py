@@ -200,6 +200,13 @@ def test_a_hostile_partition_flag_writes_no_script(tmp_path, monkeypatch, capsys
     assert not (tmp_path / "job.sbatch").exists()
 
 
+def test_an_unclosed_quote_in_dtrain_cmd_is_one_line(capsys):
+    code = cli_main(["submit", "--slurm", "--dry-run", "--dtrain-cmd", "python3 '-m dtrain", "--", "train.py"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err == ("dtrain: error: --dtrain-cmd \"python3 '-m dtrain\" cannot be split into words "
+                                 "(no closing quotation); close the quote."), err
+
+
 def test_the_job_files_path_stays_in_its_comment():
     text = sbatch.render(BASE, source="jobs/a\ntouch INJECTED.toml")
     assert "# Written by `dtrain submit --slurm jobs/a\\ntouch INJECTED.toml`" in text
