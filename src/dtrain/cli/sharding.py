@@ -11,6 +11,7 @@ from ..errors import ConfigError
 _FLAGS: dict[str, tuple[str, tuple[str, ...]]] = {
     "fsdp_wrap": ("wrap", ("fsdp", "hsdp")),
     "fsdp_offload": ("offload", ("fsdp", "hsdp")),
+    "fsdp_reduce": ("reduce_dtype", ("fsdp", "hsdp")),
     "hsdp_shard_size": ("shard_size", ("hsdp",)),
     "pipeline_schedule": ("schedule", ("pipeline",)),
     "microbatches": ("microbatches", ("pipeline",)),
@@ -25,6 +26,9 @@ def add_sharding_args(parser: argparse.ArgumentParser) -> None:
                         "or none (default: the task's blocks, else size:1000000)")
     g.add_argument("--fsdp-offload", action="store_true", default=None,
                    help="fsdp/hsdp: keep sharded parameters, gradients and optimizer state in CPU memory (GPU runs)")
+    g.add_argument("--fsdp-reduce", default=None, metavar="DTYPE",
+                   help="fsdp/hsdp: the dtype gradients are reduce-scattered in: fp32 (default), bf16 or fp16 (half the bytes); "
+                        "parameters are gathered in the 16-bit type under bf16-mixed/fp16-mixed")
     g.add_argument("--hsdp-shard-size", type=int, default=None, metavar="N",
                    help="hsdp: ranks each parameter is sharded over (default: the processes of one node)")
     g.add_argument("--pipeline-schedule", default=None, choices=("gpipe", "1f1b"), help="pipeline schedule (default 1f1b)")

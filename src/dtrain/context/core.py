@@ -165,7 +165,7 @@ class Context(WorldView):
         # the user chose no policy of their own).
         setup = self.collectives.labelled("setup (parameter broadcast)") if self.world.distributed else contextlib.nullcontext()
         with setup:  # DDP broadcasts rank 0's parameters: a rank can wait here
-            inner = parallelize(model, self.strategy, self.world, blocks=blocks,
+            inner = parallelize(model, self.strategy, self.world, blocks=blocks, precision=self.precision,
                                 activation_checkpointing=self.activation_checkpointing, compile=self.compile)
         return self._step.wrap_model(inner, channels_last)
 

@@ -29,17 +29,18 @@ class DtrainModule(nn.Module):
     autocast. ``state_dict`` and ``load_state_dict`` are the user's module's own, so checkpoints
     carry no wrapper prefixes."""
 
-    def __init__(self, wrapped: nn.Module, original: nn.Module, precision: Precision, channels_last: bool = False) -> None:
+    def __init__(self, wrapped: nn.Module, original: nn.Module, precision: Precision, channels_last: bool = False,
+                 autocast: bool = True) -> None:
         super().__init__()
         self.module = wrapped
         object.__setattr__(self, "original", original)  # not a submodule: no duplicate state
-        object.__setattr__(self, "_precision", precision)
+        object.__setattr__(self, "_autocast", precision.autocast if autocast else contextlib.nullcontext)
         object.__setattr__(self, "_channels_last", channels_last)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if self._channels_last:
             args = to_channels_last(args)
-        with self._precision.autocast():
+        with self._autocast():
             return self.module(*args, **kwargs)
 
     def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
@@ -114,7 +115,14 @@ class Step:
 
     # -- wrappers ----------------------------------------------------------------------------------
     def wrap_model(self, inner: nn.Module, channels_last: bool) -> DtrainModule:
-        wrapped = DtrainModule(inner, self.strategy.unwrap(inner), self.precision, channels_last=channels_last)
+        place = self.strategy.placement
+        # fully_shard's policy already runs forward and backward in the 16-bit type (its gathered
+        # parameters and cast inputs): autocast off, as torchtitan (maybe_enable_amp). The ops
+        # autocast would run in fp32 (norms, softmax) then run in the 16-bit type with fp32
+        # accumulation, and a task computes its loss in fp32 (the lm's loss_fn casts the logits).
+        cast_by_fsdp = place is not None and place.param_dtype is not None
+        wrapped = DtrainModule(inner, self.strategy.unwrap(inner), self.precision, channels_last=channels_last,
+                               autocast=not cast_by_fsdp)
         self.modules.append(weakref.ref(wrapped))
         return wrapped
 

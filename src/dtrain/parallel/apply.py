@@ -33,6 +33,7 @@ from torch import nn
 
 from .._log import note_once
 from ..errors import ConfigError
+from ..precision import Precision
 from . import transforms
 from .dims import ParallelDims
 from .fsdp import FSDPConfig, apply_fully_shard
@@ -116,14 +117,15 @@ def apply_compile(blocks: Sequence[nn.Module]) -> None:
 
 
 def apply_fsdp(model: nn.Module, dp_mesh: Any, device: torch.device, blocks: Sequence[nn.Module] | None,
-               config: FSDPConfig | None = None, name: str = "fsdp") -> nn.Module:
+               config: FSDPConfig | None = None, name: str = "fsdp", param_dtype: torch.dtype | None = None) -> nn.Module:
     """``fully_shard`` each block, then the root, over ``dp_mesh`` (1-D: FSDP; 2-D
-    (dp_replicate, dp_shard): HSDP)."""
+    (dp_replicate, dp_shard): HSDP), gathering parameters in ``param_dtype`` (the mixed
+    precision's 16-bit type; None: fp32) and reducing gradients in the config's ``reduce_dtype``."""
     if not any(p.requires_grad for p in model.parameters()):
         raise ConfigError(f"{name}: the model has no trainable parameters; nothing to shard.")
     if any(True for _ in model.buffers()):
         note_once(f"{name}: buffers (e.g. BatchNorm statistics) are not synchronised across ranks by fully_shard.")
-    return apply_fully_shard(model, dp_mesh, config or FSDPConfig(), device, list(blocks or []))
+    return apply_fully_shard(model, dp_mesh, config or FSDPConfig(), device, list(blocks or []), param_dtype=param_dtype)
 
 
 def apply_ddp(model: nn.Module, dp_mesh: Any, device: torch.device) -> nn.Module:
@@ -138,18 +140,26 @@ def apply_ddp(model: nn.Module, dp_mesh: Any, device: torch.device) -> nn.Module
     return model
 
 
-def apply_dp(model: nn.Module, strategy: Wrapping, place: Placement, blocks: Sequence[nn.Module]) -> nn.Module:
+def apply_dp(model: nn.Module, strategy: Wrapping, place: Placement, blocks: Sequence[nn.Module],
+             param_dtype: torch.dtype | None = None) -> nn.Module:
     """The data-parallel wrap the layout decides: ``fully_shard`` over ``dp_shard`` (over
     (dp_replicate, dp_shard), HSDP, when the shards are replicated too, or the strategy is
     ``hybrid``: hsdp with groups of one), with the strategy's ``fsdp`` settings; else the
     strategy's own way of replicating over ``dp_replicate`` (on one replica: the model on the
-    device). Collective: call on every rank."""
+    device). Sharded, parameters are gathered in ``param_dtype`` (recorded on ``place``).
+    Collective: call on every rank."""
     world = place.world
-    if (place.dims.dp_shard > 1 or strategy.fsdp is not None) and world.distributed:
+    if shards(strategy, place):
         hybrid = strategy.hybrid or place.dims.dp_replicate > 1
         dp_mesh = place["dp_replicate", "dp_shard"] if hybrid else place["dp_shard"]
-        return apply_fsdp(model, dp_mesh, world.device, blocks, strategy.fsdp, strategy.name)
+        place.param_dtype = param_dtype
+        return apply_fsdp(model, dp_mesh, world.device, blocks, strategy.fsdp, strategy.name, param_dtype)
     return strategy.replicate(model, world, place)
+
+
+def shards(strategy: Wrapping, place: Placement) -> bool:
+    """Whether the data-parallel wrap is ``fully_shard`` (``apply_dp``'s choice)."""
+    return (place.dims.dp_shard > 1 or strategy.fsdp is not None) and place.world.distributed
 
 
 class Wrapping(Protocol):
@@ -178,14 +188,15 @@ class Wrapping(Protocol):
 
 
 def parallelize(model: nn.Module, strategy: Wrapping, world: Any, *, blocks: Sequence[nn.Module] = (),
-                activation_checkpointing: bool = False, compile: bool = False) -> nn.Module:
+                activation_checkpointing: bool = False, compile: bool = False, precision: Precision | None = None) -> nn.Module:
     """The one order every strategy and every layout goes through: the pipeline cut, TP,
     activation checkpointing and compile of each block where compile goes per block
     (``transforms.compile_per_block``: sharded parameters, pipeline stages, activation
     checkpointing), the data-parallel wrap, then compile of the whole wrapped model otherwise
     (as torch's documentation does for DDP: the compiled DDP module splits its graph at bucket
-    boundaries, DDPOptimizer). The strategy keeps the placement (``strategy.placed``).
-    Collective: call on every rank."""
+    boundaries, DDPOptimizer). Under a mixed ``precision`` a sharded model gathers its parameters
+    in the 16-bit type (``fsdp.mixed_precision``). The strategy keeps the placement
+    (``strategy.placed``). Collective: call on every rank."""
     dims = strategy.layout(world)
     place = strategy.placement.again(dims, world) if strategy.placement is not None else Placement(dims, world)
     blocks = list(blocks)
@@ -200,7 +211,7 @@ def parallelize(model: nn.Module, strategy: Wrapping, world: Any, *, blocks: Seq
     per_block = bool(compile and blocks and transforms.compile_per_block(strategy.capabilities, activation_checkpointing))
     if per_block:
         apply_compile(blocks)
-    model = apply_dp(model, strategy, place, blocks)
+    model = apply_dp(model, strategy, place, blocks, precision.autocast_dtype if precision is not None else None)
     place.note_replaced(before, model)
     if compile and not per_block:
         model.compile()

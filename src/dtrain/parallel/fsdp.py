@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -13,6 +14,9 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from .._log import note_once
 from ..errors import ConfigError
+
+REDUCE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+"""``FSDPConfig.reduce_dtype``'s names and their dtypes."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -31,10 +35,17 @@ class FSDPConfig:
     one more all-gather per unit. False keeps them from forward to backward (ZeRO-2-like)."""
     shard_size: int | None = None
     """hsdp only: ranks a parameter is sharded over (default: the processes of one node)."""
+    reduce_dtype: str = "fp32"
+    """The dtype gradients are reduce-scattered (and, under hsdp, all-reduced) in: ``fp32``
+    (default, as torchtitan: a sum over many ranks keeps its low bits) or ``bf16``/``fp16`` (half
+    the bytes, coarser sums). Parameters are gathered in the precision's 16-bit type under
+    ``bf16-mixed``/``fp16-mixed`` either way (``mixed_precision``)."""
 
     def __post_init__(self) -> None:
         if self.wrap is not None:
             parse_wrap(self.wrap)
+        if self.reduce_dtype not in REDUCE_DTYPES:
+            raise ConfigError(f"--fsdp-reduce {self.reduce_dtype!r} is not a reduce dtype; choose one of: {', '.join(REDUCE_DTYPES)}.")
         if self.shard_size is not None and self.shard_size < 1:
             raise ConfigError(f"shard_size must be >= 1, got {self.shard_size}.")
 
@@ -93,10 +104,41 @@ def _post_order(module: nn.Module) -> Iterator[nn.Module]:
 DEFAULT_WRAP = "size:1000000"
 
 
+def mixed_precision(param_dtype: torch.dtype | None, config: FSDPConfig) -> Any:
+    """``fully_shard``'s ``MixedPrecisionPolicy``: parameters gathered in ``param_dtype`` (the
+    precision's 16-bit type under bf16-/fp16-mixed; None: as they are, fp32), gradients reduced
+    in ``config.reduce_dtype``. The sharded parameters the optimizer steps stay fp32 (the master
+    weights); only the gathered copies are 16-bit, so each unit's all-gather moves half the bytes
+    and its forward and backward run in ``param_dtype`` without autocast's per-op casts (as
+    torchtitan: ``torchtitan/distributed/utils.py``, ``maybe_enable_amp``)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    reduce = REDUCE_DTYPES[config.reduce_dtype]
+    if param_dtype is None and reduce == torch.float32:
+        return MixedPrecisionPolicy()  # fp32 throughout: nothing cast
+    return MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce)
+
+
+def fp32_norms(model: nn.Module, mesh: DeviceMesh, config: FSDPConfig, offload: Any) -> list[nn.Module]:
+    """Shard each BatchNorm as a unit of its own whose parameters stay fp32 (as FSDP1 did for
+    mixed precision): its running statistics are fp32 buffers, which batch_norm refuses beside
+    16-bit weights ("expected scalar type BFloat16 but found Float"); with fp32 weights it takes
+    the 16-bit input as autocast runs it, and its output stays 16-bit. Returns those modules."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m is not model]
+    keep = MixedPrecisionPolicy(reduce_dtype=REDUCE_DTYPES[config.reduce_dtype], cast_forward_inputs=False)
+    for norm in norms:
+        if any(True for _ in norm.parameters()):  # affine=False has nothing to shard
+            fully_shard(norm, mesh=mesh, reshard_after_forward=config.reshard_after_forward, offload_policy=offload, mp_policy=keep)
+    return norms
+
+
 def apply_fully_shard(model: nn.Module, mesh: DeviceMesh, config: FSDPConfig, device: torch.device,
-                      blocks: list[nn.Module] | None = None) -> nn.Module:
+                      blocks: list[nn.Module] | None = None, param_dtype: torch.dtype | None = None) -> nn.Module:
     """``fully_shard`` every unit of the wrap policy (no policy: each of ``blocks``, as
-    torchtitan shards each transformer block), then the root; returns the same module."""
+    torchtitan shards each transformer block), then the root, with ``mixed_precision``'s policy
+    for ``param_dtype``; returns the same module."""
     from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 
     if config.offload and device.type == "cpu":
@@ -108,7 +150,11 @@ def apply_fully_shard(model: nn.Module, mesh: DeviceMesh, config: FSDPConfig, de
     if not config.offload or device.type == "cpu":
         model = model.to(device)
     chosen = list(blocks) if config.wrap is None and blocks else units(model, config.wrap or DEFAULT_WRAP)
+    policy = mixed_precision(param_dtype, config)
+    if param_dtype is not None:
+        norms = fp32_norms(model, mesh, config, offload)
+        chosen = [m for m in chosen if m not in norms]
     for unit in chosen:
-        fully_shard(unit, mesh=mesh, reshard_after_forward=config.reshard_after_forward, offload_policy=offload)
-    fully_shard(model, mesh=mesh, reshard_after_forward=config.reshard_after_forward, offload_policy=offload)
+        fully_shard(unit, mesh=mesh, reshard_after_forward=config.reshard_after_forward, offload_policy=offload, mp_policy=policy)
+    fully_shard(model, mesh=mesh, reshard_after_forward=config.reshard_after_forward, offload_policy=offload, mp_policy=policy)
     return model

@@ -34,6 +34,9 @@ class Placement:
     scores: bool = True
     """Whether this rank's evaluation outputs are counted: under TP only the first rank of each
     TP group's (its peers compute the same outputs, which would count every sample tp times)."""
+    param_dtype: torch.dtype | None = None
+    """The dtype ``fully_shard`` gathers parameters in and runs forward and backward in (its
+    mixed-precision policy): the precision's 16-bit type; None where nothing is sharded or in fp32."""
     _mesh: Any = None
 
     @property

@@ -13,7 +13,7 @@ from typing import Any
 
 from .cluster import Cluster
 from .layouts import COMMS, Layout, candidates
-from .model import ASSUMPTIONS, Prediction, Settings, predict
+from .model import ASSUMPTIONS, Prediction, Settings, fsdp_param_bytes, predict
 from .profile import ModelProfile
 
 MARGIN = 0.10
@@ -130,7 +130,7 @@ def plan_task(task: Any, cluster: Cluster, *, batch: int, precision: str = "fp32
         cluster = replace(cluster, device=dev)
     settings = Settings(batch=batch, precision=precision, optimizer=optimizer, grad_accum=grad_accum,
                         activation_checkpointing=activation_checkpointing, microbatches=microbatches, schedule=schedule,
-                        threads_per_proc=threads, log_every=log_every,
+                        threads_per_proc=threads, log_every=log_every, param_comm_bytes=fsdp_param_bytes(precision),
                         data_s_per_sample=prof.timing.data_s / prof.timing.batch if prof.timing else 0.0)
     return make_plan(prof, cluster, settings, layouts=layouts, comms=comms, tp_ok=tp_ok, pp_ok=pp_ok)
 

@@ -57,8 +57,9 @@ def build_runner(kind: str, task: Any, x: Any, y: Any, spec: dict[str, Any]) -> 
     if kind == "fsdp":
         from ..parallel.fsdp import FSDPConfig, apply_fully_shard
 
-        model = apply_fully_shard(model, mesh, FSDPConfig(), torch.device("cpu"), blocks)
-        return _step(model, _optimizer(opt_name, model.parameters(), task.lr), task, x, y, cast)
+        mixed = spec["precision"] in ("bf16-mixed", "fp16-mixed")  # as training: the policy casts, no autocast
+        model = apply_fully_shard(model, mesh, FSDPConfig(), torch.device("cpu"), blocks, param_dtype=torch.bfloat16 if mixed else None)
+        return _step(model, _optimizer(opt_name, model.parameters(), task.lr), task, x, y, contextlib.nullcontext if mixed else cast)
     if kind == "tp":
         from ..parallel.apply import apply_tp
 

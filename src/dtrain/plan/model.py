@@ -68,8 +68,9 @@ ASSUMPTIONS = (
     "(both directions), and at least ceil(tensors / 2) x a 64-byte broadcast's time (each tree holds a thread for "
     "its rendezvous); up to 16 ranks, beyond one after another",
     "fsdp/hsdp: units are the task's blocks plus the rest of the model; each unit all-gathered in forward and again "
-    "in backward, its gradient reduce-scattered (hsdp: then all-reduced between nodes), all in fp32 (dtrain sets no "
-    "mixed-precision policy), on one link in issue order, prefetching one unit ahead; on gloo an unmeasured "
+    "in backward, its gradient reduce-scattered (hsdp: then all-reduced between nodes); parameters gathered in the "
+    "precision's 16-bit type under bf16-/fp16-mixed (dtrain's mixed-precision policy), else fp32, gradients reduced in "
+    "fp32 (the policy's default), on one link in issue order, prefetching one unit ahead; on gloo an unmeasured "
     "reduce-scatter costs an all-reduce (torch's gloo backend all-reduces)",
     "tp: compute and activations / tp; per block 4 all-gathers or reduce-scatters of its output in forward and 4 in "
     "backward (Megatron-LM with sequence parallelism), the logits gathered once each way; none overlapped",
@@ -93,6 +94,12 @@ ASSUMPTIONS = (
 )
 
 
+def fsdp_param_bytes(precision: str) -> int:
+    """Bytes per parameter FSDP all-gathers under ``precision``: its mixed-precision policy gathers
+    in the 16-bit type under bf16-/fp16-mixed (``dtrain.parallel.fsdp.mixed_precision``)."""
+    return 2 if precision in ("bf16-mixed", "fp16-mixed") else 4
+
+
 @dataclass(frozen=True, kw_only=True)
 class Settings:
     """The run's options that change its cost (``dtrain train``'s flags)."""
@@ -107,7 +114,7 @@ class Settings:
     schedule: str = "1f1b"
     bucket_mib: float = 25.0
     param_comm_bytes: int = 4
-    """Bytes per element that FSDP all-gathers (dtrain: fp32; torchtitan: bf16)."""
+    """Bytes per element that FSDP all-gathers (``fsdp_param_bytes``: 2 under a 16-bit mixed precision)."""
     grad_comm_bytes: int = 4
     threads_per_proc: int = 1
     data_s_per_sample: float = 0.0

@@ -25,7 +25,7 @@ from .ddp import DDPConfig, DDPReplicas
 from .layout import REPLICAS, SHARDS, SPLITS, STAGES, LayoutStrategy, combined
 
 _DDP_OPTIONS = tuple(f.name for f in fields(DDPConfig) if f.name != "comm")
-_FSDP_OPTIONS = ("wrap", "offload", "reshard_after_forward")  # the layout sets the shard size
+_FSDP_OPTIONS = ("wrap", "offload", "reshard_after_forward", "reduce_dtype")  # the layout sets the shard size
 _PIPELINE_OPTIONS = tuple(f.name for f in fields(PipelineConfig))
 
 

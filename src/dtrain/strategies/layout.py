@@ -24,7 +24,7 @@ from .._log import note_once
 from ..parallel.apply import apply_ddp
 from ..parallel.clip import clip_grad_norm_, clip_stages_
 from ..parallel.dims import ParallelDims
-from ..parallel.fsdp import FSDPConfig
+from ..parallel.fsdp import REDUCE_DTYPES, FSDPConfig
 from ..parallel.pipeline import PipelineConfig
 from ..parallel.placement import Placement
 from ..precision import Precision
@@ -175,15 +175,19 @@ class LayoutStrategy(Strategy):
     def comm_payload_bytes(self, model: nn.Module) -> int | None:
         """Per step: unknown (None) with TP or stages (activations, whose size depends on the
         batch); FSDP over every rank: the unsharded parameters all-gathered for forward (and
-        again for backward when resharded after forward) and the gradients reduce-scattered;
+        again for backward when resharded after forward), in the mixed-precision policy's
+        parameter dtype, and the gradients reduce-scattered in its reduce dtype;
         else one all-reduce of the gradients, as its ``--comm`` method sends them
         (``DDPReplicas.payload_bytes``)."""
         dims = self.placement.dims if self.placement is not None else ParallelDims()
         if self.pipeline is not None or dims.tp > 1 or dims.pp > 1:
             return None
         if self.fsdp is not None and not self.hybrid and dims.dp_replicate == 1:
-            full = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)  # DTensor: global size
-            return full * (3 if self.fsdp.reshard_after_forward else 2)
+            params = [p for p in model.parameters() if p.requires_grad]  # DTensor: global size
+            gathered = self.placement.param_dtype if self.placement is not None else None  # the policy's (None: as they are)
+            gather = sum(p.numel() * (gathered.itemsize if gathered is not None else p.element_size()) for p in params)
+            scatter = sum(p.numel() for p in params) * REDUCE_DTYPES[self.fsdp.reduce_dtype].itemsize
+            return gather * (2 if self.fsdp.reshard_after_forward else 1) + scatter
         if self._ddp is not None:
             return self._ddp.payload_bytes(model)
         return super().comm_payload_bytes(model)
