@@ -34,6 +34,8 @@ def dry_run(cfg: DryRunConfig, *, with_prediction: bool = True) -> dict[str, Any
     configuration that cannot run raises one ConfigError line naming the cause."""
     t0 = time.perf_counter()
     device = pick_device(cfg.runtime.device, 0)
+    if device.type == "cuda" and device.index is None:  # --device cuda: this machine's current GPU
+        device = torch.device("cuda", torch.cuda.current_device())
     task = load_task(cfg.task.name, data_dir=cfg.task.data_dir, options=cfg.task.args)
     world = world_of(cfg.rank, cfg.world_size, cfg.local_size, device)
     with fake_group(world):
