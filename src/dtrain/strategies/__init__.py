@@ -91,8 +91,8 @@ def _make(name: str, factory: Callable[..., Strategy], options: dict[str, Any]) 
         unknown = bad.group(1) if bad else ", ".join(sorted(options))
         known = option_names(factory)
         if not known:
-            raise ConfigError(f"strategy {name!r} takes no options, got {unknown}; drop it, or choose a strategy that "
-                              f"has it (one of: {', '.join(available())}).") from None
+            raise ConfigError(f"strategy {name!r} has no option {unknown} (it takes none); drop it, or choose a strategy "
+                              f"that has it, one of: {', '.join(available())}.") from None
         raise ConfigError(f"strategy {name!r} has no option {unknown}; its options are: {', '.join(known)}.") from None
 
 
