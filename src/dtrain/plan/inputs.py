@@ -62,7 +62,8 @@ def shown(value: Any, *, flag: bool = False) -> str:
     """A value as the user wrote it, short: a flag's number as typed, JSON for a file's scalars,
     a word for a container (never expanded: a YAML file's aliases can make a small file a huge list)."""
     if isinstance(value, float):
-        return f"{value:g}" if flag else repr(value)  # a file's 4.0 where a whole number goes
+        text = repr(value)  # a file's 4.0 where a whole number goes; a flag's -5 as typed
+        return text[:-2] if flag and text.endswith(".0") else text
     if isinstance(value, (dict, list, tuple, set)):
         return {dict: "an object", list: "a list"}.get(type(value), f"a {type(value).__name__}")
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**30:
