@@ -35,7 +35,7 @@ _WRITE = {"str": '"..." (in quotes)', "int": "2 (no quotes)", "bool": "true or f
           "tuple[str, ...]": '["...", "..."]', "dict[str, str]": 'a table: [env] then lines NAME = "value"'}
 _EXAMPLES = {"command": '["train.py", "--lr", "0.1"]', "dtrain": '["python3", "-m", "dtrain"]', "time": '"02:00:00"',
              "mem_per_proc": '"4G"', "name": '"mnist-2n"', "setup": '["source .venv/bin/activate"]',
-             "extra": '["--exclusive"]', "image": '"registry.example.com/me/train:1"', "env": '{ NCCL_DEBUG = "WARN" }'}
+             "port": "29500 (no quotes)", "extra": '["--exclusive"]', "image": '"registry.example.com/me/train:1"', "env": '{ NCCL_DEBUG = "WARN" }'}
 
 
 def shown(value: Any) -> str:
