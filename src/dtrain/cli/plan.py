@@ -174,7 +174,7 @@ def main(args: argparse.Namespace) -> int:
     if args.margin is not None:
         plan = dataclasses.replace(plan, margin=args.margin / 100)
     if args.chart:
-        report.chart(plan, args.chart)
+        _write_chart(plan, args.chart)
     if args.json:
         print(report.to_json(plan))
     else:
@@ -223,6 +223,17 @@ def _chart_path(path: str) -> None:
     if ext and ext not in formats:
         raise ConfigError(f"--chart {path}: matplotlib writes no .{ext} files; end the name with one of "
                           f"{', '.join('.' + f for f in sorted(formats))} (e.g. plan.png).")
+
+
+def _write_chart(plan, path: str) -> None:
+    """The chart, in the folders ``_chart_path`` found could be made."""
+    from ..plan import report
+
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        report.chart(plan, path)
+    except OSError as exc:  # the disk filled, or the folder changed, during the profile
+        raise ConfigError(f"--chart {path} could not be written ({exc.strerror or exc}); pick another path.") from None
 
 
 def _task_flags(args: argparse.Namespace, batch: int) -> tuple[str, ...]:

@@ -96,8 +96,9 @@ def close_lines(plan: Plan, task_flags: tuple[str, ...] = ()) -> list[str]:
     return lines
 
 
-def print_table(plan: Plan, *, top: int | None = None, out: TextIO = sys.stdout, assumptions: bool = True,
+def print_table(plan: Plan, *, top: int | None = None, out: TextIO | None = None, assumptions: bool = True,
                 task_flags: tuple[str, ...] = ()) -> None:
+    out = out or sys.stdout  # the stdout of the call, not of the first import (dtrain.cli.main run twice in a process)
     body = rows(plan, top)
     try:
         from rich.console import Console

@@ -194,3 +194,11 @@ def test_figures_at_the_ends_of_their_ranges_plan_and_just_past_them_are_refused
     for past in (["--inter-latency-us", "1000001"], ["--intra-latency-us", "0.009"], ["--peak-tflops", "100001"]):
         code, out, err = _run([*H100, *past], capsys)
         assert code == 2 and f"{past[0]} {past[1]}:" in err and "best" not in out, err
+
+
+@pytest.mark.timeout(120)
+def test_a_chart_in_a_folder_still_to_make_is_written(folder, capsys):
+    # the path's check allows folders to be made; the chart then made them (it failed with a traceback after the plan)
+    code, out, err = _run([*H100, "--chart", "new/sub/plan.png"], capsys)
+    assert code == 0, err
+    assert (folder / "new" / "sub" / "plan.png").stat().st_size > 0 and "chart: new/sub/plan.png" in out
