@@ -6,7 +6,7 @@ exit status 2, or with a traceback, a hang, or something else (accepted, wrong s
     python benchmarks/bad_inputs.py -k synthetic          # only the cases whose id holds "synthetic"
 
 A case is ``Case(id, argv=[...])`` (a ``dtrain`` command line), ``Case(id, argv=[...],
-module="dtrain.testing.netbed")``, or ``Case(id, py="...")``: a Python snippet run with ``dtrain``,
+module="tests.support.netbed")``, or ``Case(id, py="...")``: a Python snippet run with ``dtrain``,
 ``torch``, ``nn`` imported, after ``ctx = dtrain.init("single")`` when it uses ``ctx``. A snippet's
 ``DtrainError`` is printed as ``dtrain: error: <message>`` with exit status 2, so both kinds are
 judged alike. Every case runs in a fresh folder of fixtures (see ``make_fixtures``), as a
@@ -34,7 +34,8 @@ import time
 from dataclasses import dataclass
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SRC = os.path.join(HERE, "..", "src")
+ROOT = os.path.dirname(HERE)
+SRC = os.path.join(ROOT, "src")
 
 
 @dataclass(frozen=True)
@@ -208,10 +209,10 @@ CASES: list[Case] = [
     Case("ckpt-no-subcommand", ["ckpt"]),
     Case("unknown-subcommand", ["trian"]),
     # -- netbed ----------------------------------------------------------------------------------
-    Case("netbed-rate-negative", ["--rate-mbit", "-5", "--check"], module="dtrain.testing.netbed"),
-    Case("netbed-delay-nan", ["--delay-ms", "nan", "--check"], module="dtrain.testing.netbed"),
-    Case("netbed-timeout-0", ["--timeout", "0", "--", "true"], module="dtrain.testing.netbed"),
-    Case("netbed-unknown-flag", ["--rate", "5"], module="dtrain.testing.netbed"),
+    Case("netbed-rate-negative", ["--rate-mbit", "-5", "--check"], module="tests.support.netbed"),
+    Case("netbed-delay-nan", ["--delay-ms", "nan", "--check"], module="tests.support.netbed"),
+    Case("netbed-timeout-0", ["--timeout", "0", "--", "true"], module="tests.support.netbed"),
+    Case("netbed-unknown-flag", ["--rate", "5"], module="tests.support.netbed"),
     # -- the public API --------------------------------------------------------------------------
     Case("api-init-precision-int", py="dtrain.init(precision=16)"),
     Case("api-init-precision-unknown", py="dtrain.init(precision='fp4')"),
@@ -641,7 +642,7 @@ def run_case(case: Case, timeout: float) -> Result:
     try:
         make_fixtures(folder)
         env = {k: v for k, v in os.environ.items() if not k.startswith(("DTRAIN_", "RANK", "WORLD_SIZE", "LOCAL_", "MASTER_", "SLURM_"))}
-        env["PYTHONPATH"] = os.pathsep.join([os.path.abspath(SRC), folder])
+        env["PYTHONPATH"] = os.pathsep.join([os.path.abspath(SRC), folder, ROOT])  # ROOT: a module case's tests.support
         env.setdefault("OMP_NUM_THREADS", "1")
         t0 = time.monotonic()
         proc = subprocess.Popen(command(case), cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

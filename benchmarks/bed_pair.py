@@ -10,6 +10,7 @@ import sys
 from collections.abc import Callable
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src"))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests.support: the harness that only tests and benchmarks use
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
@@ -38,7 +39,7 @@ def on_bed(command: Callable[[int, str], list[str]], rate: float, timeout: float
            delay_ms: float | None = None) -> dict:
     """``command(rank, master address)`` on each of ``hosts`` bed hosts at ``rate`` Mbit/s (and
     ``delay_ms`` on what each sends); rank 0's result."""
-    from dtrain.testing.netbed import NetBed
+    from tests.support.netbed import NetBed
 
     with NetBed(hosts=hosts, rate_mbit=rate, delay_ms=delay_ms or None) as bed:
         res = bed.run_nodes(command, timeout=timeout, env=ENV)
@@ -51,7 +52,7 @@ def run_pair(script: str, args: argparse.Namespace, flags: list[str], what: str,
     import subprocess
     import time
 
-    from dtrain.testing.netbed import NetBed
+    from tests.support.netbed import NetBed
 
     cmd = [sys.executable, os.path.abspath(script), "--worker", "--port", str(args.port), "--bytes", str(args.bytes), *flags]
     with NetBed(hosts=2, rate_mbit=args.rate, delay_ms=args.delay_ms or None) as bed:

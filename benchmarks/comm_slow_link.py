@@ -1,5 +1,5 @@
 """--comm over a slow link: MNIST, 1 epoch, 2 hosts x 1 process on the network test bed
-(`dtrain.testing.netbed`), each mode with the link shaped to RATE Mbit/s and unshaped.
+(`tests.support.netbed`), each mode with the link shaped to RATE Mbit/s and unshaped.
 
 For each mode: samples/s (training loop, as `dtrain train` reports it, warm-up included),
 shaped/unshaped ratio, test accuracy, and auto's choice. Goal (issue 4): auto over the shaped
@@ -27,8 +27,9 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 SRC = os.path.join(os.path.dirname(HERE), "src")
 sys.path.insert(0, SRC)
+sys.path.insert(0, os.path.dirname(HERE))  # tests.support: the harness that only tests and benchmarks use
 
-from dtrain.testing.netbed import NetBed  # noqa: E402
+from tests.support.netbed import NetBed  # noqa: E402
 
 MODES = ("none", "auto", "fp16", "bf16", "powersgd:2", "localsgd:16")
 

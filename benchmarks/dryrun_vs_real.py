@@ -57,7 +57,7 @@ def main() -> None:
     p.add_argument("--big", type=int, default=512, help="world size of the timing run (0: none)")
     p.add_argument("--out", default=None, help="markdown file to write the table to")
     a = p.parse_args()
-    from dtrain.testing import run_distributed
+    from dtrain.launch.local import run_distributed
 
     rows = []
     extra = [f"--task-arg={t}" for t in a.task_arg]

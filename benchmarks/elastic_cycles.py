@@ -1,5 +1,5 @@
 """Node loss, rejoin and a planned leave under `dtrain train --nnodes 1:3`, on the network test bed
-(`dtrain.testing.netbed`: each node a network namespace host behind a bridge; needs root and
+(`tests.support.netbed`: each node a network namespace host behind a bridge; needs root and
 `ip netns`). Per job (one cycle):
 
 1. hosts 0 and 1 start (world size 2); host 0 hosts the rendezvous and stays up;
@@ -33,10 +33,11 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "src"))
+sys.path.insert(0, ROOT)  # tests.support: the harness that only tests and benchmarks use
 
 from dtrain.data.ledger import check_ledger  # noqa: E402
-from dtrain.testing.elastic import BedJob  # noqa: E402
-from dtrain.testing.netbed import NetBed, unavailable_reason  # noqa: E402
+from tests.support.elastic import BedJob  # noqa: E402
+from tests.support.netbed import NetBed, unavailable_reason  # noqa: E402
 
 SAVE_EVERY = 5
 

@@ -39,7 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from horovod_suite import SRC, write_shim  # noqa: E402
 
 sys.path.insert(0, str(SRC))
-from dtrain.testing.procs import LaunchedJob  # noqa: E402
+sys.path.insert(0, str(SRC.parent))  # tests.support: the harness that only tests and benchmarks use
+from tests.support.procs import LaunchedJob  # noqa: E402
 
 EXAMPLES = {
     # name: (file, arguments, a stdout line that says training is under way, how many of them)

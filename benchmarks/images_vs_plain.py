@@ -3,7 +3,7 @@ torchvision, no dtrain): same model, batch, transforms, DataLoader workers and s
 alternating which side goes first; and (--sweep) dtrain's data-wait share and images/s on the
 folder source at its default worker count and at each given --num-workers.
 
-The folder is MNIST digits written as RGB JPEGs of --file-size pixels (dtrain.testing.images),
+The folder is MNIST digits written as RGB JPEGs of --file-size pixels (tests.support.images),
 cropped to --size: real decoding and augmentation, nothing downloaded.
 
     python benchmarks/images_vs_plain.py --rounds 3 --size 64 --max-steps 30
@@ -46,7 +46,8 @@ def run(cmd: list[str]) -> dict:
 
 def folder(a: argparse.Namespace) -> Path:
     sys.path.insert(0, str(HERE.parent / "src"))
-    from dtrain.testing.images import write_digit_folder
+    sys.path.insert(0, str(HERE.parent))  # tests.support: the harness that only tests and benchmarks use
+    from tests.support.images import write_digit_folder
 
     root = Path(a.work) / f"digits-{a.file_size}px-{a.per_class}"
     if not (root / "train").exists():

@@ -1,7 +1,7 @@
 """The input path at dtrain's defaults (issue 28, item 4): the data wait on a JPEG folder with the
 default DataLoader workers against none, `dtrain train --task images` on one process.
 
-The folder is the test suite's (``dtrain.testing.images.write_digit_folder``: digits as JPEGs,
+The folder is the test suite's (``tests.support.images.write_digit_folder``: digits as JPEGs,
 decoded and augmented per sample). Rounds alternate the order of the two sides; the table gives
 the medians of samples/s (steady state) and of the data wait (per step, and its share of the
 training time).
@@ -43,7 +43,8 @@ def main() -> None:
     p.add_argument("--out", default=None)
     args = p.parse_args()
     sys.path.insert(0, SRC)
-    from dtrain.testing.images import write_digit_folder
+    sys.path.insert(0, os.path.dirname(HERE))  # tests.support: the harness that only tests and benchmarks use
+    from tests.support.images import write_digit_folder
 
     folder = str(write_digit_folder(tempfile.mkdtemp(prefix="dtrain-jpeg-"), size=32, train_per_class=40))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (SRC, os.environ.get("PYTHONPATH"))))}

@@ -22,8 +22,9 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "src"))
+sys.path.insert(0, ROOT)  # tests.support: the harness that only tests and benchmarks use
 
-from dtrain.testing.procs import LaunchedJob  # noqa: E402
+from tests.support.procs import LaunchedJob  # noqa: E402
 
 SCRIPT = os.path.join(ROOT, "tests", "scripts", "allreduce_forever.py")
 

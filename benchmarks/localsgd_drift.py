@@ -72,7 +72,8 @@ def main() -> None:
     p.add_argument("--out", default=None)
     args = p.parse_args()
     sys.path.insert(0, os.path.join(os.path.dirname(HERE), "src"))
-    from dtrain.testing.netbed import NetBed
+    sys.path.insert(0, os.path.dirname(HERE))  # tests.support: the harness that only tests and benchmarks use
+    from tests.support.netbed import NetBed
 
     comms = args.comms.split(",")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.join(os.path.dirname(HERE), "src"), HERE])}

@@ -5,7 +5,7 @@ drawn uniformly over the whole life of the job (a calibration run measures it; a
 step the moment is taken as the step reached at that share of the training, so that a loaded
 machine's slower start does not push every kill into the start-up); in a third of the
 trials host 1 then starts again, and in half of those it is killed again while it rejoins.
-Per trial (`dtrain.testing.nodeloss.trial`): host 0's exit, the ledger's exactly-once verdict,
+Per trial (`tests.support.nodeloss.trial`): host 0's exit, the ledger's exactly-once verdict,
 seconds from the (last) kill to the survivors' next committed step.
 
     flock /tmp/dtrain-bench.lock python3 benchmarks/node_loss_random.py --trials 20 --json benchmarks/results/x.jsonl
@@ -25,10 +25,11 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "src"))
+sys.path.insert(0, ROOT)  # tests.support: the harness that only tests and benchmarks use
 
-from dtrain.testing.elastic import BedJob  # noqa: E402
-from dtrain.testing.netbed import NetBed, unavailable_reason  # noqa: E402
-from dtrain.testing.nodeloss import command, trial  # noqa: E402
+from tests.support.elastic import BedJob  # noqa: E402
+from tests.support.netbed import NetBed, unavailable_reason  # noqa: E402
+from tests.support.nodeloss import command, trial  # noqa: E402
 
 
 def _env() -> dict[str, str]:

@@ -18,9 +18,9 @@ import argparse
 import sys
 import time
 
-from tests.test_parallel import TOL, TOL_BF16, _assert_close, train
+from tests.multiprocess.parallel.test_parallel import TOL, TOL_BF16, _assert_close, train
 
-from dtrain.testing import run_distributed
+from dtrain.launch.local import run_distributed
 
 # Inductor fuses and reorders float operations: tests/multiprocess/tasks/test_lm.py allows 1e-4 after 4 steps.
 TOL_COMPILE = 1e-4

@@ -60,7 +60,7 @@ def _named(name: str, options: dict, task_args: dict, comm: str | None) -> tuple
 def run_case(kind: str, name: str, n: int, opts: dict) -> dict:
     from tests.multiprocess.parallel.test_parallel import TOL, TOL_BF16, _assert_close, train
 
-    from dtrain.testing import run_distributed
+    from dtrain.launch.local import run_distributed
 
     task_args = {k: v for k, v in opts.items() if k == "tie"}
     start = time.perf_counter()

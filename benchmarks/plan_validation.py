@@ -1,4 +1,4 @@
-"""`dtrain plan` against real `dtrain train` runs on the network test bed (dtrain.testing.netbed).
+"""`dtrain plan` against real `dtrain train` runs on the network test bed (tests.support.netbed).
 
 Per group (task x hosts x link), on one bed:
 
@@ -44,10 +44,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SRC = os.path.join(os.path.dirname(HERE), "src")
 sys.path.insert(0, SRC)
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))  # tests.support: the harness that only tests and benchmarks use
 
 from plan_validation_table import pick_tally, print_table  # noqa: E402
 
-from dtrain.testing.netbed import NetBed  # noqa: E402
+from tests.support.netbed import NetBed  # noqa: E402
 
 LM = ["layers=2", "width=64", "heads=2", "context=64", "max_bytes=200000", "tie=false"]
 MLP = ["hidden=512", "samples=8192"]

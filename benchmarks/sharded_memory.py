@@ -21,7 +21,7 @@ import time
 import torch
 
 import dtrain
-from dtrain.testing import run_distributed
+from dtrain.launch.local import run_distributed
 
 
 def one_method(strategy: str, width: int, layers: int, batch: int, warmup: int, steps: int) -> dict:

@@ -27,8 +27,9 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parent.parent / "src"
 sys.path.insert(0, str(SRC))
+sys.path.insert(0, str(SRC.parent))  # tests.support: the harness that only tests and benchmarks use
 
-from dtrain.testing.slurm import PrivateSlurm  # noqa: E402
+from tests.support.slurm import PrivateSlurm  # noqa: E402
 
 DTRAIN = [sys.executable, "-m", "dtrain"]
 JOB = ["train", "--max-steps", "3", "--log-every", "1"]

@@ -56,7 +56,8 @@ def run_local(args: argparse.Namespace, inject: str | None) -> dict:
 
 
 def run_bed(args: argparse.Namespace, slow: int | None) -> dict:
-    from dtrain.testing import netbed
+    sys.path.insert(0, ROOT)  # tests.support: the harness that only tests and benchmarks use
+    from tests.support import netbed
 
     links = {slow: netbed.Link(rate_mbit=args.rate_mbit)} if slow is not None else {}
     with netbed.NetBed(hosts=args.ranks, links=links) as bed:

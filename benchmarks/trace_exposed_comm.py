@@ -54,7 +54,8 @@ def main() -> None:
     args = p.parse_args()
     start, end = (int(v) for v in args.trace.split(":"))
     sys.path.insert(0, os.path.join(ROOT, "src"))
-    from dtrain.testing import netbed
+    sys.path.insert(0, ROOT)  # tests.support: the harness that only tests and benchmarks use
+    from tests.support import netbed
 
     env = {**os.environ, "PYTHONPATH": os.path.join(ROOT, "src")}
     with tempfile.TemporaryDirectory(prefix="dtrain-trace-bench-") as tmp:

@@ -62,7 +62,7 @@ def pytest_collection_modifyitems(config, items):
 def slurm_cluster(tmp_path_factory):
     """A private SLURM cluster (slurmctld + two slurmd emulating nodes n1, n2) for this test
     session; skipped with the reason where slurm-wlm/munge are missing or will not start."""
-    from dtrain.testing.slurm import PrivateSlurm, SlurmUnavailable
+    from tests.support.slurm import PrivateSlurm, SlurmUnavailable
 
     try:
         cluster = PrivateSlurm.start(tmp_path_factory.mktemp("slurm"))

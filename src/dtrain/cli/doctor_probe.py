@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 from ..diag.probe import bus_bandwidth, time_all_reduce, time_collectives
 from ..launch import preflight
-from ..testing import run_distributed
+from ..launch.local import run_distributed
 from ..world import destroy_process_group, netif
 from .doctor_checks import Check, DoctorConfig
 
@@ -152,7 +152,7 @@ def local_probe_size(gpus: int) -> tuple[int, str | None, str]:
 
 def _cause(exc: BaseException) -> str:
     """One line that says why: a failed rank's own exception where the harness has it."""
-    from ..testing import DistributedTestError
+    from ..launch.local import DistributedTestError
 
     if isinstance(exc, DistributedTestError):
         return exc.first_cause()[:300]

@@ -35,7 +35,7 @@ def measure(task_spec: tuple[str, str | None, dict[str, str]], layout: str, *, p
     """(processes, seconds of one step's schedule): the mean over a window of steps, averaged over
     the ranks; None where `dtrain train` would refuse the layout with these settings (a batch the
     micro-batches do not divide, a model it cannot cut), as the plan's own check says."""
-    from ..testing import run_distributed
+    from ..launch.local import run_distributed
 
     spec = {"task": task_spec, "layout": layout, "batch": batch, "precision": precision, "optimizer": optimizer,
             "microbatches": microbatches, "schedule": schedule, "ac": activation_checkpointing, "threads": threads,

@@ -270,7 +270,7 @@ def measure_local(ranks: int = 2, reps: int = 3) -> Links:
     import os
 
     from ..diag.probe import LINK_SIZES
-    from ..testing import run_distributed
+    from ..launch.local import run_distributed
 
     seconds = run_distributed(measure_body, LINK_SIZES, reps, world_size=ranks, timeout=300)[0]
     return from_measurement(seconds, ranks=ranks, between="processes", backend="gloo", load=os.getloadavg()[0])

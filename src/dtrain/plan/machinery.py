@@ -199,7 +199,7 @@ def measure(task_spec: tuple[str, str | None, dict[str, str]], *, batch: int, pr
     step again in a fresh world of two local ranks (``Machinery.steps2``; half of ``budget_s``),
     and with ``drift_steps`` there stretches of that many plain steps without a meeting
     (``Machinery.drift``; a quarter of ``budget_s`` more)."""
-    from ..testing import run_distributed
+    from ..launch.local import run_distributed
 
     spec = {"task": task_spec, "batch": batch, "precision": precision, "optimizer": optimizer, "kinds": kinds,
             "microbatches": microbatches, "schedule": schedule, "threads": threads, "budget_s": budget_s}

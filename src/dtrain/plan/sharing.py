@@ -17,7 +17,7 @@ def corun(task_spec: tuple[str, str | None, dict[str, str]], *, processes: int, 
     plain step in ``processes`` fresh processes, first on rank 0 while the others wait, then on
     all together, at one moment, so the ratio is what sharing the cores costs (time slices,
     caches, context switches) with the load of that moment in both."""
-    from ..testing import run_distributed
+    from ..launch.local import run_distributed
 
     spec = {"task": task_spec, "batch": batch, "precision": precision, "optimizer": optimizer, "kinds": [],
             "microbatches": 1, "schedule": "1f1b", "threads": threads, "budget_s": budget_s}

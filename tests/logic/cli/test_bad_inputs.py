@@ -26,7 +26,7 @@ _spec.loader.exec_module(bad_inputs)
 _ELSEWHERE = {c.id for c in bad_inputs.CASES if c.owner}
 _CLI = [c for c in bad_inputs.CASES if c.argv is not None and c.module == "dtrain" and c.fast and c.id not in _ELSEWHERE]
 _API = [c for c in bad_inputs.CASES if c.py is not None and c.id not in _ELSEWHERE]
-_NETBED = [c for c in bad_inputs.CASES if c.module == "dtrain.testing.netbed"]
+_NETBED = [c for c in bad_inputs.CASES if c.module == "tests.support.netbed"]
 
 
 @pytest.fixture
@@ -77,7 +77,7 @@ def test_cli_bad_input_is_one_line_exit_2(case, fixtures, capsys):
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("case", _NETBED, ids=[c.id for c in _NETBED])
 def test_netbed_bad_input_is_one_line_exit_2(case, fixtures, capsys):
-    from dtrain.testing.netbed import main
+    from tests.support.netbed import main
 
     with pytest.raises(SystemExit) as info:
         main(list(case.argv))

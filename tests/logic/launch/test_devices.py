@@ -11,9 +11,9 @@ from dtrain.bench.methods import METHODS
 from dtrain.cli import doctor_probe as doctor
 from dtrain.errors import ConfigError
 from dtrain.launch import preflight
+from dtrain.launch.local import DistributedTestError, exception_line
 from dtrain.launch.preflight import check_ranks_fit
 from dtrain.options import TestHooks
-from dtrain.testing import DistributedTestError, exception_line
 
 
 @pytest.fixture

@@ -93,8 +93,8 @@ SRC = ROOT / "src" / "dtrain"
 LAYERS = {
     # 0: the command and its entry point
     "cli": 0, "__main__": 0,
-    # 1: the faces: the ready job, tasks, bench, launcher, legacy APIs, the test harness, the public package root
-    "train": 1, "tasks": 1, "bench": 1, "plan": 1, "launch": 1, "compat": 1, "testing": 1, "dtrain": 1,
+    # 1: the faces: the ready job, tasks, bench, launcher, legacy APIs, the planner and its dry run, the package root
+    "train": 1, "tasks": 1, "bench": 1, "plan": 1, "dryrun": 1, "launch": 1, "compat": 1, "dtrain": 1,
     # 2: what a training script holds (the context and its parts: step, evaluation, start-up, preemption)
     "context": 2,
     # 3: the mechanisms
@@ -214,3 +214,32 @@ def test_the_package_root_holds_only_the_public_face():
     assert loose == ["__init__", "__main__", "_check", "_log", "_version", "errors", "options", "precision"], loose
     assert set(LAYERS) == {p.name for p in SRC.iterdir() if p.is_dir() and (p / "__init__.py").exists()} | {
         *loose, "dtrain"} - {"__init__"}
+
+
+def _all_imports(path: pathlib.Path) -> set[str]:
+    """Every module name ``path`` imports, absolute as written (relative imports made absolute from dtrain's)."""
+    parts = ("dtrain", *path.relative_to(SRC).with_suffix("").parts)
+    package = parts if path.name == "__init__.py" else parts[:-1]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = [*package[: len(package) - node.level + 1]] if node.level else []
+            module = ".".join([*base, node.module] if node.module else base)
+            found.add(module)
+            found.update(f"{module}.{a.name}" for a in node.names)
+    return found
+
+
+def test_the_package_never_imports_the_test_harness():
+    """What only tests and benchmarks use lives in tests/support/ (STYLE.md: the package is the product; the lab
+    stays with the tests): no module of dtrain imports ``tests`` (or the old ``dtrain.testing``), and the wheel,
+    built from src/ only, holds no harness."""
+    assert not (SRC / "testing").exists()
+    bad = sorted(f"{path.relative_to(SRC)} imports {name}" for path in SRC.rglob("*.py") for name in _all_imports(path)
+                 if name == "tests" or name.startswith(("tests.", "dtrain.testing")))
+    assert bad == []
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert '[tool.setuptools.packages.find]\nwhere = ["src"]' in pyproject  # tests/ never goes into the wheel
+    assert (ROOT / "tests" / "support" / "__init__.py").exists()

@@ -23,7 +23,7 @@ SIZE = "32"  # pixels: tiny, so resnet18 runs a step in well under a second on a
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory) -> Path:
     """10 classes x (20 train + 5 val) JPEGs of 32 x 32 pixels."""
-    from dtrain.testing.images import write_digit_folder
+    from tests.support.images import write_digit_folder
 
     return write_digit_folder(tmp_path_factory.mktemp("digits-jpeg"), size=32, mnist_dir=MNIST_DIR)
 

@@ -16,12 +16,12 @@ import pytest
 import dtrain
 from dtrain import CheckpointError
 from dtrain.checkpoint import list_checkpoints
-from dtrain.testing import run_cli
 from tests.logic.checkpoint.test_ckpt_hardening import (
     _cli,
     craft_metadata_attack,
 )
 from tests.paths import ROOT
+from tests.support import run_cli
 
 
 @pytest.mark.slow

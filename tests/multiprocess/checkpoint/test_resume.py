@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import dtrain
-from dtrain.testing import run_cli
 from tests.paths import ROOT
+from tests.support import run_cli
 
 TASK = "tests.user_task:make_dropout"  # 256 samples, batch 16, 2 epochs: 16 steps on 2 processes
 

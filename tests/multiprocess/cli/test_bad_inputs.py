@@ -12,9 +12,9 @@ import torch
 from torch import nn
 
 import dtrain
-from dtrain.testing import run_cli
 from tests.logic.cli import test_bad_inputs as logic_half
 from tests.logic.cli.test_bad_inputs import _API, _one_line, bad_inputs
+from tests.support import run_cli
 
 # The logic half's fixtures, shared: pytest finds a fixture by its name in the module.
 _restore_dtrain_logger, fixtures = logic_half._restore_dtrain_logger, logic_half.fixtures

@@ -9,8 +9,8 @@ import socket
 
 import pytest
 
-from dtrain.testing import run_cli
 from tests.paths import ROOT, TESTS
+from tests.support import run_cli
 
 SCRIPT = str(TESTS / "scripts" / "allreduce.py")
 

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from dtrain.testing import run_cli
+from tests.support import run_cli
 
 pytestmark = pytest.mark.smoke
 

@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import dtrain
 from dtrain.comm import CommSpec
-from dtrain.testing import run_cli, run_distributed
+from tests.support import run_cli, run_distributed
 
 # -- tier 2: 2 ranks on gloo ------------------------------------------------------------------
 MODES = ("none", "fp16", "bf16", "powersgd:2", "localsgd:4")

@@ -7,8 +7,8 @@ import torch
 from torch.utils.data import DataLoader
 
 import dtrain
-from dtrain.testing import run_distributed
 from tests.multiprocess.strategies.test_ddp import _data, _model  # the same small regression problem
+from tests.support import run_distributed
 
 STEPS = 6
 
@@ -152,8 +152,8 @@ def test_dp_strategy_rejects_several_processes():
 import json  # noqa: E402
 import re  # noqa: E402
 
-from dtrain.testing import run_cli  # noqa: E402
 from tests.paths import ROOT  # noqa: E402
+from tests.support import run_cli  # noqa: E402
 
 EXAMPLES = ROOT / "examples"
 

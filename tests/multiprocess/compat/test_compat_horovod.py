@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dtrain.testing import run_distributed
+from tests.support import run_distributed
 
 
 def async_grouped_and_barrier() -> dict:

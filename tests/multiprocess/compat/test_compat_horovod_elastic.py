@@ -10,8 +10,8 @@ from collections import Counter
 import pytest
 import torch
 
-from dtrain.testing import run_cli
 from tests.paths import TESTS
+from tests.support import run_cli
 
 SCRIPT = TESTS / "scripts" / "hvd_elastic.py"
 

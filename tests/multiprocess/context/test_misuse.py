@@ -9,7 +9,7 @@ import os
 import torch
 
 import dtrain
-from dtrain.testing import run_distributed
+from tests.support import run_distributed
 
 
 def calls_after_close() -> list[str]:

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from dtrain.data.ledger import check_ledger, render
-from dtrain.testing import run_cli
 from tests.paths import ROOT
+from tests.support import run_cli
 
 TASK = "tests.user_task:make_dropout"  # 256 samples, batch 16, 2 epochs: 8 steps an epoch on 2 processes
 

@@ -15,8 +15,8 @@ import torch
 
 import dtrain
 from dtrain.diag.watchdog import STALL_EXIT
-from dtrain.testing import DistributedTestError, run_cli, run_distributed
 from tests.paths import TESTS
+from tests.support import DistributedTestError, run_cli, run_distributed
 
 STALL = TESTS / "scripts" / "stall.py"
 ALLREDUCE = TESTS / "scripts" / "allreduce.py"

@@ -14,7 +14,7 @@ from dtrain.bench.methods import METHODS
 from dtrain.bench.runner import _last_error
 from dtrain.cli import doctor_checks as doctor
 from dtrain.cli import doctor_probe
-from dtrain.testing import run_cli
+from tests.support import run_cli
 
 
 @pytest.mark.parametrize("argv", [

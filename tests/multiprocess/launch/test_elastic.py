@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from dtrain.data.ledger import check_ledger, render
-from dtrain.testing import netbed
-from dtrain.testing.elastic import BedJob
 from tests.paths import ROOT
+from tests.support import netbed
+from tests.support.elastic import BedJob
 
 _REASON = netbed.unavailable_reason()
 needs_bed = pytest.mark.skipif(_REASON is not None, reason=f"network test bed unavailable: {_REASON}")

@@ -42,7 +42,7 @@ def test_a_workdir_with_spaces_and_shell_syntax_reaches_a_real_sbatch(slurm_clus
     import sys
     import time
 
-    from dtrain.testing import run_cli
+    from tests.support import run_cli
 
     workdir = tmp_path / "my runs $(touch INJECTED) 'q' #1"
     workdir.mkdir()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from dtrain.testing import run_cli
+from tests.support import run_cli
 
 OLD_STYLE = """import argparse, os
 p = argparse.ArgumentParser()

@@ -14,9 +14,9 @@ import psutil
 import pytest
 
 from dtrain.launch.supervise import Supervisor
-from dtrain.testing import run_cli
-from dtrain.testing.procs import LaunchedJob
 from tests.paths import TESTS
+from tests.support import run_cli
+from tests.support.procs import LaunchedJob
 
 SCRIPTS = os.path.join(str(TESTS), "scripts")
 FOREVER = os.path.join(SCRIPTS, "allreduce_forever.py")

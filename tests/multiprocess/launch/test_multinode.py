@@ -18,8 +18,8 @@ import time
 
 import pytest
 
-from dtrain.testing import netbed, nodeloss
 from tests.paths import ROOT
+from tests.support import netbed, nodeloss
 
 
 def _env() -> dict[str, str]:

@@ -11,8 +11,8 @@ import time
 import pytest
 
 from dtrain.launch.reaper import stopped_with_sigterm_pending
-from dtrain.testing import run_cli
 from tests.paths import TESTS
+from tests.support import run_cli
 
 FREEZE = TESTS / "scripts" / "freeze.py"
 

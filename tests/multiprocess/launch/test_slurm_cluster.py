@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from dtrain.testing import run_cli
 from tests.paths import TESTS
+from tests.support import run_cli
 
 PROBE = str(TESTS / "scripts" / "world_probe.py")
 DTRAIN = f"{sys.executable} -m dtrain"

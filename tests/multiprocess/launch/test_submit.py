@@ -9,9 +9,9 @@ import pytest
 
 from dtrain import ConfigError
 from dtrain.launch import jobspec, k8s, sbatch
-from dtrain.testing import run_cli
 from tests.logic.launch import test_submit as logic_half
 from tests.logic.launch.test_submit import JOB_TOML, SCHEMA
+from tests.support import run_cli
 
 # The logic half's fixtures, shared: pytest finds a fixture by its name in the module.
 job_file = logic_half.job_file

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from dtrain.testing import run_cli
+from tests.support import run_cli
 
 pytestmark = pytest.mark.smoke  # also run on the oldest torch claimed (.ci/run)
 

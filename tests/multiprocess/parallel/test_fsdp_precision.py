@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader
 import dtrain
 from dtrain.precision import Precision
 from dtrain.tasks import load_task
-from dtrain.testing import run_distributed
+from tests.support import run_distributed
 
 LM = ("lm", {"layers": "2", "heads": "4", "width": "32", "context": "16", "max_bytes": "40000"})
 IMAGES = ("images", {"model": "resnet18", "source": "synthetic", "size": "16", "classes": "10", "samples": "32"})

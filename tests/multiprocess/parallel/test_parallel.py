@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader, Subset
 
 import dtrain
 from dtrain.tasks import load_task
-from dtrain.testing import run_cli, run_distributed
+from tests.support import run_cli, run_distributed
 
 TINY = {"layers": "2", "heads": "4", "width": "32", "context": "16", "max_bytes": "40000"}
 STEPS = 4

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from dtrain.testing import run_cli
+from tests.support import run_cli
 
 
 @pytest.mark.slow

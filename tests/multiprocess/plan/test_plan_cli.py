@@ -7,7 +7,7 @@ import json
 import pytest
 
 from dtrain.parallel.dims import parse
-from dtrain.testing import run_cli
+from tests.support import run_cli
 
 
 def test_plan_digits_json_has_the_issue_shape_and_a_best_train_accepts():

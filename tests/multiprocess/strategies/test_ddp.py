@@ -1,4 +1,4 @@
-"""Tier 2: 2 ranks on gloo, started by dtrain.testing.run_distributed; each with a timeout."""
+"""Tier 2: 2 ranks on gloo, started by dtrain.launch.local.run_distributed; each with a timeout."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import dtrain
-from dtrain.testing import run_distributed
+from tests.support import run_distributed
 
 STEPS = 5
 

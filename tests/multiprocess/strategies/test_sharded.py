@@ -14,8 +14,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import dtrain
 from dtrain.cli import main as cli_main
-from dtrain.testing import run_distributed
 from tests.logic.strategies.test_sharded import _model
+from tests.support import run_distributed
 
 STEPS = 6
 # Tolerance of the parity tests, in fp32. The sharded runs compute the same mathematics as one
@@ -210,7 +210,7 @@ def test_hsdp_two_replicas_match_one_process(reference):
 
 @pytest.mark.timeout(150)
 def test_train_cli_pipeline_reports_memory_and_evaluates(tmp_path):
-    from dtrain.testing import run_cli
+    from tests.support import run_cli
 
     out = run_cli(["train", "--task", "digits", "--strategy", "pipeline", "--pipeline-schedule", "gpipe", "-n", "2",
                    "--max-steps", "4", "--log-every", "2"], cwd=str(tmp_path), timeout=140)
@@ -244,7 +244,7 @@ def test_fsdp_evaluation_with_uneven_batches_does_not_hang():
 @pytest.mark.timeout(240)
 def test_fsdp_resume_is_exact(tmp_path):
     """8 steps straight, and 4 steps + resume + 4 steps, end in identical checkpoints."""
-    from dtrain.testing import run_cli
+    from tests.support import run_cli
 
     common = ["train", "--task", "digits", "--strategy", "fsdp", "--fsdp-wrap", "Linear", "-n", "2", "--log-every", "4"]
     for args in (["--max-steps", "8", "--checkpoint-dir", "a"], ["--max-steps", "4", "--checkpoint-dir", "b"],

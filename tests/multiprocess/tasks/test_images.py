@@ -8,10 +8,10 @@ import json
 
 import pytest
 
-from dtrain.testing import run_cli
 from tests.logic.tasks import test_images as logic_half
 from tests.logic.tasks.test_images import SIZE
 from tests.paths import ROOT
+from tests.support import run_cli
 
 # The logic half's fixtures, shared: pytest finds a fixture by its name in the module.
 broken, folder = logic_half.broken, logic_half.folder

@@ -11,9 +11,9 @@ import math
 
 import pytest
 
-from dtrain.testing import run_cli, run_distributed
 from tests.logic.tasks import test_lm as logic_half
 from tests.logic.tasks.test_lm import TINY, _assert_close, train
+from tests.support import run_cli, run_distributed
 
 # The logic half's fixtures, shared: pytest finds a fixture by its name in the module.
 reference = logic_half.reference

@@ -9,8 +9,8 @@ import pytest
 
 import dtrain
 from dtrain.metrics.breakdown import PHASES
-from dtrain.testing import run_cli
 from tests.paths import ROOT
+from tests.support import run_cli
 
 
 def _probe_body(nbytes):
@@ -26,7 +26,7 @@ def _probe_body(nbytes):
 
 
 def test_link_probe_times_every_ordered_pair_and_agrees_on_every_rank():
-    from dtrain.testing import run_distributed
+    from tests.support import run_distributed
 
     got = run_distributed(_probe_body, 65536, world_size=3, timeout=120)
     ms = got[0]
@@ -153,7 +153,7 @@ def test_bad_observe_flags_are_one_line(argv, expected):
 
 
 def _bed_reason():
-    from dtrain.testing import netbed
+    from tests.support import netbed
 
     return netbed.unavailable_reason()
 
@@ -167,7 +167,7 @@ def test_three_hosts_name_the_host_whose_link_is_slow_with_cause_network(tmp_pat
     import os
     import sys
 
-    from dtrain.testing import netbed
+    from tests.support import netbed
 
     src = os.path.join(str(ROOT), "src")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH")) if p)}

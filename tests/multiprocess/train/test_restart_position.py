@@ -20,8 +20,8 @@ import pytest
 import torch
 
 from dtrain.tasks import Task, load_task
-from dtrain.testing import run_cli
 from tests.paths import ROOT
+from tests.support import run_cli
 
 pytestmark = pytest.mark.slow
 

@@ -7,8 +7,8 @@ import signal
 
 import dtrain
 from dtrain import preempt
-from dtrain.testing import run_distributed
 from tests.logic.world import test_slurm_env as logic_half
+from tests.support import run_distributed
 
 # The logic half's fixtures, shared: pytest finds a fixture by its name in the module.
 no_scontrol = logic_half.no_scontrol

@@ -1,4 +1,5 @@
-"""A harness for multi-process tests (used by dtrain's own tests; users may use it too).
+"""Run a function on N local processes: what `dtrain plan`'s profiles, `dtrain doctor`'s probe and
+the multi-process tests run on.
 
     def body(scale):                      # module-level, so spawned processes can import it
         ctx = dtrain.init("ddp")
@@ -19,17 +20,15 @@ import faulthandler
 import io
 import os
 import queue
-import subprocess
-import sys
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.multiprocessing as mp
 
-from ..launch.store import host_store
+from .store import host_store
 
 
 class DistributedTestError(AssertionError):
@@ -131,16 +130,4 @@ def run_distributed(
     return [torch.load(io.BytesIO(outcome[r][1]), weights_only=False) for r in range(world_size)]
 
 
-def run_cli(args: Sequence[str], *, timeout: float = 300.0, cwd: str | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """Run ``python -m dtrain ARGS`` and capture its output; a hang fails after ``timeout`` s."""
-    # The child imports the same dtrain as this process (a worktree's src/, not another install).
-    src = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    full_env = {**os.environ, **(env or {})}
-    full_env["PYTHONPATH"] = os.pathsep.join(p for p in (src, full_env.get("PYTHONPATH")) if p)
-    return subprocess.run(
-        [sys.executable, "-m", "dtrain", *args],
-        capture_output=True, text=True, timeout=timeout, cwd=cwd, env=full_env, stdin=subprocess.DEVNULL,
-    )
-
-
-__all__ = ["DistributedTestError", "run_cli", "run_distributed"]
+__all__ = ["DistributedTestError", "exception_line", "run_distributed"]

@@ -21,7 +21,7 @@ host name tells its peers to connect to their own loopback.
 From the shell (``{node_rank}``, ``{master_addr}``, ``{host_addr}`` and ``{hosts}`` in the
 command are filled in per host):
 
-    python -m dtrain.testing.netbed --hosts 3 --rate-mbit 100 --link 2:20 -- dtrain train \\
+    python -m tests.support.netbed --hosts 3 --rate-mbit 100 --link 2:20 -- dtrain train \\
         --task mnist --nnodes {hosts} --node-rank {node_rank} --master-addr {master_addr}
 
 Everything the bed creates is removed again on exit, on an exception, on SIGINT/SIGTERM/SIGHUP,
@@ -187,7 +187,7 @@ class NetBed:
     def threads_per_host(self) -> int:
         """This machine's cores divided among the hosts (at least 1): the OMP_NUM_THREADS each
         host's programs get unless their environment sets it."""
-        from ..data import usable_cores
+        from dtrain.data import usable_cores
 
         return max(1, usable_cores() // self.hosts)
 
@@ -400,7 +400,7 @@ class NetBed:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m dtrain.testing.netbed``: the bed from the shell (``netbed_cli``)."""
+    """``python -m tests.support.netbed``: the bed from the shell (``netbed_cli``)."""
     from .netbed_cli import main as cli
 
     return cli(argv)

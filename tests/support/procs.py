@@ -19,15 +19,17 @@ from collections.abc import Callable, Sequence
 
 import psutil
 
+from . import SRC
+
 
 class LaunchedJob:
     """``python -m dtrain ARGS`` in its own session, its output in files under ``out_dir``;
     ``prefix`` is a command that ends by exec-ing it (e.g. ``unshare ... sh -c 'exec "$@"'``);
-    ``src`` the folder dtrain is imported from (default: this one; another to compare versions)."""
+    ``src`` the folder dtrain is imported from (default: this process's; another to compare versions)."""
 
     def __init__(self, args: Sequence[str], *, out_dir: str, env: dict[str, str] | None = None, cwd: str | None = None,
                  prefix: Sequence[str] = (), src: str | None = None) -> None:
-        src = src or os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        src = src or SRC
         full_env = {**os.environ, **(env or {})}
         full_env["PYTHONPATH"] = os.pathsep.join(p for p in (src, full_env.get("PYTHONPATH")) if p)
         self.stdout_path = os.path.join(out_dir, "stdout.txt")

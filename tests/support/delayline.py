@@ -8,7 +8,7 @@ namespace, owns both ends, and copies frames between them: what host ``i`` sends
 bridge sends to host ``i`` (read from ``h<i>``, after its ``tbf``) goes on at once. So host A to
 host B takes A's delay one way, as the bed's netem delay does.
 
-    ip netns exec BRIDGE_NS python -m dtrain.testing.delayline --delays 10,0
+    ip netns exec BRIDGE_NS python -m tests.support.delayline --delays 10,0
 
 prints ``ready`` once the devices exist; then each line ``HOST MS`` on its standard input sets
 that host's delay (answered ``ok``), and the end of its input ends it (the bed that started it is
@@ -134,7 +134,7 @@ def set_delay(proc: subprocess.Popen, host: int, ms: float) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dtrain.testing.delayline", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m tests.support.delayline", description=__doc__.split("\n\n")[0])
     p.add_argument("--delays", required=True, help="each host's delay in ms, comma-separated (host 0 first)")
     args = p.parse_args(argv)
     delays = [float(d) / 1e3 for d in args.delays.split(",")]

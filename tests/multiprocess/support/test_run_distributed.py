@@ -1,4 +1,4 @@
-"""dtrain.testing.run_distributed (what `dtrain plan`'s profiles run on) when its ranks die."""
+"""dtrain.launch.local.run_distributed (what `dtrain plan`'s profiles run on) when its ranks die."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from dtrain.testing import DistributedTestError, run_distributed
+from dtrain.launch.local import DistributedTestError, run_distributed
 
 
 def _exit_at_once() -> None:

@@ -22,8 +22,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from ..data.ledger import check_ledger
-from ..errors import ConfigError
+from dtrain.data.ledger import check_ledger
+from dtrain.errors import ConfigError
+
 from .elastic import BedJob, generations
 from .netbed import NetBed
 

@@ -1,4 +1,4 @@
-"""``python -m dtrain.testing.netbed``: a bed of N hosts from the shell, a command run on every
+"""``python -m tests.support.netbed``: a bed of N hosts from the shell, a command run on every
 host with ``{node_rank}``, ``{master_addr}``, ``{host_addr}`` and ``{hosts}`` filled in (see
 ``netbed``'s docstring)."""
 
@@ -28,9 +28,9 @@ def _link_arg(text: str) -> tuple[int, Link]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from .._check import Parser  # one-line usage errors, exit 2, as the dtrain command
+    from dtrain._check import Parser  # one-line usage errors, exit 2, as the dtrain command
 
-    parser = Parser(prog="python -m dtrain.testing.netbed", description=_BED_DOC.split("\n\n")[0],
+    parser = Parser(prog="python -m tests.support.netbed", description=_BED_DOC.split("\n\n")[0],
                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--hosts", type=int, default=2, help="how many hosts (namespaces) on the bridge (default 2)")
     parser.add_argument("--rate-mbit", type=float, default=None, help="every host's link rate in Mbit/s (tbf; default: unshaped)")

@@ -17,12 +17,12 @@ import numpy as np
 
 def _digits(mnist_dir: str | os.PathLike | None, count: int) -> tuple[np.ndarray, np.ndarray]:
     if mnist_dir is not None and (Path(mnist_dir) / "train-images-idx3-ubyte.gz").exists():
-        from ..data import read_idx
+        from dtrain.data import read_idx
 
         images = read_idx(Path(mnist_dir) / "train-images-idx3-ubyte.gz")[:count]
         labels = read_idx(Path(mnist_dir) / "train-labels-idx1-ubyte.gz")[:count]
         return images.astype(np.uint8), labels.astype(np.int64)
-    from ..tasks.digits import load_arrays
+    from dtrain.tasks.digits import load_arrays
 
     pixels, labels = load_arrays()
     images = pixels.reshape(-1, 8, 8)

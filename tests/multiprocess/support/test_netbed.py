@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from dtrain.testing import netbed
 from tests.paths import ROOT
+from tests.support import netbed
 
 SRC = os.path.join(str(ROOT), "src")
 
@@ -48,14 +48,15 @@ def _namespaces() -> str:
 
 
 def _env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (SRC, os.environ.get("PYTHONPATH")) if p)}
+    # The repository's root too: the scripts below import the bed as tests.support.netbed.
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (SRC, str(ROOT), os.environ.get("PYTHONPATH")) if p)}
 
 
 @needs_bed
 @pytest.mark.timeout(60)
 def test_bed_is_removed_when_interrupted():
     script = ("import faulthandler, os, signal, sys, time\n"
-              "from dtrain.testing.netbed import NetBed\n"
+              "from tests.support.netbed import NetBed\n"
               "faulthandler.register(signal.SIGUSR1)\n"  # where it is, should its clean-up stall
               "with NetBed(rate_mbit=10) as bed:\n"
               "    bed.popen(1, ['sh', '-c', 'setsid sleep 60 & sleep 60'])\n"
@@ -81,7 +82,7 @@ def test_bed_is_removed_when_interrupted():
 @pytest.mark.timeout(120)
 def test_stale_bed_of_a_killed_process_is_removed_with_its_processes():
     script = ("import os, time\n"
-              "from dtrain.testing.netbed import NetBed\n"
+              "from tests.support.netbed import NetBed\n"
               "bed = NetBed(hosts=3).__enter__()\n"
               "bed.popen(2, ['sleep', '60'])\n"
               "time.sleep(0.3)\n"
@@ -221,7 +222,7 @@ def test_a_bed_without_a_delay_line_cannot_be_given_a_delay_later_without_netem(
 @pytest.mark.timeout(60)
 def test_the_delay_lines_answer_waits_a_bounded_time():
     # a delay line that stalls before its answer fails its caller, it does not hang it
-    from dtrain.testing.delayline import answer_of
+    from tests.support.delayline import answer_of
 
     silent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], stdout=subprocess.PIPE, text=True)
     try:
