@@ -112,14 +112,6 @@ def _check_init_args(strategy: Any, precision: Any, seed: Any, world: Any, timeo
         check.output_dir("dtrain.init(run_dir=...)", run_dir)
 
 
-def comm_options(strategy: str | Strategy, world: World, comm: str | None, warmup: int | None) -> dict[str, Any]:
-    """The strategy options that carry ``--comm`` (default ``$DTRAIN_COMM``, which ``dtrain run
-    --comm`` sets); the rule itself is ``strategies.comm_options``."""
-    env = current().comm
-    spec = CommSpec.parse(comm if comm is not None else env.method, warmup=warmup if warmup is not None else env.warmup)
-    return strategies.comm_options(strategy, spec, distributed=world.distributed)
-
-
 def _install_excepthook() -> None:
     """An uncaught DtrainError in a user's script ends with its one-line message, not a traceback."""
     if getattr(sys.excepthook, "_dtrain", False):

@@ -13,7 +13,6 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError
-from ..world import World
 
 SCHEDULES = ("gpipe", "1f1b")
 
@@ -83,11 +82,6 @@ def block_bounds(model: nn.Sequential, stages: int, blocks: list[nn.Module]) -> 
     starts = [at[len(at) * s // stages] for s in range(1, stages)]
     edges = [0, *starts, len(children)]
     return list(zip(edges[:-1], edges[1:]))
-
-
-def build_stage(model: nn.Module, world: World, config: PipelineConfig, blocks: list[nn.Module] | None = None) -> nn.Sequential:
-    """This rank's stage of one pipeline over the whole world, on the world's device."""
-    return split_stage(model, world.rank, world.size, config, blocks).to(world.device)
 
 
 def split_stage(model: nn.Module, index: int, count: int, config: PipelineConfig,

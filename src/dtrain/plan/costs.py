@@ -53,19 +53,6 @@ def group_of(size: int, stride: int, procs_per_node: int) -> Group:
     return Group(nodes, per_node, max(1, procs_per_node // per_node) if nodes > 1 else 1)
 
 
-def ring_allreduce(nbytes: float, n: int, bw: float, lat: float) -> float:
-    if n <= 1 or nbytes <= 0:
-        return 0.0
-    return 2 * (n - 1) * lat + 2 * (n - 1) / n * nbytes / bw
-
-
-def ring_gather(nbytes: float, n: int, bw: float, lat: float) -> float:
-    """All-gather (or reduce-scatter) whose full result is ``nbytes``."""
-    if n <= 1 or nbytes <= 0:
-        return 0.0
-    return (n - 1) * lat + (n - 1) / n * nbytes / bw
-
-
 def tree_allreduce(nbytes: float, n: int, bw: float, lat: float) -> float:
     if n <= 1 or nbytes <= 0:
         return 0.0

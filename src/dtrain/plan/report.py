@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import shlex
 import sys
-from typing import Any, TextIO
+from typing import TextIO
 
 from . import Plan
 
@@ -160,7 +160,3 @@ def chart(plan: Plan, path: str) -> str:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
-
-
-def layout_dicts(plan: Plan) -> list[dict[str, Any]]:
-    return plan.as_dict()["layouts"]

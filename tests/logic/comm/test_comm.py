@@ -8,8 +8,7 @@ import dataclasses
 import pytest
 import torch
 
-import dtrain
-from dtrain import ConfigError
+from dtrain import ConfigError, strategies
 from dtrain.comm import CommSpec, LinkMeasurement, choose
 from dtrain.comm.methods import powersgd_numel
 
@@ -84,8 +83,8 @@ def test_powersgd_numel_follows_torch_rule():
 
 def test_comm_needs_ddp():
     with pytest.raises(ConfigError, match="works with the ddp strategy"):
-        dtrain.context.startup.comm_options("dp", dtrain.World(size=2, rank=0), "fp16", None)
-    assert dtrain.context.startup.comm_options("single", dtrain.World(), "fp16", None) == {}  # one process: a note
+        strategies.comm_options("dp", CommSpec.parse("fp16"), distributed=True)
+    assert strategies.comm_options("single", CommSpec.parse("fp16"), distributed=False) == {}  # one process: a note
 
 
 @pytest.mark.parametrize("comm, expected", [

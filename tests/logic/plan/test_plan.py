@@ -32,10 +32,11 @@ def toy(params=1_000_000, blocks=4) -> ModelProfile:
 
 
 def test_ring_allreduce_matches_the_textbook_formula():
-    # 2(n-1)/n x B / bw + 2(n-1) x latency: 4 ranks, 100 MB at 10 GB/s, 1 ms
-    assert costs.ring_allreduce(100e6, 4, 10 * GB, 1e-3) == pytest.approx(1.5 * 0.01 + 6e-3)
-    assert costs.ring_gather(100e6, 4, 10 * GB, 1e-3) == pytest.approx(0.75 * 0.01 + 3e-3)
-    assert costs.ring_allreduce(100e6, 1, 10 * GB, 1e-3) == 0.0
+    # 2(n-1)/n x B / bw + 2(n-1) x latency: 4 ranks on one node, 100 MB at 10 GB/s, 1 ms
+    c = flat(ppn=4, lat=1e-3)
+    assert costs.allreduce(100e6, costs.Group(1, 4), c) == pytest.approx(1.5 * 0.01 + 6e-3)
+    assert costs.gather(100e6, costs.Group(1, 4), c) == pytest.approx(0.75 * 0.01 + 3e-3)  # (n-1)/n x B / bw + (n-1) x lat
+    assert costs.allreduce(100e6, costs.Group(1, 1), c) == 0.0
     assert costs.tree_allreduce(8, 1024, 10 * GB, 1e-3) == pytest.approx(20e-3, rel=1e-6)
 
 
@@ -259,8 +260,9 @@ def test_pipeline_transfers_follow_torchs_1f1b_waits():
 def test_gloo_reduce_scatter_costs_an_allreduce_and_zero1_pays_a_latency_per_sending_rank():
     g = costs.Group(1, 2)
     gpu, cpu = flat(ppn=2, lat=0.0), flat(ppn=2, lat=0.0, device="cpu")
-    assert costs.gather(1e6, g, gpu, reduce=True) == pytest.approx(costs.ring_gather(1e6, 2, gpu.intra_bw, 0.0))
-    assert costs.gather(1e6, g, cpu, reduce=True) == pytest.approx(costs.ring_allreduce(1e6, 2, cpu.intra_bw, 0.0))
+    # nccl: a reduce-scatter, (n-1)/n x 1 MB at 10 GB/s; gloo has none and all-reduces: 2(n-1)/n x 1 MB at 10 GB/s
+    assert costs.gather(1e6, g, gpu, reduce=True) == pytest.approx(0.5 * 1e6 / (10 * GB))
+    assert costs.gather(1e6, g, cpu, reduce=True) == pytest.approx(1e6 / (10 * GB))
     prof = replace_tensors(toy(), 50)
     c = flat(ppn=2, lat=1e-3, device="cpu")
     z = predict(prof, c, Layout("zero1", ParallelDims(dp_replicate=2), zero1=True), Settings(batch=1))
