@@ -5,10 +5,10 @@ the fastest's) or missed; clear and close calls by the plan's margin."""
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 
-from tests.paths import ROOT
-
-_spec = importlib.util.spec_from_file_location("plan_validation_table", ROOT / "benchmarks" / "plan_validation_table.py")
+# Benchmark tooling, tested with the benchmarks (python3 -m pytest benchmarks/tests), not in the product's suite.
+_spec = importlib.util.spec_from_file_location("plan_validation_table", Path(__file__).resolve().parents[1] / "plan_validation_table.py")
 table = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(table)
 
