@@ -67,10 +67,29 @@ def state_dicts(objects: dict[str, Any]) -> dict[str, Any]:
     if model is None:
         return {}
     name, module = model
-    out: dict[str, Any] = {name: get_model_state_dict(module, options=_options())}
+    out: dict[str, Any] = {name: _plain(get_model_state_dict(module, options=_options()))}
     for key, opt in optims.items():
-        out[key] = get_optimizer_state_dict(module, opt, options=_options())
+        out[key] = _plain(get_optimizer_state_dict(module, opt, options=_options()))
     return out
+
+
+def _plain(value: Any) -> Any:
+    """``value`` with each DTensor whose shard is a wrapper tensor subclass (torchao's float8
+    weight under FSDP, ``WeightWithDynamicFloat8CastTensor``) holding its plain inner tensor
+    instead, sharing its memory: DCP would pickle the subclass, which a reader without torchao
+    (``dtrain ckpt``, a bf16 run) refuses to load; loads write through into the parameter."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    local = getattr(value, "_local_tensor", None)
+    if local is None or not hasattr(local, "__tensor_flatten__"):
+        return value
+    names, _ = local.__tensor_flatten__()
+    if len(names) != 1:
+        return value
+    from torch.distributed.tensor import DTensor
+
+    return DTensor.from_local(getattr(local, names[0]), value.device_mesh, value.placements, run_check=False,
+                              shape=value.shape, stride=value.stride())
 
 
 def save_sharded(coll: Collectives, staging: str, objects: dict[str, Any]) -> list[str]:

@@ -35,6 +35,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--fast", action="store_true",
                    help="the fast path (docs/performance.md): --precision auto, and on CUDA --compile and channels-last for conv nets; "
                         "fused optimizers and pinned memory are on for CUDA anyway")
+    g.add_argument("--float8-recipe", default=None, choices=("tensorwise", "rowwise"),
+                   help="float8's scaling: tensorwise (default; the fastest, float8 all-gathers under fsdp) or rowwise (more accurate)")
+    g.add_argument("--float8-emulate", action="store_true",
+                   help="float8 emulated in high precision (torchao), for tests on a CPU or an older GPU; converts every linear of the blocks")
     g.add_argument("--epochs", type=int, default=None, help="passes over the data (default: the task's)")
     g.add_argument("--max-steps", type=int, default=None, help="stop after this many optimizer steps")
     g.add_argument("--lr", type=float, default=None, help="learning rate (default: the task's)")
@@ -72,7 +76,10 @@ def add_task_args(g: argparse._ActionsContainer) -> None:
     g.add_argument("--task", default="digits", help="digits (default), images, lm, mnist, synthetic, or MODULE:FUNCTION")
     g.add_argument("--task-arg", action="append", default=[], metavar="KEY=VALUE", help="option for the task function (repeatable)")
     g.add_argument("--data-dir", default=None, help="folder with the task's data files (mnist: the IDX files; images: DIR/train/CLASS/*.jpg; lm: a text file or folder, default the Python stdlib)")
-    g.add_argument("--precision", default=None, help="fp32 (default), bf16-mixed, fp16-mixed, or auto (bf16-mixed where the GPU has bf16, else fp32)")
+    g.add_argument("--precision", default=None,
+                   help="fp32 (default), bf16-mixed, fp16-mixed, float8 (train: bf16 with the blocks' large linears in float8, torchao; "
+                        "a GPU of compute capability >= 8.9), or auto (float8 where the GPU has it and torchao is installed, "
+                        "else bf16-mixed where the GPU has bf16, else fp32)")
     g.add_argument("--batch-size", type=int, default=None, help="batch of one process (default: the task's)")
     g.add_argument("--optimizer", default=None, help="sgd, adam, adamw or adadelta (default: the task's)")
     g.add_argument("--grad-accum", type=int, default=1, help="micro-batches per batch; gradients sync once per batch")
@@ -104,6 +111,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         batch=batch, optim=optim, schedule=schedule, checkpoint=checkpoint,
         parallel=ParallelConfig(strategy=args.strategy, strategy_options=sharding, layout=args.parallel, comm=comm),
         runtime=RuntimeConfig(device=args.device, precision=args.precision or ("auto" if args.fast else "fp32"), fast=args.fast,
+                              float8_recipe=args.float8_recipe, float8_emulate=args.float8_emulate,
                               compile=args.compile or (args.fast and compile_pays(args.device)),
                               activation_checkpointing=args.activation_checkpointing, channels_last=args.channels_last,
                               sync_bn=args.sync_bn),

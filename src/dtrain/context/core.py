@@ -74,7 +74,6 @@ class Context(WorldView):
         self.breakdown = self._step.breakdown
         """Where this rank's step time goes (dtrain.metrics.breakdown); the loop marks the step's start and its batch."""
         self._watchdog: Watchdog | None = None
-        self.precision = precision
         self.seed = seed
         self._owns_group = owns_group
         self._checkpoint_managers: list[CheckpointManager] = []
@@ -93,6 +92,12 @@ class Context(WorldView):
     @property
     def device(self) -> torch.device:
         return self.world.device
+
+    @property
+    def precision(self) -> Precision:
+        """The run's precision (``--precision auto``'s float8 becomes bf16-mixed at ``setup`` where
+        no linear of the model gains from float8)."""
+        return self._step.precision
 
     @property
     def strategy(self) -> Strategy:

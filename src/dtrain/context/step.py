@@ -8,6 +8,7 @@ wrapped); ``Context`` delegates to it, so a script sees ``ctx.accumulate``, ``ct
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -19,6 +20,7 @@ from .. import _check as check
 from ..comm.collectives import Collectives
 from ..errors import ConfigError
 from ..metrics.breakdown import SCHEDULE, StepBreakdown
+from ..parallel import float8
 from ..parallel.convnets import to_channels_last
 from ..precision import Precision, scaler_skips_itself
 from ..strategies.base import ForwardingOptimizer, Strategy
@@ -78,6 +80,8 @@ class DtrainOptimizer(ForwardingOptimizer):
             scaler.update()
         else:
             out = self.optimizer.step(closure) if closure else self.optimizer.step()
+        for model in run.float8_scaled:  # the next all-gathers' float8 scales, in one all-reduce
+            float8.after_step(model)
         run.strategy.after_optimizer_step(self.optimizer)  # e.g. local SGD averages parameters (a collective)
         run.breakdown.lap("optimizer")
         return out
@@ -109,6 +113,8 @@ class Step:
         """True when the current micro-step ends an accumulation window (always outside one)."""
         self.end_of_data = False
         self.optimizers: list[DtrainOptimizer] = []
+        self.float8_scaled: list[nn.Module] = []
+        """Sharded models whose float8 weights' scales are computed after each optimizer step."""
         self.modules: list[weakref.ref[DtrainModule]] = []
         self.breakdown = StepBreakdown(collectives.world.device)
         """Where this rank's step time goes: backward and the optimizer mark their phases."""
@@ -121,6 +127,11 @@ class Step:
         # autocast would run in fp32 (norms, softmax) then run in the 16-bit type with fp32
         # accumulation, and a task computes its loss in fp32 (the lm's loss_fn casts the logits).
         cast_by_fsdp = place is not None and place.param_dtype is not None
+        if place is not None and place.float8_all_gather:
+            self.float8_scaled.append(inner)
+        auto8 = self.precision.float8 is not None and self.precision.float8.auto
+        if auto8 and place is not None and place.float8_linears == 0:  # --fast picked float8, but nothing gains
+            self.precision = dataclasses.replace(self.precision, name="bf16-mixed", float8=None)
         wrapped = DtrainModule(inner, self.strategy.unwrap(inner), self.precision, channels_last=channels_last,
                                autocast=not cast_by_fsdp)
         self.modules.append(weakref.ref(wrapped))

@@ -40,7 +40,7 @@ def peak_flops(device: torch.device, precision: str) -> tuple[float | None, str 
     name = torch.cuda.get_device_name(device)
     for key, (half, tf32, fp32) in PEAK_TFLOPS:
         if key in name:
-            if precision.startswith(("bf16", "fp16")):
+            if precision.startswith(("bf16", "fp16", "float8")):  # float8: against the bf16 peak, as torchtitan's MFU
                 return half * 1e12, f"{name} 16-bit"
             if torch.backends.cuda.matmul.allow_tf32:
                 return tf32 * 1e12, f"{name} TF32"

@@ -48,16 +48,19 @@ def _human(n: float) -> str:
     return f"{n:.2f} GiB"
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if hasattr(t, "to_local") else t  # DTensor -> this rank's shard
+def _local(t: torch.Tensor) -> list[torch.Tensor]:
+    """The plain tensors that hold ``t``'s bytes on this rank: a DTensor's shard, and the inner
+    tensors of a wrapper subclass (torchao's float8 weight under FSDP), whose own storage is empty."""
+    t = t.to_local() if hasattr(t, "to_local") else t  # DTensor -> this rank's shard
+    if hasattr(t, "__tensor_flatten__"):
+        names, _ = t.__tensor_flatten__()
+        return [x for n in names for x in _local(getattr(t, n))]
+    return [t]
 
 
 def _bytes(tensors: Iterable[Any], seen: set[tuple[int, int]]) -> int:
     total = 0
-    for t in tensors:
-        if not torch.is_tensor(t):
-            continue
-        t = _local(t)
+    for t in (x for t in tensors if torch.is_tensor(t) for x in _local(t)):
         storage = t.untyped_storage()
         key = (storage.data_ptr(), storage.nbytes())
         if key in seen or storage.nbytes() == 0:

@@ -4,14 +4,15 @@ every strategy, named or a ``--parallel`` layout:
 1. ``apply_pp``: pipeline split (``pp``, or a staged strategy on one process): this rank keeps
    its stage's layers, and every later step applies to that stage alone,
 2. ``apply_tp``: tensor parallelism (the task's plan, through ``parallelize_module``),
-3. ``apply_ac``: activation checkpointing of each block,
-4. ``apply_compile``: ``torch.compile`` of each block,
-5. ``apply_dp``, the data-parallel wrap, as the layout says: ``apply_fsdp`` (``fully_shard`` over
+3. ``apply_float8``: the blocks' linears to torchao's float8 ones (``--precision float8``),
+4. ``apply_ac``: activation checkpointing of each block,
+5. ``apply_compile``: ``torch.compile`` of each block,
+6. ``apply_dp``, the data-parallel wrap, as the layout says: ``apply_fsdp`` (``fully_shard`` over
    ``dp_shard``; HSDP over (``dp_replicate``, ``dp_shard``)) where the strategy shards, else the
    strategy's own way of replicating over ``dp_replicate`` (``Strategy.replicate``: DDP with
    ``--comm``, DDP and a sharded optimizer, Horovod's hooks, ``nn.DataParallel``; ``apply_ddp``,
    FSDP2's ``replicate``, under TP or pipeline stages),
-6. ``torch.compile`` of the whole wrapped model when no blocks were compiled.
+7. ``torch.compile`` of the whole wrapped model when no blocks were compiled.
 
 The order is torchtitan's (its pipeline split, then ``parallelize_llama``): the pipeline cut
 first, so each stage is parallelised on its own; TP rewrites the layers' parameters into
@@ -36,6 +37,7 @@ from ..errors import ConfigError
 from ..precision import Precision
 from . import transforms
 from .dims import ParallelDims
+from .float8 import apply_float8
 from .fsdp import FSDPConfig, apply_fully_shard
 from .pipeline import PipelineConfig, split_stage
 from .placement import Placement
@@ -203,6 +205,11 @@ def parallelize(model: nn.Module, strategy: Wrapping, world: Any, *, blocks: Seq
     if place.dims.pp > 1 or strategy.pipeline is not None:  # first: every later step applies to this stage only
         model, blocks = apply_pp(model, place, strategy.pipeline or PipelineConfig(), blocks)
     before = dict(model.named_parameters())
+    float8 = precision.float8 if precision is not None else None
+    if float8 is not None:
+        sharded = shards(strategy, place)
+        place.float8_linears = apply_float8(model, float8, blocks, sharded=sharded)
+        place.float8_all_gather = sharded and float8.recipe == "tensorwise" and place.float8_linears > 0
     if place.dims.tp > 1:
         model = apply_layout_tp(model, place.dims, place, world.device, strategy.tp_plan)
         place.scores = place.dims.coordinates(world.rank)["tp"] == 0

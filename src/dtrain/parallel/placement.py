@@ -37,6 +37,11 @@ class Placement:
     param_dtype: torch.dtype | None = None
     """The dtype ``fully_shard`` gathers parameters in and runs forward and backward in (its
     mixed-precision policy): the precision's 16-bit type; None where nothing is sharded or in fp32."""
+    float8_linears: int = 0
+    """Linears ``apply_float8`` converted (``--precision float8``)."""
+    float8_all_gather: bool = False
+    """FSDP all-gathers those weights in float8 (tensorwise), their scales computed after each
+    optimizer step (``dtrain.parallel.float8.after_step``)."""
     _mesh: Any = None
 
     @property

@@ -17,6 +17,7 @@ from ..metrics.stragglers import StragglerConfig
 from ..metrics.tensorboard import check_tensorboard
 from ..metrics.trace import parse_steps
 from ..parallel import parse as parse_layout
+from ..precision import Precision
 
 
 def _at_least(minimum: int, **flags: int | None) -> None:
@@ -138,7 +139,11 @@ class RuntimeConfig:
     device: str | None = None
     """cpu or cuda (``--device``); None: cuda:<local rank> when available."""
     precision: str = "fp32"
-    """fp32, bf16-mixed, fp16-mixed or auto (``--precision``)."""
+    """fp32, bf16-mixed, fp16-mixed, float8 or auto (``--precision``)."""
+    float8_recipe: str | None = None
+    """float8's scaling recipe, tensorwise (default) or rowwise (``--float8-recipe``)."""
+    float8_emulate: bool = False
+    """float8 emulated by torchao, for a test where the device has no float8 (``--float8-emulate``)."""
     fast: bool = False
     """``--fast``: also channels-last for a conv net on CUDA (``dtrain.world.fastpath.auto_channels_last``)."""
     compile: bool = False
@@ -149,6 +154,20 @@ class RuntimeConfig:
     """Model and 4-D inputs in channels-last (NHWC) memory layout (``--channels-last``; conv nets)."""
     sync_bn: bool = False
     """BatchNorm statistics over every rank's batch (``--sync-bn``; SyncBatchNorm, GPU only)."""
+
+    def __post_init__(self) -> None:
+        given = [flag for flag, on in (("--float8-recipe", self.float8_recipe is not None), ("--float8-emulate", self.float8_emulate)) if on]
+        if given and self.precision != "float8":
+            one = len(given) == 1
+            raise ConfigError(f"{' and '.join(given)} appl{'ies' if one else 'y'} to --precision float8, not {self.precision!r}; "
+                              f"add --precision float8 or drop {'it' if one else 'them'}.")
+        self.precision_spec()  # a bad recipe: one line here
+
+    def precision_spec(self) -> str | Precision:
+        """What ``dtrain.init(precision=...)`` takes: the name, or float8 with its recipe and emulation."""
+        if self.precision == "float8":
+            return Precision.with_float8(recipe=self.float8_recipe or "tensorwise", emulate=self.float8_emulate)
+        return self.precision
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -101,7 +101,7 @@ def _run(cfg: TrainConfig, world: World | None, strategy: Strategy | None, task:
         "strategy": par.strategy, "comm": par.comm, **par.strategy_options}  # a CommSpec holds its warm-up
     if strategy is None and par.layout:
         built.update(parallel=par.layout, tp_plan=task.tp_plan)
-    ctx = init(precision=cfg.runtime.precision, seed=cfg.schedule.seed, world=world, compile=cfg.runtime.compile,
+    ctx = init(precision=cfg.runtime.precision_spec(), seed=cfg.schedule.seed, world=world, compile=cfg.runtime.compile,
                activation_checkpointing=cfg.runtime.activation_checkpointing, **built)
     try:
         return _train(ctx, cfg, task, batch, t0)

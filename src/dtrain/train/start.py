@@ -57,7 +57,7 @@ def check(cfg: TrainConfig, world: World, *, distributed: bool) -> tuple[Strateg
     strategy = None if par.layout else strategies.build(par.strategy, comm=par.comm, distributed=distributed, **par.strategy_options)
     if run.channels_last and strategy is not None:
         check_channels_last(strategy)
-    Precision.resolve(run.precision, world.device)
+    Precision.resolve(run.precision_spec(), world.device)  # float8 where the device has none: one line here
     task = load_task(cfg.task.name, data_dir=cfg.task.data_dir, options=cfg.task.args)
     check_options(compile=run.compile, activation_checkpointing=run.activation_checkpointing, has_blocks=task.blocks is not None)
     return strategy, task

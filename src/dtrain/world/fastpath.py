@@ -30,14 +30,33 @@ def optimizer_options(name: str, device: torch.device | None) -> dict[str, Any]:
     return {}
 
 
-def auto_precision(device: torch.device, bf16_supported: bool | None = None) -> str:
-    """``--precision auto``: bf16-mixed on a GPU with bf16 (``bf16_supported``: default, asked of
-    torch), fp32 elsewhere (a CPU without bf16 instructions emulates it, 10x slower for a conv)."""
+def auto_precision(device: torch.device, bf16_supported: bool | None = None, float8_supported: bool | None = None) -> str:
+    """``--precision auto``: float8 on a GPU with float8 (compute capability >= 8.9) where torchao
+    is installed (its linears converted only where large enough to gain, else the run is
+    bf16-mixed: ``dtrain.parallel.float8``), bf16-mixed on a GPU with bf16 (``bf16_supported``,
+    ``float8_supported``: default, asked of torch), fp32 elsewhere (a CPU without bf16 instructions
+    emulates it, 10x slower for a conv)."""
     if device.type != "cuda":
         return "fp32"
     if bf16_supported is None:
         bf16_supported = torch.cuda.is_bf16_supported()
+    if float8_supported is None:
+        float8_supported = _float8_here(device)
+    if float8_supported and bf16_supported:
+        return "float8"
     return "bf16-mixed" if bf16_supported else "fp32"
+
+
+def _float8_here(device: torch.device) -> bool:
+    import importlib.util
+
+    return float8_capable(device) and importlib.util.find_spec("torchao") is not None
+
+
+def float8_capable(device: torch.device) -> bool:
+    """Whether ``device`` multiplies in float8: a GPU of compute capability >= 8.9 (Ada, Hopper
+    and newer: ``torch._scaled_mm``'s float8 kernels)."""
+    return device.type == "cuda" and torch.cuda.is_available() and torch.cuda.get_device_capability(device) >= (8, 9)
 
 
 def compile_pays(device: str | None) -> bool:

@@ -1,0 +1,81 @@
+"""float8 training through torchao (``--precision float8``): the blocks' linear layers become
+torchao's ``Float8Linear`` (their matmuls in float8 with dynamic scales, the rest of the model in
+bf16 autocast or FSDP's bf16 policy), as torchtitan's float8 converter does.
+
+Which linears (``converts``): those inside the task's blocks (without blocks: every linear but the
+model's last, its output head: the logits' precision matters most and torchtitan skips it too), whose
+sides are both multiples of 16 (``torch._scaled_mm`` requires it), and, on real float8, large
+enough to gain: a float8 matmul pays two casts of its inputs (and a scale's reduction) that only a
+large matmul repays. The size rule is torchao's own, from its H100 measurements
+(torchao/float8/README.md, "performance"; ``_auto_filter_for_recipe``): tensorwise skips a linear with
+in_features <= 4096 and out_features <= 1024; rowwise one with out_features <= 2048, in_features
+<= 1024, or both <= (4096 out, 2048 in). Emulated float8 (tests) gains nothing anywhere, so every
+linear the other rules allow is converted there.
+
+Under FSDP, tensorwise all-gathers the weights in float8 (``enable_fsdp_float8_all_gather``: a
+quarter of fp32's bytes), and their scales are computed for all weights in one all-reduce after
+each optimizer step (``precompute_float8_dynamic_scale_for_fsdp``, ``after_step``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from torch import nn
+
+from .._log import logger, note_once
+from ..precision import Float8Config
+
+
+def gains(linear: nn.Linear, recipe: str) -> bool:
+    """torchao's size rule for ``recipe`` (see the module's docstring): whether float8 pays."""
+    n, k = linear.out_features, linear.in_features
+    if recipe == "rowwise":
+        return not (n <= 2048 or k <= 1024 or (n <= 4096 and k <= 2048))
+    return not (k <= 4096 and n <= 1024)
+
+
+def converts(model: nn.Module, config: Float8Config, blocks: Sequence[nn.Module] = ()) -> list[str]:
+    """Names of the linears ``apply_float8`` converts (see the module's docstring)."""
+    linears = [(name, m) for name, m in model.named_modules() if type(m) is nn.Linear]
+    if blocks:
+        inside = {id(m) for b in blocks for m in b.modules()}
+        linears = [(name, m) for name, m in linears if id(m) in inside]
+    elif linears:
+        linears = linears[:-1]  # the output head
+    return [name for name, m in linears
+            if m.in_features % 16 == 0 and m.out_features % 16 == 0 and (config.emulate or gains(m, config.recipe))]
+
+
+def apply_float8(model: nn.Module, config: Float8Config, blocks: Sequence[nn.Module] = (), *, sharded: bool = False) -> int:
+    """Swap the linears ``converts`` names for torchao's ``Float8Linear`` in place (their
+    parameters stay the same tensors, so ties and the optimizer's references hold; with
+    ``sharded`` and tensorwise, wrapped for FSDP's float8 all-gather); returns how many."""
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    chosen = set(converts(model, config, blocks))
+    if not chosen:
+        if not config.auto:
+            note_once("float8: no linear layer of the blocks is large enough to gain from float8 with sides that are "
+                      "multiples of 16; the run is bf16-mixed.")
+        return 0
+    if config.recipe == "tensorwise":
+        ao = Float8LinearConfig(enable_fsdp_float8_all_gather=sharded, emulate=config.emulate)
+    else:
+        from dataclasses import replace
+
+        ao = replace(Float8LinearConfig.from_recipe_name(config.recipe), emulate=config.emulate)
+    convert_to_float8_training(model, config=ao, module_filter_fn=lambda m, name: name in chosen)
+    total = sum(1 for m in model.modules() if isinstance(m, nn.Linear))
+    logger.info(f"float8: {len(chosen)} of {total} linear layers converted ({config.recipe}{', emulated' if config.emulate else ''}"
+                f"{', all-gathered in float8' if sharded and config.recipe == 'tensorwise' else ''}); the rest run in bf16")
+    return len(chosen)
+
+
+def after_step(model: nn.Module) -> None:
+    """After each optimizer step under FSDP with float8 all-gathers: every float8 weight's scale
+    for the next all-gather, in one all-reduce (``precompute_float8_dynamic_scale_for_fsdp``).
+    Collective: call on every rank."""
+    from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
+
+    precompute_float8_dynamic_scale_for_fsdp(model)
