@@ -4,6 +4,7 @@ state round trip, the data position on another world size, and `dtrain ckpt`."""
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import dtrain
 from dtrain import CheckpointError
-from dtrain.checkpoint import list_checkpoints, read_checkpoint, read_latest, verify
+from dtrain.checkpoint import list_checkpoints, manager, read_checkpoint, read_latest, verify
 from dtrain.checkpoint.store import prune, set_latest, write_checkpoint
 from dtrain.cli import main as cli_main
 from dtrain.data.loader import DeviceLoader, reshard
@@ -89,13 +90,18 @@ def test_corrupt_latest_falls_back_to_previous_with_warning(tmp_path, caplog):
     ctx.close()
 
 
-def test_async_save_reports_blocking_time_and_writes(tmp_path):
+def test_async_save_reports_blocking_time_and_writes(tmp_path, monkeypatch):
     ctx = dtrain.init("single")
     model = ctx.setup(torch.nn.Linear(64, 64))
     ckpt = ctx.checkpoints(str(tmp_path), async_save=True)
+    gate = threading.Event()  # holds step 3's write until save() has returned
+    monkeypatch.setattr(manager, "write_checkpoint", lambda *a, **k: (gate.wait(60), write_checkpoint(*a, **k))[1])
     ckpt.save(3, model=model)
     first = model.original.weight.detach().clone()
-    assert ckpt.last_blocking_s is not None and ckpt.last_blocking_s >= 0
+    # save() returned while its write waits: what it blocked for is the snapshot alone, the write's total is to come.
+    assert isinstance(ckpt.last_blocking_s, float) and ckpt.last_total_s is None
+    assert not (tmp_path / "step-00000003").exists()
+    gate.set()
     with torch.no_grad():
         model.original.weight.add_(1.0)  # training goes on while step 3 is written
     ckpt.save(4, model=model)  # reuses step 3's host copy once step 3 is written

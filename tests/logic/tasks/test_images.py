@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -13,7 +14,7 @@ from torch.utils.data import TensorDataset
 
 from dtrain.data import ShardSampler, default_num_workers, loader_options
 from dtrain.errors import ConfigError, DataError
-from dtrain.metrics import DataWait
+from dtrain.metrics import DataWait, meters
 from tests.paths import ROOT
 
 MNIST_DIR = ROOT.parent / "shared" / "data" / "mnist"
@@ -49,14 +50,19 @@ def test_default_workers_follow_the_cores_per_process():
                                                        **({"multiprocessing_context": "fork"} if sys.platform.startswith("linux") else {})}
 
 
-def test_data_wait_keeps_the_first_batch_apart_and_takes_medians():
+def test_data_wait_keeps_the_first_batch_apart_and_takes_medians(monkeypatch):
+    now = [0.0]
+    monkeypatch.setattr(meters, "time", SimpleNamespace(perf_counter=lambda: now[0]))  # this module's clock only
     w = DataWait()
-    for _ in range(4):
+    assert w.median_ms() is None
+    for wait_s in (0.5, 0.010, 0.030, 0.020):  # the first (the workers' start) is kept apart
         w.ready()
+        now[0] += wait_s
         w.got_batch()
-    assert w.first_ms is not None and w.steps == 3
-    assert w.window_median_ms() is not None and w.window_median_ms() is None  # a window empties when read
-    assert w.median_ms() is not None and w.median_ms() >= 0
+        now[0] += 1.0  # the step itself, not a wait
+    assert w.first_ms == 500.0 and w.steps == 3 and w.total_s == pytest.approx(0.060)
+    assert w.window_median_ms() == 20.0 and w.window_median_ms() is None  # a window empties when read
+    assert w.median_ms() == 20.0
 
 
 def test_channels_last_changes_conv_weights_and_says_when_there_are_none(monkeypatch):

@@ -60,9 +60,9 @@ def test_resnet18_learns_on_two_ranks_and_reports_data_wait(folder, tmp_path):
     assert [r["step"] for r in records] == [16, 32, 48]
     assert records[-1]["train_loss"] < records[0]["train_loss"], records
     assert result["test_acc"] > 0.2, result  # 10 classes: chance is 0.1
-    assert all(isinstance(r["data_wait_ms"], float) and r["data_wait_ms"] >= 0 for r in records), records
-    assert result["num_workers"] == 0 or "data worker(s)/process" in err
-    assert 0 <= result["data_wait_share"] < 1 and result["data_wait_ms"] >= 0 and result["images_skipped"] == 0, result
+    assert all(isinstance(r["data_wait_ms"], float) for r in records), records  # measured each window, never null
+    assert f", {result['num_workers']} data worker(s)/process" in err, err  # the start line says the count the record has
+    assert 0 <= result["data_wait_share"] < 1 and isinstance(result["data_wait_ms"], float) and result["images_skipped"] == 0, result
 
 
 @pytest.mark.slow
