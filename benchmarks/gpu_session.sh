@@ -46,7 +46,7 @@ step gpu_tier 200 python3 -m pytest -m gpu tests/gpu -q -p no:cacheprovider --ti
 step float8 200 python3 benchmarks/float8_vs_bf16.py --rounds "${F8_ROUNDS:-1}" --steps 200 --budget 60 --out "$OUT/float8.jsonl" --logs "$OUT/float8-stderr.log"
 
 # the LM of the fsdp and dryrun steps (QUICK=1: tiny, on any device, to check the steps run)
-export DEVICE=${DEVICE:-cuda} QUICK=${QUICK:-0} FSDP_STEPS=$([ "${QUICK:-0}" = 1 ] && echo 14 || echo 60)
+export FSDP_ORDER=${FSDP_ORDER:-old new new old} DEVICE=${DEVICE:-cuda} QUICK=${QUICK:-0} FSDP_STEPS=$([ "${QUICK:-0}" = 1 ] && echo 14 || echo 60)
 lm_args() {
   if [ "$QUICK" = 1 ]; then echo "--task-arg layers=1 --task-arg heads=2 --task-arg width=32 --task-arg context=32 --task-arg max_bytes=200000 --batch-size 4"
   else echo "--task-arg layers=8 --task-arg heads=16 --task-arg width=2048 --task-arg context=1024 --task-arg max_bytes=8000000 --batch-size 8"; fi
@@ -56,7 +56,7 @@ fsdp_side() {  # fsdp_side NAME SRC: one dtrain train of the lm under fsdp, bf16
     $(lm_args) --device "$DEVICE" --max-steps "$FSDP_STEPS" --warmup-steps 10 --log-every "$FSDP_STEPS" --metrics-file "$OUT/fsdp-$1.jsonl" 2>"$OUT/fsdp-$1.err" | tail -1 \
     | python3 -c "import json,sys; r=json.loads(sys.stdin.read()); print('$1', 'tokens/s', r['tokens_per_s'], 'loss', r['train_loss'])"
 }
-fsdp_pair() { for s in old new new old; do fsdp_side "$s" "$([ "$s" = old ] && echo "${OLD_SRC:-$PWD/.oldsrc/src}" || echo "$PWD/src")"; done; }
+fsdp_pair() { for s in ${FSDP_ORDER:-old new new old}; do fsdp_side "$s" "$([ "$s" = old ] && echo "${OLD_SRC:-$PWD/.oldsrc/src}" || echo "$PWD/src")"; done; }
 export -f lm_args fsdp_side fsdp_pair
 [ -d "${OLD_SRC:-$PWD/.oldsrc/src}" ] && step fsdp 120 bash -c fsdp_pair
 
