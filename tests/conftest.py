@@ -5,6 +5,7 @@ each mirroring src/dtrain/'s folders; tests/logic/conftest.py keeps processes ou
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from pathlib import Path
@@ -32,6 +33,16 @@ def _no_leaks():
     assert not changed, f"test changed environment variables: {sorted(changed)}"
     leaked = [t for t in threading.enumerate() if t.ident not in threads_before and t.is_alive() and not t.daemon]
     assert not leaked, f"test left threads running: {leaked}"
+
+
+@pytest.fixture(autouse=True)
+def _restore_dtrain_logger():
+    """``dtrain.cli.main`` points dtrain's logger at the test's captured stderr (and stops propagation);
+    give later tests the logger as it was, so their caplog sees dtrain's warnings."""
+    log = logging.getLogger("dtrain")
+    saved = (list(log.handlers), log.propagate, log.level)
+    yield
+    log.handlers[:], log.propagate, log.level = saved
 
 
 @pytest.fixture

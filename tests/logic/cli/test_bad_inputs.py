@@ -41,18 +41,6 @@ def fixtures(tmp_path, monkeypatch):
     assert not (tmp_path / "PWNED").exists()
 
 
-@pytest.fixture(autouse=True)
-def _restore_dtrain_logger():
-    """cli.main points dtrain's logger at this test's captured stderr (and stops propagation);
-    give later tests the logger as it was, so their caplog sees dtrain's warnings."""
-    import logging
-
-    log = logging.getLogger("dtrain")
-    saved = (list(log.handlers), log.propagate, log.level)
-    yield
-    log.handlers[:], log.propagate, log.level = saved[0], saved[1], saved[2]
-
-
 def _one_line(err: str) -> str:
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert lines, "nothing on stderr"

@@ -21,7 +21,7 @@ from tests.logic.cli import test_bad_inputs as base
 # The helpers of issue 22's tests: the case list, the fixture folder, the one-line check, and the
 # dtrain logger given back after each test (autouse).
 bad_inputs, _one_line = base.bad_inputs, base._one_line
-fixtures, _restore_dtrain_logger = base.fixtures, base._restore_dtrain_logger
+fixtures = base.fixtures
 
 _NEW = bad_inputs.NEW_FLAG_CASES
 _REFUSED = [c for c in _NEW if c.argv is not None and c.fast and c.says is None]

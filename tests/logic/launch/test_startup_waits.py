@@ -21,7 +21,7 @@ from dtrain.options import Startup
 from dtrain.world.reach import check_not_wildcard
 from tests.logic.cli import test_bad_inputs as base
 
-fixtures, _restore_dtrain_logger, _one_line = base.fixtures, base._restore_dtrain_logger, base._one_line
+fixtures, _one_line = base.fixtures, base._one_line
 
 
 def _cli(argv: list[str]) -> int:

@@ -17,7 +17,7 @@ from tests.logic.cli.test_bad_inputs import _API, _one_line, bad_inputs
 from tests.support import run_cli
 
 # The logic half's fixtures, shared: pytest finds a fixture by its name in the module.
-_restore_dtrain_logger, fixtures = logic_half._restore_dtrain_logger, logic_half.fixtures
+fixtures = logic_half.fixtures
 
 # Start-to-end through a real process: the cases that were tracebacks or noise.
 _SUBPROCESS = ["train-synthetic-classes-0", "train-device-tpu", "train-metrics-file-under-file", "submit-k8s-yaml-job",

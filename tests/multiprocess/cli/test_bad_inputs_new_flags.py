@@ -17,7 +17,7 @@ from tests.logic.cli.test_bad_inputs_new_flags import _one_line
 from tests.support import run_cli
 
 # The logic half's fixtures, shared: pytest finds a fixture by its name in the module.
-_restore_dtrain_logger, fixtures = logic_half._restore_dtrain_logger, logic_half.fixtures
+fixtures = logic_half.fixtures
 
 # -- real runs ------------------------------------------------------------------------------------
 
