@@ -407,7 +407,118 @@ NEW_FLAG_CASES = [
     Case("train-async-save-no-dir", [*S, "--async-save"]),
     Case("train-stall-timeout-word", [*S, "--stall-timeout", "soon"]),
 ]
-ALL_CASES = [*CASES, *NEW_FLAG_CASES]
+# -- issue 51: the classes tried again (restart, start-up waits, sbatch/k8s values, the plan's figures, the API) ------
+P = ["plan", "--device", "h100", "-n", "8"]
+_LINK_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "send_recv")
+_LINKS_NEG = ('{"between": "nodes", "ranks": 2, "backend": "gloo", "load": 0.5, "seconds": {'
+              + ", ".join(f'"{k}": {{"64": {-1e-3 if k == "all_reduce" else 1e-3}, "1048576": 0.05, "4194304": 0.2}}' for k in _LINK_KINDS)
+              + "}}")
+
+
+def job_file(toml: str) -> str:
+    """A snippet that loads ``toml`` as a dtrain submit job file."""
+    return f"import dtrain.launch.jobspec as js\nopen('j.toml', 'w').write({toml!r})\njs.load('j.toml')"
+
+
+JOB = 'command = ["train.py"]\n'
+ISSUE51_CASES = [
+    # start-up waits and their bound
+    Case("run-startup-timeout-tiny", ["run", "-n", "2", "--startup-timeout", "1e-9", "ok.py"]),
+    Case("train-startup-timeout-tiny", [*S, "-n", "2", "--startup-timeout", "1e-9"]),
+    Case("train-startup-timeout-half", [*S, "-n", "2", "--startup-timeout", "0.5"]),
+    Case("train-startup-timeout-nan", [*S, "-n", "2", "--startup-timeout", "nan"]),
+    Case("train-startup-timeout-inf", [*S, "-n", "2", "--startup-timeout", "inf"]),
+    Case("train-rdzv-timeout-half", [*E, "--rdzv-timeout", "0.5"]),
+    Case("api-env-startup-timeout-tiny", py="import os\nos.environ['DTRAIN_STARTUP_TIMEOUT'] = '1e-9'\ndtrain.init('single')"),
+    Case("run-local-addr-wildcard", ["run", "-n", "1", "--nnodes", "2", "--master-addr", "127.0.0.1", "--local-addr", "0.0.0.0", "ok.py"]),
+    Case("train-local-addr-wildcard-elastic", [*E, "--local-addr", "::"]),
+    Case("run-node-1-without-node-0", ["run", "-n", "1", "--nnodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1",
+                                       "--master-port", "29681", "--startup-timeout", "3", "ok.py"],
+         fast=False, rc=1, says="node 1 could not connect to node 0 at 127.0.0.1:29681 within 3 s"),
+    Case("train-node-0-without-node-1", [*S, "-n", "1", "--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port", "29682",
+                                         "--startup-timeout", "3"], fast=False, rc=1, says="node 0 waited 3 s at 127.0.0.1:29682 for node(s) 1 of --nnodes 2"),
+    Case("train-elastic-below-min-nodes", [*S, "-n", "1", "--nnodes", "2:3", "--master-addr", "127.0.0.1", "--master-port", "29683",
+                                           "--checkpoint-dir", "ck", "--startup-timeout", "3"], fast=False, rc=1, says="and no round formed with it"),
+    # values that reach an sbatch script or a Kubernetes manifest
+    Case("submit-partition-newline", ["submit", "--slurm", "--dry-run", "--partition", "gpu\ntouch INJECTED", "--", "train.py"]),
+    Case("submit-partition-semicolon", ["submit", "--slurm", "--dry-run", "--partition", "gpu;touch INJECTED", "--", "train.py"]),
+    Case("submit-name-trailing-newline", ["submit", "--slurm", "--dry-run", "--name", "mnist\n", "--", "train.py"]),
+    Case("submit-time-trailing-newline", ["submit", "--slurm", "--dry-run", "--time", "10\n", "--", "train.py"]),
+    Case("submit-env-key-newline", ["submit", "--slurm", "--dry-run", "--env", "A\nB=1", "--", "train.py"]),
+    Case("submit-command-newline", ["submit", "--slurm", "--dry-run", "--", "train.py", "a\ntouch INJECTED"]),
+    Case("submit-dtrain-cmd-unclosed-quote", ["submit", "--slurm", "--dry-run", "--dtrain-cmd", "python3 '-m dtrain", "--", "train.py"]),
+    Case("submit-k8s-image-space", ["submit", "--k8s", "--dry-run", "--image", "me/x:1 --privileged", "--", "train.py"]),
+    Case("submit-job-name-int", py=job_file('name = 5\ncommand = ["train.py"]\n')),
+    Case("submit-job-command-int", py=job_file("command = 5\n")),
+    Case("submit-job-command-unclosed-quote", py=job_file("command = \"train.py 'x\"\n")),
+    Case("submit-job-requeue-str", py=job_file(JOB + '[slurm]\nrequeue = "no"\n')),
+    Case("submit-job-gpus-bool", py=job_file(JOB + "gpus_per_node = true\n")),
+    Case("submit-job-signal-negative", py=job_file(JOB + "[slurm]\nsignal_before_s = -90\n")),
+    Case("submit-job-account-injection", py=job_file(JOB + '[slurm]\naccount = "$(touch INJECTED)"\n')),
+    Case("submit-job-output-newline", py=job_file(JOB + '[slurm]\noutput = "x\\ntouch INJECTED"\n')),
+    Case("submit-job-extra-not-option", py=job_file(JOB + '[slurm]\nextra = ["exclusive"]\n')),
+    Case("submit-job-workdir-newline", py=job_file(JOB + 'workdir = "/a\\ntouch INJECTED"\n')),
+    Case("submit-job-env-bool", py=job_file(JOB + "[env]\nA = true\n")),
+    Case("submit-job-time-unquoted", py=job_file(JOB + "time = 02:00:00\n")),
+    Case("submit-job-k8s-port-negative", py=job_file(JOB + "[k8s]\nport = -1\n")),
+    Case("submit-job-k8s-port-str", py=job_file(JOB + '[k8s]\nport = "29500"\n')),
+    Case("submit-job-k8s-namespace-bad", py=job_file(JOB + '[k8s]\nnamespace = "My Team"\n')),
+    Case("submit-job-k8s-pull-policy-bad", py=job_file(JOB + '[k8s]\nimage_pull_policy = "always"\n')),
+    Case("submit-job-slurm-not-table", py=job_file(JOB + "slurm = 5\n")),
+    # the plan's figures and files
+    Case("plan-latency-negative", [*P, "--intra-latency-us", "-5"]),
+    Case("plan-latency-zero", [*P, "--nnodes", "2", "--inter-latency-us", "0"]),
+    Case("plan-bandwidth-nan", [*P, "--inter-gbit", "nan"]),
+    Case("plan-bandwidth-zero", [*P, "--intra-gbit", "0"]),
+    Case("plan-peak-inf", [*P, "--peak-tflops", "inf"]),
+    Case("plan-peak-zero", [*P, "--peak-tflops", "0"]),
+    Case("plan-mem-negative", [*P, "--mem-gib", "-1"]),
+    Case("plan-mfu-subnormal", [*P, "--mfu", "1e-320"]),
+    Case("plan-shared-cores-zero", [*P, "--shared-cores", "0"]),
+    Case("plan-nproc-billion", ["plan", "--device", "h100", "-n", "1000000000"], mem_gib=8),
+    Case("plan-nnodes-billion", [*P, "--nnodes", "1000000000"], mem_gib=8),
+    Case("plan-batch-ten-billion", [*P, "--batch-size", "10000000000"], mem_gib=8),
+    Case("plan-cluster-binary", ["plan", "--cluster", "random.bin"]),
+    Case("plan-cluster-folder", ["plan", "--cluster", "emptydir"]),
+    Case("plan-cluster-dev-zero", ["plan", "--cluster", "/dev/zero"]),
+    Case("plan-cluster-fifo", ["plan", "--cluster", "fifo"]),
+    Case("plan-cluster-latency-negative", ["plan", "--cluster", "neg.json"]),
+    Case("plan-links-binary", ["plan", "--links", "random.bin"]),
+    Case("plan-links-folder", ["plan", "--links", "emptydir"]),
+    Case("plan-links-fifo", ["plan", "--links", "fifo"]),
+    Case("plan-links-time-negative", ["plan", "--links", "l_neg.json"]),
+    Case("plan-chart-under-file", [*P, "--chart", "afile/plan.png"]),
+    Case("plan-chart-format", [*P, "--chart", "plan.xyz"]),
+    Case("doctor-links-out-under-file", ["doctor", "--links-out", "afile/links.json"]),
+    # the API, and small ones
+    Case("api-init-unknown-option-single", py="dtrain.init(bogus_option=1)"),
+    Case("api-init-compile-str", py="dtrain.init(compile='no')"),
+    Case("api-init-activation-checkpointing-str", py="dtrain.init(activation_checkpointing='off')"),
+    Case("api-checkpoints-async-save-str", py=CTX + "ctx.checkpoints('ck', async_save='no')"),
+    Case("api-call-after-close", py=CTX + "ctx.close()\nctx.barrier()"),
+    Case("api-save-onto-folder", py=CTX + "ctx.save('emptydir', {'model': m})"),
+    Case("train-warmup-steps-over-run", [*S, "--max-steps", "3", "--warmup-steps", "100"], fast=False, rc=0,
+         says="--warmup-steps 100 is more than half of this run's 3 steps"),
+    # dtrain dry-run (new with issue 53)
+    Case("dryrun-rank-outside", ["dry-run", "--task", "lm", "-n", "4", "--rank", "4"]),
+    Case("dryrun-steps-0", ["dry-run", "--task", "lm", "--steps", "0"]),
+    Case("dryrun-nnodes-elastic", ["dry-run", "--task", "lm", "--nnodes", "1:4"]),
+    Case("dryrun-device-memory-nan", ["dry-run", "--task", "lm", "--device-memory", "nan"]),
+    Case("dryrun-parallel-auto", ["dry-run", "--task", "lm", "-n", "4", "--parallel", "auto"]),
+    Case("dryrun-pp", ["dry-run", "--task", "lm", "-n", "4", "--parallel", "pp=2,dp_shard=2"]),
+    Case("dryrun-layout-world", ["dry-run", "--task", "lm", "-n", "4", "--parallel", "dp_shard=3"]),
+    Case("dryrun-heads-tp", ["dry-run", "--task", "lm", "-n", "4", "--parallel", "tp=4", "--task-arg", "heads=6",
+                             "--task-arg", "width=48"], fast=False),
+    Case("dryrun-empty-rank", ["dry-run", "--task", "lm", "--task-arg", "width=32", "--task-arg", "heads=2", "--task-arg", "layers=1",
+                               "--task-arg", "context=16", "-n", "512", "--strategy", "fsdp", "--rank", "300", "--device", "cpu"], fast=False),
+    Case("dryrun-does-not-fit", ["dry-run", "--task", "lm", "-n", "2", "--strategy", "fsdp", "--device", "cpu", "--device-memory",
+                                 "0.000001"], fast=False, rc=1, says="does NOT fit"),
+    Case("lm-vocab-small", ["dry-run", "--task", "lm", "--task-arg", "vocab=100"]),
+]
+"""Issue 51's classes (and the dry run's inputs); ``--set issue51``. The 2-rank call after ``close()`` is
+tests/multiprocess/context/test_misuse.py's (a one-process snippet cannot show it)."""
+
+ALL_CASES = [*CASES, *NEW_FLAG_CASES, *ISSUE51_CASES]
 """What the benchmark runs: issue 22's cases (``CASES``, tried by tests/{logic,multiprocess}/cli/test_bad_inputs.py)
 and issue 32's (``NEW_FLAG_CASES``, tried by tests/{logic,multiprocess}/cli/test_bad_inputs_new_flags.py)."""
 
@@ -479,6 +590,9 @@ def make_fixtures(folder: str) -> None:
         fh.write("def make(:\n    pass\n")
     make_crafted_checkpoint(os.path.join(folder, "crafted"), os.path.join(folder, "PWNED"))
     make_new_flag_fixtures(folder)
+    os.mkfifo(os.path.join(folder, "fifo"))  # issue 51: a named pipe given as a file must not block
+    _write(os.path.join(folder, "neg.json"), '{"device": "h100", "intra_latency_us": -5}')
+    _write(os.path.join(folder, "l_neg.json"), _LINKS_NEG)
 
 
 def _write(path: str, text: str | bytes) -> None:
@@ -685,8 +799,8 @@ def per_case(results: list[Result]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("-k", default=None, help="only cases whose id contains this")
-    parser.add_argument("--set", choices=("all", "old", "new"), default="all",
-                        help="old: issue 22's cases; new: issue 32's (the flags added since); all (default)")
+    parser.add_argument("--set", choices=("all", "old", "new", "issue51"), default="all",
+                        help="old: issue 22's cases; new: issue 32's (the flags added since); issue51: issue 51's classes; all (default)")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds per case before it counts as a hang")
     parser.add_argument("--jobs", type=int, default=2, help="cases at a time")
     parser.add_argument("--markdown", default=None, metavar="FILE", help="write the table and the per-case list here")
@@ -696,7 +810,7 @@ def main() -> int:
     SRC = args.src or SRC
     ids = [c.id for c in ALL_CASES]
     assert len(ids) == len(set(ids)), "case ids must be unique"
-    chosen = {"all": ALL_CASES, "old": CASES, "new": NEW_FLAG_CASES}[args.set]
+    chosen = {"all": ALL_CASES, "old": CASES, "new": NEW_FLAG_CASES, "issue51": ISSUE51_CASES}[args.set]
     cases = [c for c in chosen if args.k is None or args.k in c.id]
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
         results = list(pool.map(lambda c: run_case(c, args.timeout), cases))
