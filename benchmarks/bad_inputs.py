@@ -514,6 +514,14 @@ ISSUE51_CASES = [
     Case("dryrun-does-not-fit", ["dry-run", "--task", "lm", "-n", "2", "--strategy", "fsdp", "--device", "cpu", "--device-memory",
                                  "0.000001"], fast=False, rc=1, says="does NOT fit"),
     Case("lm-vocab-small", ["dry-run", "--task", "lm", "--task-arg", "vocab=100"]),
+    # FSDP's reduce dtype and float8 (new with issue 53)
+    Case("train-fsdp-reduce-int8", [*S, "--strategy", "fsdp", "--fsdp-reduce", "int8"]),
+    Case("train-fsdp-reduce-for-ddp", [*S, "--strategy", "ddp", "--fsdp-reduce", "bf16"]),
+    Case("train-float8-on-cpu", [*S, "--precision", "float8", "--device", "cpu"]),
+    Case("train-float8-recipe-bad", [*S, "--precision", "float8", "--float8-recipe", "colwise"]),
+    Case("train-float8-emulate-without-float8", [*S, "--float8-emulate"]),
+    Case("api-init-float8-cpu", py="dtrain.init(precision='float8', device='cpu')"),
+    Case("api-fsdp-reduce-bad", py="dtrain.init('fsdp', reduce_dtype='int8')"),
 ]
 """Issue 51's classes (and the dry run's inputs); ``--set issue51``. The 2-rank call after ``close()`` is
 tests/multiprocess/context/test_misuse.py's (a one-process snippet cannot show it)."""
