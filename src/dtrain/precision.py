@@ -113,6 +113,15 @@ class Precision:
         return torch.amp.GradScaler(self.device_type) if self.scale_loss else None
 
 
+def auto_name(*, gpu: bool, bf16: bool, float8: bool = False) -> str:
+    """``--precision auto``, the one rule (training, ``dtrain plan`` and ``--parallel auto`` ask it):
+    float8 on a GPU with bf16 and float8 (and torchao), bf16-mixed on a GPU with bf16, fp32 elsewhere
+    (a GPU without bf16, e.g. V100; a CPU, which emulates bf16 10x slower for a conv)."""
+    if not gpu or not bf16:
+        return "fp32"
+    return FLOAT8 if float8 else "bf16-mixed"
+
+
 def scaler_skips_itself(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
     """Make a GradScaler skip an overflowed step of torch's fused SGD itself.
 

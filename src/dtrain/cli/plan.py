@@ -11,6 +11,7 @@ import sys
 
 from .. import _check as check
 from ..errors import ConfigError
+from ..precision import auto_name
 from .common import parse_nnodes
 from .train import add_task_args, parse_task_args
 
@@ -153,8 +154,8 @@ def main(args: argparse.Namespace) -> int:
     if args.chart is not None:
         _chart_path(args.chart)
     clu = cluster_from_args(args, args.nproc or 1, nnodes)
-    if args.precision in (None, "auto"):  # as train: fp32 unless asked; auto is bf16 on a GPU cluster
-        args.precision = "bf16-mixed" if args.precision == "auto" and clu.is_gpu else "fp32"
+    if args.precision in (None, "auto"):  # as train: fp32 unless asked; auto is precision.auto_name's (no float8 rates)
+        args.precision = auto_name(gpu=clu.is_gpu, bf16=clu.device.bf16) if args.precision == "auto" else "fp32"
     task = load_task(args.task, data_dir=args.data_dir, options=parse_task_args(args.task_arg))
     batch = args.batch_size or task.batch_size
     _batch_bound(batch, task)

@@ -43,17 +43,18 @@ def resolve(cfg: Any, world_size: int, nproc: int, device: str | None) -> Any:
     """``cfg`` (a TrainConfig with ``parallel.layout == "auto"``) with the plan's pick for
     ``world_size`` processes on one node; prints one line naming the pick and the runner-up."""
     from ..data.loader import usable_cores
+    from ..precision import auto_name
     from ..tasks import load_task
     from . import plan_task
-    from .cluster import build
+    from .cluster import DEVICES, build
 
     if world_size == 1:
         print("dtrain: --parallel auto: one process, nothing to split (single).", file=sys.stderr, flush=True)
         return _with(cfg, strategy="auto", layout=None)
     kind, gpu = _device_kind(device)
     precision = cfg.runtime.precision
-    if precision == "auto":
-        precision = "bf16-mixed" if gpu else "fp32"
+    if precision == "auto":  # the plan has no float8 rates: a float8 run is planned as the bf16 it runs around
+        precision = auto_name(gpu=gpu, bf16=gpu and DEVICES[kind].bf16)
     clu = build({"device": kind, "procs_per_node": nproc, "nodes": 1})
     task = load_task(cfg.task.name, data_dir=cfg.task.data_dir, options=cfg.task.args)
     plan = plan_task(task, clu, batch=cfg.batch.size or task.batch_size, precision=precision, optimizer=cfg.optim.name,
@@ -93,14 +94,13 @@ def _device_kind(device: str | None) -> tuple[str, bool]:
     """The plan's device preset for this machine's device ('cpu' is profiled here)."""
     import torch
 
-    from .cluster import DEVICES
+    from .cluster import DEVICES, preset_for
 
     if device == "cpu" or not torch.cuda.is_available():
         return "cpu", False
     name = torch.cuda.get_device_name()
-    flat = name.lower().replace(" ", "").replace("-", "")
-    for kind in sorted(DEVICES, key=len, reverse=True):  # a100-40 before a100
-        if kind.replace("-", "") in flat or (kind == "a100-40" and "a100" in flat and "40gb" in flat):
-            return kind, True
+    kind = preset_for(name, float(torch.cuda.get_device_properties(0).total_memory))
+    if kind is not None:
+        return kind, True
     raise ConfigError(f"--parallel auto: no plan preset for the GPU {name!r} (known: {', '.join(DEVICES)}); run `dtrain plan "
                       "--peak-tflops T --mem-gib M -n P ...` and pass its pick (--strategy or --parallel).")

@@ -38,17 +38,19 @@ class Device:
     """Memory taken before the model: CUDA context, allocator reserve, the framework."""
     profiled: bool = False
     """This machine's GPU (``--device cuda``): the plan times the step on it instead of FLOPs x ``achieved``."""
+    bf16: bool = True
+    """Has bf16 arithmetic (Ampere and newer): what ``--precision auto`` asks (``precision.auto_name``)."""
 
     def flops(self, precision: str) -> float:
         return self.peak_flops.get(precision) or self.peak_flops["fp32"]
 
 
-def _gpu(name: str, bf16_tflops: float, tf32_tflops: float, mem_gb: float, bw_tbs: float) -> Device:
+def _gpu(name: str, bf16_tflops: float, tf32_tflops: float, mem_gb: float, bw_tbs: float, bf16: bool = True) -> Device:
     # fp32 training on tensor cores runs in TF32 (torch's default for convolutions; dtrain's
     # flops table does the same); the fixed 1.5 GiB is the CUDA context plus allocator slack.
     return Device(name=name, peak_flops={"fp32": tf32_tflops * 1e12, "bf16-mixed": bf16_tflops * 1e12,
                                           "fp16-mixed": bf16_tflops * 1e12},
-                  memory_bytes=mem_gb * GB, mem_bw=bw_tbs * 1e12, fixed_bytes=1.5 * GIB)
+                  memory_bytes=mem_gb * GB, mem_bw=bw_tbs * 1e12, fixed_bytes=1.5 * GIB, bf16=bf16)
 
 
 DEVICES: dict[str, Device] = {
@@ -56,8 +58,8 @@ DEVICES: dict[str, Device] = {
     "h200": _gpu("H200 SXM", 989.0, 494.0, 141.0, 4.8),
     "a100": _gpu("A100 SXM 80GB", 312.0, 156.0, 80.0, 2.04),
     "a100-40": _gpu("A100 SXM 40GB", 312.0, 156.0, 40.0, 1.56),
-    "v100": _gpu("V100 SXM2 32GB", 125.0, 15.7, 32.0, 0.9),
-    "p100": _gpu("P100 SXM2 16GB", 21.2, 10.6, 16.0, 0.732),  # no tensor cores: fp16 = 2x fp32
+    "v100": _gpu("V100 SXM2 32GB", 125.0, 15.7, 32.0, 0.9, bf16=False),  # fp16 tensor cores, no bf16
+    "p100": _gpu("P100 SXM2 16GB", 21.2, 10.6, 16.0, 0.732, bf16=False),  # no tensor cores: fp16 = 2x fp32
 }
 """Data-sheet figures (dense, no sparsity)."""
 
@@ -191,6 +193,16 @@ def _total_memory() -> float:
         return 16 * GIB
 
 
+def preset_for(gpu_name: str, memory_bytes: float) -> str | None:
+    """The preset (a key of ``DEVICES``) a GPU's name is, e.g. 'NVIDIA H100 80GB HBM3' -> 'h100'; an
+    A100 under 60 GiB is 'a100-40'. None: no preset. The one place a GPU's name becomes a preset."""
+    lowered = gpu_name.lower().replace(" ", "").replace("-", "")
+    key = next((k for k in ("h200", "h100", "a100", "v100", "p100") if k in lowered), None)
+    if key == "a100" and memory_bytes < 60 * GIB:
+        key = "a100-40"
+    return key
+
+
 def local_gpu() -> tuple[Device, str | None]:
     """``--device cuda``: this machine's first GPU, to be profiled (``Device.profiled``), with the
     data sheet's peak and links of the preset its name matches (key returned; None: no preset,
@@ -201,13 +213,11 @@ def local_gpu() -> tuple[Device, str | None]:
         raise ConfigError("--device cuda: no CUDA GPU is visible here; name the GPU kind to plan for instead "
                           f"(--device {', '.join(DEVICES)}), or run the plan where the GPU is.")
     props = torch.cuda.get_device_properties(0)
-    lowered, mem = props.name.lower(), float(props.total_memory)
-    key = next((k for k in ("h200", "h100", "a100", "v100", "p100") if k in lowered), None)
-    if key == "a100" and mem < 60 * GIB:
-        key = "a100-40"
+    mem = float(props.total_memory)
+    key = preset_for(props.name, mem)
     if key is None:
         base = Device(name=props.name, peak_flops={"fp32": 0.0, "bf16-mixed": 0.0, "fp16-mixed": 0.0}, memory_bytes=mem,
-                      mem_bw=1e12, achieved=1.0, fixed_bytes=1.5 * GIB)
+                      mem_bw=1e12, achieved=1.0, fixed_bytes=1.5 * GIB, bf16=props.major >= 8)
     else:
         base = DEVICES[key]
     return replace(base, name=f"{props.name} (this GPU, profiled)", memory_bytes=mem, profiled=True), key

@@ -36,15 +36,15 @@ def auto_precision(device: torch.device, bf16_supported: bool | None = None, flo
     bf16-mixed: ``dtrain.parallel.float8``), bf16-mixed on a GPU with bf16 (``bf16_supported``,
     ``float8_supported``: default, asked of torch), fp32 elsewhere (a CPU without bf16 instructions
     emulates it, 10x slower for a conv)."""
+    from ..precision import auto_name
+
     if device.type != "cuda":
-        return "fp32"
+        return auto_name(gpu=False, bf16=False)
     if bf16_supported is None:
         bf16_supported = torch.cuda.is_bf16_supported()
     if float8_supported is None:
         float8_supported = _float8_here(device)
-    if float8_supported and bf16_supported:
-        return "float8"
-    return "bf16-mixed" if bf16_supported else "fp32"
+    return auto_name(gpu=True, bf16=bf16_supported, float8=float8_supported)
 
 
 def _float8_here(device: torch.device) -> bool:

@@ -46,3 +46,26 @@ def test_one_process_needs_no_plan(capsys):
 
 def test_cpu_is_profiled_here():
     assert auto._device_kind("cpu") == ("cpu", False)
+
+
+@pytest.mark.parametrize("gpu, bf16, float8, name", [
+    (False, False, False, "fp32"), (False, True, True, "fp32"),   # a CPU: fp32 whatever it emulates
+    (True, False, False, "fp32"), (True, False, True, "fp32"),    # V100, P100: no bf16
+    (True, True, False, "bf16-mixed"), (True, True, True, "float8"),
+])
+def test_auto_precision_is_one_rule(gpu, bf16, float8, name):
+    from dtrain.precision import auto_name
+
+    assert auto_name(gpu=gpu, bf16=bf16, float8=float8) == name
+
+
+def test_a_gpu_name_becomes_its_preset_in_one_place_and_the_presets_know_bf16():
+    from dtrain.plan.cluster import DEVICES, GIB, preset_for
+
+    assert preset_for("NVIDIA H100 80GB HBM3", 80 * GIB) == "h100"
+    assert preset_for("NVIDIA H200", 141 * GIB) == "h200"
+    assert preset_for("NVIDIA A100-SXM4-40GB", 40 * GIB) == "a100-40"
+    assert preset_for("NVIDIA A100-SXM4-80GB", 80 * GIB) == "a100"
+    assert preset_for("Tesla V100-SXM2-32GB", 32 * GIB) == "v100"
+    assert preset_for("NVIDIA GeForce RTX 4090", 24 * GIB) is None
+    assert [k for k, d in DEVICES.items() if d.bf16] == ["h100", "h200", "a100", "a100-40"]

@@ -61,9 +61,10 @@ def test_fp32_gpu_attention_is_the_memory_efficient_kernel():
     assert fp32_gpu["act"] < fp32_cpu["act"] / 2
 
 
-def _fake_cuda(monkeypatch, name="NVIDIA H200", gib=140.0):
+def _fake_cuda(monkeypatch, name="NVIDIA H200", gib=140.0, major=9):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: types.SimpleNamespace(name=name, total_memory=int(gib * 2**30)))
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda i: types.SimpleNamespace(name=name, total_memory=int(gib * 2**30), major=major))
 
 
 def test_device_cuda_is_this_gpu_with_its_presets_links(monkeypatch):
@@ -76,6 +77,9 @@ def test_device_cuda_is_this_gpu_with_its_presets_links(monkeypatch):
     _fake_cuda(monkeypatch, name="Some New GPU", gib=24)
     d = cluster.build({"device": "cuda"}).device
     assert d.profiled and d.memory_bytes == 24 * 2**30 and d.flops("bf16-mixed") == 0.0  # its peak: what the profile achieves
+    assert d.bf16  # compute capability 9: --precision auto plans bf16 on it
+    _fake_cuda(monkeypatch, name="Some Old GPU", gib=16, major=7)
+    assert not cluster.build({"device": "cuda"}).device.bf16
 
 
 def test_device_cuda_without_a_gpu_or_with_mfu_is_one_clear_line(monkeypatch):
