@@ -73,9 +73,7 @@ class Precision:
         and for float8 on a device without it (unless emulated)."""
         if isinstance(name, Precision):
             return cls._float8(name.float8, device) if name.float8 is not None else name
-        if name == "auto":  # the fast path: float8 or bf16 where the GPU has it, else fp32 (dtrain.world.fastpath)
-            from .world.fastpath import auto_precision
-
+        if name == "auto":  # the fast path: float8 or bf16 where the GPU has it, else fp32 (auto_precision)
             name = auto_precision(device)
             if name == FLOAT8:
                 return cls._float8(Float8Config(auto=True), device)
@@ -120,6 +118,22 @@ def auto_name(*, gpu: bool, bf16: bool, float8: bool = False) -> str:
     if not gpu or not bf16:
         return "fp32"
     return FLOAT8 if float8 else "bf16-mixed"
+
+
+def auto_precision(device: torch.device, bf16_supported: bool | None = None, float8_supported: bool | None = None) -> str:
+    """``--precision auto`` on ``device`` (``auto_name`` asked with this device's facts): float8 on a GPU
+    with float8 (compute capability >= 8.9) where torchao is installed (its linears converted only where
+    large enough to gain, else the run is bf16-mixed: ``dtrain.parallel.float8``), bf16-mixed on a GPU
+    with bf16, fp32 elsewhere. ``bf16_supported``, ``float8_supported``: default, asked of torch."""
+    if device.type != "cuda":
+        return auto_name(gpu=False, bf16=False)
+    if bf16_supported is None:
+        bf16_supported = torch.cuda.is_bf16_supported()
+    if float8_supported is None:
+        from .world.fastpath import float8_here
+
+        float8_supported = float8_here(device)
+    return auto_name(gpu=True, bf16=bf16_supported, float8=float8_supported)
 
 
 def scaler_skips_itself(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:

@@ -258,16 +258,12 @@ def _layouts(text: str, clu, comms: tuple[str, ...]) -> list:
     """``--layouts``: names as `dtrain train` takes them (checked against the world size)."""
     from ..parallel.dims import ParallelDims, parse
     from ..plan import Layout
+    from ..plan.layouts import NAMED, named
 
     world, out = clu.world_size, []
     for name in (t.strip() for t in text.split(";") if t.strip()):
-        if name in ("ddp", "zero1"):
-            dims = ParallelDims(dp_replicate=world)
-            out += [Layout(name, dims, comm=c) for c in comms] if name == "ddp" else [Layout(name, dims, zero1=True)]
-        elif name == "fsdp":
-            out.append(Layout(name, ParallelDims(dp_shard=world)))
-        elif name == "hsdp":
-            out.append(Layout(name, ParallelDims(dp_replicate=clu.nodes, dp_shard=clu.procs_per_node)))
+        if name in NAMED:
+            out += named(name, world, clu.procs_per_node, comms)
         elif name == "single" and world == 1:
             out.append(Layout(name, ParallelDims()))
         elif "=" in name:

@@ -40,16 +40,29 @@ class Layout:
         return self.name if self.comm == "none" else f"{self.name} --comm {self.comm}"
 
 
+NAMED = ("ddp", "zero1", "fsdp", "hsdp")
+"""The strategies the plan compares by name (each at its registry preset)."""
+
+
+def named(name: str, world: int, procs_per_node: int, comms: tuple[str, ...] = ("none",)) -> list[Layout]:
+    """The strategy ``name`` at its preset (``strategies.preset``): one layout per comm method
+    where the strategy takes ``--comm`` (ddp), else one."""
+    from .. import strategies
+
+    dims = strategies.preset(name, world, procs_per_node)
+    if not strategies.declared(name).supports_comm:
+        comms = ("none",)
+    return [Layout(name, dims, comm=c, zero1=name == "zero1") for c in comms]
+
+
 def candidates(world: int, procs_per_node: int, nodes: int, *, blocks: int, tp_ok: bool, pp_ok: bool,
                comms: tuple[str, ...] = COMMS) -> list[Layout]:
     """Every layout (x comm method) that `dtrain train` can run on ``world`` processes."""
     if world == 1:
         return [Layout("single", ParallelDims())]
-    out = [Layout("ddp", ParallelDims(dp_replicate=world), comm=c) for c in comms]
-    out.append(Layout("zero1", ParallelDims(dp_replicate=world), zero1=True))
-    out.append(Layout("fsdp", ParallelDims(dp_shard=world)))
+    out = named("ddp", world, procs_per_node, comms) + named("zero1", world, procs_per_node) + named("fsdp", world, procs_per_node)
     if nodes > 1 and procs_per_node > 1:
-        out.append(Layout("hsdp", ParallelDims(dp_replicate=nodes, dp_shard=procs_per_node)))
+        out += named("hsdp", world, procs_per_node)
     for tp in (2, 4, 8):
         if tp_ok and tp <= procs_per_node and procs_per_node % tp == 0 and world % tp == 0:
             rest = world // tp

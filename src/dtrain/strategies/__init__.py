@@ -81,6 +81,15 @@ def build(name: str | Strategy, *, comm: CommSpec | None = None, distributed: bo
     return _make(name, factory, {**options, **extra}) if extra else strategy
 
 
+def preset(name: str, size: int, local_size: int) -> ParallelDims:
+    """The layout the strategy called ``name`` takes on ``size`` processes, ``local_size`` of them a
+    node (ddp: ``dp_replicate=size``; fsdp: ``dp_shard=size``; hsdp: a node's processes shard, nodes
+    replicate): the registry's one map from a name to its preset, read by the plan and the CLI."""
+    from ..world import World
+
+    return build(name, distributed=size > 1).layout(World(size=size, local_size=local_size))
+
+
 def _make(name: str, factory: Callable[..., Strategy], options: dict[str, Any]) -> Strategy:
     try:
         return factory(**options)
@@ -133,4 +142,4 @@ def comm_options(strategy: str | Strategy, comm: CommSpec | None, *, distributed
 # Importing the modules registers them.
 from . import composed, ddp, dp, fsdp, hvd, pipeline, single, zero1  # noqa: E402,F401  # isort: skip
 
-__all__ = ["Capabilities", "Strategy", "available", "build", "comm_options", "declared", "register", "resolve_name"]
+__all__ = ["Capabilities", "Strategy", "available", "build", "comm_options", "declared", "preset", "register", "resolve_name"]

@@ -30,24 +30,8 @@ def optimizer_options(name: str, device: torch.device | None) -> dict[str, Any]:
     return {}
 
 
-def auto_precision(device: torch.device, bf16_supported: bool | None = None, float8_supported: bool | None = None) -> str:
-    """``--precision auto``: float8 on a GPU with float8 (compute capability >= 8.9) where torchao
-    is installed (its linears converted only where large enough to gain, else the run is
-    bf16-mixed: ``dtrain.parallel.float8``), bf16-mixed on a GPU with bf16 (``bf16_supported``,
-    ``float8_supported``: default, asked of torch), fp32 elsewhere (a CPU without bf16 instructions
-    emulates it, 10x slower for a conv)."""
-    from ..precision import auto_name
-
-    if device.type != "cuda":
-        return auto_name(gpu=False, bf16=False)
-    if bf16_supported is None:
-        bf16_supported = torch.cuda.is_bf16_supported()
-    if float8_supported is None:
-        float8_supported = _float8_here(device)
-    return auto_name(gpu=True, bf16=bf16_supported, float8=float8_supported)
-
-
-def _float8_here(device: torch.device) -> bool:
+def float8_here(device: torch.device) -> bool:
+    """A GPU with float8 kernels here, and torchao installed (``precision.auto_precision`` asks)."""
     import importlib.util
 
     return float8_capable(device) and importlib.util.find_spec("torchao") is not None

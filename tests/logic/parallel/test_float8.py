@@ -15,10 +15,9 @@ from torch import nn
 from dtrain.cli import main as cli_main
 from dtrain.errors import ConfigError
 from dtrain.parallel.float8 import apply_float8, converts, gains
-from dtrain.precision import Float8Config, Precision
+from dtrain.precision import Float8Config, Precision, auto_precision
 from dtrain.tasks.gpt import gpt, gpt_blocks
 from dtrain.train.config import RuntimeConfig
-from dtrain.world.fastpath import auto_precision
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda", 0)
 REFUSAL = ("float8 needs a GPU with compute capability >= 8.9 (Hopper/Ada); this is cpu; use bf16-mixed, "

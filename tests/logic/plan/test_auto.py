@@ -69,3 +69,17 @@ def test_a_gpu_name_becomes_its_preset_in_one_place_and_the_presets_know_bf16():
     assert preset_for("Tesla V100-SXM2-32GB", 32 * GIB) == "v100"
     assert preset_for("NVIDIA GeForce RTX 4090", 24 * GIB) is None
     assert [k for k, d in DEVICES.items() if d.bf16] == ["h100", "h200", "a100", "a100-40"]
+
+
+def test_the_plan_takes_each_strategys_layout_from_the_registry():
+    from dtrain import strategies
+    from dtrain.parallel.dims import ParallelDims
+    from dtrain.plan.layouts import candidates, named
+
+    assert strategies.preset("ddp", 16, 8) == ParallelDims(dp_replicate=16)
+    assert strategies.preset("fsdp", 16, 8) == ParallelDims(dp_shard=16)
+    assert strategies.preset("hsdp", 16, 8) == ParallelDims(dp_replicate=2, dp_shard=8)
+    assert [(x.name, x.comm, x.zero1) for x in named("ddp", 4, 2, ("none", "bf16"))] == [("ddp", "none", False), ("ddp", "bf16", False)]
+    assert [(x.name, x.comm, x.zero1) for x in named("zero1", 4, 2, ("none", "bf16"))] == [("zero1", "none", True)]  # no --comm
+    by_name = {x.name: x.dims for x in candidates(16, 8, 2, blocks=4, tp_ok=False, pp_ok=False, comms=("none",))}
+    assert all(by_name[n] == strategies.preset(n, 16, 8) for n in ("ddp", "zero1", "fsdp", "hsdp"))

@@ -9,10 +9,10 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from dtrain.data.loader import DeviceLoader, reshard
 from dtrain.data.plan import PREFETCH_BUDGET_BYTES, plan_input
-from dtrain.precision import Precision
+from dtrain.precision import Precision, auto_precision
 from dtrain.strategies.base import Capabilities
 from dtrain.tasks import make_optimizer
-from dtrain.world.fastpath import auto_channels_last, auto_precision, optimizer_options
+from dtrain.world.fastpath import auto_channels_last, optimizer_options
 
 CUDA = torch.device("cuda", 0)  # never touched: only its type is read
 CPU = torch.device("cpu")
