@@ -37,6 +37,12 @@ def one_bucket_mb(model: nn.Module) -> float:
     return nbytes * 1.05 / 2**20 + 1.0
 
 
+def bucket_mb(model: nn.Module, spec: CommSpec, cap_mb: float) -> float:
+    """DDP's bucket rule, the one place it is written: ``cap_mb`` (``bucket_cap_mb``), or one bucket
+    holding every gradient where the comm method needs it (PowerSGD; auto, which may pick it)."""
+    return max(cap_mb, one_bucket_mb(model)) if needs_one_bucket(spec) else cap_mb
+
+
 def attach(ddp: nn.parallel.DistributedDataParallel, spec: CommSpec) -> Method | None:
     """Register ``spec``'s communication hook on ``ddp``; None for ``none`` (DDP's own all-reduce)."""
     if spec.kind == "none":
@@ -54,4 +60,4 @@ def attach(ddp: nn.parallel.DistributedDataParallel, spec: CommSpec) -> Method |
 
 
 __all__ = ["CHOICES", "KINDS", "AllReduce", "Auto", "CommSpec", "Compressed", "LinkMeasurement", "LocalSGD", "Method", "Plain",
-           "PowerSGD", "attach", "choose", "needs_one_bucket", "one_bucket_mb"]
+           "PowerSGD", "attach", "bucket_mb", "choose", "needs_one_bucket", "one_bucket_mb"]

@@ -87,14 +87,12 @@ def _mesh() -> Any:
 def _ddp(model: nn.Module, kind: str, task: Any, x: Any, y: Any, spec: dict[str, Any], cast: Callable) -> Runner:
     from torch.nn.parallel import DistributedDataParallel
 
-    from ..comm import CommSpec, attach, needs_one_bucket, one_bucket_mb
+    from ..comm import CommSpec, attach, bucket_mb
     from ..strategies.ddp import DDPConfig
     from ..strategies.zero1 import shard_optimizer
 
     comm = CommSpec.parse(kind.partition(":")[2] or "none", warmup=2)
-    cap = DDPConfig().bucket_cap_mb
-    bucket = max(cap, one_bucket_mb(model)) if needs_one_bucket(comm) else cap
-    ddp = DistributedDataParallel(model, bucket_cap_mb=bucket, gradient_as_bucket_view=True)
+    ddp = DistributedDataParallel(model, bucket_cap_mb=bucket_mb(model, comm, DDPConfig().bucket_cap_mb), gradient_as_bucket_view=True)
     method = attach(ddp, comm)
     opt = _optimizer(spec["optimizer"], ddp.parameters(), task.lr)
     if kind == "zero1":

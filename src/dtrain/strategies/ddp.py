@@ -16,7 +16,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from .._log import logger, note_once
-from ..comm import CommSpec, Method, attach, needs_one_bucket, one_bucket_mb
+from ..comm import CommSpec, Method, attach, bucket_mb
 from ..comm.methods import powersgd_numel
 from ..errors import ConfigError
 from ..parallel.dims import ParallelDims
@@ -69,12 +69,11 @@ class DDPReplicas:
             return model
         c = self.config
         extra = {} if c.broadcast_buffers else {"broadcast_buffers": False}  # deprecated name in torch>=2.13
-        bucket_mb = max(c.bucket_cap_mb, one_bucket_mb(model)) if needs_one_bucket(c.comm) else c.bucket_cap_mb
         ddp = DistributedDataParallel(
             model,
             device_ids=[world.device.index] if world.device.type == "cuda" else None,
             process_group=group,
-            bucket_cap_mb=bucket_mb,
+            bucket_cap_mb=bucket_mb(model, c.comm, c.bucket_cap_mb),
             find_unused_parameters=c.find_unused_parameters,
             gradient_as_bucket_view=c.gradient_as_bucket_view,
             static_graph=c.static_graph,
