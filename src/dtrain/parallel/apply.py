@@ -3,8 +3,9 @@ every strategy, named or a ``--parallel`` layout:
 
 1. ``apply_pp``: pipeline split (``pp``, or a staged strategy on one process): this rank keeps
    its stage's layers, and every later step applies to that stage alone,
-2. ``apply_tp``: tensor parallelism (the task's plan, through ``parallelize_module``),
-3. ``apply_float8``: the blocks' linears to torchao's float8 ones (``--precision float8``),
+2. ``apply_float8``: the blocks' linears to torchao's float8 ones (``--precision float8``), before
+   TP as torchtitan's model converters and torchao do (swapping a linear after TP drops TP's hooks),
+3. ``apply_tp``: tensor parallelism (the task's plan, through ``parallelize_module``),
 4. ``apply_ac``: activation checkpointing of each block,
 5. ``apply_compile``: ``torch.compile`` of each block,
 6. ``apply_dp``, the data-parallel wrap, as the layout says: ``apply_fsdp`` (``fully_shard`` over
@@ -191,7 +192,7 @@ class Wrapping(Protocol):
 
 def parallelize(model: nn.Module, strategy: Wrapping, world: Any, *, blocks: Sequence[nn.Module] = (),
                 activation_checkpointing: bool = False, compile: bool = False, precision: Precision | None = None) -> nn.Module:
-    """The one order every strategy and every layout goes through: the pipeline cut, TP,
+    """The one order every strategy and every layout goes through: the pipeline cut, float8, TP,
     activation checkpointing and compile of each block where compile goes per block
     (``transforms.compile_per_block``: sharded parameters, pipeline stages, activation
     checkpointing), the data-parallel wrap, then compile of the whole wrapped model otherwise
