@@ -25,7 +25,7 @@ def instance(what: str, value: Any, types: type | tuple[type, ...], fix: str) ->
     """``value`` if it is one of ``types`` (a bool is not an int here), else ConfigError."""
     bad_bool = isinstance(value, bool) and bool not in (types if isinstance(types, tuple) else (types,))
     if not isinstance(value, types) or bad_bool:
-        raise ConfigError(f"{what} got {type_name(value)} {_short(value)}; {fix}.")
+        raise ConfigError(f"{what} got {type_name(value)} {short(value)}; {fix}.")
     return value
 
 
@@ -181,10 +181,11 @@ def _is_ip(text: str) -> bool:
     return False
 
 
-def _short(value: Any) -> str:
+def short(value: Any) -> str:
+    """``value`` as Python writes it (a line break as ``\\n``: a message stays one line), cut to 60 characters."""
     text = repr(value)
     text = text if len(text) <= 60 else text[:57] + "..."
-    return text.replace("\n", " ")
+    return text.replace("\n", " ")  # some objects' repr spans lines (an array's)
 
 
 class Parser(argparse.ArgumentParser):

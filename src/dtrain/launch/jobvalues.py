@@ -15,6 +15,7 @@ import re
 from dataclasses import fields
 from typing import Any
 
+from .._check import short as shown
 from ..errors import ConfigError
 
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")  # a tab is the one control character a line may hold
@@ -36,12 +37,6 @@ _WRITE = {"str": '"..." (in quotes)', "int": "2 (no quotes)", "bool": "true or f
 _EXAMPLES = {"command": '["train.py", "--lr", "0.1"]', "dtrain": '["python3", "-m", "dtrain"]', "time": '"02:00:00"',
              "mem_per_proc": '"4G"', "name": '"mnist-2n"', "setup": '["source .venv/bin/activate"]',
              "port": "29500 (no quotes)", "extra": '["--exclusive"]', "image": '"registry.example.com/me/train:1"', "env": '{ NCCL_DEBUG = "WARN" }'}
-
-
-def shown(value: Any) -> str:
-    """``value`` as Python writes it (a line break as ``\\n``: the message stays one line), cut to 60 characters."""
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def check_types(obj: Any, label: str = "") -> None:
