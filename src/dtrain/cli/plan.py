@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import sys
 
@@ -38,7 +39,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--inter-gbit", type=float, default=None, help="what one node sends to the others, Gbit/s (all its NICs); "
                    "`dtrain doctor` on two nodes prints the bus bandwidth in GB/s: x8")
     c.add_argument("--inter-latency-us", type=float, default=None, help="per message between nodes (`dtrain doctor`'s all-reduce latency / 2)")
-    c.add_argument("--shared-cores", type=int, default=None, help="all processes share this many cores (a test bed on one machine)")
     c.add_argument("--links", action="append", default=[], metavar="JSON", help="collectives measured by `dtrain doctor --links-out` "
                    "(between nodes: the figures between nodes; between local processes: inside a node); repeatable")
     c.add_argument("--measure-links", action="store_true", help="time the collectives between 2 processes on this machine "
@@ -62,6 +62,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     o.add_argument("--top", type=int, default=None, metavar="N", help="show the N fastest only")
     o.add_argument("--json", action="store_true", help="print one JSON object: {layouts: [...], best: {...}, ...}")
     o.add_argument("--chart", default=None, metavar="PNG", help="also write a bar chart (needs matplotlib)")
+    o.add_argument("--verify", action="store_true", help="dry-run the pick (and each layout of --layouts) here: rank 0 of the "
+                   "planned world on this machine's device, the other ranks a fake process group (as dtrain dry-run); its "
+                   "measured peak and state beside the plan's, and whether it fits by the measured peak")
     p.set_defaults(func=main)
 
 
@@ -72,22 +75,14 @@ def cluster_from_args(args: argparse.Namespace, nproc: int, nnodes: int):
     settings = cluster.load_file(args.cluster) if args.cluster else {}
     flags = {"device": args.device, "peak_tflops": args.peak_tflops, "achieved_fraction": args.mfu, "memory_gib": args.mem_gib,
              "intra_gbit": args.intra_gbit, "intra_latency_us": args.intra_latency_us, "inter_gbit": args.inter_gbit,
-             "inter_latency_us": args.inter_latency_us, "shared_cores": args.shared_cores, "procs_per_node": args.nproc,
+             "inter_latency_us": args.inter_latency_us, "procs_per_node": args.nproc,
              "nodes": nnodes if args.nnodes is not None else None}
     settings.update(inputs.cluster_settings(flags))
     settings.setdefault("procs_per_node", nproc)
     settings.setdefault("nodes", nnodes)
     inputs.world(settings["nodes"], settings["procs_per_node"])
     clu = cluster.build(settings)
-    if not clu.is_gpu and clu.shared_cores and clu.world_size > MAX_SHARED_WORLD:
-        raise ConfigError(f"--shared-cores {clu.shared_cores} with {clu.world_size:,} processes: the plan runs a job that shares "
-                          f"cores on this machine, starting its processes here to measure what sharing costs; at most "
-                          f"{MAX_SHARED_WORLD} (lower -n or --nnodes, or leave out --shared-cores).")
     return cluster.with_links(clu, measured_links(args, clu))
-
-
-MAX_SHARED_WORLD = 64
-"""Processes of a ``--shared-cores`` job on CPUs: the profile starts them all on this machine at once."""
 
 
 def measured_links(args: argparse.Namespace, clu) -> dict:
@@ -176,13 +171,37 @@ def main(args: argparse.Namespace) -> int:
         plan = dataclasses.replace(plan, margin=args.margin / 100)
     if args.chart:
         _write_chart(plan, args.chart)
+    verified = _verify(args, plan, layouts, batch) if args.verify else None
     if args.json:
-        print(report.to_json(plan))
+        print(report.to_json(plan) if verified is None else json.dumps({**plan.as_dict(), "verify": verified}))
     else:
         report.print_table(plan, top=args.top, task_flags=_task_flags(args, batch))
         if args.chart:
             print(f"chart: {args.chart}")
+        if verified is not None:
+            from ..dryrun.verify import lines
+
+            print("\n".join(lines(verified, plan.cluster.world_size)))
     return 0
+
+
+def _verify(args: argparse.Namespace, plan, layouts: list | None, batch: int) -> list[dict]:
+    """``--verify``: the dry run of the pick (the fastest predicted where none fits) and of each
+    layout ``--layouts`` named (its exact ``--comm none`` prediction; one per layout)."""
+    from ..dryrun.verify import Job, verify
+    from ..train.config import TaskConfig
+
+    pick = plan.best or (plan.predictions[0] if plan.predictions else None)
+    preds = [pick] if pick is not None else []
+    for lay in layouts or []:
+        if all(p.layout.name != lay.name for p in preds):
+            same = [p for p in plan.predictions if p.layout.name == lay.name]
+            preds.append(next((p for p in same if p.layout.comm == "none"), same[0]))
+    job = Job(task=TaskConfig(name=args.task, args=parse_task_args(args.task_arg), data_dir=args.data_dir), batch=batch,
+              grad_accum=args.grad_accum, optimizer=plan.settings.optimizer, precision=plan.settings.precision,
+              activation_checkpointing=args.activation_checkpointing)
+    clu = plan.cluster
+    return verify(preds, job, clu.world_size, clu.procs_per_node, clu.device.memory_bytes)
 
 
 MAX_BATCH = 1 << 16

@@ -163,7 +163,7 @@ def run_rank(cfg: DryRunConfig, world: World, *, materialize: str = "meta", task
     built: dict[str, Any] = {"strategy": par.strategy, "comm": par.comm, **par.strategy_options}
     if par.layout:
         built.update(parallel=par.layout, tp_plan=task.tp_plan)
-    ctx = init(precision=cfg.runtime.precision, seed=cfg.seed, world=world, stall_timeout=0,
+    ctx = init(precision=cfg.runtime.precision_spec(), seed=cfg.seed, world=world, stall_timeout=0,
                activation_checkpointing=cfg.runtime.activation_checkpointing, compile=cfg.runtime.compile, **built)
     try:
         return _steps(ctx, cfg, task, batch, materialize)
