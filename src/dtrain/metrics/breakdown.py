@@ -164,6 +164,12 @@ class StepBreakdown:
         self._resolve()
         self._window, self._all = [], []
 
+    def recent(self, n: int) -> dict[str, Any] | None:
+        """The same figures over the last ``n`` steps closed (the batch split's measurement;
+        it leaves the log interval's window alone)."""
+        self._resolve()
+        return stats(self._all[-n:]) if n > 0 else None
+
     def summary(self) -> dict[str, Any] | None:
         """The same figures over every step of the run, the first apart (it starts the loader)."""
         self._resolve()

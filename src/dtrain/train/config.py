@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from .. import _check as check
 from ..comm import CommSpec
+from ..data.split import SplitSpec
 from ..errors import ConfigError
 from ..metrics.stragglers import StragglerConfig
 from ..metrics.tensorboard import check_tensorboard
@@ -45,6 +46,9 @@ class BatchConfig:
     global_batch: int | None = None
     """Keep this global batch whatever the world size (``--elastic-batch global``): each process
     takes its share and accumulates micro-batches of ``size`` (``train/elastic.py``)."""
+    split: str = "even"
+    """How the global batch is split between ranks (``--batch-split``): even, speed (measured) or
+    samples per rank (``40,24``); ``dtrain.data.split``."""
     num_workers: int | None = None
     """DataLoader worker processes per rank (``--num-workers``); None: ``dtrain.data.default_num_workers``
     (0 for data already in memory, else from the cores available per process)."""
@@ -55,6 +59,7 @@ class BatchConfig:
             raise ConfigError(f"--num-workers must be >= 0, got {self.num_workers}.")
         if self.size is not None:
             check_accum(self.size, self.grad_accum)
+        SplitSpec.parse(self.split)
 
 
 @dataclass(frozen=True, kw_only=True)

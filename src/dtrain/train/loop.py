@@ -28,7 +28,7 @@ from ..world import World
 from ..world.fastpath import auto_channels_last
 from .config import TrainConfig, check_accum
 from .elastic import split
-from .listeners import Listeners, LoopState
+from .listeners import Listener, Listeners, LoopState, batch_split
 from .listeners.checkpoints import Checkpoints
 from .listeners.divergence import Diverged, DivergenceCheck
 from .listeners.faults import FaultInjection, fault_step
@@ -111,6 +111,7 @@ def _run(cfg: TrainConfig, world: World | None, strategy: Strategy | None, task:
 
 def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) -> dict[str, Any]:
     model, optimizer, loader, workers = _setup(ctx, cfg, task, batch)
+    loader, task, splitter = batch_split.attach(ctx, cfg, task, loader, batch)  # --batch-split: its loader, weighted loss
     saving = cfg.checkpoint
     ckpt = ctx.checkpoints(saving.dir, keep=saving.keep, async_save=saving.async_save) if saving.dir else None
     step = _resume(ctx, cfg, ckpt, model, optimizer, loader)
@@ -125,7 +126,7 @@ def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) ->
     )
     state = LoopState(step=step, total=total, start_step=step, window_loss=torch.zeros((), device=ctx.device))
     rate = steady_rate(ctx, cfg, batch, total - step)  # rates after warm-up (dtrain.metrics.throughput)
-    listeners, report, preemption = _listeners(ctx, cfg, task, batch, t0, state, ckpt, model, optimizer, loader, rate)
+    listeners, report, preemption = _listeners(ctx, cfg, task, batch, t0, state, ckpt, model, optimizer, loader, rate, splitter)
     obs = report.obs
     listeners.on_start(state)
     k = cfg.batch.grad_accum
@@ -200,7 +201,8 @@ def _resume(ctx: Context, cfg: TrainConfig, ckpt: Any, model: Any, optimizer: An
 
 
 def _listeners(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float, state: LoopState, ckpt: Any,
-               model: Any, optimizer: Any, loader: Any, rate: SteadyRate) -> tuple[Listeners, Report, Preemption]:
+               model: Any, optimizer: Any, loader: Any, rate: SteadyRate,
+               splitter: Listener | None = None) -> tuple[Listeners, Report, Preemption]:
     """The loop's listeners, in the order they hear each step (dtrain.train.listeners)."""
     options, seen = current(), cfg.observe
     fault = fault_step(options.testing.fault_inject, ctx.rank, ctx.world.restart_count)
@@ -222,6 +224,7 @@ def _listeners(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float
         LossWindow(ctx, seen.log_every),
         DivergenceCheck(ctx, lr=cfg.optim.lr or task.lr, checkpoint_dir=cfg.checkpoint.dir, save_due=saves.due if saves else lambda s: False),
         report,
+        splitter,  # before the saves: a checkpoint holds the split's changes made at its step
         preemption,
         saves,
     ]

@@ -1,0 +1,171 @@
+"""The batch split by rank speed as a listener (``--batch-split speed``; ``dtrain.data.split``).
+
+After the warm-up's first steps, every rank's step breakdown over them is gathered (one small
+all_gather) and each rank's compute cost is read from it: per sample, its forward, backward and
+data wait divided by the samples it had; fixed, its optimizer step and the rest of the loop.
+The global batch is then split so that the slowest rank's predicted time is least
+(``split.shares_for``), from a step no rank's sampler has built yet.
+
+Then every ``--straggler-window`` steps the same figures are gathered again and handed to a
+straggler detector (``metrics.stragglers``: a rank whose own step time is ``--straggler-threshold``
+x the others' median): when it names a rank, the speed has drifted (a busier host, a throttled
+card), and the split is measured again from that window and changed where that shortens the
+step, in one line with the old and new shares.
+
+``--batch-split 40,24`` fixes the shares: nothing is measured. A checkpoint keeps the schedule of
+shares; a resume on the same world size and global batch continues it without measuring, on
+another one starts even and measures again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from ..._log import logger
+from ...data.split import SplitSpec, check_shares, describe, predicted_ms, shares_for, weighted
+from ...data.split_sampler import SplitLoader, split_loader
+from ...errors import ConfigError
+from ...metrics.breakdown import pack, unpack
+from ...metrics.stragglers import StragglerConfig, StragglerDetector
+from . import Listener, LoopState
+
+MEASURE_STEPS = 4
+"""The split is first measured after this many steps (or the warm-up's, if more), the first
+step apart (it starts the loader)."""
+MIN_GAIN = 0.03
+"""A re-measured split replaces the current one only if it shortens the predicted step by this share."""
+PER_SAMPLE = ("forward", "backward", "data_wait")
+FIXED = ("optimizer", "rest")
+
+
+def attach(ctx: Any, cfg: Any, task: Any, loader: Any, batch: int) -> tuple[Any, Any, BatchSplit | None]:
+    """For ``--batch-split`` other than even: the loader that splits the global batch, the task
+    whose loss is weighted for it, and the listener that measures; (loader, task, None) for even.
+    A combination that cannot take uneven batches is a ConfigError (every rank, before training)."""
+    spec = SplitSpec.parse(cfg.batch.split)
+    if spec.mode == "even":
+        return loader, task, None
+    world = ctx.data_parallel_size
+    refuse(ctx, spec, world, breakdown=cfg.observe.breakdown)
+    k, global_batch = cfg.batch.grad_accum, batch * world
+    shares = check_shares(spec.shares, global_batch=global_batch, world_size=world, unit=k) if spec.shares else None
+    if world == 1:
+        return loader, task, None  # one rank takes the whole batch: nothing to split
+    if global_batch // k < world:  # never with divisible batches, but a rank must get a micro-batch
+        raise ConfigError(f"--batch-split {spec}: a global batch of {global_batch} cannot give each of {world} ranks "
+                          f"{k} micro-batch(es) of a sample; raise --batch-size.")
+    split = split_loader(loader, shares)
+    task = dataclasses.replace(task, loss_fn=weighted(task.loss_fn, lambda: ctx.accumulation_steps, world_size=world,
+                                                     global_batch=global_batch))
+    measure = spec.mode == "speed"
+    listener = BatchSplit(ctx, split, measure=measure, unit=k, warmup_steps=cfg.observe.warmup_steps,
+                          stragglers=cfg.observe.stragglers)
+    if ctx.is_main:
+        how = "by speed: even until measured" if measure else f"fixed {describe(shares)}"
+        logger.info(f"batch split {how}; global batch {global_batch} over {world} ranks")
+    return split, task, listener
+
+
+def refuse(ctx: Any, spec: SplitSpec, world: int, *, breakdown: bool) -> None:
+    """One line for a combination whose ranks cannot take batches of different sizes."""
+    strategy = ctx.strategy
+    if strategy.capabilities.staged_step or world != ctx.world_size:
+        raise ConfigError(f"--batch-split {spec} needs every rank to read its own batch, but strategy {strategy.name!r} "
+                          f"has {world} data-parallel replica(s) on {ctx.world_size} processes (pipeline stages or tensor "
+                          "parallel ranks share a batch); use ddp, zero1, fsdp, hsdp or hvd, or drop --batch-split.")
+    comm = str(strategy.comm_record().get("comm") or "none")
+    if comm.startswith(("localsgd", "auto")):
+        raise ConfigError(f"--batch-split {spec} with --comm {comm}: local SGD averages parameters, not gradients, so "
+                          "uneven batches would change training; use --comm none, fp16, bf16 or powersgd, or drop --batch-split.")
+    if spec.mode == "speed" and not breakdown:
+        raise ConfigError("--batch-split speed measures each rank with the step breakdown; drop --no-breakdown "
+                          "(or fix the shares: --batch-split 40,24).")
+
+
+class BatchSplit(Listener):
+    """Starts the loader's step count; with ``measure``, splits by speed after warm-up and
+    again when a straggler is named. Collective (the measurements): every rank, same steps."""
+
+    def __init__(self, ctx: Any, loader: SplitLoader, *, measure: bool, unit: int, warmup_steps: int | None,
+                 stragglers: StragglerConfig) -> None:
+        self.ctx, self.loader, self.measure, self.unit = ctx, loader, measure, unit
+        self.first_rows = max(MEASURE_STEPS, warmup_steps or 0)
+        self.window = stragglers.window
+        # One host name for every rank: the detector never asks for a link probe here.
+        self.detector = StragglerDetector(stragglers, ["-"] * loader.world_size)
+        self.next_check: int | None = None
+        self.measured = False
+        """The first measurement was made (or a checkpoint's split continues)."""
+        self.changes: list[dict[str, Any]] = []
+        """Every change of shares: step measured, from step, old and new shares, why."""
+
+    def on_start(self, state: LoopState) -> None:
+        self.loader.start_step(state.step)
+        if not self.measure:
+            return
+        self.measured = self.loader.restored  # the checkpoint's split continues; only drift changes it
+        if self.measured:
+            self.next_check = state.step + self.window + 1
+        else:
+            self.next_check = state.step + self.first_rows + 1
+
+    def on_step(self, state: LoopState) -> None:
+        if self.next_check is None or state.step != self.next_check:
+            return
+        first = not self.measured
+        self.measured = True
+        # The breakdown's row of a step closes as the next starts: the rows closed now are
+        # steps up to state.step - 1; the first measurement leaves out the run's first step.
+        rows = self.first_rows - 1 if first else self.window
+        self._check(state.step, rows, first)
+
+    def _gather(self, rows: int) -> tuple[list[dict[str, Any] | None], int]:
+        """Every rank's breakdown over its last ``rows`` steps, and the first step no rank's
+        sampler has built (DataLoader workers build ahead). Collective: every rank."""
+        window = self.ctx.breakdown.recent(rows)
+        t = torch.tensor([*pack(window), float(self.loader.batch_sampler.next_step)], dtype=torch.float64, device=self.ctx.device)
+        gathered = [g.tolist() for g in self.ctx.all_gather(t)]
+        return [unpack(g[:-1]) for g in gathered], int(max(g[-1] for g in gathered))
+
+    def _check(self, step: int, rows: int, first: bool) -> None:
+        per_rank, from_step = self._gather(rows)
+        current = self.loader.schedule.at(step - 1)  # every measured step ran with these (see on_step)
+        self.next_check = step + self.window
+        found = [] if first else self.detector.add(step, per_rank)
+        if not first and not found:
+            return
+        try:
+            per_sample, fixed = costs(per_rank, current)
+            new = shares_for(sum(current), per_sample, fixed, unit=self.unit)
+        except ValueError:  # a rank without figures (no step closed): keep the split
+            if self.ctx.is_main:
+                logger.warning(f"batch split: no step breakdown from every rank at step {step}; the split stays {describe(current)}")
+            return
+        if new == current or (not first and predicted_ms(new, per_sample, fixed) > (1 - MIN_GAIN) * predicted_ms(current, per_sample, fixed)):
+            return
+        self.loader.schedule.change(from_step, new)
+        self.next_check = from_step + self.window
+        rates = ", ".join(f"rank {r} {1e3 / c:.4g}" for r, c in enumerate(per_sample))
+        why = "measured after warm-up" if first else "re-measured: " + "; ".join(
+            f"rank {f['rank']}'s own step was {f['ratio']:.2f}x the others' ({f['cause']})" for f in found)
+        change = {"step": step, "from_step": from_step, "old": current, "new": new, "why": why}
+        self.changes.append(change)
+        if self.ctx.is_main:
+            logger.info(f"batch split: {why} at step {step}: shares {describe(current)} -> {describe(new)} samples per rank "
+                        f"from step {from_step} (compute samples/s: {rates})")
+
+
+def costs(per_rank: list[dict[str, Any] | None], shares: list[int]) -> tuple[list[float], list[float]]:
+    """Each rank's compute ms per sample (forward, backward, data wait over its samples) and
+    fixed ms per step (optimizer, the rest); ValueError where a rank has no figures."""
+    per_sample, fixed = [], []
+    for window, n in zip(per_rank, shares):
+        if window is None or any(window["median_ms"].get(p) is None for p in (*PER_SAMPLE, *FIXED)):
+            raise ValueError("a rank has no breakdown")
+        med = window["median_ms"]
+        per_sample.append(sum(med[p] for p in PER_SAMPLE) / n)
+        fixed.append(sum(med[p] for p in FIXED))
+    return per_sample, fixed
