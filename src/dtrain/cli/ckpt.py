@@ -1,5 +1,5 @@
-"""`dtrain ckpt ls|verify|diff|consolidate|ledger`: look into checkpoints, check them, compare two of them,
-check a samples ledger."""
+"""`dtrain ckpt ls|verify|diff|consolidate|ledger|export`: look into checkpoints, check them, compare two of them,
+check a samples ledger, export an hf:PATH run's model for transformers."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from .._log import configure_cli_logging, logger
 from ..checkpoint import list_checkpoints, lock, read_checkpoint, resolve, verify
 from ..checkpoint.validate import read_latest_name, state_problem
 from ..errors import CheckpointError, ConfigError
+from . import ckpt_export
 
 
 def _logged(func):
@@ -29,7 +30,7 @@ def _logged(func):
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("ckpt", help="list, verify and compare checkpoints", description=__doc__)
-    cmds = p.add_subparsers(dest="ckpt_command", metavar="ls|verify|diff|consolidate|ledger", parser_class=type(p))
+    cmds = p.add_subparsers(dest="ckpt_command", metavar="ls|verify|diff|consolidate|ledger|export", parser_class=type(p))
     cmds.required = True
     ls = cmds.add_parser("ls", help="steps, sizes and validity of the checkpoints in DIR")
     ls.add_argument("dir")
@@ -50,6 +51,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     led = cmds.add_parser("ledger", help="per epoch, the samples a --ledger run trained on: seen, duplicated, missing; exit 1 unless exactly once")
     led.add_argument("dir", help="the folder given to --ledger")
     led.set_defaults(func=_logged(cmd_ledger))
+    ckpt_export.add_parser(cmds, _logged)
 
 
 def _human(n: int) -> str:
@@ -195,6 +197,12 @@ def cmd_ledger(args: argparse.Namespace) -> int:
 
     if not os.path.isdir(args.dir):
         raise ConfigError(f"{args.dir} is not a folder; give the folder passed to --ledger.")
+    from ..ft.ledger import check_ft_ledger, is_ft_ledger
+
+    if is_ft_ledger(args.dir):  # a --fault-tolerance job's: every committed step once, whichever group wrote it
+        report, disagree = check_ft_ledger(args.dir)
+        print(render(report) + "".join(f"\nFAIL: step {s}'s records disagree" for s in disagree[:5]))
+        return 0 if report.ok and not disagree else 1
     report = check_ledger(args.dir)
     print(render(report))
     return 0 if report.ok else 1

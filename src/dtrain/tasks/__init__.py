@@ -10,6 +10,7 @@ fields); it may take ``data_dir`` and any ``--task-arg KEY=VALUE`` as keyword ar
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import os
@@ -117,10 +118,15 @@ def load_task(spec: str, *, data_dir: str | None = None, options: dict[str, str]
     if spec in BUILTIN:
         module = importlib.import_module(f"{__name__}.{spec}")
         factory = module.make_task
+    elif spec.startswith("hf:"):  # a transformers model's folder (dtrain.tasks.hf); before MODULE:FUNCTION
+        from .hf import make_task
+
+        factory = functools.partial(make_task, spec[3:])
     elif ":" in spec:
         factory = _import_function(spec)
     else:
-        raise ConfigError(f"unknown task {spec!r}; choose one of: {', '.join(BUILTIN)}, or MODULE:FUNCTION for your own.")
+        raise ConfigError(f"unknown task {spec!r}; choose one of: {', '.join(BUILTIN)}, hf:PATH (a transformers model's folder), "
+                          "or MODULE:FUNCTION for your own.")
     task = _call_factory(spec, factory, data_dir, options)
     if isinstance(task, dict):
         names = {f.name for f in fields(Task)}

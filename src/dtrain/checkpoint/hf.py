@@ -1,0 +1,163 @@
+"""Hugging Face model folders (``config.json``, safetensors weights, tokenizer files), read and
+written through ``transformers`` (the optional extra ``hf``), never over the network.
+
+Every call into transformers runs inside ``offline()``: ``HF_HUB_OFFLINE=1`` (huggingface_hub
+reads it when first imported, so the import happens inside too) and ``local_files_only=True``,
+so a name that would need the Hub is one line here, never a download. A folder is checked before
+transformers is imported at all, so its mistakes are one line without the import's noise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..errors import CheckpointError, ConfigError
+
+INSTALL = "pip install 'dtrain[hf]'"
+WEIGHTS = ("model.safetensors", "model.safetensors.index.json")
+"""The weight files ``from_pretrained`` reads (one file, or the index of shards); transformers
+writes these (``save_pretrained``); a folder with only ``pytorch_model.bin`` is not read (pickle)."""
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "merges.txt",
+                   "special_tokens_map.json", "added_tokens.json")
+_HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+
+
+@contextlib.contextmanager
+def offline():
+    """``HF_HUB_OFFLINE=1`` for the calls inside (restored after: the process's environment is
+    the user's), and torch's pytree warnings about torchao's Enums (imported by transformers
+    when installed) held back, as ``precision.check_torchao`` does."""
+    old = os.environ.get("HF_HUB_OFFLINE")
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    quiet = logging.getLogger("torch.utils._pytree")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        quiet.setLevel(level)
+        if old is None:
+            os.environ.pop("HF_HUB_OFFLINE", None)
+        else:
+            os.environ["HF_HUB_OFFLINE"] = old
+
+
+def transformers() -> Any:
+    """The ``transformers`` module, offline for the rest of the process; one line where it is missing."""
+    with offline():
+        try:
+            import huggingface_hub.constants as hub
+            import transformers as tf
+        except ImportError as exc:
+            raise ConfigError(f"Hugging Face models need transformers and safetensors ({exc}); install them: {INSTALL}.") from None
+    hub.HF_HUB_OFFLINE = True  # imported earlier by someone else: read the variable then; dtrain never downloads
+    tf.utils.logging.disable_progress_bar()  # per-file bars on every rank's stderr
+    return tf
+
+
+def check_folder(what: str, path: str) -> str:
+    """``path`` is a local folder holding ``config.json``; else one line that says what it is."""
+    if not os.path.exists(path):
+        if not os.path.isabs(path) and _HUB_NAME.match(path) and "/" in path:
+            raise ConfigError(f"{what}: no folder {path} here, and dtrain never downloads a model; fetch it first "
+                              f"(e.g. hf download {path} --local-dir DIR) and give that folder.")
+        raise ConfigError(f"{what}: no folder {path}; give a folder with config.json (one written by save_pretrained).")
+    if not os.path.isdir(path):
+        raise ConfigError(f"{what}: {path} is a file; give the folder that holds config.json.")
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise ConfigError(f"{what}: {path} has no config.json; give a folder written by save_pretrained "
+                          "(config.json, and model.safetensors for trained weights).")
+    return path
+
+
+def load_config(what: str, path: str) -> Any:
+    """The folder's config, read by transformers; one line where transformers does not know it."""
+    tf = transformers()
+    with offline():
+        try:
+            return tf.AutoConfig.from_pretrained(path, local_files_only=True)
+        except (ValueError, KeyError, OSError, TypeError) as exc:
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:240]
+            raise ConfigError(f"{what}: transformers {tf.__version__} cannot read {os.path.join(path, 'config.json')} "
+                              f"({first}); give a config of a model transformers knows (model_type llama, gpt2, ...).") from None
+
+
+def has_weights(path: str) -> bool:
+    return any(os.path.isfile(os.path.join(path, name)) for name in WEIGHTS)
+
+
+def build_causal_lm(what: str, path: str, config: Any, *, weights: bool) -> nn.Module:
+    """The folder's causal LM in fp32 on the CPU: its safetensors weights where ``weights`` and
+    the folder has them (all of them: a weight the config names but the file lacks is an
+    error, not a random tensor), else transformers' random initialisation."""
+    tf = transformers()
+    auto = tf.AutoModelForCausalLM
+    with offline():
+        try:
+            if not (weights and has_weights(path)):
+                return auto.from_config(config, dtype=torch.float32)
+            model, info = auto.from_pretrained(path, config=config, dtype=torch.float32, local_files_only=True,
+                                               output_loading_info=True)
+        except (ValueError, KeyError, OSError, TypeError) as exc:
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:240]
+            raise ConfigError(f"{what}: transformers {tf.__version__} cannot build a causal language model from {path} "
+                              f"({first}); give a decoder model's folder (AutoModelForCausalLM).") from None
+    wrong = sorted(info.get("missing_keys") or ()) + sorted(str(k) for k in info.get("mismatched_keys") or ())
+    if wrong:
+        raise CheckpointError(f"{what}: the weights in {path} do not fit its config.json ({len(wrong)} missing or of "
+                              f"another shape, e.g. {wrong[0]}); give the folder save_pretrained wrote.")
+    return model
+
+
+def load_weights_into(what: str, model: nn.Module, path: str) -> None:
+    """Overwrite ``model`` (a transformers model) with the weights of the folder ``path``, which
+    must describe the same architecture (every name and shape)."""
+    check_folder(what, path)
+    if not has_weights(path):
+        raise ConfigError(f"{what}: {path} has no model.safetensors; give a folder with weights (e.g. one `dtrain ckpt export --hf` wrote).")
+    source = build_causal_lm(what, path, load_config(what, path), weights=True)
+    fit(what, model, source.state_dict(), path)
+
+
+def fit(what: str, model: nn.Module, state: dict[str, torch.Tensor], source: str) -> None:
+    """``model.load_state_dict(state)``, strict by name and shape except for names tied to a
+    weight ``state`` has (a head tied to the embedding is saved once)."""
+    own = model.state_dict()
+    tied = _tied_names(model)
+    missing = [k for k in own if k not in state and not any(o in state for o in tied.get(k, ()))]
+    unexpected = [k for k in state if k not in own]
+    shapes = [k for k in state if k in own and tuple(state[k].shape) != tuple(own[k].shape)]
+    if missing or unexpected or shapes:
+        detail = (f"missing {missing[0]}" if missing else f"unexpected {unexpected[0]}" if unexpected else
+                  f"{shapes[0]} is {tuple(state[shapes[0]].shape)}, the model's {tuple(own[shapes[0]].shape)}")
+        raise CheckpointError(f"{what}: the weights of {source} do not fit the model of the config ({detail}; "
+                              f"{len(missing)} missing, {len(unexpected)} unexpected, {len(shapes)} of another shape); "
+                              "give the config the weights were trained with.")
+    model.load_state_dict({k: v for k, v in state.items()}, strict=False)
+
+
+def _tied_names(model: nn.Module) -> dict[str, list[str]]:
+    """Each parameter name -> the other names of the same tensor (weight tying)."""
+    groups: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        groups.setdefault(id(p), []).append(name)
+    return {n: [o for o in names if o != n] for names in groups.values() for n in names}
+
+
+def copy_tokenizer(source: str, out: str) -> list[str]:
+    """Copy the tokenizer files of ``source`` (if any) into ``out``; the names copied."""
+    import shutil
+
+    copied = []
+    for name in TOKENIZER_FILES:
+        if os.path.isfile(os.path.join(source, name)):
+            shutil.copyfile(os.path.join(source, name), os.path.join(out, name))
+            copied.append(name)
+    return copied

@@ -1,0 +1,98 @@
+"""``dtrain ckpt export --hf DIR``: a training checkpoint of an ``hf:PATH`` task as a folder
+``transformers.AutoModelForCausalLM.from_pretrained(DIR)`` loads (``config.json``,
+``model.safetensors``, the tokenizer files of PATH).
+
+Any layout's checkpoint: a plain one (single, ddp, zero1) holds the model's state dict, a sharded
+one (fsdp, hsdp, tp, pipeline) is read whole from its DCP folder in this process (as ``dtrain
+ckpt consolidate``). The model is rebuilt from PATH's config, the weights loaded into it by name
+and shape, and written by transformers' own ``save_pretrained`` (which knows its tied weights),
+into a staging folder renamed to DIR at the end, so DIR is either whole or absent.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .. import _check as check
+from ..errors import CheckpointError, ConfigError
+from . import hf
+from .validate import read_checkpoint, resolve, state_problem
+
+PREFIX = "hf."
+"""The ``hf:PATH`` task's model holds the transformers model as its child ``hf`` (the wrapper
+that returns logits); the checkpoint's names carry this prefix."""
+
+
+@dataclass(frozen=True)
+class Exported:
+    path: str
+    checkpoint: str
+    tensors: int
+    tokenizer_files: list[str]
+
+
+def check_target(out: str) -> None:
+    """DIR is new and can be created (before a large checkpoint is read)."""
+    if os.path.lexists(out):
+        raise ConfigError(f"ckpt export --hf {out}: it exists already; give a new folder (nothing is overwritten).")
+    check.output_dir("ckpt export --hf", out)
+
+
+def model_state(path: str) -> dict[str, torch.Tensor]:
+    """The model's whole state dict from checkpoint ``path`` (a folder or .pt file; sharded
+    entries read whole)."""
+    from .sharded import consolidated
+
+    state = read_checkpoint(path)  # verifies every file's checksum first
+    problem = state_problem(state)
+    if problem is not None and not os.path.isfile(path):
+        raise CheckpointError(f"checkpoint {path}: {problem}.")
+    objects = state.get("objects", state) if isinstance(state, dict) else None
+    model = objects.get("model") if isinstance(objects, dict) else None
+    if isinstance(state, dict) and "model" in (state.get("sharded") or ()):  # fsdp, hsdp, tp, pipeline: DCP's folder
+        model = consolidated(path).get("model")
+    if not isinstance(model, dict) or not any(torch.is_tensor(v) for v in model.values()):
+        raise CheckpointError(f"checkpoint {path} holds no model state dict; give a checkpoint of `dtrain train --task hf:PATH`.")
+    return {k: v for k, v in model.items() if torch.is_tensor(v)}
+
+
+def strip_prefix(state: dict[str, torch.Tensor], path: str) -> dict[str, torch.Tensor]:
+    inner = {k[len(PREFIX):]: v for k, v in state.items() if k.startswith(PREFIX)}
+    if not inner:
+        first = next(iter(state), "?")
+        raise CheckpointError(f"checkpoint {path} is not of an hf:PATH task (its model's names start like {first!r}, "
+                              f"not {PREFIX!r}); export the checkpoint of a `dtrain train --task hf:PATH` run.")
+    return inner
+
+
+def export(checkpoint: str, config_dir: str, out: str) -> Exported:
+    """Write checkpoint ``checkpoint``'s model, whose architecture ``config_dir`` describes (the
+    PATH of ``--task hf:PATH``), as a transformers folder ``out``."""
+    what = "ckpt export"
+    check_target(out)
+    hf.check_folder(f"{what} --config", config_dir)
+    path = resolve(checkpoint)
+    config = hf.load_config(f"{what} --config", config_dir)
+    state = strip_prefix(model_state(path), path)
+    model = hf.build_causal_lm(what, config_dir, config, weights=False)
+    hf.fit(f"{what} {path}", model, state, path)
+    staging = f"{out.rstrip(os.sep)}.exporting"
+    shutil.rmtree(staging, ignore_errors=True)  # an interrupted export's leftovers
+    try:
+        _save(model, staging)
+        files = hf.copy_tokenizer(config_dir, staging)
+        os.replace(staging, out)
+    except OSError as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise CheckpointError(f"ckpt export --hf {out}: cannot write it ({exc.strerror or exc}); give a folder you can write.") from None
+    return Exported(path=out, checkpoint=path, tensors=len(state), tokenizer_files=files)
+
+
+def _save(model: Any, folder: str) -> None:
+    with hf.offline():
+        model.save_pretrained(folder, safe_serialization=True)
