@@ -62,6 +62,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     o.add_argument("--top", type=int, default=None, metavar="N", help="show the N fastest only")
     o.add_argument("--json", action="store_true", help="print one JSON object: {layouts: [...], best: {...}, ...}")
     o.add_argument("--chart", default=None, metavar="PNG", help="also write a bar chart (needs matplotlib)")
+    o.add_argument("--fsdp-reduce", default=None, metavar="DTYPE", help="as dtrain train: fsdp/hsdp reduce-scatter gradients in "
+                   "fp32 (default), bf16 or fp16 (half the bytes)")
     o.add_argument("--verify", action="store_true", help="dry-run the pick (and each layout of --layouts) here: rank 0 of the "
                    "planned world on this machine's device, the other ranks a fake process group (as dtrain dry-run); its "
                    "measured peak and state beside the plan's, and whether it fits by the measured peak")
@@ -127,9 +129,10 @@ def _positive(name: str, value: int | None) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from ..data.loader import usable_cores
-    from ..plan import plan_task, report
+    from ..plan import make_plan, plan_task, report
+    from ..plan.float8 import with_float8
     from ..plan.layouts import COMMS
-    from ..precision import PRESETS
+    from ..precision import FLOAT8, PRESETS
     from ..tasks import load_task
 
     for name, value in (("--batch-size", args.batch_size), ("--grad-accum", args.grad_accum),
@@ -141,14 +144,19 @@ def main(args: argparse.Namespace) -> int:
     check.seconds("--profile-seconds", args.profile_seconds)
     if args.margin is not None and not 0 <= args.margin < 100:
         raise ConfigError(f"--margin {args.margin:g}: a percentage of the best's speed from 0 to under 100 (e.g. --margin 10).")
-    if args.precision not in (*PRESETS, None, "auto"):
-        raise ConfigError(f"unknown precision {args.precision!r}; choose one of: {', '.join(PRESETS)}.")
+    if args.precision not in (*PRESETS, FLOAT8, None, "auto"):
+        raise ConfigError(f"unknown precision {args.precision!r}; choose one of: {', '.join(PRESETS)}, {FLOAT8}, auto.")
+    grad_bytes = _reduce_bytes(args.fsdp_reduce)
     nnodes, max_nodes = parse_nnodes(args.nnodes)
     if max_nodes is not None or nnodes < 1:
         raise ConfigError(f"--nnodes {args.nnodes!r}: a plan is for a fixed number of nodes >= 1; write e.g. --nnodes 4.")
     if args.chart is not None:
         _chart_path(args.chart)
     clu = cluster_from_args(args, args.nproc or 1, nnodes)
+    float8 = args.precision == FLOAT8
+    if float8:  # planned as the bf16-mixed run it is, then its float8 linears (plan.float8)
+        _float8_device(clu)
+        args.precision = "bf16-mixed"
     if args.precision in (None, "auto"):  # as train: fp32 unless asked; auto is precision.auto_name's (no float8 rates)
         args.precision = auto_name(gpu=clu.is_gpu, bf16=clu.device.bf16) if args.precision == "auto" else "fp32"
     task = load_task(args.task, data_dir=args.data_dir, options=parse_task_args(args.task_arg))
@@ -167,6 +175,11 @@ def main(args: argparse.Namespace) -> int:
                      activation_checkpointing=args.activation_checkpointing, microbatches=args.microbatches,
                      schedule=args.pipeline_schedule, threads=threads, layouts=layouts, comms=comms, task_spec=spec,
                      profile_s=args.profile_seconds, log_every=args.log_every)
+    if float8:
+        plan = with_float8(plan, task, batch)
+    if grad_bytes is not None:  # --fsdp-reduce: the same profile and layouts with fsdp's gradient bytes
+        plan = make_plan(plan.profile, plan.cluster, dataclasses.replace(plan.settings, grad_comm_bytes=grad_bytes),
+                         layouts=[p.layout for p in plan.predictions])
     if args.margin is not None:
         plan = dataclasses.replace(plan, margin=args.margin / 100)
     if args.chart:
@@ -185,6 +198,29 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
+def _reduce_bytes(name: str | None) -> int | None:
+    """``--fsdp-reduce``: bytes per gradient element fsdp/hsdp reduce-scatter (checked as train checks it)."""
+    if name is None:
+        return None
+    from ..parallel.fsdp import REDUCE_DTYPES, FSDPConfig
+
+    FSDPConfig(reduce_dtype=name)
+    return REDUCE_DTYPES[name].itemsize
+
+
+def _float8_device(clu) -> None:
+    """``--precision float8`` is planned from a GPU preset's float8 peak: one line elsewhere."""
+    from ..plan.float8 import float8_peak
+
+    if not clu.is_gpu:
+        raise ConfigError("--precision float8: the plan's device is this CPU, which has no float8; plan a GPU preset with "
+                          "float8 (--device h100 or h200).")
+    if clu.device.profiled:
+        raise ConfigError("--precision float8 with --device cuda: the plan times this GPU's step in bf16 only; plan the "
+                          "float8 run from a preset's peaks (--device h100 or h200).")
+    float8_peak(clu.device)
+
+
 def _verify(args: argparse.Namespace, plan, layouts: list | None, batch: int) -> list[dict]:
     """``--verify``: the dry run of the pick (the fastest predicted where none fits) and of each
     layout ``--layouts`` named (its exact ``--comm none`` prediction; one per layout)."""
@@ -199,7 +235,8 @@ def _verify(args: argparse.Namespace, plan, layouts: list | None, batch: int) ->
             preds.append(next((p for p in same if p.layout.comm == "none"), same[0]))
     job = Job(task=TaskConfig(name=args.task, args=parse_task_args(args.task_arg), data_dir=args.data_dir), batch=batch,
               grad_accum=args.grad_accum, optimizer=plan.settings.optimizer, precision=plan.settings.precision,
-              activation_checkpointing=args.activation_checkpointing)
+              activation_checkpointing=args.activation_checkpointing,
+              fsdp_options={"reduce_dtype": args.fsdp_reduce} if args.fsdp_reduce else {})
     clu = plan.cluster
     return verify(preds, job, clu.world_size, clu.procs_per_node, clu.device.memory_bytes)
 

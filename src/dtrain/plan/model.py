@@ -188,6 +188,10 @@ def compute_rates(prof: ModelProfile, c: Cluster, s: Settings) -> tuple[float, f
     t = prof.timing
     if t is not None and (not c.is_gpu or c.device.profiled):  # measured on the device planned for
         return t.fwd_s / t.batch, t.bwd_s / t.batch, t.opt_s / max(1, prof.params)
+    if s.precision == "float8":  # the converted linears at the float8 peak, their casts (plan/float8.py)
+        from .float8 import compute_rates as float8_rates
+
+        return (*float8_rates(prof, c, s), OPT_BYTES_TOUCHED.get(s.optimizer, 28) / c.device.mem_bw)
     rate = c.device.flops(s.precision) * c.device.achieved
     fwd = prof.fwd_flops / rate
     return fwd, fwd * prof.bwd_ratio, OPT_BYTES_TOUCHED.get(s.optimizer, 28) / c.device.mem_bw
@@ -275,8 +279,9 @@ def memory(prof: ModelProfile, c: Cluster, layout: Layout, s: Settings) -> dict[
         act = act - sum(b.act_bytes for b in blocks) + kept
     mem["activations"] = act * micro * in_flight / d.tp
     if shard > 1:  # the unit being used and the one prefetched, whole
-        unit = max([b.params for b in prof.blocks] + [prof.params - sum(b.params for b in prof.blocks)])
-        mem["gathered"] = 2 * s.param_comm_bytes * unit / d.tp
+        from .float8 import gather_bytes  # float8 weights gathered in 1 byte
+
+        mem["gathered"] = 2 * max(gather_bytes(prof, s)) / d.tp
     if layout.comm.startswith("powersgd"):  # error feedback: one more copy of the gradient (torch's PowerSGD state)
         mem["comm_state"] = 4 * params_rank
     mem.update(_transient(prof, c, s, micro))

@@ -59,6 +59,8 @@ class ModelProfile:
     notes: tuple[str, ...] = field(default=())
     machinery: Machinery | None = None
     """Each layout's own CPU cost and a worker's memory, measured in a world of one (``machinery``)."""
+    float8: Any = None
+    """Under ``--precision float8``: the linears it converts (``plan.float8.Float8Counts``)."""
 
     @property
     def boundary_bytes(self) -> float:

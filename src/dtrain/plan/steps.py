@@ -12,6 +12,7 @@ from ..comm.spec import CommSpec
 from . import costs
 from .cluster import Cluster
 from .costs import Group, group_of
+from .float8 import gather_bytes
 from .layouts import Layout
 from .profile import ModelProfile
 
@@ -81,7 +82,7 @@ def fsdp_step(prof: ModelProfile, c: Cluster, layout: Layout, s, fwd_t: float, b
     def reduce_scatter(x: float) -> float:
         return costs.gather(x, g_shard, c, reduce=True)
 
-    ag_b = [s.param_comm_bytes * p / tp for p, _ in units]
+    ag_b = [x / tp for x in gather_bytes(prof, s)]  # float8 weights in 1 byte
     rs_b = [s.grad_comm_bytes * p / tp for p, _ in units]
     ag = [all_gather(x) for x in ag_b]
     rs = [reduce_scatter(x) + costs.allreduce(x / g_shard.size, g_rep, c) for x in rs_b]

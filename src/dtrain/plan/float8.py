@@ -1,0 +1,138 @@
+"""``--precision float8`` in the plan: a bf16-mixed plan whose converted linears run in float8.
+
+Which linears: those `dtrain train --precision float8` converts (``dtrain.parallel.float8.converts``,
+torchao's tensorwise recipe: the blocks' linears with both sides multiples of 16 and large enough
+to gain). Their three matmuls (forward, input gradient, weight gradient) run at the device's dense
+float8 peak, the rest of the model at its bf16 peak, both at the device's achieved fraction (the
+same fraction: nothing here is fitted to a float8 measurement). Their dynamic-scale casts are
+memory traffic at the device's bandwidth: each bf16 input and output gradient read for its amax,
+read again and written as float8 (5 bytes an element), and re-cast transposed for the weight
+gradient (3 bytes); each weight cast in forward and in backward (5 bytes each). Under FSDP
+(tensorwise) their weights are all-gathered in float8 (1 byte), the rest in the bf16 policy's 2.
+
+The float8 peaks are the vendors' data sheets (dense, no sparsity); a device without one refuses
+in one line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+
+from ..errors import ConfigError
+
+FLOAT8_TFLOPS = {"H100 SXM": 1979.0, "H200 SXM": 1979.0}
+"""Dense float8 TFLOP/s by device (NVIDIA's H100 and H200 SXM data sheets: 3,958 with sparsity; bf16
+989 dense). Devices of compute capability below 8.9 (A100, V100, P100) have no float8."""
+CAST_IN_BYTES = 5 + 3
+"""Bytes moved per element of a converted linear's input per step: amax read, cast read + float8
+write (forward); a transposed float8 copy for the weight gradient (backward)."""
+CAST_GRAD_BYTES = 5 + 3
+"""The same for its output gradient (backward): cast for the input gradient, transposed for the weight's."""
+CAST_WEIGHT_BYTES = 2 * 5
+"""Per weight element per step: cast in forward and again in backward."""
+
+
+@dataclass(frozen=True)
+class Float8Counts:
+    """The converted linears of a model, per sample (``count``) or written as data."""
+
+    fwd_flops: float
+    """Forward matmul FLOPs per sample in the converted linears (backward: twice this)."""
+    fwd_cast_bytes: float
+    """Per sample, the forward's casts (inputs); ``bwd_cast_bytes``: the backward's."""
+    bwd_cast_bytes: float
+    params: int
+    """Weight elements converted."""
+    block_params: tuple[int, ...] = ()
+    """Of them, in each of the profile's blocks (the rest are in the root unit)."""
+
+
+def float8_peak(device: Any) -> float:
+    """The device's dense float8 FLOP/s; one ConfigError line where it has none."""
+    tflops = FLOAT8_TFLOPS.get(device.name)
+    if tflops is None:
+        known = ", ".join(FLOAT8_TFLOPS)
+        raise ConfigError(f"--precision float8: the plan's device {device.name!r} has no float8 rate (float8 needs compute "
+                          f"capability >= 8.9; the plan knows {known}: --device h100 or h200); plan --precision bf16-mixed.")
+    return tflops * 1e12
+
+
+def count(task: Any, batch: int, recipe: str = "tensorwise") -> Float8Counts:
+    """The linears ``dtrain train --precision float8`` converts in ``task``'s model, counted on the
+    meta device over one batch (their input rows as the forward sees them)."""
+    from ..metrics.flops import _to_meta
+    from ..parallel.float8 import converts
+    from ..precision import Float8Config
+    from .timing import sample_batch
+
+    with torch.device("meta"):
+        model = task.build_model()
+    blocks = list(task.blocks(model)) if task.blocks else []
+    chosen = set(converts(model, Float8Config(recipe=recipe), blocks))
+    owner = {id(m): i for i, b in enumerate(blocks) for m in b.modules()}
+    per_block = [0] * len(blocks)
+    totals = {"flops": 0.0, "fwd": 0.0, "bwd": 0.0}
+
+    def seen(m: torch.nn.Linear, args: tuple, _out: Any) -> None:
+        rows = args[0].numel() // m.in_features
+        totals["flops"] += 2.0 * rows * m.in_features * m.out_features
+        totals["fwd"] += 5.0 * rows * m.in_features
+        totals["bwd"] += 3.0 * rows * m.in_features + CAST_GRAD_BYTES * rows * m.out_features
+
+    linears = [(name, m) for name, m in model.named_modules() if name in chosen]
+    handles = [m.register_forward_hook(seen) for _, m in linears]
+    x, _ = sample_batch(task, batch)
+    try:
+        with torch.no_grad():
+            model(_to_meta(x))
+    finally:
+        for h in handles:
+            h.remove()
+    for _, m in linears:
+        if id(m) in owner:
+            per_block[owner[id(m)]] += m.weight.numel()
+    params = sum(m.weight.numel() for _, m in linears)
+    return Float8Counts(fwd_flops=totals["flops"] / batch, fwd_cast_bytes=totals["fwd"] / batch,
+                        bwd_cast_bytes=totals["bwd"] / batch, params=params, block_params=tuple(per_block))
+
+
+def compute_rates(prof: Any, c: Any, s: Any) -> tuple[float, float]:
+    """(forward s, backward s) per sample under float8 on ``c``'s device (the module's docstring)."""
+    f8 = prof.float8
+    if f8 is None:
+        raise ConfigError("--precision float8: the model's float8 linears were not counted (plan.float8.count).")
+    dev = c.device
+    r16 = dev.flops("bf16-mixed") * dev.achieved
+    r8 = float8_peak(dev) * dev.achieved
+    weights = CAST_WEIGHT_BYTES / 2 * f8.params / max(1, s.batch)  # per sample, half in each pass
+    fwd = (prof.fwd_flops - f8.fwd_flops) / r16 + f8.fwd_flops / r8 + (f8.fwd_cast_bytes + weights) / dev.mem_bw
+    bwd_flops = prof.fwd_flops * prof.bwd_ratio
+    bwd = (bwd_flops - 2 * f8.fwd_flops) / r16 + 2 * f8.fwd_flops / r8 + (f8.bwd_cast_bytes + weights) / dev.mem_bw
+    return fwd, bwd
+
+
+def gather_bytes(prof: Any, s: Any) -> list[float]:
+    """Bytes each FSDP unit all-gathers (``steps.fsdp_units``' order: the root, then the blocks):
+    ``s.param_comm_bytes`` a parameter, 1 for a converted weight under float8 (tensorwise)."""
+    f8 = prof.float8 if s.precision == "float8" else None
+    blocks = [b.params for b in prof.blocks]
+    in_blocks = list(f8.block_params) if f8 is not None and len(f8.block_params) == len(blocks) else [0] * len(blocks)
+    rest_p = max(0, prof.params - sum(blocks))
+    rest_f = prof.fwd_flops - sum(b.fwd_flops for b in prof.blocks)
+    units = [(rest_p, (f8.params - sum(in_blocks)) if f8 is not None else 0, rest_p > 0 or rest_f > 0)]
+    units += [(b.params, f, b.params > 0 or b.fwd_flops > 0) for b, f in zip(prof.blocks, in_blocks)]
+    return [s.param_comm_bytes * p - (s.param_comm_bytes - 1) * f for p, f, kept in units if kept]
+
+
+def with_float8(plan: Any, task: Any, batch: int) -> Any:
+    """``plan`` (made under bf16-mixed, which float8 runs around) predicted again with the model's
+    float8 linears counted: the same layouts, profile and cluster."""
+    from . import make_plan
+
+    float8_peak(plan.cluster.device)
+    prof = replace(plan.profile, float8=count(task, batch), precision="float8")
+    return make_plan(prof, plan.cluster, replace(plan.settings, precision="float8"),
+                     layouts=[p.layout for p in plan.predictions])
