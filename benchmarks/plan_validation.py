@@ -5,7 +5,8 @@ Per group (task x hosts x link), on one bed:
 1. `dtrain doctor --links-out` on every host: every collective timed between the hosts over the
    group's shaped link (the plan's link figures, measured, not given);
 2. `dtrain plan --json --links` of the whole group (its profile: the plain step and each layout's
-   own CPU cost in a world of one, a worker's memory): the plan's pick, as a user gets it;
+   own CPU cost in a world of one, a worker's memory): the plan's pick, as a user gets it, with the
+   bed's shared cores modelled here (``plan_bed.on_bed``: the plan itself models the user's cluster);
 3. each configuration, ``--repeats`` times in alternating order: `dtrain plan` of that
    configuration alone right before its `dtrain train` run, so the profile sees the load the run
    sees (this machine is shared: its speed changes by 2x within minutes), then the run; medians
@@ -46,8 +47,8 @@ sys.path.insert(0, SRC)
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))  # tests.support: the harness that only tests and benchmarks use
 
+from plan_bed import on_bed  # noqa: E402
 from plan_validation_table import pick_tally, print_table  # noqa: E402
-
 from tests.support.netbed import NetBed  # noqa: E402
 
 LM = ["layers=2", "width=64", "heads=2", "context=64", "max_bytes=200000", "tie=false"]
@@ -130,13 +131,14 @@ def plan(group: Group, links: str, cores: int, profile_s: float) -> tuple[dict, 
     layouts = ";".join(dict.fromkeys(lay for lay, _ in group.configs))
     comms = ",".join(dict.fromkeys(c for _, c in group.configs))
     cmd = [sys.executable, "-m", "dtrain", "plan", "--json", *task_flags(group.task, group.args, group.batch), "--nnodes", str(group.hosts),
-           "-n", "1", "--inter-gbit", str(group.rate / 1000), "--links", links, "--shared-cores", str(cores), "--profile-threads", "1",
+           "-n", "1", "--inter-gbit", str(group.rate / 1000), "--links", links, "--profile-threads", "1",
            "--profile-seconds", str(profile_s), "--layouts", layouts, "--comm-methods", comms, "--log-every", str(EVERY)]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=_env())
     if out.returncode:
         raise RuntimeError(f"plan failed: {out.stderr[-2000:]}")
     data = json.loads(out.stdout)
-    return {(canonical(r["layout"]), r["comm"]): r for r in data["layouts"]}, data
+    # the plan is for the user's cluster; the bed's hosts share this machine's cores (plan_bed)
+    return {(canonical(r["layout"]), r["comm"]): on_bed(r, group.hosts, cores) for r in data["layouts"]}, data
 
 
 def canonical(layout: str) -> str:

@@ -37,7 +37,7 @@ def worker(args: argparse.Namespace) -> None:
     n = dist.get_world_size()
     if args.numel:  # a model's own tensors, owned and ordered as ZeRO's greedy partition does
         sizes = [int(x) for x in args.numel.split(",")]
-        from dtrain.plan.costs import zero_broadcasts  # torch's ZeroRedundancyOptimizer partition and order
+        from plan_bed import zero_broadcasts  # torch's ZeroRedundancyOptimizer partition and order
 
         owner, tensors = zip(*((r, torch.ones(int(k))) for r, k in zero_broadcasts(sizes, n)))
     else:
@@ -103,18 +103,20 @@ def run_link(args: argparse.Namespace, rate: float | None, port: int) -> dict:
 
 def bytes_times(args: argparse.Namespace, rate: float) -> dict:
     """The plan's two ways of pricing the broadcasts' bytes at the link's rate (no latency): gloo's
-    trees played out two at a time (``costs.queued_broadcasts``, the plan's since 2026-11-27) and
+    trees played out two at a time (``plan_bed.queued_broadcasts``, the bed's model) and
     every tree's bytes one after another (``costs.broadcast``, the plan's before)."""
     from dataclasses import replace
+
+    from plan_bed import queued_broadcasts, zero_broadcasts
 
     from dtrain.plan import cluster, costs
 
     n = args.hosts
     sizes = [int(x) for x in args.numel.split(",")] if args.numel else [max(1, args.total_bytes // args.tensors // 4)] * args.tensors
-    sends = [(r, 4 * e) for r, e in costs.zero_broadcasts(sizes, n)]
+    sends = [(r, 4 * e) for r, e in zero_broadcasts(sizes, n)]
     c = replace(cluster.build({"device": "cpu", "nodes": n, "procs_per_node": 1}), inter_bw=rate * 1e6 / 8, inter_lat=0.0)
     g = costs.Group(n, 1)
-    return {"played_out": round(1e3 * costs.queued_broadcasts(sends, g, c), 1),
+    return {"played_out": round(1e3 * queued_broadcasts(sends, g, c), 1),
             "one_after_another": round(1e3 * costs.broadcast(sum(b for _, b in sends), g, c), 1)}
 
 

@@ -17,9 +17,8 @@ from .model import ASSUMPTIONS, Prediction, Settings, fsdp_param_bytes, predict
 from .profile import ModelProfile
 
 MARGIN = 0.10
-"""Predictions this close (a fraction of the best's samples/s) are too close to call: on the test
-bed the plan's step time is off by a median 8.5% (benchmarks/results/31-plan.md), and the picks it
-got wrong there since run 19 were between layouts it predicted within 9% of each other."""
+"""Predictions this close (a fraction of the best's samples/s) are too close to call: about the
+plan's own error where it was validated (benchmarks/results/31-plan.md)."""
 
 
 @dataclass(frozen=True)
@@ -84,16 +83,14 @@ def plan_task(task: Any, cluster: Cluster, *, batch: int, precision: str = "fp32
               threads: int = 1, layouts: list[Layout] | None = None, comms: tuple[str, ...] = COMMS,
               task_spec: tuple[str, str | None, dict[str, str]] | None = None, profile_s: float = 10.0,
               log_every: int = 20) -> Plan:
-    """Profile ``task`` (a ``dtrain.Task``) and plan it on ``cluster``: what `dtrain plan` does,
-    and what `dtrain train --parallel auto` can call for the world at hand (``plan.best_exact``).
-    On a CPU cluster the profile's measured times are the compute; on a GPU preset its FLOPs; on
-    ``--device cuda`` (``Device.profiled``) the step timed on this machine's GPU.
-    ``task_spec`` ((name, data_dir, options) as ``load_task`` takes them): on a CPU cluster, also
-    measure each layout's machinery in a fresh process of a world of one (``machinery``, about
-    ``profile_s`` seconds of steps); without it the layouts' own CPU costs are left out."""
+    """Profile ``task`` (a ``dtrain.Task``) and plan it on ``cluster``: what `dtrain plan` does, and
+    what `dtrain train --parallel auto` calls for the world at hand. A GPU preset's compute is its
+    FLOPs; a CPU's, the step timed here (with ``task_spec``, also each layout's own CPU cost in a
+    fresh process of a world of one, ``machinery``, about ``profile_s`` seconds); ``--device cuda``'s,
+    the step timed on this machine's GPU."""
     from dataclasses import replace
 
-    from . import coupled, machinery, sharing
+    from . import machinery
     from .cluster import cpu_device
     from .profile import add_timing, profile_task
 
@@ -104,24 +101,13 @@ def plan_task(task: Any, cluster: Cluster, *, batch: int, precision: str = "fp32
         layouts = candidates(cluster.world_size, cluster.procs_per_node, cluster.nodes, blocks=len(prof.blocks),
                              tp_ok=tp_ok and bool(prof.blocks), pp_ok=pp_ok, comms=comms)
     if not cluster.is_gpu:  # this machine's CPU: the profile's achieved rate is the device's
-        mach = None
-        if task_spec is not None:
-            mach = machinery.measure(task_spec, batch=batch, precision=precision, optimizer=optimizer,
-                                     kinds=machinery.kinds_for(layouts), microbatches=microbatches, schedule=schedule,
-                                     threads=threads, budget_s=profile_s, paired=cluster.world_size > 1,
-                                     drift_steps=machinery.drift_steps(layouts, cluster, log_every))
-            if cluster.oversubscribed(threads):  # more processes than the shared cores: what it costs, measured
-                mach = replace(mach, corun=sharing.corun(task_spec, processes=cluster.world_size, batch=batch,
-                                                           precision=precision, optimizer=optimizer, threads=threads,
-                                                           budget_s=min(4.0, profile_s / 2)))
-                mach = replace(mach, schedules=coupled.schedules(
-                    task_spec, layouts, processes=cluster.world_size, batch=batch, precision=precision, optimizer=optimizer,
-                    microbatches=microbatches, schedule=schedule, activation_checkpointing=activation_checkpointing,
-                    threads=threads, budget_s=min(3.0, profile_s / 2)))
+        mach = None if task_spec is None else machinery.measure(
+            task_spec, batch=batch, precision=precision, optimizer=optimizer, kinds=machinery.kinds_for(layouts),
+            microbatches=microbatches, schedule=schedule, threads=threads, budget_s=profile_s)
         prof = add_timing(prof, task, batch=batch, optimizer=optimizer, threads=threads, machinery=mach,
                           checkpointed=activation_checkpointing)
         cluster = replace(cluster, device=cpu_device(prof.achieved_flops, cluster.device.memory_bytes))
-    elif cluster.device.profiled:  # this machine's GPU: its step timed, its achieved fraction of the peak reported
+    elif cluster.device.profiled:  # this machine's GPU: its step timed, its achieved fraction of the peak kept
         prof = add_timing(prof, task, batch=batch, optimizer=optimizer, threads=threads, device="cuda",
                           checkpointed=activation_checkpointing)
         dev, achieved = cluster.device, prof.achieved_flops or 0.0

@@ -1,16 +1,12 @@
 """The machines a plan is for: a device (peak FLOP/s, memory, memory bandwidth) and the links
-between processes (inside a node, between nodes), from a preset, flags, a small JSON/YAML file,
-or measured here.
-
-Bandwidths are bytes/s one way; latencies are seconds per message. ``inter_bw`` is what one
-node can send (all its NICs together), so a hierarchical all-reduce's inter-node phase is
-limited by it whichever rank sends.
+inside a node and between nodes (bytes/s one way; seconds per message; ``inter_bw`` is all of a
+node's NICs), from a preset, flags, a small JSON/YAML file, or measured.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..errors import ConfigError
@@ -30,8 +26,7 @@ class Device:
     """Dense peak FLOP/s by precision (``fp32``, ``bf16-mixed``, ``fp16-mixed``): the data sheet's."""
     memory_bytes: float
     mem_bw: float
-    """Memory bandwidth (bytes/s): the optimizer step is bound by it (it reads and writes every
-    parameter, gradient and state element once)."""
+    """Memory bandwidth (bytes/s): the optimizer step is bound by it."""
     achieved: float = 0.4
     """Fraction of the peak a training step achieves (MFU); a profile measures it instead."""
     fixed_bytes: float = 0.0
@@ -79,15 +74,10 @@ class Cluster:
     inter_lat: float = 10e-6
     tree: bool = True
     """Latency-bound all-reduces may use a tree (NCCL does); gloo on CPU rings only."""
-    shared_cores: int | None = None
-    """All processes of all nodes share this many cores (a test bed on one machine): compute
-    slows by the oversubscription. None: each process has its own device."""
     source: dict[str, str] = field(default_factory=dict)
     """Where each figure came from (preset, flag, file, measured)."""
     links: dict[str, Links] = field(default_factory=dict)
-    """Collectives measured between real processes: ``intra`` (processes of one node, `dtrain
-    plan --measure-links`) and ``inter`` (nodes, `dtrain doctor --links-out`); where a kind was
-    measured, its figure replaces the bandwidth and latency above."""
+    """Collectives measured ``intra`` (a node's processes) and ``inter`` (nodes): each replaces the figures above."""
 
     def __post_init__(self) -> None:
         for name in ("nodes", "procs_per_node"):
@@ -126,32 +116,6 @@ class Cluster:
     def with_world(self, nodes: int, procs_per_node: int) -> Cluster:
         return replace(self, nodes=nodes, procs_per_node=procs_per_node)
 
-    def compute_slowdown(self, threads_per_proc: int = 1, other: float = 0.0, by_session: bool = False,
-                         measured: float | None = None) -> float:
-        """How much slower each process computes than the profile did (> 1 only on a shared
-        machine): the job's processes and ``other`` (the machine's other load, measured while
-        profiling) share the cores, where the profile's one process shared them with ``other``
-        alone. ``measured``: the profile's own ratio for this many processes at once (the
-        machinery's ``corun``, or the world of two's pair), used as it is, except that where the
-        job's threads outnumber the cores it is never below what time slicing alone costs (4
-        one-thread processes on 2 cores get half a core each, whatever one window measured: bed
-        run 12's corun said 1.76). (Where they do not, a pair faster than the world of one is
-        kept: it corrects that world's slow side.) Else each runnable thread
-        gets cores / runnable threads, at most one core; with ``by_session`` (Linux's autogroups;
-        every worker its own session) each session gets cores / sessions, at most one core per thread."""
-        if not self.shared_cores:
-            return 1.0
-        t, c = threads_per_proc, self.shared_cores
-        if measured is not None:
-            return max(measured, self.world_size * t / c / max(1.0, t / c)) if self.world_size * t > c else measured
-        if by_session:
-            return min(t, c / (1 + other)) / min(t, c / (self.world_size + other))
-        return max(1.0, (self.world_size * t + other) / c) / max(1.0, (t + other) / c)
-
-    def oversubscribed(self, threads_per_proc: int = 1) -> bool:
-        """Whether the job's processes share cores (``shared_cores``) and want more than there are."""
-        return bool(self.shared_cores) and self.world_size * threads_per_proc > self.shared_cores
-
     def describe(self) -> dict[str, Any]:
         d = self.device
         return {"nodes": self.nodes, "procs_per_node": self.procs_per_node, "device": d.name,
@@ -159,7 +123,7 @@ class Cluster:
                 "achieved_fraction": d.achieved, "memory_gib": round(d.memory_bytes / GIB, 2),
                 "intra_gbytes_per_s": self.intra_bw / GB, "intra_latency_us": self.intra_lat * 1e6,
                 "inter_gbytes_per_s": self.inter_bw / GB, "inter_latency_us": self.inter_lat * 1e6,
-                "tree_allreduce": self.tree, "shared_cores": self.shared_cores, "source": dict(self.source),
+                "tree_allreduce": self.tree, "source": dict(self.source),
                 "links_measured": {k: v.describe() for k, v in self.links.items()}}
 
 
@@ -173,8 +137,6 @@ LINKS: dict[str, dict[str, float]] = {
     "v100": {"intra_bw": 150 * GB, "inter_bw": 4 * 12.5 * GB, "intra_lat": 5e-6, "inter_lat": 10e-6},
     "p100": {"intra_bw": 80 * GB, "inter_bw": 12.5 * GB, "intra_lat": 5e-6, "inter_lat": 10e-6},
 }
-
-FILE_KEYS = set(inputs.SETTINGS)
 
 
 def cpu_device(achieved_flops: float | None = None, memory_bytes: float | None = None) -> Device:
@@ -236,7 +198,7 @@ def device_named(kind: str) -> Device:
 
 
 def load_file(path: str) -> dict[str, Any]:
-    """A cluster file: JSON, or YAML when PyYAML is installed; keys as ``FILE_KEYS``, each value
+    """A cluster file: JSON, or YAML when PyYAML is installed; keys as ``inputs.SETTINGS``, each value
     checked (``inputs.cluster_settings``)."""
     what, fix = f"--cluster {path!r}", 'give a JSON (or YAML) file such as {"device": "h100", "nodes": 4}'
     data = inputs.parse(what, inputs.read_text(what, path, fix), fix, yaml=path.endswith((".yaml", ".yml")))
@@ -246,7 +208,7 @@ def load_file(path: str) -> dict[str, Any]:
 
 
 def build(settings: dict[str, Any], base_device: Device | None = None) -> Cluster:
-    """A Cluster from ``FILE_KEYS``-style settings (None values skipped); a preset's links fill
+    """A Cluster from ``inputs.SETTINGS``-style settings (None values skipped); a preset's links fill
     what is not given."""
     s = {k: v for k, v in settings.items() if v is not None}
     kind = str(s.get("device", "cpu")).lower()
@@ -276,8 +238,7 @@ def build(settings: dict[str, Any], base_device: Device | None = None) -> Cluste
         dev_changes["achieved"] = frac
         source["achieved_fraction"] = "given"
     device = replace(device, **dev_changes)
-    # CPU processes talk through gloo over TCP: `dtrain doctor` here measured 0.9 GB/s and 1.6 ms for
-    # an 8-byte all-reduce of two local processes on a loaded 2-core machine (0.8 ms a message).
+    # CPU processes talk through gloo over TCP: a few hundred microseconds a message, locally ~1 GB/s
     links = dict(LINKS.get(kind, {"intra_bw": 1 * GB, "inter_bw": 0.125 * GB, "intra_lat": 200e-6, "inter_lat": 250e-6}))
     source["links"] = f"preset {kind}" if kind in LINKS else "defaults (gloo: 1 GB/s, 200 us inside a node; 1 Gbit/s, 250 us between; measure with `dtrain doctor`)"
     for key, scale in (("intra_gbit", "intra_bw"), ("inter_gbit", "inter_bw")):
@@ -289,7 +250,7 @@ def build(settings: dict[str, Any], base_device: Device | None = None) -> Cluste
             links[name] = float(s[key]) * 1e-6
     tree = bool(s.get("tree", kind in LINKS))
     return Cluster(nodes=int(s.get("nodes", 1)), procs_per_node=int(s.get("procs_per_node", 1)), device=device,
-                   tree=tree, shared_cores=s.get("shared_cores"), source=source, **links)
+                   tree=tree, source=source, **links)
 
 
 def with_links(c: Cluster, measured: dict[str, Links]) -> Cluster:
@@ -302,6 +263,3 @@ def with_links(c: Cluster, measured: dict[str, Links]) -> Cluster:
         source[f"links_{where}"] = f"measured between {got.ranks} {got.between} ({got.backend}{load})"
     return replace(c, links={**c.links, **measured}, source=source)
 
-
-def as_dict(cluster: Cluster) -> dict[str, Any]:
-    return asdict(cluster)

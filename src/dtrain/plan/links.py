@@ -1,15 +1,11 @@
-"""Link figures measured between real processes: each collective a layout issues, timed at a few
-sizes (``dtrain.diag.probe.time_collectives``: between 2 local processes with ``dtrain plan
---measure-links``, between nodes with ``dtrain doctor --nnodes N --links-out FILE``), and reduced
-to what the cost model needs: per collective, a latency per algorithm step and a bandwidth.
+"""Link figures measured between real processes (``dtrain doctor --links-out`` between nodes,
+``dtrain plan --measure-links`` between local processes), reduced to what the cost model needs:
+per collective, a latency per algorithm step and a bandwidth.
 
 A collective of B bytes on n ranks costs ``steps(n) x latency + volume(n) x B / bandwidth``
-(``SHAPES``: the ring all-reduce's 2(n-1) steps and 2(n-1)/n volume, ...). Measured on n0 ranks,
-the latency is the smallest size's time over steps(n0), and the bandwidth the volume(n0) x the
-extra bytes over the extra time between the two largest sizes. So whatever the backend does
-beyond the textbook algorithm (gloo's all-gather moving ~1.45x its bytes' time, its
-reduce-scatter all-reducing, TCP's headers, a loaded machine's scheduling delay per message)
-is in the figures, and the textbook shape only carries them to other group sizes.
+(``SHAPES``). Measured on n0 ranks, the latency is the smallest size's time over steps(n0), the
+bandwidth the extra bytes over the extra time between the two largest sizes; whatever the backend
+does beyond the textbook algorithm is in the figures, and the shape carries them to other sizes.
 """
 
 from __future__ import annotations
@@ -40,10 +36,9 @@ def shape(kind: str, backend: str = "gloo") -> tuple:
 
 @dataclass(frozen=True)
 class Figure:
-    """One collective's measured cost: ``lat`` seconds per step, ``bw`` bytes/s (beyond the
-    largest measured size); ``by_size``: the measured sizes' own bandwidth (bytes, bytes/s),
-    ascending, where the link moves bytes at a rate that depends on the size (TCP through a
-    shaped link's queue: a 4 MiB transfer loses more to drops than a 1 MiB one)."""
+    """One collective's cost: ``lat`` seconds per step, ``bw`` bytes/s (beyond the largest measured
+    size); ``by_size``: each measured size's own rate (bytes, bytes/s), ascending (small messages
+    seldom reach a link's full rate)."""
 
     lat: float
     bw: float
@@ -56,9 +51,7 @@ class Figure:
         return steps(n) * self.lat + volume(n) * self.transfer(nbytes)
 
     def transfer(self, nbytes: float) -> float:
-        """Seconds per unit of volume for ``nbytes`` beyond the latency: the measured sizes'
-        bandwidth, interpolated between them (the smallest's below it), then the largest
-        size's time and ``bw`` for the bytes beyond it."""
+        """Seconds per unit of volume for ``nbytes`` beyond the latency (``by_size`` interpolated)."""
         pts = self.by_size
         if not pts:
             return nbytes / self.bw
@@ -86,75 +79,15 @@ class Links:
     seconds: dict[str, dict[int, float]] = field(default_factory=dict)
     """The measurements: kind -> bytes -> median seconds."""
     load: float | None = None
-    """The machine's load average when measured (a loaded machine adds delay per message)."""
+    """The machine's load average when measured."""
     device: str = "cpu"
     """What the ranks' tensors were on: ``cpu`` (gloo) or ``cuda`` (nccl)."""
 
-    def crossing(self, nbytes: float) -> float:
-        """By how much of its time a send of ``nbytes`` is slowed while a send goes the other way
-        (0: the link's two directions are independent, 1: they take turns; ``diag.probe.CROSSED``),
-        from the measured sizes (log-linear between them, the nearest beyond them); 0 unmeasured.
-        The pair's time T against one send's t with the second fired L x t later is, if the
-        overlapped (1 - L) x t is slowed by the factor, (1 + L) x t + factor x (1 - L) x t."""
-        from ..diag.probe import CROSSED, CROSSED_LAG, one_way_at
-
-        one, got = self.seconds.get("send_recv"), self.seconds.get(CROSSED)
-        if not one or not got or nbytes <= 0:
-            return 0.0
-        pts = []
-        for b, pair in sorted(got.items()):
-            t = one_way_at(one, b)  # as the probe had it for the lag
-            pts.append((math.log(b), min(1.0, max(0.0, (pair - (1 + CROSSED_LAG) * t) / ((1 - CROSSED_LAG) * t))) if t > 0 else 0.0))
-        x = math.log(nbytes)
-        if x <= pts[0][0]:
-            return pts[0][1]
-        for (x0, f0), (x1, f1) in zip(pts, pts[1:]):
-            if x <= x1:
-                return f0 + (f1 - f0) * (x - x0) / (x1 - x0)
-        return pts[-1][1]
-
-    def burst(self) -> float:
-        """Bytes a sender puts through at once after the link sat idle (``diag.probe.IDLE``): what a
-        send of the probe's size saved after an idle pause against one right after a barrier
-        (``send_recv`` read at that size), as bytes at the rate it then moved; within 0 and the
-        size sent. 0 where not measured (or where the send is latency-bound either way)."""
-        from ..diag.probe import IDLE, one_way_at
-
-        one, got = self.seconds.get("send_recv"), self.seconds.get(IDLE)
-        if not one or not got:
-            return 0.0
-        size, idle = next(iter(got.items()))
-        lat, busy = min(one.items())[1], one_way_at(one, size)
-        if busy - lat <= 0:
-            return 0.0
-        return min(float(size), max(0.0, size * (busy - idle) / (busy - lat)))
-
-    def paced(self) -> tuple[float, float] | None:
-        """(bytes, bytes/s): the rate at which a connection that carries only sends of the probe's
-        size (``diag.probe.STREAM``) moved them, where slower than one send of that size right
-        after a barrier on the probe's warmed connection (its sender's TCP paced it below the
-        link: BBR's estimate from such bursts); None where not measured or not slower."""
-        from ..diag.probe import STREAM, one_way_at
-
-        one, got = self.seconds.get("send_recv"), self.seconds.get(STREAM)
-        if not one or not got:
-            return None
-        size, t = next(iter(got.items()))
-        lat, busy = min(one.items())[1], one_way_at(one, size)
-        if t <= busy or t <= lat:
-            return None
-        return float(size), size / (t - lat)
-
     def describe(self) -> dict[str, Any]:
-        from ..diag.probe import CROSSED
-
         return {"between": self.between, "ranks": self.ranks, "backend": self.backend, "device": self.device, "load": self.load,
                 "figures": {k: {"latency_us": round(f.lat * 1e6, 1), "gbit_per_s": round(f.bw * 8 / 1e9, 4),
                                 "gbit_per_s_by_size": {str(int(b)): round(r * 8 / 1e9, 4) for b, r in f.by_size}}
-                            for k, f in self.figures.items()},
-                "crossing": {str(b): round(self.crossing(b), 3) for b in sorted(self.seconds.get(CROSSED, {}))},
-                "burst_bytes": round(self.burst()),
-                "paced_gbit_per_s": round(self.paced()[1] * 8 / 1e9, 4) if self.paced() else None}
+                            for k, f in self.figures.items()}}
 
     def as_record(self) -> dict[str, Any]:
         """What ``dtrain doctor --links-out`` writes and ``from_record`` reads."""
@@ -221,8 +154,7 @@ def from_record(record: dict[str, Any], source: str = "links") -> Links:
 
 
 def _seconds(raw: Any, source: str) -> dict[str, dict[int, float]]:
-    """``seconds``: collective -> size in bytes (a decimal string) -> median seconds; each
-    collective of ``SHAPES`` at two sizes at least (its latency and bandwidth are fitted from them)."""
+    """``seconds``: collective -> size in bytes (a decimal string) -> median seconds, two sizes at least."""
     if not isinstance(raw, dict) or not raw:
         said = "is missing" if raw is None else f"is {inputs.shown(raw)}" if raw else "is empty"
         raise ConfigError(f"{source}: \"seconds\" {said}; it holds each collective's times by size ({_FIX}).")

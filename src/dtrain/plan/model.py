@@ -1,8 +1,6 @@
-"""Step time and memory of one layout on one cluster, from a model profile.
-
-A step is: data, forward, backward (+ recomputation), the communication backward did not hide,
-the optimizer step, and what each layout adds (ZeRO-1's parameter gather, TP's collectives,
-pipeline fill and drain). Every simplification is in ``ASSUMPTIONS``, printed with the plan.
+"""Step time and memory of one layout on one cluster, from a model profile: data, forward,
+backward (+ recomputation), the communication backward did not hide, the optimizer step, and what
+each layout adds. Every simplification is in ``ASSUMPTIONS``, printed with the plan.
 """
 
 from __future__ import annotations
@@ -22,75 +20,13 @@ OPT_BYTES_TOUCHED = {"sgd": 20, "adam": 28, "adamw": 28, "adadelta": 28}
 """Bytes read + written per parameter by one optimizer step (memory-bound on a GPU)."""
 
 ASSUMPTIONS = (
-    "compute: on CPU measured (forward/backward/optimizer medians of the plain step, in a fresh process of a world of "
-    "one, or in this process with --no-layout-profile), on a GPU preset FLOPs / (peak x achieved fraction), backward = "
-    "the counted ratio x forward; activation checkpointing adds one forward of the blocks (a step timed on the planned "
-    "device is timed checkpointed instead); the CPU profile is the load "
-    "of the moment it ran; processes that share the profile's cores (--shared-cores) get cores / runnable threads each, at "
-    "most one core, and where they are more than the cores, the plain step's measured slowdown with that many running at "
-    "once (time slices, caches, context switches; at least the cores' share) instead",
-    "layouts' own CPU cost (CPU, measured): each layout's step in a world of one (DDP and the --comm method's hook, "
-    "ZeRO's optimizer, fully_shard, the TP plan on DTensors) minus the plain step, per phase, added in full and the "
-    "same at any world size: the 16-bit casts, PowerSGD's products and orthogonalisation, DDP's reducer, FSDP's "
-    "per-unit hooks and its optimizer step on DTensors, TP's DTensor dispatch; not measured on a GPU preset",
-    "data: the profile's batch collation time per sample (in-memory data sets; a slow loader is not modelled)",
-    "parameters and gradients fp32 (4 bytes; autocast keeps fp32 masters), optimizer state fp32 "
-    "(SGD momentum 1, Adam/AdamW/Adadelta 2 tensors); ranks are numbered node by node, tp fastest (dtrain's mesh order)",
-    "collectives: ring all-reduce 2(n-1)/n x B / bw + 2(n-1) x latency, all-gather / reduce-scatter half that; "
-    "a tree (2 log2 n latencies, 2 B / bw) where the cluster has one (NCCL) and it is cheaper; across nodes: "
-    "reduce-scatter in the node, all-reduce between nodes at the node's NIC bandwidth, all-gather in the node; "
-    "where a collective was measured between real processes (--links from `dtrain doctor --links-out`, "
-    "--measure-links), its own latency per step and bandwidth replace the link's, carried to other group sizes "
-    "by these shapes (gloo's broadcast: a binomial tree)",
-    "ddp: gradients in 25 MiB buckets (dtrain passes bucket_cap_mb, so the first bucket is 25 MiB too), each bucket "
-    "all-reduced once backward has produced it (gradients assumed produced evenly by bytes), one after another; "
-    "what ends after backward is exposed",
-    "--comm: bf16/fp16 halve the bytes; powersgd:R sends R x (rows + columns) per matrix (vectors whole) in 3 "
-    "all-reduces after backward, its compute measured (CPU) or 4 x rows x cols x R FLOPs; localsgd:H all-reduces "
-    "the parameters every H steps (and, measured, averages them), nothing otherwise (amortised); the warm-up steps "
-    "are not counted",
-    "where the measured link lets a burst through after idle time (a token-bucket shaper; --links' send after an "
-    "idle pause), a transfer that finds the link idle sends its first burst of bytes at once, after a gap of g "
-    "seconds min(g, the burst's time at the link's rate) less (the bucket refills at the rate): powersgd's and "
-    "localsgd's all-reduces after compute, ddp's buckets (the first, and any issued after the link went idle), "
-    "fsdp's gathers and scatters and a pipeline's sends as their order on the link (played out) leaves it idle; "
-    "the idle time before a step's first fsdp gather is the last step's optimizer and data",
-    "log steps (--log-every, as dtrain train; default 20): two all-reduces of one number (the loss's mean, the "
-    "preemption check) and the breakdown's all-gather of each rank's figures over all ranks, amortised (phase "
-    "'log'); where ranks drift apart between meetings (localsgd), each meeting also waits for the slowest: for a job "
-    "of two on the profile's shared cores, measured (the world of two's stretches of steps without a meeting: the "
-    "slower rank's time over the pair's mean, x the step's compute, phase 'drift'); elsewhere not counted",
-    "zero1: ddp's all-reduce, the optimizer on 1/dp of the parameters, then each parameter broadcast by its owner "
-    "(torch's ZeroRedundancyOptimizer, its greedy partition of the profile's tensors; all issued before any is waited "
-    "for, so a latency per sending rank, not per tensor; exposed): with NCCL and inside a node one broadcast after "
-    "another, all parameter bytes x the tree's rounds / bandwidth; gloo between nodes two at a time in issue order, each "
-    "gloo's binomial tree, its transfers sharing evenly a node's sends, its receives and a rank pair's connection "
-    "(both directions), and at least ceil(tensors / 2) x a 64-byte broadcast's time (each tree holds a thread for "
-    "its rendezvous); up to 16 ranks, beyond one after another",
-    "fsdp/hsdp: units are the task's blocks plus the rest of the model; each unit all-gathered in forward and again "
-    "in backward, its gradient reduce-scattered (hsdp: then all-reduced between nodes); parameters gathered in the "
-    "precision's 16-bit type under bf16-/fp16-mixed (dtrain's mixed-precision policy), else fp32, gradients reduced in "
-    "fp32 (the policy's default), on one link in issue order, prefetching one unit ahead; on gloo an unmeasured "
-    "reduce-scatter costs an all-reduce (torch's gloo backend all-reduces)",
-    "tp: compute and activations / tp; per block 4 all-gathers or reduce-scatters of its output in forward and 4 in "
-    "backward (Megatron-LM with sequence parallelism), the logits gathered once each way; none overlapped",
-    "pp: blocks split evenly, the rest of the model on the end stages; (m + p - 1) micro-batch slots of the slowest "
-    "stage (1F1B and GPipe have the same bubble, (p-1)/(m+p-1)); on CPU a slot is one micro-batch's own measured "
-    "forward and backward (batch / m) x the stage's share, plus the one-stage schedule's measured work per "
-    "micro-batch; torch's schedule (GPipe, 1F1B) played out in time with every stage as slow as the busiest: each "
-    "activation and gradient crosses its link one after another, a send completes when its bytes have crossed, and a "
-    "stage waits where torch's schedule waits (1F1B: each send with the next receive); a send moves no data before "
-    "its receive is posted (where torch waits for it) and the notice has crossed (one latency); where the measured link "
-    "paced a connection that carries only sends of 64 KiB below the link's rate (--links' send on a connection of its "
-    "own; a sender's BBR estimating the rate from such bursts), a hand-off's first 64 KiB go at that pace (and gain no "
-    "burst after idle), the rest at the link's; data-parallel gradient sync after the schedule, not overlapped",
-    "memory per rank at the step's peak: parameters + gradients + optimizer state + saved activations of the "
-    "micro-batches in flight + fsdp's two gathered units + PowerSGD's error feedback (a gradient's copy), all at once "
-    "(an upper bound: activations are freed as gradients appear); on CPU (peak resident set) + a worker's measured "
-    "memory before its model (interpreter, torch, dtrain, the process group, the data; + torch's pipelining modules "
-    "for pp) + the plain step's measured transient beyond its modelled tensors; on a GPU (the allocator's peak) + the "
-    "output's gradient; 'fits' adds the device's fixed reserve (CUDA context); the final evaluation's batch is not modelled",
-    "scaling efficiency: samples/s over world size x the samples/s of one device running the same per-process batch",
+    "compute: GPU preset at FLOPs / (peak x --mfu), CPU or --device cuda timed here; checkpointing adds a forward",
+    "collectives: ring all-reduce, NCCL's tree where cheaper, hierarchical across nodes; measured links replace these",
+    "ddp: 25 MiB buckets all-reduced as backward produces them; bf16 halves the bytes, powersgd/localsgd send less",
+    "zero1: ddp's all-reduce, then each parameter broadcast by its owner, all queued (a latency per owner)",
+    "fsdp: a unit per block, gathered (16-bit type under bf16-/fp16-mixed) one ahead; gloo reduce-scatters by all-reduce",
+    "tp: 4 activation gathers per block each way, not overlapped; pp: torch's 1F1B/GPipe played out, then the dp sync",
+    "memory per rank: fp32 state + activations in flight + fsdp's gathered units, all at once (an upper bound)",
 )
 
 
@@ -245,17 +181,11 @@ def predict(prof: ModelProfile, c: Cluster, layout: Layout, s: Settings) -> Pred
     from .steps import step_phases  # the per-layout step, kept apart for size
 
     fwd, bwd, opt = compute_rates(prof, c, s)
-    m = prof.machinery
-    other, by_session = (m.other_load, m.by_session) if m is not None else (0.0, False)
-    slow = c.compute_slowdown(s.threads_per_proc, other, by_session,
-                              measured=m.corun_slowdown(c.world_size) if m is not None else None)
-    phases, comm_s, notes = step_phases(prof, c, layout, s, fwd * slow, bwd * slow, opt * slow, slow)
-    alone = c.with_world(1, 1).compute_slowdown(s.threads_per_proc, other, by_session)
-    single = s.batch * (fwd + bwd + s.data_s_per_sample) + opt * prof.params
-    single += s.batch * recompute_s(prof, c, s, fwd)
+    phases, comm_s, notes = step_phases(prof, c, layout, s, fwd, bwd, opt)
+    single = s.batch * (fwd + bwd + s.data_s_per_sample + recompute_s(prof, c, s, fwd)) + opt * prof.params
     return Prediction(layout=layout, step_s=sum(phases.values()), samples_per_step=s.batch * layout.dims.dp,
                       phases_s=phases, comm_s=comm_s, memory=memory(prof, c, layout, s), capacity=c.device.memory_bytes,
-                      single_step_s=single * alone, tokens_per_sample=prof.tokens_per_sample, notes=notes)
+                      single_step_s=single, tokens_per_sample=prof.tokens_per_sample, notes=notes)
 
 
 def memory(prof: ModelProfile, c: Cluster, layout: Layout, s: Settings) -> dict[str, float]:

@@ -1,31 +1,20 @@
 """A pipeline schedule played out in time: each stage runs torch's order of operations
 (``torch.distributed.pipelining``'s ``ScheduleGPipe`` and ``Schedule1F1B``), each activation and
-gradient crosses its link one after another (a link per direction between neighbouring stages),
-and a stage waits where torch's schedule waits.
+gradient crosses its link (one per direction between neighbouring stages) one after another, and a
+stage waits where torch's schedule waits.
 
-torch's 1F1B fires each send together with the next receive and waits for both
-(``_wait_batch_p2p(_batch_p2p(fwd_sends + bwd_recvs))``), and in warm-up waits for the previous
-send before firing the next; GPipe fires its sends as it goes and waits for them all at the end
-of the forwards and of the backwards. torch posts a receive where it waits for it, and a send
-moves no data before its receiver has posted the receive and said so (gloo's pairs: a send that
-finds no notice of a posted receive waits for one; taken the same for NCCL, whose microsecond
-latencies make it matter little there):
-a transfer starts at the later of its send and its receive's post plus one ``latency`` (the
-notice crossing the link), holds its link for its time less that latency (the wire), and arrives
-one latency after its last byte left. A send is taken to complete when its bytes have crossed the
-link (what gloo's send does once they exceed the socket's buffer: on a link slower than the host,
-most of a transfer; one its buffer holds returns at once, which changes no arrival: each link
-serves its transfers in order). With transfers of no time this gives the textbook (m + p - 1) slots.
-The two directions between neighbouring stages are two links, except that a transfer is longer by
-the link's measured ``crossed`` share of the time it overlaps one going the other way (on the test
-bed's shaped links up to 0.6: acknowledgements queue behind the other direction's data).
+torch's 1F1B fires each send together with the next receive and waits for both, and in warm-up
+waits for the previous send before firing the next; GPipe fires its sends as it goes and waits for
+them all at the end of the forwards and of the backwards. torch posts a receive where it waits for
+it, and a send moves no data before its receiver has posted the receive and said so: a transfer
+starts at the later of its send and its receive's post plus one ``latency`` (the notice crossing),
+holds its link for its time less that latency, and arrives one latency after its last byte left.
+With transfers of no time this gives the textbook (m + p - 1) slots.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-
-from .costs import LinkClock
 
 
 @dataclass
@@ -33,23 +22,12 @@ class _Link:
     """One direction between two neighbouring stages: transfers in the order they were fired."""
 
     hop: float
-    crossed: float = 0.0
-    """The share of its time by which a transfer is slowed while one goes the other way (0: the
-    two directions are independent; 1: they take turns), ``costs.crossing``."""
-    save: float = 0.0
-    """Seconds a transfer takes less after the link sat idle long enough (a token bucket's burst,
-    ``costs.idle_saving``): after a gap of g seconds, ``min(g, save)``; the first finds it idle."""
     latency: float = 0.0
     """Seconds one way of a message of no size: the receive's notice, and each transfer's last byte."""
-    clock: LinkClock = field(default_factory=LinkClock)
+    free: float = 0.0
     ends: dict[int, float] = field(default_factory=dict)
-    """Micro-batch -> when its transfer ends."""
     fired: dict[int, float] = field(default_factory=dict)
     posted: dict[int, float] = field(default_factory=dict)
-    """Micro-batch -> when its send was fired / its receive posted."""
-    spans: list[tuple[float, float]] = field(default_factory=list)
-    other: _Link | None = None
-    """The other direction between the same two stages."""
 
     def fire(self, mb: int, at: float) -> None:
         self.fired.setdefault(mb, at)
@@ -63,12 +41,10 @@ class _Link:
         """The transfer once both its send is fired and its receive posted (both come in order)."""
         if mb in self.ends or mb not in self.fired or mb not in self.posted:
             return
-        wire = max(0.0, self.hop - self.latency)
-        start, end = self.clock.send(max(self.fired[mb], self.posted[mb] + self.latency), wire, self.save)
-        if self.crossed and self.other is not None and end > start:  # the time it shares with transfers the other way
-            end = self.clock.extend(self.crossed * sum(max(0.0, min(end, e) - max(start, s)) for s, e in self.other.spans))
+        start = max(self.free, self.fired[mb], self.posted[mb] + self.latency)
+        end = start + max(0.0, self.hop - self.latency)
+        self.free = end if end > start else self.free  # a transfer of no wire time leaves the link as it was
         self.ends[mb] = end + min(self.latency, self.hop)
-        self.spans.append((start, end))
 
 
 def _program(s: int, p: int, m: int, schedule: str) -> list[tuple]:
@@ -104,18 +80,12 @@ def _program(s: int, p: int, m: int, schedule: str) -> list[tuple]:
     return ops
 
 
-def makespan(p: int, m: int, fwd: float, bwd: float, hop: float, schedule: str = "1f1b", crossed: float = 0.0,
-             save: float = 0.0, latency: float = 0.0) -> float:
+def makespan(p: int, m: int, fwd: float, bwd: float, hop: float, schedule: str = "1f1b", latency: float = 0.0) -> float:
     """Seconds from the first forward to the last stage's end: ``p`` stages of ``m`` micro-batches,
     each ``fwd`` + ``bwd`` seconds on every stage, each transfer ``hop`` seconds from its start to
-    its arrival (``latency`` of it one way, not holding the link) once its receive is posted and
-    the notice has crossed, longer by ``crossed`` x the time it overlaps a transfer in the other
-    direction (``_Link.crossed``), shorter by up to ``save`` where its link sat idle before it
-    (``_Link.save``)."""
-    links = {(k, s): _Link(hop, crossed, save, latency) for k in ("act", "grad") for s in range(p - 1)}
+    its arrival (``latency`` of it one way) once its receive is posted and the notice has crossed."""
+    links = {(k, s): _Link(hop, latency) for k in ("act", "grad") for s in range(p - 1)}
     receiver = {(k, s): s + 1 if k == "act" else s for k, s in links}
-    for s in range(p - 1):
-        links[("act", s)].other, links[("grad", s)].other = links[("grad", s)], links[("act", s)]
     programs = [_program(s, p, m, schedule) for s in range(p)]
     pc, clock = [0] * p, [0.0] * p
     while any(pc[s] < len(programs[s]) for s in range(p)):

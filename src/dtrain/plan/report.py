@@ -41,8 +41,7 @@ def summary(plan: Plan) -> list[str]:
     if m is not None:
         extra = ", ".join(f"{k} +{m.extra(k).total * 1e3:.1f}" for k in m.steps if k not in ("plain", "micro", "pp"))
         pp = f"; pipeline schedule {m.steps['pp'].forward * 1e3:.1f} ms per batch" if "pp" in m.steps else ""
-        others = f"{m.other_load:.1f} other {'sessions' if m.by_session else 'threads'} running"
-        lines.append(f"layouts' own CPU cost per step, ms (world of one, {m.rounds} rounds; {others}): {extra or '-'}{pp}; "
+        lines.append(f"layouts' own CPU cost per step, ms (world of one, {m.rounds} rounds): {extra or '-'}{pp}; "
                      f"a worker's memory before its model {m.rss.get('baseline', 0) / 2**20:,.0f} MiB")
     for where, got in c.links.items():
         figs = ", ".join(f"{k} {f.lat * 1e6:.0f} us + {f.bw * 8 / 1e9:.3g} Gbit/s" for k, f in got.figures.items())

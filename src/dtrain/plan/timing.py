@@ -1,7 +1,7 @@
 """Timing a training step on the device at hand: one step's forward, backward and optimizer
 phases (``timed_step``, on the host's clock or a GPU's), the median of a few seconds of them
-(``measure``), and a batch's fetch (``data_time``). The profile (plan/profile.py) and each
-layout's machinery (plan/machinery_kinds.py) time their steps this one way.
+(``measure``), and a batch's fetch (``data_time``). The profile and each layout's machinery time
+their steps this one way.
 """
 
 from __future__ import annotations
@@ -92,18 +92,12 @@ class _GpuClock:
 
 
 def timed_step(model: nn.Module, opt: Any, task: Any, x: Any, y: Any, cast: Callable, after: Callable[[], None] | None = None,
-               gpu: bool = False, compute_end: bool = False) -> Runner:
+               gpu: bool = False) -> Runner:
     """A runner of one training step of ``model`` on (x, y): each call returns its forward, backward and
-    optimizer-step (with ``after``) seconds. ``measure`` and the machinery runners (plan/machinery_kinds.py)
-    time their steps this one way. ``gpu``: each phase timed on the GPU's own clock (CUDA events, as
-    the training breakdown times a GPU step) with no wait between phases, so the host queues a phase's
-    kernels while the GPU still runs the one before, as in training; one wait, at the step's end.
-    (Waiting for the GPU before every clock reading left it idle while the host queued each phase:
-    an H100 timed the GPT-124M step +12% and its checkpointed step +29% over the training run's.)
-    ``compute_end``: backward ends when the graph's last node has run (an autograd engine
-    callback, queued as backward starts, runs before DDP's), not after DDP's wait for its last
-    all-reduce, which the link model prices and no phase holds."""
-    engine = torch.autograd.Variable._execution_engine
+    optimizer-step (with ``after``) seconds. ``gpu``: each phase timed on the GPU's own clock (CUDA
+    events, as the training breakdown times a GPU step) with no wait between phases, so the host
+    queues a phase's kernels while the GPU still runs the one before, as in training; one wait, at
+    the step's end (a wait before every reading leaves the GPU idle while the host queues)."""
     clock = _GpuClock() if gpu else _CpuClock()
 
     def run() -> tuple[float, float, float]:
@@ -111,9 +105,6 @@ def timed_step(model: nn.Module, opt: Any, task: Any, x: Any, y: Any, cast: Call
         with cast():
             loss = task.loss_fn(model(x), y)
         t1 = clock.mark()
-        ended: list[Any] = []
-        if compute_end:
-            loss.register_hook(lambda g: engine.queue_callback(lambda: ended.append(clock.mark())) or g)
         loss.backward()
         t2 = clock.mark()
         opt.step()
@@ -122,7 +113,7 @@ def timed_step(model: nn.Module, opt: Any, task: Any, x: Any, y: Any, cast: Call
         opt.zero_grad(set_to_none=True)
         t3 = clock.mark()
         clock.wait(t3)
-        return clock.between(t0, t1), clock.between(t1, ended[0] if ended else t2), clock.between(t2, t3)
+        return clock.between(t0, t1), clock.between(t1, t2), clock.between(t2, t3)
     return run
 
 

@@ -72,8 +72,6 @@ CASES = [  # (id, arguments after H100, what the line must say)
     ("memory-negative", ["--mem-gib", "-1"], "--mem-gib -1:"),
     ("memory-zero", ["--mem-gib", "0"], "--mem-gib 0:"),
     ("mfu-subnormal", ["--mfu", "1e-320"], "--mfu 1e-320:"),
-    ("shared-cores-zero", ["--shared-cores", "0"], "--shared-cores 0:"),
-    ("shared-cores-negative", ["--shared-cores", "-2"], "--shared-cores -2:"),
     ("nproc-billion", ["-n", "1000000000"], "-n 1000000000: processes per node"),
     ("nproc-zero", ["-n", "0"], "-n 0:"),
     ("nnodes-billion", ["--nnodes", "1000000000"], "--nnodes 1000000000:"),

@@ -93,32 +93,6 @@ def test_pipelined_gathers_hide_behind_compute_when_issued_ahead():
     assert pipelined([(1.0, 2.0, 1.0)] * 3, True) == pytest.approx((8.0, 6.0, 0.0))
 
 
-def test_a_transfer_after_idle_time_is_shorter_by_what_the_link_refilled():
-    """A token bucket refills while the link is idle: a transfer after a gap of g seconds takes
-    min(g, save) less; one right behind another, nothing less."""
-    # g0 0-0.5 (idle before), c0 0.5-2.5, g1 0.5-1.5 (behind g0), s0 2.5-3 (1 idle), c1 2.5-4.5,
-    # g2 3-4 (behind s0), s1 4.5-5 (0.5 idle), c2 4.5-6.5, s2 6.5-7 (1.5 idle); idle 0.5 at the end
-    items, saves = [(1.0, 2.0, 1.0)] * 3, [(0.5, 0.5)] * 3
-    assert pipelined(items, True, saves) == pytest.approx((7.0, 4.0, 0.0))
-    # only 0.2 s idle before the first gather: it saves 0.2
-    assert pipelined(items, True, saves, idle=0.2) == pytest.approx((7.3, 4.3, 0.0))
-    # the link's rest at the end: gathers 0-1 and 1-2, the compute 1-3 and 3-5
-    assert pipelined([(1.0, 2.0, 0.0)] * 2, True)[2] == pytest.approx(3.0)
-    # a FIFO link (DDP's buckets): the third, issued after 3.5 s idle, saves its whole 0.5
-    for link, first in ((costs.LinkClock(), (0.0, 0.5)), (costs.LinkClock.idle_for(0.0), (0.0, 1.0))):
-        assert link.send(0, 1, 0.5) == pytest.approx(first)
-        assert link.send(0, 1, 0.5) == pytest.approx((first[1], first[1] + 1))  # right behind: nothing less
-        assert link.send(5, 1, 0.5) == pytest.approx((5.0, 5.5))
-        assert link.send(6, 0, 0.5) == pytest.approx((6.0, 6.0)) and link.free == pytest.approx(5.5)  # no time: no change
-        assert link.extend(0.25) == pytest.approx(5.75) and link.wire == pytest.approx(first[1] + 1.75)
-    from dtrain.plan.pipeline_sim import makespan
-
-    # compute between transfers longer than the refill: every transfer is as short as one of hop - save
-    assert makespan(2, 4, 10.0, 10.0, 1.0, save=0.4) == pytest.approx(makespan(2, 4, 10.0, 10.0, 0.6))
-    # no compute: act0 0-0.5 (first), act1 0.5-1.5 behind it, grad0 0.5-1 (first), grad1 1.5-2 (0.5 idle)
-    assert makespan(2, 2, 0.0, 0.0, 1.0, save=0.5) == pytest.approx(2.0)
-
-
 def test_pipeline_bubble_is_p_minus_1_over_m_plus_p_minus_1():
     prof = ModelProfile(name="even", params=400, fwd_flops=4e6, act_bytes=400.0,
                         blocks=tuple(Block(params=100, fwd_flops=1e6, act_bytes=100.0, out_bytes=0.0) for _ in range(4)))
@@ -233,11 +207,8 @@ def test_pipeline_transfers_follow_torchs_1f1b_waits():
 
     assert makespan(2, 4, 7.0, 13.0, 28.0, "1f1b") == pytest.approx(240.0)
     assert makespan(4, 8, 1.0, 2.0, 0.0, "1f1b") == makespan(4, 8, 1.0, 2.0, 0.0, "gpipe") == pytest.approx(11 * 3.0)
-    # where the two directions slow each other: 2 micro-batches of no compute, 1 per transfer. act0
-    # crosses 0-1, act1 1-2; stage 1 fires grad0 at 1, over act1 for all its 1: 1-2.5 at half of it
-    # (crossed 0.5), so F1 there waits to 2.5; grad1 2.5-3.5 alone; stage 0's B1 at 3.5 (3 without)
+    # 2 micro-batches of no compute, 1 per transfer: act0 0-1, act1 1-2, grad0 1-2, grad1 2-3
     assert makespan(2, 2, 0.0, 0.0, 1.0) == pytest.approx(3.0)
-    assert makespan(2, 2, 0.0, 0.0, 1.0, crossed=0.5) == pytest.approx(3.5)
     # A send moves no data before its receive is posted (torch posts it where it waits) and the
     # notice has crossed: GPipe, 2 stages, 2 micro-batches, F = B = 1, each transfer 3 of which 2
     # are latency (1 on the wire). act0: fired 1, posted 0 (+2 notice) -> wire 2-3, arrives 5; stage
@@ -271,56 +242,6 @@ def test_gloo_reduce_scatter_costs_an_allreduce_and_zero1_pays_a_latency_per_sen
     extra = z.phases_s["exposed_comm"] - d.phases_s["exposed_comm"]
     # broadcasts in turn: all bytes; queued before any is waited for: a latency per sending rank, not per tensor
     assert extra == pytest.approx(4e6 / c.intra_bw + 2 * 1e-3)
-
-
-def test_queued_broadcasts_between_nodes_run_two_trees_at_a_time_sharing_the_links():
-    # gloo's tree (gloo::broadcast): 3 ranks, the root sends to both; 4 ranks, vrank 1 forwards to 3
-    assert costs.binomial_edges(3, 0) == [(0, 1), (0, 2)]
-    assert costs.binomial_edges(4, 1) == [(1, 2), (1, 3), (2, 0)]
-    # torch's ZeRO partition: largest first, each to the rank holding least (the bed's mlp on 3 ranks)
-    assert costs.zero_partition([401408, 512, 262144, 512, 5120, 10], 3) == [[401408], [262144], [5120, 512, 512, 10]]
-    MB = 1e6
-    c = flat(nodes=3, ppn=1, inter_bw=1 * MB, lat=0.0, device="cpu")
-    three = costs.Group(3, 1)
-    # owners 0 and 1 at once: each of their four transfers shares a node's sends (or a receive, or a
-    # connection) with one other, so each goes at half the rate: 1.05 MB ends at 2.1 s; owner 2's
-    # empty tree is done at once; owner 0's two 0.55 MB left share its sends: 1.1 s more. One after
-    # another they would take 2 x 2.65 s.
-    sends = [(0, 1.6 * MB), (1, 1.05 * MB), (2, 0.0)]
-    assert costs.queued_broadcasts(sends, three, c) == pytest.approx(3.2)
-    assert costs.broadcast(2.65 * MB, three, c) == pytest.approx(5.3)
-    # one owner's tensors two at a time share its sends: no faster than one after another
-    assert costs.queued_broadcasts([(0, 1 * MB)] * 4, three, c) == pytest.approx(8.0)
-    # 4 ranks, one tree: the root's two sends share its link (2 s), then vrank 1 forwards (1 s)
-    assert costs.queued_broadcasts([(0, 1 * MB)], costs.Group(4, 1), flat(nodes=4, ppn=1, inter_bw=1 * MB, lat=0.0, device="cpu")) == pytest.approx(3.0)
-    # two nodes: the owners send to each other on their one connection, in turn: all the bytes
-    assert costs.queued_broadcasts([(0, 1.6 * MB), (1, 1.05 * MB)], costs.Group(2, 1), c) == pytest.approx(2.65)
-    # a latency per tree round per message, as broadcast's: 3 ranks, 2 rounds, 3 messages
-    lat = flat(nodes=3, ppn=1, inter_bw=1 * MB, lat=1e-3, device="cpu")
-    assert costs.queued_broadcasts(sends, three, lat, messages=3) == pytest.approx(3.2 + 6e-3)
-    # many small trees on a long link: two at a time, each waits a 64-byte broadcast's rendezvous
-    # (2 rounds x 20 ms), longer than their bytes (38 x 2 x 14.4 KB at 6.25 MB/s) and 3 latencies
-    far = flat(nodes=3, ppn=1, inter_bw=6.25 * MB, lat=20e-3, device="cpu")
-    small = [(i * 3 // 38, 14_400.0) for i in range(38)]
-    assert costs.queued_broadcasts(small, three, far, messages=3) == pytest.approx(19 * 2 * 20e-3)
-    # on a short one the bytes take longer: one owner's trees share its link, so about all the bytes
-    # one after another (less where two owners' trees meet), and a latency per owner
-    near = flat(nodes=3, ppn=1, inter_bw=6.25 * MB, lat=0.1e-3, device="cpu")
-    serial = 38 * 2 * 14_400 / (6.25 * MB)
-    assert 0.95 * serial < costs.queued_broadcasts(small, three, near, messages=3) - 6 * 0.1e-3 <= serial
-    # NCCL's on one stream and gloo's inside a node stay one after another
-    gpu = flat(nodes=3, ppn=1, inter_bw=1 * MB, lat=0.0)
-    assert costs.queued_broadcasts(sends, three, gpu) == pytest.approx(costs.broadcast(2.65 * MB, three, gpu))
-    one = flat(nodes=1, ppn=3, intra_bw=1 * MB, lat=0.0, device="cpu")
-    assert costs.queued_broadcasts(sends, costs.Group(1, 3), one) == pytest.approx(5.3)
-    # the plan's zero1 on 3 nodes issues the profile's tensors as ZeRO owns them (4-byte elements)
-    sizes = (400_000, 250_000, 100_000)
-    prof = ModelProfile(name="m", params=sum(sizes), fwd_flops=1e6, act_bytes=100.0, tensors=3, tensor_sizes=sizes)
-    z = predict(prof, c, Layout("zero1", ParallelDims(dp_replicate=3), zero1=True), Settings(batch=3))
-    d = predict(prof, c, Layout("ddp", ParallelDims(dp_replicate=3)), Settings(batch=3))
-    played = costs.queued_broadcasts([(0, 1.6 * MB), (1, 1.0 * MB), (2, 0.4 * MB)], three, c)
-    assert z.phases_s["exposed_comm"] - d.phases_s["exposed_comm"] == pytest.approx(played)
-    assert played < costs.broadcast(3 * MB, three, c)
 
 
 def replace_tensors(prof: ModelProfile, n: int) -> ModelProfile:

@@ -51,7 +51,7 @@ def test_a_cluster_file_is_parsed_once_into_typed_values(tmp_path):
 
 def test_the_flags_are_named_by_their_flags():
     assert inputs.cluster_settings({"peak_tflops": 989, "nodes": None}) == {"peak_tflops": 989.0}
-    with pytest.raises(ConfigError, match=r"^--shared-cores -1: the cores all processes share must be a whole number from 1 to 65,536; e\.g\. --shared-cores 2\.$"):
-        inputs.cluster_settings({"shared_cores": -1})
+    with pytest.raises(ConfigError, match=r"^--nnodes 0: the number of nodes must be a whole number from 1 to 262,144; e\.g\. --nnodes 4\.$"):
+        inputs.cluster_settings({"nodes": 0})
     with pytest.raises(ConfigError, match=r"^--peak-tflops -5: "):
         inputs.cluster_settings({"peak_tflops": -5.0})

@@ -1,0 +1,146 @@
+"""The network test bed's own mechanics, which no user's cluster has, modelled for the bed's
+validation only (benchmarks/plan_validation.py, benchmarks/zero1_broadcasts.py); `dtrain plan`
+models the user's cluster.
+
+The bed's hosts are network namespaces of one machine: every host's processes share its cores
+(``on_bed``: a plan's compute phases slowed by the processes each core serves). Its gloo ZeRO
+broadcasts between hosts run two trees at a time (``queued_broadcasts``), as measured by
+benchmarks/zero1_broadcasts.py.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Sequence
+
+from dtrain.plan.cluster import Cluster
+from dtrain.plan.costs import Group, broadcast
+from dtrain.plan.links import shape
+
+COMPUTE = ("data", "forward", "backward", "optimizer", "bubble")
+"""The phases of a plan's step that the bed's shared cores slow (the rest is the link's)."""
+
+
+def slowdown(processes: int, cores: int, threads: int = 1) -> float:
+    """How much slower each of ``processes`` computes on ``cores`` shared cores than the plan's
+    profile, which had a core to itself: time slicing, at least 1."""
+    return max(1.0, processes * threads / max(1, cores))
+
+
+def on_bed(row: dict, processes: int, cores: int, threads: int = 1) -> dict:
+    """A `dtrain plan --json` layout row as the bed runs it: the compute phases x ``slowdown``,
+    the step time and samples/s recomputed from them."""
+    k = slowdown(processes, cores, threads)
+    if k == 1.0:
+        return row
+    phases = {p: v * k if p in COMPUTE else v for p, v in row["phases_ms"].items()}
+    step = sum(phases.values())
+    return {**row, "phases_ms": phases, "step_ms": step, "samples_per_s": row["samples_per_s"] * row["step_ms"] / step,
+            "bed_slowdown": k}
+
+
+def zero_partition(sizes: Sequence[float], n: int) -> list[list[float]]:
+    """Each of ``n`` ranks' tensors (elements) under torch's ZeroRedundancyOptimizer partition:
+    tensors largest first, each to the rank that holds least so far."""
+    held, out = [0.0] * n, [[] for _ in range(n)]
+    for k in sorted(sizes, reverse=True):
+        r = held.index(min(held))
+        out[r].append(k)
+        held[r] += k
+    return out
+
+
+def zero_broadcasts(sizes: Sequence[float], n: int) -> list[tuple[int, float]]:
+    """(owner, elements) of each broadcast torch's ZeroRedundancyOptimizer issues after its step, in
+    its order: owner by owner, each owner's tensors as ``zero_partition`` gave them (largest first)."""
+    return [(r, e) for r, mine in enumerate(zero_partition(sizes, n)) for e in mine]
+
+
+def binomial_edges(n: int, root: int) -> list[tuple[int, int]]:
+    """(sender, receiver) of gloo's broadcast from ``root`` to ``n`` ranks (``gloo::broadcast``):
+    in virtual ranks (root 0), v receives from v less its highest set bit; a sender posts its sends
+    to all its children at once, a forwarder once its own receive is in."""
+    out = []
+    for v in range(1, n):
+        parent = v - (1 << (v.bit_length() - 1))
+        out.append(((parent + root) % n, (v + root) % n))
+    return out
+
+
+GLOO_THREADS = 2
+"""Collectives a gloo process group runs at once (``ProcessGroupGloo::Options``' default threads)."""
+SIMULATED_RANKS = 16
+"""Up to this many ranks ``queued_broadcasts`` plays the trees out; beyond, one after another."""
+
+
+def queued_broadcasts(sends: Sequence[tuple[int, float]], group: Group, c: Cluster, *, messages: int = 1) -> float:
+    """Seconds for broadcasts issued all at once and then waited for (ZeRO's parameter broadcasts,
+    ``async_op``): ``sends`` (root rank in ``group``, bytes) in issue order.
+
+    With NCCL they run one after another on the communicator's stream, and so they do inside one
+    node (gloo over loopback: the CPU copies them; 2 processes took longer queued than waited) and
+    beyond ``SIMULATED_RANKS``: ``broadcast`` of them all. Between nodes, gloo's worker threads run
+    ``GLOO_THREADS`` of them at once, in issue order, each a binomial tree (``binomial_edges``);
+    this plays them out: each transfer between two nodes goes at the link's rate split evenly
+    among the transfers on its busiest resource (a node's sends, a node's receives, or a pair of
+    ranks' one connection, whose two directions took turns on the bed: two hosts, two owners sending
+    to each other, 440-477 ms where their bytes one after another take 429, in 6 runs of 10; in the
+    other 4, 270-295); an edge inside a node is left out (loopback). The bed (``benchmarks/zero1_broadcasts.py``, 50 Mbit/s):
+    the mlp's two large owners on 3 hosts overlap (550-679 ms, played out 514, one after another
+    857), the LM's 38 small tensors, owned 13 by 13, do not (172, played out and serial 175).
+
+    The latency: each tree waits for its receivers' "receive posted" notice and then its data to
+    cross (a 64-byte broadcast: ``steps(n)`` x the figure's latency), and holds its worker thread
+    that long, so the trees take at least ``ceil(trees / GLOO_THREADS)`` such waits; where the
+    bytes take longer, the latency is paid ``messages`` times per tree round, as ``broadcast``'s
+    (on an undelayed link the waits hide behind the other thread's bytes: bed run 11, a latency
+    per tensor made lm-1g's zero1 +31.5%). Bed run 30, the LM on 3 hosts at 20 ms each way: 38
+    trees of 14 KB took ~805 ms beyond ddp's step, 19 x the 42.6 ms 64-byte broadcast is 809, the
+    bytes and a latency per owner 295."""
+    n = group.size
+    total = sum(b for _, b in sends)
+    if n <= 1 or total <= 0:
+        return 0.0
+    if c.backend == "nccl" or group.nodes <= 1 or n > SIMULATED_RANKS:
+        return broadcast(total, group, c, messages=messages)
+    f = c.figure("broadcast", True, group.sharing)
+    steps, _ = shape("broadcast", c.backend)
+    busy = _play_trees(sends, n, group.per_node)
+    by_bytes = max(1, messages) * steps(n) * f.lat + (f.transfer(busy) if busy > 0 else 0.0)
+    trees = sum(1 for _, b in sends if b > 0)
+    return max(by_bytes, math.ceil(trees / GLOO_THREADS) * steps(n) * f.lat)
+
+
+def _play_trees(sends: Sequence[tuple[int, float]], n: int, per_node: int) -> float:
+    """How long (in bytes at the link's rate) ``queued_broadcasts``' trees take, ``GLOO_THREADS``
+    at a time: a fluid model, each transfer's rate 1 / the transfers on its busiest resource. A
+    tree's transfers are its edges between nodes; one waits for its sender's own (if between nodes)."""
+    queue = deque((root, b) for root, b in sends if b > 0)
+    active: list[tuple[dict, dict]] = []  # per tree: {edge: bytes left}, {edge: the edge into its sender}
+    t = 0.0
+    while queue or active:
+        while queue and len(active) < GLOO_THREADS:
+            root, nbytes = queue.popleft()
+            tree = binomial_edges(n, root)
+            left = {e: nbytes for e in tree if e[0] // per_node != e[1] // per_node}
+            if left:  # a tree inside nodes only takes no link time
+                into = {b: (a, b) for a, b in tree}
+                active.append((left, {e: into.get(e[0]) for e in left}))
+        if not active:
+            break
+        ready = [(left, e) for left, after in active for e, more in left.items() if more > 0 and left.get(after[e], 0.0) <= 0]
+        resources = {(id(left), e): (("out", e[0] // per_node), ("in", e[1] // per_node), ("pair", min(e), max(e)))
+                     for left, e in ready}
+        users: dict[tuple, int] = {}
+        for keys in resources.values():
+            for key in keys:
+                users[key] = users.get(key, 0) + 1
+        rate = {k: 1.0 / max(users[key] for key in keys) for k, keys in resources.items()}
+        dt = min(left[e] / rate[(id(left), e)] for left, e in ready)
+        t += dt
+        for left, e in ready:
+            more = left[e] - dt * rate[(id(left), e)]
+            left[e] = 0.0 if more <= 1e-9 * (1 + dt) else more
+        active = [(left, after) for left, after in active if any(v > 0 for v in left.values())]
+    return t
