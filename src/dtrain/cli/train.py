@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import dataclasses
 
 from .._log import configure_cli_logging
 from ..comm import CommSpec
@@ -68,6 +69,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--batch-split", default="even", metavar="even|speed|N,N,...",
                    help="how the global batch is split between ranks: even (default); speed: by each rank's measured compute "
                         "rate, re-measured when a rank drifts; or samples per rank (e.g. 40,24); the update stays the even split's")
+    g.add_argument("--batch-split", default="even", metavar="even|speed|N,N,...",
+                   help="how the global batch is split between ranks: even (default); speed: by each rank's measured compute "
+                        "rate, re-measured when a rank drifts; or samples per rank (e.g. 40,24); the update stays the even split's")
     g.add_argument("--ledger", default=None, metavar="DIR",
                    help="record the samples of every committed step here (a file per rank); check with `dtrain ckpt ledger DIR`")
     g.add_argument("--compile", action="store_true", help="torch.compile the model (whole; per block under fsdp, pipeline or activation checkpointing); its time is warmup_s")
@@ -118,6 +122,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     schedule = ScheduleConfig(epochs=args.epochs, max_steps=args.max_steps, seed=args.seed)
     batch = BatchConfig(size=args.batch_size, grad_accum=args.grad_accum, num_workers=args.num_workers,
                         micro=micro_from_args(args.micro_batch))
+    batch = dataclasses.replace(batch, split=args.batch_split)  # --batch-split (dtrain.data.split)
     batch = dataclasses.replace(batch, split=args.batch_split)  # --batch-split (dtrain.data.split)
     optim = OptimConfig(name=args.optimizer, lr=args.lr)
     checkpoint = CheckpointConfig(dir=args.checkpoint_dir, save_every=args.save_every, keep=args.keep, resume=args.resume,

@@ -1,0 +1,206 @@
+"""The batch split by rank speed (dtrain.data.split, split_sampler): the arithmetic, the sampler's
+exactly-once over an epoch with uneven and changing shares, its resume mid-epoch, and the loss
+weight that keeps the update the even split's."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from dtrain.data.loader import DeviceLoader, reshard
+from dtrain.data.split import (
+    SplitSchedule,
+    SplitSpec,
+    check_shares,
+    loss_weight,
+    predicted_ms,
+    shares_for,
+    weighted,
+)
+from dtrain.data.split_sampler import split_loader
+from dtrain.errors import ConfigError
+
+
+def test_spec_parses_modes_and_shares():
+    assert SplitSpec.parse("even").mode == "even"
+    assert SplitSpec.parse(" Speed ").mode == "speed"
+    fixed = SplitSpec.parse("40,24")
+    assert (fixed.mode, fixed.shares, str(fixed)) == ("fixed", (40, 24), "40,24")
+
+
+@pytest.mark.parametrize("text, says", [("40,0", "rank 1 would get zero samples"), ("fast", "is not even, speed"),
+                                        ("40", "is not even, speed"), ("4.5,3", "is not even, speed")])
+def test_spec_refuses(text, says):
+    with pytest.raises(ConfigError, match=says):
+        SplitSpec.parse(text)
+
+
+@pytest.mark.parametrize("shares, says", [([40, 24, 0], "gives 3 shares but the job has 2"), ([40, 20], "sums to 60"),
+                                          ([41, 23], "not a positive multiple of --grad-accum 2")])
+def test_fixed_shares_checked_against_the_job(shares, says):
+    with pytest.raises(ConfigError, match=says):
+        check_shares(shares, global_batch=64, world_size=2, unit=2)
+    assert check_shares([40, 24], global_batch=64, world_size=2, unit=2) == [40, 24]
+
+
+def test_shares_follow_speed_and_keep_every_rule():
+    # Rank 1 takes twice as long per sample: about a third of the batch.
+    assert shares_for(64, [1.0, 2.0], [0.0, 0.0]) == [43, 21]
+    # Fixed costs count: a rank with a slow optimizer step takes fewer samples.
+    assert shares_for(64, [1.0, 1.0], [0.0, 10.0]) == [37, 27]
+    # Units (grad-accum 4): multiples of 4, at least one unit even for a hopeless rank.
+    out = shares_for(64, [1.0, 1000.0, 1.0], [0.0, 0.0, 0.0], unit=4)
+    assert out == [32, 4, 28] and sum(out) == 64 and all(n % 4 == 0 for n in out)
+    with pytest.raises(ConfigError, match="cannot give 3 ranks 4 sample"):
+        shares_for(8, [1.0, 1.0, 1.0], [0.0] * 3, unit=4)
+    with pytest.raises(ValueError):
+        shares_for(64, [1.0, float("nan")], [0.0, 0.0])
+
+
+@pytest.mark.parametrize("costs", [([1.0, 1.7, 3.1], [2.0, 0.0, 5.0]), ([0.3, 0.3, 0.9], [0.0, 4.0, 1.0])])
+def test_shares_are_the_best_whole_split(costs):
+    """Water filling gives the least slowest-rank time of every split into whole units."""
+    per, fixed = costs
+    best = min(predicted_ms(s, per, fixed) for s in itertools.product(range(2, 31, 2), repeat=3) if sum(s) == 30)
+    got = shares_for(30, per, fixed, unit=2)
+    assert predicted_ms(got, per, fixed) == pytest.approx(best)
+
+
+def test_schedule_by_step_and_its_state():
+    sched = SplitSchedule([32, 32])
+    sched.change(6, [40, 24])
+    sched.change(20, [44, 20])
+    assert [sched.at(s) for s in (1, 5, 6, 19, 20, 99)] == [[32, 32]] * 2 + [[40, 24]] * 2 + [[44, 20]] * 2
+    again = SplitSchedule.from_state(sched.state())
+    assert again.entries == sched.entries
+
+
+# -- the sampler --------------------------------------------------------------------------------
+
+N, B, W = 203, 8, 3   # 203 samples, batch 8 on 3 ranks: G = 24, 8 steps, 11 left out (drop_last)
+
+
+def _loaders(shares=None, world=W, n=N, batch=B, seed=5):
+    data = TensorDataset(torch.arange(n), torch.zeros(n))
+    out = []
+    for r in range(world):
+        base = reshard(DataLoader(data, batch_size=batch, shuffle=True, drop_last=True), rank=r, world_size=world, seed=seed)
+        even = DeviceLoader(base, torch.device("cpu"), on_last=lambda last: None, world_size=world)
+        out.append(split_loader(even, shares))
+    return out
+
+
+def _even_steps(world=W, n=N, batch=B, seed=5):
+    """Each step's set of samples under the even split."""
+    data = TensorDataset(torch.arange(n), torch.zeros(n))
+    per_rank = []
+    for r in range(world):
+        base = reshard(DataLoader(data, batch_size=batch, shuffle=True, drop_last=True), rank=r, world_size=world, seed=seed)
+        per_rank.append([set(x.tolist()) for x, _ in base])
+    return [set().union(*step) for step in zip(*per_rank)]
+
+
+def _epoch(loaders, change=None):
+    """One epoch of every rank in lockstep; ``change``: (at step, from step, shares)."""
+    steps, ledger = [], []
+    for s, batches in enumerate(zip(*loaders), start=1):
+        steps.append([x.tolist() for x, _ in batches])
+        ledger.append([ld.last_batch for ld in loaders])
+        if change and s == change[0]:
+            for ld in loaders:
+                ld.schedule.change(change[1], change[2])
+    return steps, ledger
+
+
+def test_uneven_shares_train_every_sample_once_with_the_even_steps():
+    loaders = _loaders([10, 6, 8])
+    steps, ledger = _epoch(loaders, change=(3, 4, [4, 12, 8]))
+    assert len(steps) == len(loaders[0]) == loaders[0].full_epoch_len() == N // (B * W)
+    assert [len(b) for b in steps[0]] == [10, 6, 8] and [len(b) for b in steps[-1]] == [4, 12, 8]
+    flat = [i for step in steps for b in step for i in b]
+    assert len(flat) == len(set(flat)) == len(steps) * B * W  # exactly once
+    assert [set().union(*map(set, step)) for step in steps] == _even_steps()  # the even split's samples per step
+    # The ledger's view: each step's indices, and on the last what drop_last left (rank 0 names it).
+    assert all(rec[1] == b for recs, step in zip(ledger, steps) for rec, b in zip(recs, step))
+    last = ledger[-1]
+    assert len(set(last[0][2]) - set(flat)) == N - len(flat) and last[1][2] == []  # (the tail holds the order's pad)
+    assert all(rec[2] is None for recs in ledger[:-1] for rec in recs)
+
+
+def test_resume_mid_epoch_continues_the_same_batches():
+    whole, _ = _epoch(_loaders([10, 6, 8]), change=(2, 3, [6, 6, 12]))
+    first = _loaders([10, 6, 8])
+    for ld in first:
+        ld.schedule.change(3, [6, 6, 12])
+    its = [iter(ld) for ld in first]
+    done = [[next(it)[0].tolist() for it in its] for _ in range(4)]
+    state = first[0].state_dict()
+    assert state["samples_consumed"] == 4 * B * W and state["split"]["schedule"] == [[0, [10, 6, 8]], [3, [6, 6, 12]]]
+    resumed = _loaders([8, 8, 8])  # the job's start shares do not matter: the checkpoint's hold
+    for ld in resumed:
+        ld.load_state_dict(state)
+        ld.start_step(4)
+        assert ld.restored
+    rest, _ = _epoch(resumed)
+    assert done + rest == whole
+
+
+def test_another_world_size_starts_even():
+    state = _loaders([10, 6, 8])[0].state_dict()
+    other = _loaders(None, world=2)[0]
+    other.load_state_dict(state)
+    assert not other.restored and other.schedule.last == [B, B]
+
+
+def test_keyed_data_sets_get_keys():
+    class Keyed(TensorDataset):
+        epoch_keyed = True
+
+        def __getitem__(self, key):
+            return torch.tensor(key[2]), torch.tensor(0.0)
+
+    data = Keyed(torch.arange(40))
+    base = reshard(DataLoader(data, batch_size=4, shuffle=True, drop_last=True), rank=1, world_size=2, seed=1)
+    ld = split_loader(DeviceLoader(base, torch.device("cpu"), on_last=lambda last: None, world_size=2), [5, 3])
+    x, _ = next(iter(ld))
+    assert x.tolist() == ld.last_batch[1] and len(x) == 3
+
+
+# -- the loss weight ----------------------------------------------------------------------------
+
+def _grads(model, loss_fn, x, y):
+    model.zero_grad()
+    loss_fn(model(x), y).backward()
+    return torch.cat([p.grad.flatten() for p in model.parameters()])
+
+
+@pytest.mark.parametrize("shares, k", [([40, 24], 1), ([40, 24], 2), ([12, 4, 32, 16], 4)])
+def test_weighted_update_equals_the_even_split(shares, k):
+    """Ranks' micro-batches weighted, each divided by k (ctx.backward) and averaged over the ranks
+    (DDP) give the gradient of the mean over the global batch; unweighted they do not."""
+    torch.manual_seed(0)
+    g, world = sum(shares), len(shares)
+    model = nn.Sequential(nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 3)).double()
+    x, y = torch.randn(g, 6, dtype=torch.float64), torch.randint(0, 3, (g,))
+    reference = _grads(model, nn.functional.cross_entropy, x, y)
+
+    def ddp(loss_fn):
+        total, first = torch.zeros_like(reference), 0
+        for n in shares:
+            xs, ys = x[first:first + n], y[first:first + n]
+            first += n
+            for xm, ym in zip(xs.chunk(k), ys.chunk(k)):
+                total += _grads(model, lambda out, t: loss_fn(out, t) / k, xm, ym)
+        return total / world
+
+    loss = weighted(nn.functional.cross_entropy, lambda: k, world_size=world, global_batch=g)
+    assert torch.allclose(ddp(loss), reference, rtol=0, atol=1e-12)
+    assert not torch.allclose(ddp(nn.functional.cross_entropy), reference, rtol=0, atol=1e-6)
+
+
+def test_even_weight_is_exactly_one():
+    assert loss_weight(16, 2, 4, 128) == 1.0

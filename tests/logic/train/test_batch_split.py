@@ -1,0 +1,130 @@
+"""The batch split's listener (dtrain.train.listeners.batch_split): what it refuses, the split it
+measures after warm-up, and the re-split when a straggler is named, on a fake two-rank context
+whose gathered breakdowns the test writes."""
+
+from __future__ import annotations
+
+import dataclasses
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from dtrain.data.loader import DeviceLoader, reshard
+from dtrain.errors import ConfigError
+from dtrain.metrics.breakdown import pack
+from dtrain.metrics.stragglers import StragglerConfig
+from dtrain.strategies.base import Capabilities
+from dtrain.train.config import BatchConfig, ObserveConfig, TrainConfig
+from dtrain.train.listeners import LoopState
+from dtrain.train.listeners.batch_split import attach
+from dtrain.train.listeners.batch_split import costs as split_costs
+
+
+def _window(per_sample_ms: float, samples: int, fixed_ms: float = 1.0, steps: int = 4) -> dict:
+    fwd = per_sample_ms * samples / 2
+    med = {"data_wait": 0.0, "forward": fwd, "backward": fwd, "comm": 0.0, "optimizer": fixed_ms, "rest": 0.0}
+    med["step"] = sum(med.values())
+    med["own"] = med["step"]
+    return {"steps": steps, "median_ms": med, "p90_ms": dict(med)}
+
+
+class FakeCtx:
+    """Rank 0 of ``world`` ranks; ``speeds[r]``: rank r's ms per sample, read at each gather."""
+
+    def __init__(self, world=2, *, staged=False, comm="none", dp=None):
+        self.rank, self.is_main, self.device = 0, True, torch.device("cpu")
+        self.world_size, self.data_parallel_size = world, dp or world
+        self.strategy = SimpleNamespace(name="fake", capabilities=Capabilities(staged_step=staged),
+                                        comm_record=lambda: {"comm": comm})
+        self.accumulation_steps = 1
+        self.speeds = [1.0] * world
+        self.loader = None
+        self.breakdown = SimpleNamespace(recent=lambda n: None)
+        self.gathers = 0
+
+    def all_gather(self, t):
+        self.gathers += 1
+        step = self.loader.batch_sampler.next_step
+        shares = self.loader.schedule.at(step - 1)
+        return [torch.tensor([*pack(_window(c, n)), float(step)], dtype=torch.float64) for c, n in zip(self.speeds, shares)]
+
+
+def _setup(split="speed", world=2, batch=32, **ctx_kw):
+    ctx = FakeCtx(world, **ctx_kw)
+    cfg = TrainConfig(batch=BatchConfig(size=batch, split=split), observe=ObserveConfig(stragglers=StragglerConfig(window=10)))
+    data = TensorDataset(torch.arange(4096), torch.zeros(4096))
+    base = reshard(DataLoader(data, batch_size=batch, shuffle=True, drop_last=True), rank=0, world_size=world, seed=0)
+    even = DeviceLoader(base, torch.device("cpu"), on_last=lambda last: None, world_size=world)
+    task = dataclasses.make_dataclass("T", [("loss_fn", object)], frozen=True)(torch.nn.functional.cross_entropy)
+    loader, task, listener = attach(ctx, cfg, task, even, batch)
+    ctx.loader = loader
+    return ctx, loader, task, listener
+
+
+class _Run:
+    """The loop's side: one start, then steps on demand (one epoch of the loader is plenty)."""
+
+    def __init__(self, loader, listener):
+        self.listener, self.state = listener, LoopState(step=0, total=10**6)
+        listener.on_start(self.state)
+        self.it = iter(loader)
+
+    def steps(self, n):
+        for _ in range(n):
+            next(self.it)
+            self.state.step += 1
+            self.listener.on_step(self.state)
+
+
+def test_even_changes_nothing():
+    ctx, loader, task, listener = _setup("even")
+    assert listener is None and task.loss_fn is torch.nn.functional.cross_entropy and type(loader) is DeviceLoader
+
+
+def test_speed_split_after_warm_up_then_follows_a_drift():
+    ctx, loader, task, listener = _setup("speed")
+    ctx.speeds = [1.0, 2.0]  # rank 1 twice as slow per sample
+    run = _Run(loader, listener)
+    run.steps(5)  # measured at step 5 (4 warm-up steps, the first apart)
+    assert ctx.gathers == 1 and loader.schedule.entries == [(0, [32, 32]), (6, [43, 21])]
+    assert listener.changes[0]["old"] == [32, 32] and listener.changes[0]["new"] == [43, 21]
+    run.steps(15)
+    assert len(loader.schedule.entries) == 2 and ctx.gathers == 2
+    ctx.speeds = [4.0, 2.0]  # rank 0 slows down: it is named, and the split follows
+    run.steps(20)
+    new = loader.schedule.last
+    assert new[0] < new[1] and sum(new) == 64 and "rank 0's own step" in listener.changes[-1]["why"]
+
+
+def test_weighted_loss_replaces_the_tasks():
+    ctx, loader, task, listener = _setup("40,24")
+    out, y = torch.randn(40, 3), torch.randint(0, 3, (40,))
+    assert torch.allclose(task.loss_fn(out, y), torch.nn.functional.cross_entropy(out, y) * 1.25)
+    assert loader.schedule.last == [40, 24] and not listener.measure
+
+
+@pytest.mark.parametrize("kw, split, says", [
+    ({"staged": True}, "speed", "needs every rank to read its own batch"),
+    ({"dp": 1}, "speed", "has 1 data-parallel replica"),
+    ({"comm": "localsgd:16"}, "40,24", "local SGD averages parameters"),
+    ({"comm": "auto"}, "speed", "--comm auto"),
+])
+def test_refuses_what_cannot_take_uneven_batches(kw, split, says):
+    with pytest.raises(ConfigError, match=says):
+        _setup(split, **kw)
+
+
+def test_refuses_speed_without_the_breakdown():
+    ctx = FakeCtx()
+    cfg = TrainConfig(batch=BatchConfig(size=32, split="speed"), observe=ObserveConfig(breakdown=False))
+    with pytest.raises(ConfigError, match="drop --no-breakdown"):
+        attach(ctx, cfg, SimpleNamespace(loss_fn=None), None, 32)
+
+
+def test_costs_split_per_sample_and_fixed():
+    per, fixed = split_costs([_window(2.0, 40, fixed_ms=3.0), _window(1.0, 24)], [40, 24])
+    assert per == pytest.approx([2.0, 1.0]) and fixed == pytest.approx([3.0, 1.0])
+    with pytest.raises(ValueError):
+        split_costs([None, _window(1.0, 24)], [40, 24])
