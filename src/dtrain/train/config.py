@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from .. import _check as check
 from ..comm import CommSpec
 from ..data.split import SplitSpec
-from ..data.split import SplitSpec
 from ..errors import ConfigError
 from ..metrics.stragglers import StragglerConfig
 from ..metrics.tensorboard import check_tensorboard
@@ -50,9 +49,6 @@ class BatchConfig:
     split: str = "even"
     """How the global batch is split between ranks (``--batch-split``): even, speed (measured) or
     samples per rank (``40,24``); ``dtrain.data.split``."""
-    split: str = "even"
-    """How the global batch is split between ranks (``--batch-split``): even, speed (measured) or
-    samples per rank (``40,24``); ``dtrain.data.split``."""
     num_workers: int | None = None
     """DataLoader worker processes per rank (``--num-workers``); None: ``dtrain.data.default_num_workers``
     (0 for data already in memory, else from the cores available per process)."""
@@ -63,7 +59,6 @@ class BatchConfig:
             raise ConfigError(f"--num-workers must be >= 0, got {self.num_workers}.")
         if self.size is not None:
             check_accum(self.size, self.grad_accum)
-        SplitSpec.parse(self.split)
         SplitSpec.parse(self.split)
 
 
