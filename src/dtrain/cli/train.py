@@ -23,9 +23,11 @@ from ..train.config import (
 from ..world import World
 from ..world.fastpath import compile_pays
 from .common import add_comm_args, add_launch_args, export_diagnostics, launch_spec
+from .microbatch import add_micro_batch_arg, micro_from_args, with_proposal
 from .observe import add_observe_args, observe_options
 from .parallel import add_parallel_arg
 from .sharding import add_sharding_args, strategy_options
+from .train_ft import add_ft_args
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -57,6 +59,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--save-every", type=int, default=None, help="also save every N steps")
     g.add_argument("--keep", type=int, default=3, help="checkpoints to keep, newest first (default 3)")
     g.add_argument("--resume", action="store_true", help="continue from the newest valid checkpoint in --checkpoint-dir")
+    g.add_argument("--init-from", default=None, metavar="DIR",
+                   help="--task hf:PATH: start from the weights of this Hugging Face folder (e.g. one `dtrain ckpt export --hf` wrote), any layout")
     g.add_argument("--async-save", action="store_true", help="write checkpoints in the background (the copy to host memory blocks)")
     g.add_argument("--elastic-batch", default="per-process", choices=("per-process", "global"),
                    help="with --nnodes MIN:MAX, when the world size changes: keep each process's --batch-size (default), "
@@ -68,16 +72,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="record the samples of every committed step here (a file per rank); check with `dtrain ckpt ledger DIR`")
     g.add_argument("--compile", action="store_true", help="torch.compile the model (whole; per block under fsdp, pipeline or activation checkpointing); its time is warmup_s")
     add_parallel_arg(g)
+    add_micro_batch_arg(g)
     add_observe_args(p)
     add_sharding_args(p)
     add_comm_args(p)
     add_launch_args(p)
+    add_ft_args(p)
     p.set_defaults(func=main)
 
 
 def add_task_args(g: argparse._ActionsContainer) -> None:
     """The flags that say what is trained and how heavy a step is; `dtrain plan` takes them too."""
-    g.add_argument("--task", default="digits", help="digits (default), images, lm, mnist, synthetic, or MODULE:FUNCTION")
+    g.add_argument("--task", default="digits", help="digits (default), images, lm, mnist, synthetic, hf:PATH (a transformers model's folder), or MODULE:FUNCTION")
     g.add_argument("--task-arg", action="append", default=[], metavar="KEY=VALUE", help="option for the task function (repeatable)")
     g.add_argument("--data-dir", default=None, help="folder with the task's data files (mnist: the IDX files; images: DIR/train/CLASS/*.jpg; lm: a text file or folder, default the Python stdlib)")
     g.add_argument("--precision", default=None,
@@ -104,8 +110,14 @@ def parse_task_args(pairs: list[str]) -> dict[str, str]:
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
     """The flags as a TrainConfig; each section checks its own values (one ConfigError line)."""
     task_args, sharding, observed = parse_task_args(args.task_arg), strategy_options(args), observe_options(args)
+    if args.init_from:  # the hf task loads it into the model it builds (dtrain.tasks.hf)
+        if not args.task.startswith("hf:"):
+            raise ConfigError(f"--init-from {args.init_from} needs --task hf:PATH (a transformers model's folder), not --task {args.task}; "
+                              "to continue a dtrain run, use --checkpoint-dir with --resume.")
+        task_args["init_from"] = args.init_from
     schedule = ScheduleConfig(epochs=args.epochs, max_steps=args.max_steps, seed=args.seed)
-    batch = BatchConfig(size=args.batch_size, grad_accum=args.grad_accum, num_workers=args.num_workers)
+    batch = BatchConfig(size=args.batch_size, grad_accum=args.grad_accum, num_workers=args.num_workers,
+                        micro=micro_from_args(args.micro_batch))
     batch = dataclasses.replace(batch, split=args.batch_split)  # --batch-split (dtrain.data.split)
     optim = OptimConfig(name=args.optimizer, lr=args.lr)
     checkpoint = CheckpointConfig(dir=args.checkpoint_dir, save_every=args.save_every, keep=args.keep, resume=args.resume,
@@ -128,6 +140,10 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 def main(args: argparse.Namespace) -> int:
     configure_cli_logging(0, verbose=args.verbose)
     cfg = config_from_args(args)
+    if args.fault_tolerance is not None:  # replica groups on torchft (dtrain.ft), not one process group
+        from . import train_ft
+
+        return train_ft.start(cfg, args)
     export_diagnostics(args)
     world = World.detect(device=cfg.runtime.device)  # once per process; a worker's run() reuses it
     launched = world.distributed and args.nproc is None  # under torchrun/srun: this process is a worker
@@ -137,6 +153,8 @@ def main(args: argparse.Namespace) -> int:
 
         auto.refuse(cfg, nnodes=spec.nnodes if spec else 1, elastic=bool(spec and spec.elastic), launches=spec is not None)
         cfg = auto.resolve(cfg, spec.world_size, spec.nproc, cfg.runtime.device)
+    if cfg.batch.micro is not None:  # the plan's proposal; the workers confirm it (dtrain.train.microbatch)
+        cfg = with_proposal(cfg, spec.world_size if spec else world.size, cfg.runtime.device)
     if launched:
         worker_main(cfg, world=world)
         return 0
