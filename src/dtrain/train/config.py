@@ -19,6 +19,7 @@ from ..metrics.tensorboard import check_tensorboard
 from ..metrics.trace import parse_steps
 from ..parallel import parse as parse_layout
 from ..precision import Precision
+from .microbatch import AutoMicro, refuse_accum
 
 
 def _at_least(minimum: int, **flags: int | None) -> None:
@@ -52,9 +53,17 @@ class BatchConfig:
     num_workers: int | None = None
     """DataLoader worker processes per rank (``--num-workers``); None: ``dtrain.data.default_num_workers``
     (0 for data already in memory, else from the cores available per process)."""
+    micro: AutoMicro | None = None
+    """``--micro-batch auto``: the accumulation is found on the first batch, the largest micro-batch
+    that fits every rank's device (``train/microbatch.py``); None: ``grad_accum`` as given."""
 
     def __post_init__(self) -> None:
         _at_least(1, batch_size=self.size, grad_accum=self.grad_accum)
+        if self.micro is not None:
+            check.instance("BatchConfig(micro=...)", self.micro, AutoMicro, "give an AutoMicro() or None")
+            if self.global_batch:
+                raise ConfigError("--micro-batch auto and --elastic-batch global both choose the accumulation; drop one.")
+            refuse_accum(self.grad_accum)
         if self.num_workers is not None and self.num_workers < 0:
             raise ConfigError(f"--num-workers must be >= 0, got {self.num_workers}.")
         if self.size is not None:

@@ -35,6 +35,7 @@ from .listeners.faults import FaultInjection, fault_step
 from .listeners.ledger import LedgerListener
 from .listeners.preemption import Preemption
 from .listeners.report import LossWindow, Report
+from .microbatch import Fitter, budget_for, refuse_strategy
 from .observe import Observer
 
 
@@ -112,6 +113,7 @@ def _run(cfg: TrainConfig, world: World | None, strategy: Strategy | None, task:
 def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) -> dict[str, Any]:
     model, optimizer, loader, workers = _setup(ctx, cfg, task, batch)
     loader, task, splitter = batch_split.attach(ctx, cfg, task, loader, batch)  # --batch-split: its loader, weighted loss
+    fit = _fitter(ctx, cfg, task, model, optimizer, batch)
     saving = cfg.checkpoint
     ckpt = ctx.checkpoints(saving.dir, keep=saving.keep, async_save=saving.async_save) if saving.dir else None
     step = _resume(ctx, cfg, ckpt, model, optimizer, loader)
@@ -138,6 +140,7 @@ def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) ->
         for x, y in loader:
             obs.slow.input()
             ctx.breakdown.got_batch()
+            k = fit.accum(x, y) if fit is not None else k  # --micro-batch auto: found on the first batch
             for xm, ym in zip(x.chunk(k), y.chunk(k)):
                 with ctx.accumulate(model, steps=k):
                     loss = ctx.forward_backward(model, xm, ym, task.loss_fn)  # pipeline: micro-batches through the stages
@@ -162,7 +165,15 @@ def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) ->
     if state.stop:
         rejoin = preemption.elastic and _peers_leave(ctx, state.step, preemption.signalled_here)
         return _stopped(ctx, task, state.step, rate, state.last_loss, t0, rejoin=rejoin)
-    return _result(ctx, task, model, state, rate, report, workers, batch, t0)
+    return {**_result(ctx, task, model, state, rate, report, workers, batch, t0), **(fit.record() if fit is not None else {})}
+
+
+def _fitter(ctx: Context, cfg: TrainConfig, task: Task, model: Any, optimizer: Any, batch: int) -> Fitter | None:
+    """``--micro-batch auto``'s search (``train/microbatch.py``); None without it."""
+    if cfg.batch.micro is None:
+        return None
+    refuse_strategy(ctx.strategy.capabilities, ctx.strategy.name)
+    return Fitter(ctx, model, optimizer, task.loss_fn, batch, cfg.batch.micro, budget_for(ctx.rank, current().testing.oom_inject))
 
 
 def _setup(ctx: Context, cfg: TrainConfig, task: Task, batch: int) -> tuple[Any, Any, Any, int]:
