@@ -19,9 +19,7 @@ one, the gathered result, the input that is reduce-scattered, the broadcast one,
 LINK_SIZES = (64, 1 << 20, 4 << 20)
 """Bytes per collective in a link measurement: one latency-bound, two whose difference gives the
 bandwidth. Megabytes, as gradient buckets and FSDP units are: a shaped link's queue and TCP's
-windows slow long transfers more than short ones (on the test bed at 100 Mbit/s, gloo moved
-2.7 MB 1.3x slower than the 256 KiB-to-1 MiB slope said). A 4 MiB all-reduce takes ~1.8 s at
-20 Mbit/s."""
+windows slow long transfers more than short ones, so a slope from small sizes would be too fast."""
 
 
 def time_all_reduce(device: torch.device, sizes: list[int], reps: int) -> dict[int, float]:
@@ -58,9 +56,8 @@ def _call_times(op: Callable[[], object], device: torch.device, reps: int, pause
 
 def expected_time(times: list[float]) -> float:
     """What a call costs on average: the mean of the middle 90% (a stray stall of the machine left
-    out). A small gloo all-reduce or reduce-scatter takes either ~0.5 ms or ~3-4 ms (2 processes
-    over loopback: 23-34% of calls over 2 ms; broadcast 1-3%): a median lands on either mode, while
-    a step pays each call's draw, so its average pays the mean."""
+    out). A small gloo collective takes one of two modes (fast, or several times that): a median
+    lands on either, while a step pays each call's draw, so its average pays the mean."""
     times = sorted(times)
     cut = len(times) // 20
     return statistics.mean(times[cut:len(times) - cut])
@@ -96,9 +93,8 @@ def _ops(kind: str, nbytes: int, n: int, rank: int, device: torch.device, group:
 
 SMALL_REPS = (64 << 10, 45)
 """Sizes up to this many bytes are timed at least this many times, and their ``expected_time``
-kept, not the median: a latency-bound collective costs next to nothing to repeat (45 small
-all-reduces ~0.1 s), and the median of 15 moved 0.64 -> 3.67 ms between two probes of one 100 Mbit/s
-bed link (its calls take one of two modes), while the training runs' own all-reduces did not."""
+kept, not the median: a latency-bound collective costs next to nothing to repeat, and its calls
+take one of two modes, so a median of few calls jumps between probes of one link."""
 
 
 def _sized_time(op: Callable[[], object], device: torch.device, size: int, reps: int) -> float:
@@ -112,15 +108,9 @@ def _sized_time(op: Callable[[], object], device: torch.device, size: int, reps:
 
 SPREAD_KINDS = ("all_gather",)
 """Kinds whose sizes above ``SMALL_REPS``' are timed in three groups of calls (before, amid and
-after the others) and the slowest group's median kept. On the test bed's shaped links an
-all-gather of 1 MiB takes one of two modes that come in runs of calls: the bytes at the link's rate
-(1.03-1.12x a one-way send of each rank's share) or ~1.5x (benchmarks/allgather_modes.py: 100 Mbit/s,
-44 or 64 ms, 19 of 30 calls slow). FSDP's all-gathers in training took the slow one: lm-20m's fsdp
-step measured 560-602 ms in runs 17-34 whichever mode its probe found, and the plan's fsdp row was
--13% to -19% where the probe's three calls had all been fast (mlp-100m and lm-20m, runs 17-34:
-benchmarks/results/31-plan.md), +2% to +11% (lm-20m) and -2% to -5% (mlp-100m) where slow. The
-all-reduce and the reduce-scatter took the same time in every probe there (lm-20m, 1 MiB: 447-474
-and 448-462 ms, runs 25-34)."""
+after the others) and the slowest group's median kept: on a shaped link a megabyte all-gather
+takes one of two modes that come in runs of calls (the link's rate, or ~1.5x), and FSDP's
+all-gathers in training pay the slow one (benchmarks/allgather_modes.py)."""
 
 
 def time_collectives(device: torch.device, sizes: tuple[int, ...] = LINK_SIZES, reps: int = 3) -> dict[str, dict[int, float]]:
@@ -150,10 +140,10 @@ IDLE = "send_recv_after_idle"
 """A send between ranks 0 and 1 (half a round trip, as ``send_recv``) after the link sat idle for
 as long as one send of that size takes: what a step's first transfer after its compute costs. A
 rate-shaping link (a token bucket: the test bed's ``tbf``, a cloud NIC's limiter) lets a burst
-through at once after idle time: on the bed at 20 Mbit/s a 16 KiB all-reduce took 7.0 ms right
-after a barrier and 3.6 ms (its latency) after 20 ms idle (benchmarks/allreduce_sizes.py)."""
+through at once after idle time, so a small transfer then costs its latency alone
+(benchmarks/allreduce_sizes.py)."""
 IDLE_SIZE = 64 << 10
-"""The size sent after idle: above the bed's bursts (16-25 KiB at 20-100 Mbit/s), within a socket's buffer."""
+"""The size sent after idle: above a shaper's burst, within a socket's buffer."""
 IDLE_REPS = 9
 
 
@@ -172,14 +162,11 @@ STREAM = "send_recv_stream"
 """A send of ``IDLE_SIZE`` between ranks 0 and 1 (half a round trip) on a connection of its own
 that has carried nothing else, each after a pause as ``IDLE``'s: what a pipeline's hand-off costs
 on its connection once that has settled. A sender's TCP may pace such a connection below the
-link's rate: BBR (the test bed machine's default) estimates the bandwidth from what the bursts
-delivered, and on a 100 Mbit/s bed link with 10 ms each way sent 64 KiB at ~50 Mbit/s, 21.5 ms
-a send, where a connection that had just carried 4 MiB took 15.8 (CUBIC: 15.1 and 15.0;
-benchmarks/p2p_window.py). The probe's other sends run on the default group's connection, which
+link's rate (BBR estimates the bandwidth from what small bursts delivered:
+benchmarks/p2p_window.py); the probe's other sends run on the default group's connection, which
 its megabyte sizes have warmed."""
 STREAM_REPS = 12
-"""Round trips timed on the new connection; the median of the second half is kept (BBR's start-up
-settled within ~5 sends there)."""
+"""Round trips timed on the new connection; the median of the second half is kept (after TCP's start-up)."""
 
 
 def time_stream(device: torch.device, one_way: dict[int, float], reps: int) -> dict[int, float]:
@@ -199,9 +186,9 @@ def time_stream(device: torch.device, one_way: dict[int, float], reps: int) -> d
 CROSSED = "send_recv_crossed"
 """Two sends between ranks 0 and 1 in opposite directions, the second fired while the first is
 on its way (``CROSSED_LAG`` of one send's time later): seconds from the first's start until both
-have arrived. A link whose two directions were independent takes (1 + lag) x one send; on the
-test bed's shaped links the pair took up to 1.6x one (a transfer's acknowledgements queue
-behind the other direction's data: benchmarks/p2p_duplex.py)."""
+have arrived. A link whose two directions were independent takes (1 + lag) x one send; on a
+shaped link a transfer's acknowledgements queue behind the other direction's data
+(benchmarks/p2p_duplex.py)."""
 CROSSED_SIZES = (64 << 10, 1 << 20)
 """Sizes of a pipeline's hand-offs (an activation or its gradient): one that a socket's buffer
 holds, one it does not."""

@@ -1,20 +1,13 @@
 """Steady-state rates: samples/s (and from it tokens/s, TFLOP/s and MFU) over the steps after
 warm-up, with the warm-up's cost as its own figure (``warmup_s``).
 
-The first steps of a run pay for things the rest do not: ``torch.compile``'s tracing and code
-generation (tens of seconds), cuDNN's autotuning, the optimizer's state allocation, DataLoader
-workers starting. A rate over the whole run mixes that cost into every figure, so a compiled
-run looked slower than an eager one (issue 28: 138k tokens/s reported, 414k measured after
-warm-up). As the peers do:
-
-- nanoGPT (``train.py``) leaves the first 5 iterations out of its MFU estimate;
-- torchtitan configures warm-up steps and reports each log interval's rate;
-- Lightning's ``ThroughputMonitor`` reports a rate over a window of recent batches.
-
-dtrain leaves the first ``warmup_steps`` steps (default 5, nanoGPT's; at most half the steps of a
-short run, so a run of two or more steps always has a figure) out of every rate; a progress line
-and a metrics record give the rate over the steps since the previous record (a window of recent
-steps, as Lightning), and the result line the rate over every step after warm-up.
+The first steps of a run pay for things the rest do not (``torch.compile``'s tracing, cuDNN's
+autotuning, the optimizer's state, DataLoader workers starting); a rate over the whole run mixes
+that cost into every figure (docs/performance.md compares the peers' rules). dtrain leaves the
+first ``warmup_steps`` steps (default 5, nanoGPT's; at most half the steps of a short run, so a
+run of two or more steps always has a figure) out of every rate; a progress line and a metrics
+record give the rate over the steps since the previous record, and the result line the rate over
+every step after warm-up.
 """
 
 from __future__ import annotations
@@ -74,10 +67,6 @@ class SteadyRate:
                 self._sync()
             self._warm_done(self._clock())
 
-    @property
-    def warming_up(self) -> bool:
-        return self._t_warm is None
-
     def window(self) -> float | None:
         """Samples/s over the steps since the previous call (or since warm-up ended); None while
         warming up. Starts a new window."""
@@ -100,14 +89,6 @@ class SteadyRate:
         n = self.steps - self.warmup_steps
         elapsed = self._t_end - self._t_warm
         return n * self.samples_per_step / elapsed if n > 0 and elapsed > 0 else None
-
-    @property
-    def whole_run_samples_per_s(self) -> float | None:
-        """Over every step, warm-up included: what the rate was before issue 28 (for comparison)."""
-        if self._t_end is None or self._t_start is None:
-            return None
-        elapsed = self._t_end - self._t_start
-        return self.steps * self.samples_per_step / elapsed if self.steps and elapsed > 0 else None
 
     @property
     def elapsed_s(self) -> float:

@@ -31,7 +31,7 @@ def test_a_slow_first_step_stays_out_of_the_rate():
     rate.start()
     clock.t += 10.0  # step 1: compilation
     rate.step_done()
-    assert rate.window() is None and rate.warming_up
+    assert rate.window() is None
     _run_more = [0.1] * 19
     for d in _run_more:
         clock.t += d
@@ -40,7 +40,6 @@ def test_a_slow_first_step_stays_out_of_the_rate():
     assert synced == [pytest.approx(10.4)]  # the device is waited for once, at the end of warm-up
     assert rate.samples_per_s == pytest.approx(32 / 0.1)  # 15 steady steps of 0.1 s
     assert rate.warmup_s == pytest.approx(10.4)
-    assert rate.whole_run_samples_per_s == pytest.approx(20 * 32 / 11.9)
     assert rate.record() == {"warmup_s": 10.4, "warmup_steps": 5}
 
 
