@@ -48,6 +48,7 @@ class Float8Counts:
     """Weight elements converted."""
     block_params: tuple[int, ...] = ()
     """Of them, in each of the profile's blocks (the rest are in the root unit)."""
+    linears: int = 0
 
 
 def float8_peak(device: Any) -> float:
@@ -96,7 +97,8 @@ def count(task: Any, batch: int, recipe: str = "tensorwise") -> Float8Counts:
             per_block[owner[id(m)]] += m.weight.numel()
     params = sum(m.weight.numel() for _, m in linears)
     return Float8Counts(fwd_flops=totals["flops"] / batch, fwd_cast_bytes=totals["fwd"] / batch,
-                        bwd_cast_bytes=totals["bwd"] / batch, params=params, block_params=tuple(per_block))
+                        bwd_cast_bytes=totals["bwd"] / batch, params=params, block_params=tuple(per_block),
+                        linears=len(linears))
 
 
 def compute_rates(prof: Any, c: Any, s: Any) -> tuple[float, float]:
@@ -132,7 +134,12 @@ def with_float8(plan: Any, task: Any, batch: int) -> Any:
     float8 linears counted: the same layouts, profile and cluster."""
     from . import make_plan
 
-    float8_peak(plan.cluster.device)
-    prof = replace(plan.profile, float8=count(task, batch), precision="float8")
+    peak = float8_peak(plan.cluster.device)
+    f8 = count(task, batch)
+    note = (f"float8 (tensorwise): {f8.linears} linear(s) converted, {f8.fwd_flops / max(1.0, plan.profile.fwd_flops):.0%} of "
+            f"the forward FLOPs, their matmuls at the float8 peak ({peak / 1e12:,.0f} TFLOP/s) x the same achieved fraction "
+            "as bf16's, their casts at the memory bandwidth, their weights gathered in float8 under fsdp; the rest, and "
+            "the activations, as bf16-mixed")
+    prof = replace(plan.profile, float8=f8, precision="float8", notes=(*plan.profile.notes, note))
     return make_plan(prof, plan.cluster, replace(plan.settings, precision="float8"),
                      layouts=[p.layout for p in plan.predictions])

@@ -89,3 +89,7 @@ def test_plan_verify_dry_runs_the_pick_and_each_layout_given(monkeypatch, capsys
     assert all(c.world_size == 4 and c.local_size == 4 and c.batch.size == 2 for c in calls)
     assert cli_main(["plan", *TINY, "-n", "4", "--layouts", "fsdp", "--no-layout-profile"]) == 0
     assert len(calls) == 2 and "verify" not in capsys.readouterr().out  # without --verify, no dry run
+    assert cli_main(["plan", *TINY, "-n", "4", "--layouts", "fsdp", "--no-layout-profile", "--fsdp-reduce", "bf16",
+                     "--verify"]) == 0
+    assert calls[-1].parallel.strategy_options == {"reduce_dtype": "bf16"}  # the dry run reduces as planned
+    assert capsys.readouterr().out.splitlines()[-1].startswith("verify fsdp (rank 0 of 4, dry run): peak 1 MiB")

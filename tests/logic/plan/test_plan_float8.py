@@ -67,15 +67,20 @@ def test_fsdp_gathers_float8_weights_in_one_byte_the_rest_in_the_policys_two():
     assert gather_bytes(toy(f8), Settings(batch=1, precision="bf16-mixed", param_comm_bytes=2)) == [1000, 2000, 2000]
 
 
-def _best(argv, capsys):
+def _best(argv, capsys, notes=None):
     assert cli_main(["plan", *LM, "--device", "h100", "-n", "8", "--layouts", "fsdp", "--json", *argv]) == 0
-    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])["best"]
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    if notes is not None:
+        notes.extend(out["assumptions"])
+    return out["best"]
 
 
 @pytest.mark.timeout(120)
 def test_plan_float8_and_fsdp_reduce_on_the_command_line(capsys):
     bf16 = _best(["--precision", "bf16-mixed"], capsys)
-    fp8 = _best(["--precision", "float8"], capsys)
+    notes = []
+    fp8 = _best(["--precision", "float8"], capsys, notes)
+    assert any(n.startswith("float8 (tensorwise): 12 linear(s) converted") for n in notes)  # 6 a block, 2 blocks
     assert fp8["step_ms"] < bf16["step_ms"]
     assert fp8["memory_mib"]["gathered"] < bf16["memory_mib"]["gathered"]
     reduced = _best(["--precision", "bf16-mixed", "--fsdp-reduce", "bf16"], capsys)
