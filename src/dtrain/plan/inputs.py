@@ -1,11 +1,6 @@
-"""What a user hands `dtrain plan` about the machines, parsed once where it enters: the flags, a
-``--cluster`` file and a ``--links`` file become checked values here (types, finite numbers in a
-sane range, small regular text files), each mistake one ``ConfigError`` line: what, the value,
-the fix. The model behind (``cluster.build``, ``links.fit``, the costs) then never meets a
-negative latency, a NaN bandwidth, a string where a number goes or a world it cannot enumerate.
-
-The ranges are wide (1 Mbit/s to 1 Pbit/s; 10 ns to 1 s a message) and only keep the arithmetic
-meaningful.
+"""What a user hands `dtrain plan` about the machines (flags, a ``--cluster`` file, a ``--links``
+file), checked once where it enters (types, finite numbers in a wide range, small regular text
+files), each mistake one ``ConfigError`` line: what, the value, the fix.
 """
 
 from __future__ import annotations
@@ -23,7 +18,7 @@ MAX_WORLD = 1 << 18
 """Processes a plan is for (262,144: beyond the largest clusters; the model enumerates ranks)."""
 MAX_PROCS_PER_NODE = 1024
 MAX_FILE_BYTES = 1 << 20
-"""A cluster or links file is a few hundred bytes; a larger one is not one of them."""
+"""A cluster or links file is a few hundred bytes."""
 
 
 @dataclass(frozen=True)
@@ -57,8 +52,7 @@ SETTINGS: dict[str, Bound] = {
 
 
 def shown(value: Any, *, flag: bool = False) -> str:
-    """A value as the user wrote it, short: a flag's number as typed, JSON for a file's scalars,
-    a word for a container (never expanded: a YAML file's aliases can make a small file a huge list)."""
+    """A value as the user wrote it, short; a word for a container (never expanded: YAML aliases)."""
     if isinstance(value, float):
         text = repr(value)  # a file's 4.0 where a whole number goes; a flag's -5 as typed
         return text[:-2] if flag and text.endswith(".0") else text
@@ -83,8 +77,7 @@ def _rule(b: Bound) -> str:
 
 
 def check(b: Bound, value: Any, what: str, fix: str, *, flag: bool = False) -> Any:
-    """``value`` if it is of ``b``'s type (a bool is no number) and, for a number, finite and
-    within its range; else one line: ``what``, the value (as typed, for a ``flag``), ``b``'s rule and ``fix``."""
+    """``value`` if of ``b``'s type (a bool is no number), finite and in range; else one line."""
     if b.kind is bool or b.kind is str:
         if not isinstance(value, b.kind):
             need = "true or false" if b.kind is bool else "a name in quotes"
@@ -100,9 +93,8 @@ def check(b: Bound, value: Any, what: str, fix: str, *, flag: bool = False) -> A
 
 
 def cluster_settings(raw: dict[Any, Any], where: str | None = None) -> dict[str, Any]:
-    """The settings of ``raw`` checked: a ``--cluster`` file's (``where`` names it: each mistake
-    says the file and the key) or the flags' (``where`` None: named by their flags; None values,
-    flags not given, left out)."""
+    """``raw`` checked: a ``--cluster`` file's (``where`` names it) or the flags' (``where`` None:
+    named by their flags; None values, flags not given, left out)."""
     unknown = sorted(shown(k) for k in raw if k not in SETTINGS)
     if unknown:
         raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(SETTINGS)}.")
@@ -126,9 +118,8 @@ def world(nodes: int, procs_per_node: int) -> int:
 
 
 def read_text(what: str, path: str, fix: str, limit: int = MAX_FILE_BYTES) -> str:
-    """The text of ``path``, a small regular file: a FIFO, a device or a folder is refused
-    without blocking (opened non-blocking, checked before any read), a file over ``limit``
-    bytes or not UTF-8 refused. ``what`` names it in the one line, ``fix`` ends it."""
+    """The text of ``path``, a small regular UTF-8 file; a FIFO, a device or a folder is refused
+    without blocking (opened non-blocking, checked before any read)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except (OSError, ValueError) as exc:
@@ -155,8 +146,7 @@ def read_text(what: str, path: str, fix: str, limit: int = MAX_FILE_BYTES) -> st
 
 
 def parse(what: str, text: str, fix: str, *, yaml: bool = False) -> Any:
-    """JSON (or YAML) ``text``; a syntax error, a number too long for Python or nesting too deep
-    for its parser is one line."""
+    """JSON (or YAML) ``text``; a syntax error, a huge number or deep nesting is one line."""
     if yaml:
         try:
             import yaml as pyyaml

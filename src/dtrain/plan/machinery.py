@@ -1,15 +1,9 @@
-"""What each layout's own machinery costs on this CPU, measured: the model's step run plainly and
-under each layout's wrapping, in a fresh process that joins a process group of one (as a `dtrain
-train` worker, with the worker's imports), each built the way `dtrain train` builds it: DDP with
-its buckets and the ``--comm`` method's hook, ZeRO's optimizer, ``fully_shard`` of the blocks,
-the task's tensor-parallel plan, torch's pipeline schedule on one stage.
-
-With one rank every collective is a local no-op, so what a layout adds to the plain step is its
-CPU work (DDP's reducer, PowerSGD's products, FSDP's hooks and copies, DTensor's dispatch, ZeRO's
-partitioned step, a schedule's per-micro-batch work); the link's part is the link model's. The
-kinds run in turn, round after round, so a load that comes and goes touches them alike; medians
-are kept. The same process reports a worker's memory: its resident set before any model, what a
-pipeline's modules add, and the peak of plain steps above that.
+"""What each layout's own machinery costs on this CPU: the model's step run plainly and under each
+layout's wrapping (as `dtrain train` builds it), in a fresh process of a world of one, where every
+collective is a local no-op, so what a layout adds to the plain step is its CPU work (DDP's
+reducer, PowerSGD's products, FSDP's hooks, DTensor's dispatch, a schedule's bookkeeping); the
+link's part is the link model's. The kinds run in turn, round after round (medians kept). The same
+process reports a worker's memory: before any model, with a pipeline's modules, at the step's peak.
 """
 
 from __future__ import annotations
@@ -195,55 +189,37 @@ def _reset_peak() -> bool:
         return False
 
 
-def _autocast(precision: str) -> Callable[[], contextlib.AbstractContextManager]:
-    if precision in ("bf16-mixed", "fp16-mixed"):
-        return lambda: torch.autocast("cpu", dtype=torch.bfloat16)
-    return contextlib.nullcontext
-
-
-def _fresh(task: Any) -> nn.Module:
-    torch.manual_seed(0)
-    return task.new_model()
-
-
-def _optimizer(name: str, params: Any, lr: float) -> torch.optim.Optimizer:
+def build_runner(kind: str, task: Any, x: Any, y: Any, spec: dict[str, Any]) -> Runner:
+    """The step of ``kind`` (see ``Machinery.steps``), built as `dtrain train` builds the layout."""
     from ..tasks import make_optimizer
 
-    return make_optimizer(name, params, lr)
-
-
-def build_runner(kind: str, task: Any, x: Any, y: Any, spec: dict[str, Any]) -> Runner:
-    """The step of ``kind`` (see ``Machinery.steps``)."""
-    cast, opt_name = _autocast(spec["precision"]), spec["optimizer"]
-    model = _fresh(task)
-    if kind == "plain":
-        return _step(model, _optimizer(opt_name, model.parameters(), task.lr), task, x, y, cast)
+    mixed = spec["precision"] in ("bf16-mixed", "fp16-mixed")
+    cast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if mixed else contextlib.nullcontext
+    torch.manual_seed(0)
+    model = task.new_model()
+    opt = lambda m: make_optimizer(spec["optimizer"], m.parameters(), task.lr)  # noqa: E731
     if kind == "micro":
         return _micro(model, task, x, y, spec, cast)
+    if kind == "pp":
+        return _pipeline(model, opt(model), task, x, y, spec, cast)
     if kind.startswith("ddp:") or kind == "zero1":
         return _ddp(model, kind, task, x, y, spec, cast)
-    blocks = list(task.blocks(model)) if task.blocks else []
-    mesh = _mesh()
-    if kind == "fsdp":
+    if kind in ("fsdp", "tp"):
+        from torch.distributed.device_mesh import init_device_mesh
+
+        from ..parallel.apply import apply_tp
         from ..parallel.fsdp import FSDPConfig, apply_fully_shard
 
-        mixed = spec["precision"] in ("bf16-mixed", "fp16-mixed")  # as training: the policy casts, no autocast
-        model = apply_fully_shard(model, mesh, FSDPConfig(), torch.device("cpu"), blocks, param_dtype=torch.bfloat16 if mixed else None)
-        return _step(model, _optimizer(opt_name, model.parameters(), task.lr), task, x, y, contextlib.nullcontext if mixed else cast)
-    if kind == "tp":
-        from ..parallel.apply import apply_tp
-
-        model = apply_tp(model, mesh, task.tp_plan(model, 1))
-        return _step(model, _optimizer(opt_name, model.parameters(), task.lr), task, x, y, cast)
-    if kind == "pp":
-        return _pipeline(model, task, x, y, spec, cast)
-    raise ValueError(f"unknown machinery kind {kind!r}")
-
-
-def _mesh() -> Any:
-    from torch.distributed.device_mesh import init_device_mesh
-
-    return init_device_mesh("cpu", (1,))
+        mesh, blocks = init_device_mesh("cpu", (1,)), list(task.blocks(model)) if task.blocks else []
+        if kind == "tp":
+            model = apply_tp(model, mesh, task.tp_plan(model, 1))
+        else:  # as training: the mixed-precision policy casts, no autocast
+            model = apply_fully_shard(model, mesh, FSDPConfig(), torch.device("cpu"), blocks,
+                                      param_dtype=torch.bfloat16 if mixed else None)
+            cast = contextlib.nullcontext
+    elif kind != "plain":
+        raise ValueError(f"unknown machinery kind {kind!r}")
+    return _step(model, opt(model), task, x, y, cast)
 
 
 def _ddp(model: nn.Module, kind: str, task: Any, x: Any, y: Any, spec: dict[str, Any], cast: Callable) -> Runner:
@@ -252,15 +228,15 @@ def _ddp(model: nn.Module, kind: str, task: Any, x: Any, y: Any, spec: dict[str,
     from ..comm import CommSpec, attach, bucket_mb
     from ..strategies.ddp import DDPConfig
     from ..strategies.zero1 import shard_optimizer
+    from ..tasks import make_optimizer
 
     comm = CommSpec.parse(kind.partition(":")[2] or "none", warmup=2)
     ddp = DistributedDataParallel(model, bucket_cap_mb=bucket_mb(model, comm, DDPConfig().bucket_cap_mb), gradient_as_bucket_view=True)
     method = attach(ddp, comm)
-    opt = _optimizer(spec["optimizer"], ddp.parameters(), task.lr)
+    opt = make_optimizer(spec["optimizer"], ddp.parameters(), task.lr)
     if kind == "zero1":
         opt = shard_optimizer(opt)
-    after = (lambda: method.after_step(opt)) if method is not None else None
-    return _step(ddp, opt, task, x, y, cast, after)
+    return _step(ddp, opt, task, x, y, cast, (lambda: method.after_step(opt)) if method is not None else None)
 
 
 def _micro(model: nn.Module, task: Any, x: Any, y: Any, spec: dict[str, Any], cast: Callable) -> Runner:
@@ -280,16 +256,15 @@ def _micro(model: nn.Module, task: Any, x: Any, y: Any, spec: dict[str, Any], ca
     return run
 
 
-def _pipeline(model: nn.Module, task: Any, x: Any, y: Any, spec: dict[str, Any], cast: Callable) -> Runner:
-    """torch's schedule (as ``dtrain.parallel.stages.Pipe`` builds it) over one stage: the
-    micro-batch split, the per-micro-batch loss and bookkeeping, no transfers."""
+def _pipeline(model: nn.Module, opt: Any, task: Any, x: Any, y: Any, spec: dict[str, Any], cast: Callable) -> Runner:
+    """torch's schedule (as ``parallel.stages.Pipe`` builds it) over one stage: the micro-batch
+    split, the per-micro-batch loss and bookkeeping, no transfers (the whole schedule is its forward)."""
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
     m = spec["microbatches"]
-    stage = PipelineStage(model, 0, 1, torch.device("cpu"))
     cls = ScheduleGPipe if spec["schedule"] == "gpipe" else Schedule1F1B
-    schedule = cls(stage, n_microbatches=m, loss_fn=lambda out, t: task.loss_fn(out, t) / m, scale_grads=False)
-    opt = _optimizer(spec["optimizer"], model.parameters(), task.lr)
+    schedule = cls(PipelineStage(model, 0, 1, torch.device("cpu")), n_microbatches=m,
+                   loss_fn=lambda out, t: task.loss_fn(out, t) / m, scale_grads=False)
 
     def run() -> tuple[float, float, float]:
         t0 = time.perf_counter()

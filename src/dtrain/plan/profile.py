@@ -1,10 +1,6 @@
 """What a model costs, per sample: FLOPs and saved activations (whole and per block) counted on
-the meta device with torch's ``FlopCounterMode`` and saved-tensor hooks, its parameters and their
-shapes; and, on the device at hand, measured forward, backward and optimizer times, which give
-the achieved FLOP/s the plan scales by.
-
-A profile can also be written as data (``transformer``, ``from_counts``): a published model's
-dimensions, no weights needed.
+the meta device (``FlopCounterMode``, saved-tensor hooks), its parameters; and the step timed on
+the device at hand. Or written as data (``transformer``, ``from_counts``): no weights needed.
 """
 
 from __future__ import annotations
@@ -49,15 +45,12 @@ class ModelProfile:
     tokens_per_sample: int | None = None
     tensors: int = 0
     """Parameter tensors (a per-parameter collective pays a latency for each)."""
-    tensor_sizes: tuple[int, ...] = ()
-    """Each parameter tensor's elements, in the model's order (empty where not counted): who owns
-    which under ZeRO's partition (``steps.zero_sends``)."""
     bwd_ratio: float = 2.0
     timing: Timing | None = None
     precision: str = "fp32"
     notes: tuple[str, ...] = field(default=())
     machinery: Machinery | None = None
-    """Each layout's own CPU cost and a worker's memory, measured in a world of one (``machinery``)."""
+    """Each layout's own CPU cost and a worker's memory (``machinery``)."""
     float8: Any = None
     """Under ``--precision float8``: the linears it converts (``plan.float8.Float8Counts``)."""
 
@@ -85,15 +78,13 @@ class ModelProfile:
 
 
 def _first_tensor(value: Any) -> torch.Tensor | None:
-    if torch.is_tensor(value):
-        return value
     if isinstance(value, (list, tuple)):
         return next((t for t in map(_first_tensor, value) if t is not None), None)
-    return None
+    return value if torch.is_tensor(value) else None
 
 
-def _nbytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
+def _nbytes(t: torch.Tensor | None) -> int:
+    return 0 if t is None else t.numel() * t.element_size()
 
 
 class _Saved:
@@ -117,14 +108,10 @@ class _Saved:
 
 
 class MetaAutocast(torch.overrides.TorchFunctionMode):
-    """Autocast's casts, done on the meta device, where ``torch.autocast`` does nothing (it acts
-    on CPU or CUDA tensors only): what the forward saves for backward then has the dtypes a
-    mixed-precision run saves. Matrix products and convolutions run in ``dtype`` (their inputs and
-    outputs, weights included, as autocast's cached casts are); the ops autocast runs in fp32
-    (normalisations, softmax, losses) get fp32 inputs; the rest run in their inputs' dtype. With
-    ``fused_attention`` (a GPU), ``scaled_dot_product_attention`` without a mask is the fused
-    kernel the GPU runs (flash in 16 bits, else memory-efficient: they save q, k, v, the output and
-    a log-sum-exp, not the attention matrix that the meta device's reference version keeps)."""
+    """Autocast's casts on the meta device (where ``torch.autocast`` does nothing), so the forward
+    saves the dtypes a mixed-precision run saves: matmuls and convolutions in ``dtype``, the ops
+    autocast keeps in fp32 on fp32 inputs. With ``fused_attention`` (a GPU), attention without a
+    mask is the fused kernel the GPU runs, which saves no attention matrix."""
 
     F = torch.nn.functional
     LOW = (F.linear, F.bilinear, F.conv1d, F.conv2d, F.conv3d, F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d,
@@ -149,9 +136,8 @@ class MetaAutocast(torch.overrides.TorchFunctionMode):
         return func(*args, **kwargs)
 
     def _cast(self, value: Any, dtype: torch.dtype) -> Any:
-        """Floating tensors in ``value`` (nested tuples, lists, dicts) as ``dtype``. A parameter's
-        cast copy is the weights', not an activation (it does not grow with the batch): ``weights``
-        (the saved-tensor counter, ``_Saved``) is told to leave it out."""
+        """Floating tensors in ``value`` (nested) as ``dtype``; a parameter's cast copy is no activation
+        (``weights``, the saved-tensor counter, leaves it out)."""
         if torch.is_tensor(value):
             if not value.is_floating_point() or value.dtype == dtype:
                 return value
@@ -167,8 +153,7 @@ class MetaAutocast(torch.overrides.TorchFunctionMode):
 
 
 def _fused_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
-    """The GPU's fused attention on meta tensors (torch's own kernels' meta functions and autograd
-    formulas: their saved tensors and FLOPs), the reference version where they do not apply."""
+    """The GPU's fused attention on meta tensors (torch's kernels' meta functions), else the reference one."""
     if attn_mask is not None or enable_gqa or q.shape[1] != k.shape[1]:
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p,
                                                                 is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
@@ -197,9 +182,8 @@ def count(build: Callable[[], nn.Module], x: Any, y: Any, loss_fn: Callable, *, 
 
     def post(m, _args, out):
         rec = per_block[-1]
-        t = _first_tensor(out)
         rec.update(params=sum(p.numel() for p in m.parameters()), flops=counter.get_total_flops() - rec["flops0"],
-                   saved=saved.total - rec["saved0"], out=_nbytes(t) if t is not None else 0)
+                   saved=saved.total - rec["saved0"], out=_nbytes(_first_tensor(out)))
 
     handles = [u.register_forward_pre_hook(pre) for u in units] + [u.register_forward_hook(post) for u in units]
     xm, ym = _to_meta(x), _to_meta(y)
@@ -215,9 +199,8 @@ def count(build: Callable[[], nn.Module], x: Any, y: Any, loss_fn: Callable, *, 
     for h in handles:
         h.remove()
     params = list(model.parameters())
-    o = _first_tensor(out)
-    return {"params": sum(p.numel() for p in params), "tensors": len(params), "sizes": tuple(p.numel() for p in params), "fwd": fwd, "bwd": total - fwd, "act": act,
-            "out": _nbytes(o) if o is not None else 0, "blocks": per_block,
+    return {"params": sum(p.numel() for p in params), "tensors": len(params), "fwd": fwd, "bwd": total - fwd, "act": act,
+            "out": _nbytes(_first_tensor(out)), "blocks": per_block,
             "matrices": tuple((p.shape[0], p.numel() // p.shape[0]) for p in params if p.dim() >= 2)}
 
 
@@ -234,11 +217,10 @@ def profile_task(task: Any, *, batch: int, precision: str = "fp32", optimizer: s
                           f"({type(exc).__name__}: {exc}); dtrain plan needs FLOPs and activation sizes.") from None
     blocks = tuple(Block(params=int(b.get("params", 0)), fwd_flops=b.get("flops", 0) / batch,
                          act_bytes=b.get("saved", 0) / batch, out_bytes=b.get("out", 0) / batch) for b in c["blocks"])
-    notes = ("FLOPs and saved activations counted with FlopCounterMode and saved-tensor hooks on the meta device",)
+    notes = ("FLOPs and activations counted on the meta device (FlopCounterMode, saved-tensor hooks)",)
     bwd_ratio = c["bwd"] / c["fwd"] if c["fwd"] else 2.0
     prof = ModelProfile(name=task.name, params=c["params"], fwd_flops=c["fwd"] / batch, act_bytes=c["act"] / batch,
                         blocks=blocks, matrices=c["matrices"], out_bytes=c["out"] / batch, tensors=c["tensors"],
-                        tensor_sizes=c["sizes"],
                         tokens_per_sample=task.tokens_per_sample, bwd_ratio=bwd_ratio, precision=precision, notes=notes)
     return add_timing(prof, task, batch=batch, optimizer=optimizer, threads=threads, machinery=machinery) if timed else prof
 
@@ -253,35 +235,28 @@ def add_timing(prof: ModelProfile, task: Any, *, batch: int, optimizer: str | No
         x, y = sample_batch(task, batch)
         t = measure(task, x, y, optimizer=optimizer or task.optimizer, lr=task.lr, autocast_dtype=dtype, threads=threads,
                     device="cuda", checkpointed=checkpointed)
-        note = (f"forward/backward/optimizer timed on this GPU ({torch.cuda.get_device_name(0)}), batch {batch}, median of up "
-                f"to 15 steps after {WARMUP_GPU} warm-up steps, each phase on the GPU's clock (CUDA events, no wait "
-                "between phases); no data time (the loader works ahead of the step)"
-                + ("; with the blocks checkpointed (their recomputation in the backward timed)" if t.checkpointed else ""))
+        note = (f"step timed on this GPU ({torch.cuda.get_device_name(0)}), batch {batch}: medians after {WARMUP_GPU} "
+                "warm-up steps, CUDA events" + (", blocks checkpointed" if t.checkpointed else ""))
         return replace(prof, timing=t, notes=(*prof.notes, note))
     if machinery is not None:
         plain = machinery.steps["plain"]
         t = Timing(batch=batch, fwd_s=plain.forward, bwd_s=plain.backward, opt_s=plain.optimizer, threads=machinery.threads,
                    device="cpu", data_s=data_time(task, batch))
-        kinds = ", ".join(k for k in machinery.steps if k != "plain") or "none"
-        note = (f"forward/backward/optimizer timed on this CPU in a fresh process of a world of one, {machinery.threads} thread(s), "
-                f"batch {batch}: the plain step and each layout's ({kinds}) in turn, medians of {machinery.rounds} rounds")
+        note = (f"step timed on this CPU, batch {batch}, {machinery.threads} thread(s): plain and each layout's own, "
+                f"medians of {machinery.rounds} rounds")
         return replace(prof, timing=t, machinery=machinery, notes=(*prof.notes, note))
     x, y = sample_batch(task, batch)
     t = measure(task, x, y, optimizer=optimizer or task.optimizer, lr=task.lr, autocast_dtype=dtype, threads=threads,
                 checkpointed=checkpointed)
-    note = (f"forward/backward/optimizer timed on this CPU, {threads} thread(s), batch {batch}, median of up to 15 steps"
-            + ("; with the blocks checkpointed" if t.checkpointed else ""))
+    note = f"step timed on this CPU, batch {batch}, {threads} thread(s)" + (", blocks checkpointed" if t.checkpointed else "")
     return replace(prof, timing=t, notes=(*prof.notes, note))
 
 
 def transformer(name: str, *, layers: int, width: int, ffn: int, heads: int, kv_heads: int, vocab: int, seq: int,
                 act_bytes_per_layer_token: float | None = None, tied: bool = False, gated: bool = True) -> ModelProfile:
-    """A decoder-only transformer written as data (Llama-style: gated MLP, grouped KV heads).
-    FLOPs per token: 2 x every weight (each multiply-add) + attention's ``4 x seq x width`` per
-    layer, halved by the causal mask (as torchtitan counts it: 6N + 12 L H Q T for fwd+bwd with
-    the mask ignored; here forward only, mask ignored too to match). Activations default to
-    Korthikanti et al.'s ``34 x width`` bytes per token and layer in 16 bits (no recomputation,
-    flash attention: no ``5 a s`` term)."""
+    """A decoder-only transformer written as data (Llama-style: gated MLP, grouped KV heads). FLOPs
+    per token: 2 x every weight + attention's ``4 x seq x width`` per layer (the mask ignored, as
+    torchtitan counts); activations Korthikanti et al.'s ``34 x width`` bytes per token and layer."""
     head = width // heads
     attn = width * (heads * head) + 2 * width * (kv_heads * head) + (heads * head) * width
     mlp = (3 if gated else 2) * width * ffn
@@ -304,8 +279,7 @@ def transformer(name: str, *, layers: int, width: int, ffn: int, heads: int, kv_
 
 def from_counts(name: str, *, params: int, fwd_flops: float, act_bytes: float, layers: int = 0,
                 out_bytes: float = 0.0) -> ModelProfile:
-    """A model given by its totals (e.g. a CNN's published parameters and FLOPs), split into
-    ``layers`` equal blocks for pipeline and FSDP-unit purposes."""
+    """A model given by its totals (a CNN's published parameters and FLOPs), in ``layers`` equal blocks."""
     blocks = tuple(Block(params=params // layers, fwd_flops=fwd_flops / layers, act_bytes=act_bytes / layers,
                          out_bytes=act_bytes / layers / 10) for _ in range(layers)) if layers else ()
     return ModelProfile(name=name, params=params, fwd_flops=fwd_flops, act_bytes=act_bytes, blocks=blocks,

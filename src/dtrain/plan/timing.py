@@ -1,11 +1,10 @@
-"""Timing a training step on the device at hand: one step's forward, backward and optimizer
-phases (``timed_step``, on the host's clock or a GPU's), the median of a few seconds of them
-(``measure``), and a batch's fetch (``data_time``). The profile and each layout's machinery time
-their steps this one way.
+"""Timing a training step on the device at hand: its forward, backward and optimizer phases
+(``timed_step``, on the host's clock or a GPU's), their medians (``measure``), a batch's fetch.
 """
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from collections.abc import Callable
@@ -31,18 +30,11 @@ class Timing:
     data_s: float = 0.0
     """Fetching and collating one batch from the (in-memory) data set."""
     checkpointed: bool = False
-    """Timed with the model's blocks checkpointed (``--activation-checkpointing``): the forward holds
-    the checkpoint wrappers' own cost, the backward the blocks' recomputation."""
+    """Timed with the blocks checkpointed: the backward holds their recomputation."""
 
 
-class NoCast:
-    """No autocast: the ``cast`` context of an fp32 step."""
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
+NoCast = contextlib.nullcontext
+"""No autocast: the ``cast`` context of an fp32 step."""
 
 
 def sample_batch(task: Any, batch: int) -> tuple[Any, Any]:
@@ -56,39 +48,20 @@ def sample_batch(task: Any, batch: int) -> tuple[Any, Any]:
 
 Runner = Callable[[], tuple[float, float, float]]
 WARMUP_GPU = 5
-"""Untimed steps before a GPU's timed ones: the allocator's pool, cuBLAS/cuDNN's choices and the
-fused optimizer's state settle in the first steps (the training run's window starts at step 10)."""
+"""Untimed steps before a GPU's timed ones (the allocator, cuBLAS's choices settle)."""
 
 
-class _CpuClock:
-    """The host's clock: a mark is a reading, nothing to wait for."""
-    mark = staticmethod(time.perf_counter)
+def _clock(gpu: bool) -> tuple[Callable[[], Any], Callable[[Any], None], Callable[[Any, Any], float]]:
+    """(mark, wait, seconds between two marks): the host's clock, or the GPU's (a CUDA event
+    recorded in the stream's order, read once the last has run)."""
+    if not gpu:
+        return time.perf_counter, lambda _m: None, lambda a, b: b - a
 
-    @staticmethod
-    def wait(_mark: float) -> None:
-        pass
-
-    @staticmethod
-    def between(a: float, b: float) -> float:
-        return b - a
-
-
-class _GpuClock:
-    """The GPU's clock: a mark is a CUDA event recorded in the stream's order, read once the last
-    has run (``wait``)."""
-    @staticmethod
     def mark() -> Any:
         ev = torch.cuda.Event(enable_timing=True)
         ev.record()
         return ev
-
-    @staticmethod
-    def wait(mark: Any) -> None:
-        mark.synchronize()
-
-    @staticmethod
-    def between(a: Any, b: Any) -> float:
-        return a.elapsed_time(b) / 1e3
+    return mark, lambda m: m.synchronize(), lambda a, b: a.elapsed_time(b) / 1e3
 
 
 def timed_step(model: nn.Module, opt: Any, task: Any, x: Any, y: Any, cast: Callable, after: Callable[[], None] | None = None,
@@ -98,22 +71,22 @@ def timed_step(model: nn.Module, opt: Any, task: Any, x: Any, y: Any, cast: Call
     events, as the training breakdown times a GPU step) with no wait between phases, so the host
     queues a phase's kernels while the GPU still runs the one before, as in training; one wait, at
     the step's end (a wait before every reading leaves the GPU idle while the host queues)."""
-    clock = _GpuClock() if gpu else _CpuClock()
+    mark, wait, between = _clock(gpu)
 
     def run() -> tuple[float, float, float]:
-        t0 = clock.mark()
+        t0 = mark()
         with cast():
             loss = task.loss_fn(model(x), y)
-        t1 = clock.mark()
+        t1 = mark()
         loss.backward()
-        t2 = clock.mark()
+        t2 = mark()
         opt.step()
         if after is not None:
             after()
         opt.zero_grad(set_to_none=True)
-        t3 = clock.mark()
-        clock.wait(t3)
-        return clock.between(t0, t1), clock.between(t1, t2), clock.between(t2, t3)
+        t3 = mark()
+        wait(t3)
+        return between(t0, t1), between(t1, t2), between(t2, t3)
     return run
 
 
@@ -121,14 +94,9 @@ def measure(task: Any, x: Any, y: Any, *, optimizer: str, lr: float, autocast_dt
             threads: int, repeats: int = 15, budget_s: float = 5.0, device: str = "cpu",
             checkpointed: bool = False) -> Timing:
     """Median forward, backward and optimizer-step times of up to ``repeats`` steps (at least 5;
-    fewer once ``budget_s`` is spent) after two warm-up steps (``WARMUP_GPU`` on a GPU), on CPU
-    with ``threads`` torch threads (a process's share of the cores in the run). Many short steps
-    spread over seconds: on a shared machine the median then sees the load the runs will see, not
-    one moment's. ``device="cuda"``: on this machine's GPU as `dtrain train --device cuda` runs it
-    (the model and batch there, CUDA autocast, the fused optimizer; each phase on the GPU's clock,
-    ``timed_step(gpu=True)``), no data time (a GPU run's loader works ahead of the step).
-    ``checkpointed``: the task's blocks recomputed in backward as `dtrain train
-    --activation-checkpointing` does (a task without blocks is timed as it is)."""
+    fewer once ``budget_s`` is spent) after the warm-up, on CPU with ``threads`` torch threads.
+    ``device="cuda"``: on this GPU as `dtrain train --device cuda` runs it, no data time (a GPU
+    run's loader works ahead). ``checkpointed``: the blocks recomputed in backward, as training does."""
     from ..parallel.transforms import apply_activation_checkpointing
     from ..tasks import make_optimizer
 
