@@ -69,6 +69,9 @@ class BatchConfig:
         if self.size is not None:
             check_accum(self.size, self.grad_accum)
         SplitSpec.parse(self.split)
+        if self.micro is not None and self.split != "even":  # both size each rank's micro-batches
+            raise ConfigError(f"--batch-split {self.split} with --micro-batch auto: both size each rank's micro-batches; drop one "
+                              "(--micro-batch auto with the even split, or --batch-split with --grad-accum).")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -128,3 +128,12 @@ def test_costs_split_per_sample_and_fixed():
     assert per == pytest.approx([2.0, 1.0]) and fixed == pytest.approx([3.0, 1.0])
     with pytest.raises(ValueError):
         split_costs([None, _window(1.0, 24)], [40, 24])
+
+
+def test_refused_with_micro_batch_auto_and_bad_shares_at_the_flag():
+    from dtrain.train.microbatch import AutoMicro
+
+    with pytest.raises(ConfigError, match="--batch-split speed with --micro-batch auto"):
+        BatchConfig(size=32, split="speed", micro=AutoMicro())
+    with pytest.raises(ConfigError, match="rank 1 would get zero samples"):
+        BatchConfig(size=32, split="64,0")
