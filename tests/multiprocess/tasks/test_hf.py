@@ -1,0 +1,118 @@
+"""``--task hf:PATH`` in every layout against one process, and its checkpoints out and back in.
+
+Tier 2: 2 (and 4) gloo ranks: a tiny Llama-style and a GPT-2-style config (built here, nothing
+downloaded) trained under ddp, fsdp and tp=2 give one process's losses (fp32, 1e-5 relative);
+a checkpoint saved under fsdp (and fsdp x tp) exported with ``dtrain ckpt export --hf`` loads in
+transformers with the logits of dtrain's model; ``--init-from`` that export, continued under
+another layout, equals continuing the original checkpoint.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+import dtrain
+from dtrain.tasks import load_task
+from tests.logic.tasks.test_hf import TINY, folder, gpt2_config, llama_config
+from tests.support import run_cli, run_distributed
+
+STEPS = 4
+# fp32: two ranks average two half-batch means, TP splits each matmul's sum over 2 ranks, so sums
+# are reordered by a few ulps; after 4 AdamW steps losses (~5.5) agree to ~1e-6 (as the lm
+# task's parity tests). A missing reduction or a block not synced moves them by > 1e-3.
+REL = 1e-5
+
+
+def probe() -> torch.Tensor:
+    return torch.randint(0, 256, (2, 24), generator=torch.Generator().manual_seed(7))
+
+
+def train(path: str, strategy: str, batch: int, layout: str | None = None, init_from: str | None = None,
+          save_to: str | None = None, resume_from: str | None = None) -> dict:
+    """``STEPS`` AdamW steps of ``batch`` windows per data-parallel rank, from the config's
+    random init (seed 0), ``init_from``'s weights, or the model of the checkpoint ``resume_from``;
+    the losses (mean over ranks) and the logits on ``probe()`` after training."""
+    task = load_task(f"hf:{path}", options={**TINY, **({"init_from": init_from} if init_from else {})})
+    extra = {"parallel": layout, "tp_plan": task.tp_plan} if layout else {}
+    ctx = dtrain.init("auto" if layout else strategy, seed=0, **extra)
+    model = task.build_model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model, opt = ctx.setup(model, opt, blocks=task.blocks(model))
+    if resume_from:  # the model only: the optimizer starts afresh, as after --init-from
+        ctx.checkpoints(resume_from).resume(model=model)
+    it = iter(ctx.setup_dataloader(DataLoader(task.train_set, batch_size=batch, shuffle=True)))
+    losses = []
+    for _ in range(STEPS):
+        x, y = next(it)
+        loss = ctx.forward_backward(model, x, y, task.loss_fn)
+        opt.step()
+        opt.zero_grad()
+        losses.append(ctx.all_reduce(loss.detach().clone(), op="mean").item())
+    if save_to:
+        ctx.checkpoints(save_to).save(STEPS, model=model, optimizer=opt)
+    model.eval()
+    with torch.no_grad():
+        logits = model(probe()).detach().clone()
+    ctx.close()
+    return {"losses": losses, "logits": logits, "strategy": ctx.strategy.name}
+
+
+def _assert_same_losses(got: list[float], ref: list[float]) -> None:
+    assert len(got) == len(ref) == STEPS
+    assert all(abs(a - b) <= REL * abs(b) for a, b in zip(got, ref)), f"loss curves differ: {got} vs {ref}"
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("hf")
+    return {"llama": folder(root / "llama", llama_config()), "gpt2": folder(root / "gpt2", gpt2_config())}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_ddp_and_fsdp_match_one_process(folders, kind, strategy):
+    ref = train(folders[kind], "single", 16)
+    assert ref["losses"][-1] < ref["losses"][0] - 0.01  # it trains
+    for rank in run_distributed(train, folders[kind], strategy, 8, world_size=2, timeout=240):
+        assert rank["strategy"] == strategy
+        _assert_same_losses(rank["losses"], ref["losses"])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_llama_tp2_matches_one_process(folders):
+    ref = train(folders["llama"], "single", 16)
+    for rank in run_distributed(train, folders["llama"], "auto", 16, "tp=2", world_size=2, timeout=240):
+        assert rank["strategy"] == "composed"
+        _assert_same_losses(rank["losses"], ref["losses"])
+        assert (rank["logits"] - ref["logits"]).abs().max().item() <= 1e-4
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("layout, world", [("fsdp", 2), ("dp_shard=2,tp=2", 4)])
+def test_export_of_a_sharded_checkpoint_loads_in_transformers_and_continues_alike(tmp_path, folders, layout, world):
+    from transformers import AutoModelForCausalLM
+
+    path, ckpt, out = folders["llama"], str(tmp_path / "ckpt"), str(tmp_path / "export")
+    strategy, parallel = (layout, None) if "=" not in layout else ("auto", layout)
+    ranks = run_distributed(train, path, strategy, 8, parallel, None, ckpt, world_size=world, timeout=400)
+    assert list((tmp_path / "ckpt").glob("step-*/sharded")), "not a sharded checkpoint"  # each rank wrote its part (DCP)
+    r = run_cli(["ckpt", "export", ckpt, "--hf", out, "--config", path], timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    loaded = AutoModelForCausalLM.from_pretrained(out).eval()
+    with torch.no_grad():
+        theirs = loaded(probe()).logits
+    ours = ranks[0]["logits"]
+    assert (ours - theirs).abs().max().item() <= 1e-6, (ours - theirs).abs().max().item()
+    # --init-from the export, continued under another layout (ddp on 2 ranks), equals continuing
+    # the original checkpoint's model in one process (both with a fresh optimizer, the same data).
+    original = train(path, "single", 16, resume_from=ckpt)
+    fresh = train(path, "single", 16)
+    for rank in run_distributed(train, path, "ddp", 8, None, out, world_size=2, timeout=240):
+        _assert_same_losses(rank["losses"], original["losses"])
+    assert abs(original["losses"][0] - fresh["losses"][0]) > 1e-3  # the trained weights, not a random init
