@@ -144,19 +144,20 @@ class BatchSplit(Listener):
             if self.ctx.is_main:
                 logger.warning(f"batch split: no step breakdown from every rank at step {step}; the split stays {describe(current)}")
             return
-        if new == current or (not first and predicted_ms(new, per_sample, fixed) > (1 - MIN_GAIN) * predicted_ms(current, per_sample, fixed)):
-            return
-        self.loader.schedule.change(from_step, new)
-        self.next_check = from_step + self.window
         rates = ", ".join(f"rank {r} {1e3 / c:.4g}" for r, c in enumerate(per_sample))
         why = "measured after warm-up" if first else "re-measured: " + "; ".join(
             f"rank {f['rank']}'s own step was {f['ratio']:.2f}x the others' ({f['cause']})" for f in found)
-        change = {"step": step, "from_step": from_step, "old": current, "new": new, "why": why}
-        self.changes.append(change)
+        if new == current or (not first and predicted_ms(new, per_sample, fixed) > (1 - MIN_GAIN) * predicted_ms(current, per_sample, fixed)):
+            if self.ctx.is_main:  # said once a measurement: the split it keeps, and why
+                logger.info(f"batch split: {why} at step {step}: shares stay {describe(current)} samples per rank "
+                            f"(compute samples/s: {rates})")
+            return
+        self.loader.schedule.change(from_step, new)
+        self.next_check = from_step + self.window
+        self.changes.append({"step": step, "from_step": from_step, "old": current, "new": new, "why": why})
         if self.ctx.is_main:
             logger.info(f"batch split: {why} at step {step}: shares {describe(current)} -> {describe(new)} samples per rank "
                         f"from step {from_step} (compute samples/s: {rates})")
-
 
 def costs(per_rank: list[dict[str, Any] | None], shares: list[int]) -> tuple[list[float], list[float]]:
     """Each rank's compute ms per sample (forward, backward, data wait over its samples) and
