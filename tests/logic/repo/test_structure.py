@@ -93,8 +93,9 @@ SRC = ROOT / "src" / "dtrain"
 LAYERS = {
     # 0: the command and its entry point
     "cli": 0, "__main__": 0,
-    # 1: the faces: the ready job, tasks, bench, launcher, legacy APIs, the planner and its dry run, the package root
-    "train": 1, "tasks": 1, "bench": 1, "plan": 1, "dryrun": 1, "launch": 1, "compat": 1, "dtrain": 1,
+    # 1: the faces: the ready job (and its fault-tolerant form on torchft, ft/, which builds on train/'s config),
+    # tasks, bench, launcher, legacy APIs, the planner and its dry run, the package root
+    "train": 1, "ft": 1, "tasks": 1, "bench": 1, "plan": 1, "dryrun": 1, "launch": 1, "compat": 1, "dtrain": 1,
     # 2: what a training script holds (the context and its parts: step, evaluation, start-up, preemption)
     "context": 2,
     # 3: the mechanisms

@@ -1,0 +1,37 @@
+"""`dtrain train --fault-tolerance`: the flags of a fault-tolerant job (dtrain.ft) and its start."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..errors import ConfigError
+from ..train.config import TrainConfig
+from .common import parse_nnodes
+
+
+def add_ft_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("fault tolerance (torchft; pip install 'dtrain[ft]')")
+    g.add_argument("--fault-tolerance", nargs="?", const="", default=None, metavar="min=M,...",
+                   help="per-step fault tolerance: replica groups (one process each; --nproc N per node) that go on when "
+                        "one is lost and heal one that comes back from a live peer; min=M: the fewest replica groups that "
+                        "may step (default 1); also heartbeat=S, join=S, timeout=S, step-timeout=S (docs/fault-tolerance.md)")
+    g.add_argument("--lighthouse", default=None, metavar="HOST:PORT",
+                   help="with --fault-tolerance: join this running Lighthouse (default: start one on node 0, port 29510 on several nodes)")
+    g.add_argument("--replica-id", default=None, metavar="ID",
+                   help="with --fault-tolerance: this node's replica group name (default: the node rank); keep it when restarting one")
+
+
+def start(cfg: TrainConfig, args: argparse.Namespace) -> int:
+    """Start this node's part of a fault-tolerant job; returns the exit status."""
+    from ..ft import FaultTolerance
+    from ..ft import start as ft_start
+
+    ft = FaultTolerance.parse(args.fault_tolerance)
+    nnodes, max_nodes = parse_nnodes(args.nnodes)
+    if max_nodes is not None:
+        raise ConfigError(f"--fault-tolerance with --nnodes {args.nnodes}: replica groups come and go without a rendezvous; "
+                          "give --nnodes N (the nodes started with the job) and restart lost ones with the same --replica-id.")
+    if nnodes > 1 and args.master_addr is None and args.lighthouse is None:
+        raise ConfigError(f"--fault-tolerance --nnodes {nnodes} needs --master-addr (node 0, where the Lighthouse runs) or --lighthouse HOST:PORT.")
+    return ft_start(cfg, ft, nproc=args.nproc or 1, nnodes=nnodes, node_rank=args.node_rank or 0, master_addr=args.master_addr,
+                    lighthouse=args.lighthouse, replica_id=args.replica_id, max_restarts=args.max_restarts or 0)

@@ -1,0 +1,103 @@
+"""The samples ledger of a fault-tolerant job (``dtrain train --fault-tolerance --ledger DIR``).
+
+Every replica group appends to a file of its own, ``ft-{replica}-{attempt}.jsonl``: a header
+(``{"ft": 1, "begin": S, "source": "start" | "peer", ...}``: the step it began at, from a fresh
+start or a disk checkpoint, or healed from a live peer), then one line per committed step with
+the step's samples: **every participant's**, since the global order is known to all of them
+(``order.py``). A replica group killed between its commit and its write loses its line, but the
+survivors wrote the same step, so the ledger still holds every committed step.
+
+The check: a step's record stands unless a later ``start`` header began below it (a whole-job
+restart from a disk checkpoint redid that step); the records of one step must agree (they
+describe the same committed step); each standing step counts once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+import uuid
+from typing import Any
+
+from ..data.ledger import LedgerReport, _count
+from ..errors import ConfigError
+from .order import StepPlan
+
+_FILE = re.compile(r"^ft-(.+)-([0-9a-f]{8})\.jsonl$")
+
+
+class FtLedger:
+    """Appends this replica group's committed steps (see the module's docstring)."""
+
+    def __init__(self, folder: str, replica: str, n: int) -> None:
+        os.makedirs(folder, exist_ok=True)
+        self.path = os.path.join(folder, f"ft-{replica}-{uuid.uuid4().hex[:8]}.jsonl")
+        self._file = open(self.path, "a", buffering=1)  # one line, one write: a kill leaves at most half a line
+        self.replica, self.n = replica, n
+
+    def begin(self, step: int, *, healed: bool) -> None:
+        self._write({"ft": 1, "begin": int(step), "source": "peer" if healed else "start", "replica": self.replica,
+                     "n": self.n, "t": time.time()})
+
+    def commit(self, step: int, plan: StepPlan) -> None:
+        rec: dict[str, Any] = {"s": int(step), "e": plan.epoch, "i": plan.step_indices, "t": time.time()}
+        if plan.dropped is not None:
+            rec["de"], rec["d"] = plan.dropped
+        self._write(rec)
+
+    def end(self, step: int, plan: StepPlan) -> None:
+        """The job's last epoch ended after ``step``: what it left out."""
+        if plan.dropped is not None:
+            self._write({"end": int(step), "de": plan.dropped[0], "d": plan.dropped[1], "t": time.time()})
+
+    def _write(self, rec: dict[str, Any]) -> None:
+        self._file.write(json.dumps(rec, separators=(",", ":")) + "\n")
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def is_ft_ledger(folder: str) -> bool:
+    try:
+        return any(_FILE.match(name) for name in os.listdir(folder))
+    except OSError:
+        return False
+
+
+def check_ft_ledger(folder: str) -> tuple[LedgerReport, list[int]]:
+    """Count every committed step's samples once; returns the report and the steps whose records disagree."""
+    names = sorted(name for name in os.listdir(folder) if _FILE.match(name))
+    if not names:
+        raise ConfigError(f"{folder} holds no fault-tolerant ledger files (ft-*.jsonl); give the folder passed to --ledger.")
+    starts, records, torn, n = [], [], 0, 0
+    for name in names:
+        with open(os.path.join(folder, name), encoding="utf-8", errors="replace") as f:
+            for line in f:
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    torn += 1  # cut by a kill in the middle of the write
+                    continue
+                if "ft" in rec:
+                    n = max(n, int(rec["n"]))
+                    if rec["source"] == "start":
+                        starts.append((name, float(rec["t"]), int(rec["begin"])))
+                elif "s" in rec or "end" in rec:
+                    records.append({**rec, "file": name})
+    # A file's own header comes before its records; another file's start header written after a
+    # record, below its step, is a restart from disk that redid (or dropped) that step.
+    stands = [r for r in records
+              if not any(f != r["file"] and t > r["t"] and begin < r.get("s", r.get("end")) for f, t, begin in starts)]
+    by_step: dict[int, dict[str, Any]] = {}
+    disagree = set()
+    for rec in (r for r in stands if "s" in r):
+        seen = by_step.setdefault(rec["s"], rec)
+        if (seen["e"], seen["i"]) != (rec["e"], rec["i"]):
+            disagree.add(rec["s"])
+    flat = [{"e": r["e"], "i": r["i"]} for r in by_step.values()]
+    flat += [{"e": r["de"], "i": [], "d": r["d"]} for r in [*by_step.values(), *(r for r in stands if "end" in r)] if "d" in r]
+    report = LedgerReport(epochs=_count(flat, n), generations=len(names), steps_kept=len(by_step),
+                          steps_discarded=len({r["s"] for r in records if "s" in r} - set(by_step)), torn_lines=torn)
+    return report, sorted(disagree)

@@ -1,0 +1,86 @@
+"""What ``dtrain train --fault-tolerance [min=M,...]`` asks for, checked where it is defined.
+
+    FaultTolerance.parse("min=2,heartbeat=2")   # FaultTolerance(min_replicas=2, heartbeat_s=2.0, ...)
+
+The settings go to torchft's Lighthouse (``min_replicas``, its heartbeat timeout, its join
+timeout) and Manager (the quorum timeout: how long a replica group waits for a quorum before it
+stops with one line).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .. import _check as check
+from ..errors import ConfigError, DtrainError
+
+DEFAULT_LIGHTHOUSE_PORT = 29510
+"""The Lighthouse's port on the first node when ``--lighthouse`` is not given (torchft's own default)."""
+
+
+class FaultToleranceStopped(DtrainError):
+    """The job cannot go on: no quorum (the Lighthouse is gone, or fewer than ``min`` replica groups are up)."""
+
+    exit_code = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class FaultTolerance:
+    min_replicas: int = 1
+    """The fewest replica groups that may commit a step (``min=M``); fewer: no step, and after
+    ``quorum_timeout_s`` a clean stop."""
+    heartbeat_s: float = 2.0
+    """A replica group silent this long is out of the quorum (``heartbeat=S``): the survivors'
+    next step waits about this long after a node is lost."""
+    join_s: float = 1.0
+    """How long a quorum waits for replica groups that are up but have not asked yet (``join=S``)."""
+    quorum_timeout_s: float = 60.0
+    """How long a replica group waits for a quorum before it stops (``timeout=S``)."""
+    step_timeout_s: float = 30.0
+    """How long one cross-replica collective or a healing transfer may take (``step-timeout=S``)."""
+
+    def __post_init__(self) -> None:
+        if self.min_replicas < 1:
+            raise ConfigError(f"--fault-tolerance min must be >= 1, got {self.min_replicas}; write e.g. --fault-tolerance min=1.")
+        for key, value in (("heartbeat", self.heartbeat_s), ("join", self.join_s), ("timeout", self.quorum_timeout_s),
+                           ("step-timeout", self.step_timeout_s)):
+            if not value > 0:
+                raise ConfigError(f"--fault-tolerance {key} must be > 0 seconds, got {value}.")
+
+    @classmethod
+    def parse(cls, text: str | None) -> FaultTolerance:
+        """``min=M,heartbeat=S,join=S,timeout=S,step-timeout=S`` (each optional; empty: the defaults)."""
+        keys = {"min": "min_replicas", "heartbeat": "heartbeat_s", "join": "join_s", "timeout": "quorum_timeout_s",
+                "step-timeout": "step_timeout_s"}
+        values: dict[str, float | int] = {}
+        for part in filter(None, (text or "").split(",")):
+            key, sep, value = part.partition("=")
+            if not sep or key.strip() not in keys:
+                raise ConfigError(f"--fault-tolerance {text!r}: {part!r} is not one of {', '.join(k + '=...' for k in keys)}; "
+                                  "write e.g. --fault-tolerance min=2.")
+            key = key.strip()
+            try:
+                values[keys[key]] = int(value) if key == "min" else float(value)
+            except ValueError:
+                kind = "a whole number" if key == "min" else "a number of seconds"
+                raise ConfigError(f"--fault-tolerance {key}={value!r} is not {kind}; write e.g. {key}=2.") from None
+        return cls(**values)  # type: ignore[arg-type]
+
+
+def lighthouse_address(text: str) -> str:
+    """``--lighthouse HOST:PORT`` (or ``http://HOST:PORT``) as torchft's clients take it."""
+    bare = text.removeprefix("http://")
+    host, sep, port = bare.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"--lighthouse {text!r} is not HOST:PORT; write e.g. --lighthouse 10.0.0.1:{DEFAULT_LIGHTHOUSE_PORT}.")
+    check.host("--lighthouse", host.strip("[]"))
+    return f"http://{host}:{port}"
+
+
+def require_torchft() -> None:
+    """torchft importable, or one line that says how to install it."""
+    try:
+        import torchft  # noqa: F401
+    except ImportError as exc:
+        raise ConfigError(f"--fault-tolerance needs torchft, which does not import here ({exc}); "
+                          "install it with pip install 'dtrain[ft]' (or pip install torchft).") from None
