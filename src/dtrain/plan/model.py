@@ -27,6 +27,7 @@ ASSUMPTIONS = (
     "fsdp: a unit per block, gathered (16-bit type under bf16-/fp16-mixed) one ahead; gloo reduce-scatters by all-reduce",
     "tp: 4 activation gathers per block each way, not overlapped; pp: torch's 1F1B/GPipe played out, then the dp sync",
     "memory per rank: fp32 state + activations in flight + fsdp's gathered units, all at once (an upper bound)",
+    "every --log-every steps: two one-number all-reduces and the breakdown's all-gather, as dtrain train logs",
 )
 
 
