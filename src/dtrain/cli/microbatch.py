@@ -30,10 +30,12 @@ def micro_from_args(value: str | None) -> AutoMicro | None:
     return AutoMicro()
 
 
-def with_proposal(cfg: Any, world_size: int, device: str | None, capacity_bytes: float | None = None) -> Any:
+def with_proposal(cfg: Any, world_size: int, device: str | None, capacity_bytes: float | None = None,
+                  local_size: int = 1) -> Any:
     """``cfg`` (a TrainConfig with ``--micro-batch auto``) with the plan's proposal: the largest
     divisor of the batch whose predicted memory per rank fits this device (``capacity_bytes``:
-    default the GPU's memory x its process fraction, or the machine's memory on a CPU)."""
+    default the GPU's memory x its process fraction; on a CPU the machine's memory shared by the
+    node's ``local_size`` processes)."""
     from ..parallel.dims import ParallelDims
     from ..plan import Layout, Settings, make_plan
     from ..plan.cluster import GIB, build, preset_for
@@ -58,6 +60,8 @@ def with_proposal(cfg: Any, world_size: int, device: str | None, capacity_bytes:
     # Memory alone is asked: the model counted on the meta device, no step timed (plan_task would time one).
     prof = profile_task(task, batch=batch, precision=precision, optimizer=cfg.optim.name or task.optimizer, timed=False, gpu=gpu)
     cluster, predictions = build(settings), {}
+    if not gpu and capacity_bytes is None:  # the node's processes share its memory
+        cluster = dataclasses.replace(cluster, device=dataclasses.replace(cluster.device, memory_bytes=cluster.device.memory_bytes / local_size))
 
     def fits(m: int) -> bool:
         s = Settings(batch=batch, precision=precision, optimizer=cfg.optim.name or task.optimizer, grad_accum=batch // m,
@@ -68,11 +72,12 @@ def with_proposal(cfg: Any, world_size: int, device: str | None, capacity_bytes:
     m = propose(batch, fits)
     if m is None:
         one = predictions[1]
-        raise ConfigError(f"--micro-batch auto: one sample per micro-step does not fit by the plan: {one.mem_bytes / MIB:,.0f} MiB "
-                          f"predicted per process on a device of {one.capacity / MIB:,.0f} MiB; shard the model (--strategy fsdp), "
+        raise ConfigError(f"--micro-batch auto: one sample per micro-step does not fit by the plan: {one.mem_bytes / MIB:,.1f} MiB "
+                          f"predicted per process on a device of {one.capacity / MIB:,.1f} MiB; shard the model (--strategy fsdp), "
                           "use a smaller model, or a larger device.")
     pick = predictions[m]
-    note = f"proposed {m} by the plan in {time.perf_counter() - t0:.2f} s: {pick.mem_bytes / MIB:,.0f} MiB predicted of {pick.capacity / MIB:,.0f} MiB"
+    note = (f"proposed {m} by the plan in {time.perf_counter() - t0:.2f} s: {pick.mem_bytes / MIB:,.1f} MiB predicted "
+            f"of {pick.capacity / MIB:,.1f} MiB")
     auto = AutoMicro(proposal=m, reserve_bytes=pick.memory.get("optimizer", 0.0), note=note)
     return dataclasses.replace(cfg, batch=dataclasses.replace(cfg.batch, micro=auto))
 

@@ -211,3 +211,21 @@ def test_bad_combinations_are_one_line_before_any_worker(argv, says, capsys):
         os.environ.update(env)  # the CLI hands flags to workers through the environment
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and err[0].startswith("dtrain: error:") and says in err[0], err
+
+
+def test_the_plan_proposes_smaller_micro_batches_on_smaller_devices():
+    from dtrain.cli.microbatch import with_proposal
+    from dtrain.train.config import TaskConfig, TrainConfig
+
+    cfg = TrainConfig(task=TaskConfig(name="synthetic", args={"shape": "64", "hidden": "256", "samples": "512"}),
+                      batch=BatchConfig(size=32, micro=AutoMicro()))
+    picks = []
+    for mib in (64.0, 1.02, 0.99):  # the plan's prediction for this model: ~1.0 MiB at 8 samples per micro-step
+        auto = with_proposal(cfg, 2, "cpu", capacity_bytes=mib * 2**20).batch.micro
+        assert auto.reserve_bytes == 4 * 85_002  # SGD's momentum, one fp32 copy of the parameters
+        assert f"proposed {auto.proposal} by the plan" in auto.note
+        picks.append(auto.proposal)
+    assert picks[0] == 32 and all(32 % p == 0 for p in picks) and picks == sorted(picks, reverse=True), picks
+    assert any(1 < p < 32 for p in picks), picks
+    with pytest.raises(ConfigError, match=r"one sample per micro-step does not fit by the plan: .* MiB predicted per process"):
+        with_proposal(cfg, 2, "cpu", capacity_bytes=2**19)
