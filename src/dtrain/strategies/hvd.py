@@ -1,13 +1,13 @@
 """Horovod's method on torch.distributed: the optimizer all-reduces gradients.
 
-Each gradient is handed to an asynchronous all-reduce as soon as backward has accumulated it
-(``register_post_accumulate_grad_hook``); gradients that become ready together are fused into
-one flat buffer (Horovod's "tensor fusion"), and ``step()`` waits for the buffers, writes the
-averaged gradients back and steps. No process of its own, no MPI: the collectives are
+Gradients are fused into fixed buckets, last layers first (Horovod's "tensor fusion", planned
+once as DDP's buckets are); a bucket is handed to an asynchronous all-reduce as soon as backward
+has accumulated all its gradients (``register_post_accumulate_grad_hook``), and ``step()`` waits
+for the buckets, writes the averaged gradients back and steps. No process of its own, no MPI: the collectives are
 torch.distributed's, on the process group ``dtrain.init`` joined.
 
-The ``hvd`` strategy uses ``GradientAllReduceOptimizer`` behind ``ctx.setup``.
-(``dtrain.compat.horovod`` is built on the public API and has its own optimizer wrapper.)
+The ``hvd`` strategy uses ``GradientAllReduceOptimizer`` behind ``ctx.setup``;
+``dtrain.compat.horovod``'s ``DistributedOptimizer`` shares its ``GradientFusion``.
 """
 
 from __future__ import annotations
@@ -61,17 +61,125 @@ class HvdConfig:
             raise ConfigError(f"gradient_predivide_factor must be > 0, got {self.gradient_predivide_factor}.")
 
 
-class _Bucket:
-    """Gradients fused into one buffer and the all-reduce in flight for them."""
+def plan(params: list[nn.Parameter], first: int, cap: int) -> list[list[nn.Parameter]]:
+    """Fixed buckets of ``params`` in reverse order (backward produces the last layers' gradients
+    first), one dtype and device each, up to ``cap`` bytes (the first up to ``first``, so that
+    communication starts early), as DDP plans its buckets."""
+    out: list[list[nn.Parameter]] = []
+    size = 0
+    for p in reversed(params):
+        nbytes = p.numel() * p.element_size()
+        last = out[-1] if out else None
+        limit = first if len(out) == 1 else cap
+        if last and last[0].dtype == p.dtype and last[0].device == p.device and size + nbytes <= limit:
+            last.append(p)
+            size += nbytes
+        else:
+            out.append([p])
+            size = nbytes
+    return out
 
-    def __init__(self, params: list[nn.Parameter], buffer: torch.Tensor, work: Any) -> None:
-        self.params, self.buffer, self.work = params, buffer, work
+
+class _Bucket:
+    def __init__(self, params: list[nn.Parameter]) -> None:
+        self.params = params
+        self.ready: set[nn.Parameter] = set()
+        self.launched: tuple[torch.Tensor, Any] | None = None  # (flat buffer, what launch returned)
+
+
+class GradientFusion:
+    """Horovod's tensor fusion with overlap: fixed buckets of ``params`` (``plan``) whose gradients
+    ``launch(flat)`` sends (asynchronously) once backward has produced all of a bucket's
+    (``passes`` times), strictly in bucket order, so every rank issues the same collectives in
+    the same order; ``finish(flat, sent)`` waits for one and returns the reduced flat buffer.
+    Used by this strategy's optimizer and by ``dtrain.compat.horovod.DistributedOptimizer``."""
+
+    def __init__(self, params: list[nn.Parameter], passes: int, launch: Callable[[torch.Tensor], Any],
+                 finish: Callable[[torch.Tensor, Any], torch.Tensor], *, first: int, cap: int) -> None:
+        self.buckets = [_Bucket(b) for b in plan(params, first, cap)]
+        self._where = {p: b for b in self.buckets for p in b.params}
+        self._passes = {p: 0 for p in params}
+        self.passes = passes
+        self.enabled = True
+        """False inside micro-steps that only accumulate locally (``no_sync``): nothing is counted or sent."""
+        self._launch, self._finish = launch, finish
+        self._next = 0  # the first bucket not launched yet
+        self._hooks: list[Any] = []
+
+    def register_hooks(self) -> None:
+        self._hooks = [p.register_post_accumulate_grad_hook(self.on_grad) for p in self._where]
+
+    def remove_hooks(self) -> None:
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+
+    def in_flight(self) -> bool:
+        return self._next > 0
+
+    def discard(self) -> None:
+        """Forget the passes counted so far (``zero_grad`` drops their gradients)."""
+        for bucket in self.buckets:
+            bucket.ready.clear()
+        for p in self._passes:
+            self._passes[p] = 0
+
+    def on_grad(self, p: nn.Parameter) -> None:
+        """Backward accumulated ``p``'s gradient: count the pass; launch what is complete, in order."""
+        bucket = self._where[p]
+        if not self.enabled or bucket.launched is not None:
+            return  # a pass beyond backward_passes_per_step: Horovod ignores it too
+        self._passes[p] += 1
+        if self._passes[p] >= self.passes and p.grad is not None and not p.grad.is_sparse:
+            bucket.ready.add(p)
+        while self._next < len(self.buckets):
+            nxt = self.buckets[self._next]
+            if len(nxt.ready) < len(nxt.params):
+                break
+            self._send(nxt)
+
+    def _send(self, bucket: _Bucket) -> None:
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in bucket.params]
+        flat = torch.cat([g.reshape(-1) for g in grads]) if len(grads) > 1 else grads[0].reshape(-1).clone()
+        bucket.launched = (flat, self._launch(flat))
+        self._next += 1
+
+    def flush(self) -> None:
+        """Send every bucket backward did not (a gradient this rank's graph did not produce as
+        zeros, as Horovod), wait for all of them, write the results into ``.grad``.
+
+        Collective: call on every rank of the group."""
+        sparse = [p for p in self._where if p.grad is not None and p.grad.is_sparse]
+        for p in sparse:
+            p.grad = p.grad.to_dense()
+        for p in self._where:
+            if p.grad is None and p.requires_grad:
+                p.grad = torch.zeros_like(p)
+        while self._next < len(self.buckets):
+            self._send(self.buckets[self._next])
+        with torch.no_grad():
+            for bucket in self.buckets:
+                flat, sent = bucket.launched  # type: ignore[misc]
+                reduced = self._finish(flat, sent)
+                at = 0
+                for p in bucket.params:
+                    n = p.numel()
+                    if p.grad is not None:
+                        p.grad.copy_(reduced[at: at + n].view_as(p.grad))
+                    at += n
+                bucket.launched = None
+                bucket.ready.clear()
+        for p in sparse:
+            p.grad = p.grad.to_sparse()
+        self._next = 0
+        for p in self._passes:
+            self._passes[p] = 0
 
 
 class GradientAllReduceOptimizer(ForwardingOptimizer):
-    """Wraps ``optimizer``: gradients are all-reduced as backward produces them; ``step`` waits
-    for them first. ``synchronize()`` waits without stepping (e.g. to clip gradients), after
-    which ``with opt.skip_synchronize(): opt.step()`` steps without waiting again."""
+    """Wraps ``optimizer``: gradients are all-reduced as backward produces them (``GradientFusion``);
+    ``step`` waits for them first. ``synchronize()`` waits without stepping (e.g. to clip
+    gradients), after which ``with opt.skip_synchronize(): opt.step()`` steps without waiting again."""
 
     def __init__(
         self,
@@ -86,22 +194,19 @@ class GradientAllReduceOptimizer(ForwardingOptimizer):
         self._size = dist.get_world_size(group) if dist.is_initialized() else 1
         params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
         self._names = _check_names(named_parameters, params)
-        self._params = params
-        self._passes = {p: 0 for p in params}
-        self._pending: list[nn.Parameter] = []
-        self._pending_bytes = 0
-        self._buckets: list[_Bucket] = []
-        self._launched: set[nn.Parameter] = set()
+        self.fusion = GradientFusion(params, self.config.backward_passes_per_step, self._launch, self._finish,
+                                     first=int(self.config.first_bucket_mb * 2**20),
+                                     cap=int(self.config.fusion_threshold_mb * 2**20))
         self._synchronized = False
-        self.sync_enabled = True
-        """False inside ``ctx.accumulate`` micro-steps that only accumulate locally."""
         self.bytes_communicated = 0
         """Bytes handed to all-reduce so far (after compression), for benchmarks."""
-        self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad_ready) for p in params] if self._size > 1 else []
+        if self._size > 1:
+            self.fusion.register_hooks()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        if self._buckets:
+        if self.fusion.in_flight():
             raise ConfigError("zero_grad() called while gradients are being all-reduced; call step() or synchronize() first.")
+        self.fusion.discard()
         self.optimizer.zero_grad(set_to_none=set_to_none)
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
@@ -113,32 +218,19 @@ class GradientAllReduceOptimizer(ForwardingOptimizer):
     def __repr__(self) -> str:
         return f"GradientAllReduceOptimizer({self.optimizer!r}, {self.config})"
 
-    # -- communication -------------------------------------------------------------------------
-    def _on_grad_ready(self, p: nn.Parameter) -> None:
-        if not self.sync_enabled or p in self._launched:
-            return
-        self._passes[p] += 1
-        if self._passes[p] < self.config.backward_passes_per_step:
-            return
-        self._pending.append(p)
-        self._pending_bytes += p.grad.numel() * p.grad.element_size()
-        cap = self.config.first_bucket_mb if not self._buckets else self.config.fusion_threshold_mb
-        if self._pending_bytes >= cap * 2**20:
-            self._launch()
-
-    def _launch(self) -> None:
-        params, self._pending, self._pending_bytes = self._pending, [], 0
-        grads = [p.grad for p in params]
-        if any(g.is_sparse for g in grads):
-            raise ConfigError("sparse gradients are not supported by dtrain's Horovod optimizer; use dense embeddings.")
-        wire = COMPRESSIONS[self.config.compression] or grads[0].dtype
-        buffer = torch.cat([g.reshape(-1).to(wire) for g in grads])
+    def _launch(self, flat: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        buffer = flat.to(COMPRESSIONS[self.config.compression] or flat.dtype)
         if self.config.gradient_predivide_factor != 1.0:
             buffer.div_(self.config.gradient_predivide_factor)
         self.bytes_communicated += buffer.numel() * buffer.element_size()
-        work = dist.all_reduce(buffer, group=self._group, async_op=True)
-        self._buckets.append(_Bucket(params, buffer, work))
-        self._launched.update(params)
+        return buffer, dist.all_reduce(buffer, group=self._group, async_op=True)
+
+    def _finish(self, flat: torch.Tensor, sent: tuple[torch.Tensor, Any]) -> torch.Tensor:
+        buffer, work = sent
+        work.wait()
+        factor = self.config.gradient_predivide_factor
+        scale = factor / self._size if self.config.op == "average" else factor
+        return buffer.mul_(scale) if scale != 1.0 else buffer
 
     def synchronize(self) -> None:
         """Wait for every gradient's all-reduce and write the results into ``.grad``.
@@ -146,47 +238,14 @@ class GradientAllReduceOptimizer(ForwardingOptimizer):
         Collective: call on every rank (gradients that backward did not produce this step are
         all-reduced here as zeros, so every rank issues the same collectives)."""
         self._synchronized = True
-        if self._size == 1:
-            return
-        queued = self._launched | set(self._pending)  # sets: tensors compare by identity there
-        for p in self._params:
-            if p not in queued:
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
-                self._pending.append(p)
-        if self._pending:
-            self._launch()
-        scale = self._post_scale()
-        for bucket in self._buckets:
-            bucket.work.wait()
-            if scale != 1.0:
-                bucket.buffer.mul_(scale)
-            offset = 0
-            for p in bucket.params:
-                n = p.grad.numel()
-                p.grad.copy_(bucket.buffer[offset : offset + n].view_as(p.grad))
-                offset += n
-        self._buckets.clear()
-        self._launched.clear()
-        for p in self._params:
-            self._passes[p] = 0
-
-    def _post_scale(self) -> float:
-        factor = self.config.gradient_predivide_factor
-        if self.config.op == "average":
-            return factor / self._size
-        return factor
+        if self._size > 1:
+            self.fusion.flush()
 
     @contextlib.contextmanager
     def skip_synchronize(self) -> Iterator[None]:
         """``step()`` inside this block does not wait again (use after ``synchronize()``)."""
         self._synchronized = True
         yield
-
-    def remove_hooks(self) -> None:
-        for h in self._hooks:
-            h.remove()
-        self._hooks.clear()
 
 
 def match_names(named: list[tuple[str, nn.Parameter]], params: list[nn.Parameter]) -> tuple[dict[nn.Parameter, str], list[str], int]:
@@ -247,9 +306,9 @@ class HorovodStrategy(Strategy):
     @contextlib.contextmanager
     def no_sync(self, model: nn.Module) -> Iterator[None]:
         for opt in self._optimizers:
-            opt.sync_enabled = False
+            opt.fusion.enabled = False
         try:
             yield
         finally:
             for opt in self._optimizers:
-                opt.sync_enabled = True
+                opt.fusion.enabled = True

@@ -41,20 +41,19 @@ def test_elastic_sampler_resplits_what_is_left_once(monkeypatch):
     assert s.state_dict() == {"epoch": 1, "processed_num": 0} and len(s) == 20
 
 
-def test_fusion_sends_complete_buckets_in_order_while_backward_runs(monkeypatch):
-    """DistributedOptimizer's overlap (compat/horovod/_fusion.py), without a process group: a
-    fake reduction records what is sent and doubles it."""
-    from dtrain.compat.horovod import _fusion
+def test_fusion_sends_complete_buckets_in_order_while_backward_runs():
+    """DistributedOptimizer's (and the hvd strategy's) overlap (strategies/hvd.py's GradientFusion),
+    without a process group: a fake reduction records what is sent and doubles it."""
+    from dtrain.strategies.hvd import GradientFusion
 
-    monkeypatch.setattr(_fusion, "FIRST_BUCKET_BYTES", 80)  # one Linear(4, 4) a bucket: 20 float32
-    monkeypatch.setattr(_fusion, "BUCKET_BYTES", 80)
+    sizes = {"first": 80, "cap": 80}  # one Linear(4, 4) a bucket: 20 float32
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh(), torch.nn.Linear(4, 4), torch.nn.Tanh(),
                                 torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))  # the last gets no gradient
     params = list(model.parameters())
     sent: list[torch.Tensor] = []
-    fusion = _fusion.GradientFusion(params, 1, launch=lambda flat: sent.append(flat.clone()) or len(sent) - 1,
-                                    finish=lambda flat, i: flat * 2)
+    fusion = GradientFusion(params, 1, launch=lambda flat: sent.append(flat.clone()) or len(sent) - 1,
+                            finish=lambda flat, i: flat * 2, **sizes)
     fusion.register_hooks()
     first_layer_done: list[int] = []
     params[0].register_post_accumulate_grad_hook(lambda p: first_layer_done.append(len(sent)))
@@ -73,8 +72,8 @@ def test_fusion_sends_complete_buckets_in_order_while_backward_runs(monkeypatch)
     fusion.remove_hooks()
 
     sent.clear()
-    used = _fusion.GradientFusion(params[:6], 1, launch=lambda flat: sent.append(flat.clone()) or len(sent) - 1,
-                                  finish=lambda flat, i: flat)
+    used = GradientFusion(params[:6], 1, launch=lambda flat: sent.append(flat.clone()) or len(sent) - 1,
+                          finish=lambda flat, i: flat, **sizes)
     used.register_hooks()
     first_layer_done.clear()
     model.zero_grad()

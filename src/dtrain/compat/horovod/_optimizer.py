@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import warnings
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -11,12 +12,20 @@ import torch
 from torch import nn
 
 from dtrain import ConfigError
-from dtrain.strategies.hvd import match_names
+from dtrain.strategies.hvd import GradientFusion, match_names
 
 from . import _basics
 from . import _ops as ops
 from ._compression import Compression, check_compressor
-from ._fusion import GradientFusion
+
+FIRST_BUCKET_BYTES = 1 * 2**20  # DDP's first bucket: the last layers' gradients leave early
+BUCKET_BYTES = 25 * 2**20  # DDP's bucket_cap_mb; HOROVOD_FUSION_THRESHOLD overrides it
+
+
+def bucket_bytes() -> int:
+    """Bucket size: ``HOROVOD_FUSION_THRESHOLD`` (bytes; Horovod's knob) or 25 MiB."""
+    raw = os.environ.get("HOROVOD_FUSION_THRESHOLD")
+    return max(int(raw), 1) if raw and raw.isdigit() else BUCKET_BYTES
 
 
 class _DistributedMixin:
@@ -45,7 +54,11 @@ class _DistributedMixin:
         self._fusion: GradientFusion | None = None
         if self._communicates():
             grads = [p for p in params if p.requires_grad]
-            self._fusion = GradientFusion(grads, backward_passes_per_step, self._launch, self._finish)
+            # Horovod's fusion with overlap (its hook per parameter and background thread fuse
+            # whatever is ready; here the buckets are planned once, so every rank sends the same
+            # operations in the same order, which the engine thread matches by order).
+            self._fusion = GradientFusion(grads, backward_passes_per_step, self._launch, self._finish,
+                                          first=FIRST_BUCKET_BYTES, cap=bucket_bytes())
             if process_set.size() > 1:
                 self._fusion.register_hooks()  # gradients leave while backward still runs
 
