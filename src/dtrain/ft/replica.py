@@ -16,6 +16,7 @@ import logging
 import os
 import sys
 import time
+import warnings
 from datetime import timedelta
 from typing import Any
 
@@ -40,6 +41,8 @@ def replica_main(cfg: TrainConfig, ft: FaultTolerance, replica_id: str, lighthou
     os.environ.setdefault("RUST_LOG", "warn")  # read when torchft loads: else its servers log every quorum
     # torchft logs a failed all-reduce with its traceback; the loop says it in one line instead.
     logging.getLogger("torchft").setLevel(logging.CRITICAL)
+    # torch's loader of a peer's state (torchft's HTTP transport) warns that its buffer is read-only.
+    warnings.filterwarnings("ignore", message="The given buffer is not writable")
     configure_cli_logging(0)
     try:
         result = run_replica(cfg, ft, replica_id=replica_id, lighthouse=lighthouse, host=host)
@@ -120,7 +123,8 @@ class _Replica:
                        # the quorum (and any healing) before the step: the step's samples depend on it
                        use_async_quorum=False, rank=0, world_size=1, store_addr=host, store_port=self._store.port,
                        lighthouse_addr=lighthouse, replica_id=self.replica_id, hostname=host, timeout=step_timeout,
-                       quorum_timeout=timedelta(seconds=ft.quorum_timeout_s), connect_timeout=timedelta(seconds=10))
+                       quorum_timeout=timedelta(seconds=ft.quorum_timeout_s), connect_timeout=timedelta(seconds=10),
+                       checkpoint_transport=_transport(host, step_timeout))
 
     def train(self, lighthouse: str, host: str, t0: float) -> dict[str, Any]:
         self.manager = manager = self._manager(lighthouse, host)
@@ -237,3 +241,20 @@ def average_gradients(manager: Any, model: torch.nn.Module) -> None:
     manager.allreduce(flat).wait()
     for grad, averaged in zip(grads, _unflatten_dense_tensors(flat, grads)):
         grad.copy_(averaged)
+
+
+def _transport(host: str, timeout: timedelta) -> Any:
+    """torchft's HTTP checkpoint transport (a healing peer fetches this group's state from it),
+    advertised at ``host``: torchft's own advertises ``socket.gethostname()``, which on hosts that
+    share one name (or whose name resolves to loopback) sends the peer to itself."""
+    from torchft.checkpointing import HTTPTransport
+
+    class _AtHost(HTTPTransport):
+        def address(self) -> str:
+            return f"http://{_url_host(host)}:{self._server.socket.getsockname()[1]}/checkpoint/"
+
+    return _AtHost(timeout=timeout, num_chunks=0)
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
