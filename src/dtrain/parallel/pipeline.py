@@ -90,8 +90,9 @@ def split_stage(model: nn.Module, index: int, count: int, config: PipelineConfig
     state dict keys match the whole model's and checkpoints load on any layout)."""
     if not isinstance(model, nn.Sequential):
         raise ConfigError(
-            f"pipeline: the model is a {type(model).__name__}, not an nn.Sequential; "
-            "write it as nn.Sequential(layer, ...) so it can be cut into stages."
+            f"pipeline: the model is a {type(model).__name__}, not an nn.Sequential, and dtrain cuts only an nn.Sequential "
+            "into stages; write it as nn.Sequential(layer, ...), or train it without stages (e.g. fsdp, or --parallel "
+            "dp_shard=N,tp=M; a Hugging Face model, --task hf:PATH, cannot be cut yet)."
         )
     bounds = block_bounds(model, count, blocks) if blocks and config.split_points is None else None
     bounds = bounds or stage_bounds(model, count, config.split_points)

@@ -198,3 +198,12 @@ def test_export_refuses_an_existing_target_and_a_checkpoint_of_another_task(tmp_
     with pytest.raises(CheckpointError, match="do not fit the model of the config"):
         export(str(tmp_path / "ckpt"), other, str(tmp_path / "out"))
     assert not (tmp_path / "out").exists() and not (tmp_path / "out.exporting").exists()
+
+
+def test_pipeline_stages_are_refused_in_one_line(llama):
+    from dtrain.parallel.pipeline import PipelineConfig, split_stage
+
+    task = load_task(f"hf:{llama}", options=TINY)
+    model = task.new_model()
+    with pytest.raises(ConfigError, match=r"not an nn.Sequential.*Hugging Face model, --task hf:PATH, cannot be cut yet"):
+        split_stage(model, 0, 2, PipelineConfig(), task.blocks(model))
