@@ -8,8 +8,6 @@ from dataclasses import dataclass
 
 from ..parallel.dims import ParallelDims
 
-STRATEGIES = ("ddp", "zero1", "fsdp", "hsdp")
-"""Strategy names the plan predicts (dp and hvd are ddp's cost with other code paths)."""
 COMMS = ("none", "bf16", "powersgd:2", "localsgd:16")
 """Default ``--comm`` methods compared on ddp (the only strategy that takes them); fp16 costs as bf16."""
 
@@ -26,11 +24,6 @@ class Layout:
     @property
     def is_strategy(self) -> bool:
         return "=" not in self.name
-
-    @property
-    def shard(self) -> int:
-        """Ranks that shard parameters, gradients and optimizer state (FSDP)."""
-        return self.dims.dp_shard
 
     def train_args(self) -> list[str]:
         flags = ["--strategy", self.name] if self.is_strategy else ["--parallel", self.name]
