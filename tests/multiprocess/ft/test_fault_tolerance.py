@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import time
 
@@ -136,3 +137,26 @@ def test_the_lighthouse_lost_stops_the_others_with_one_line(tmp_path):
     assert rc == 1 and "Traceback" not in err, err
     assert len(errors) == 1 and "no quorum within 5 s" in errors[0], err
     assert newest_valid(str(tmp_path / "ckpt" / "replica-b"))[0] is not None
+
+
+@pytest.mark.timeout(300)
+def test_a_whole_job_restarted_with_resume_goes_on_from_its_checkpoint(tmp_path):
+    """Disk checkpoints still work: a job lost whole resumes from its replica group's folder, and the
+    ledger counts the steps the first attempt committed after that checkpoint (the second redid them) once."""
+    base = ["train", "--fault-tolerance", "--task", "tests.user_task:make", "--epochs", "20", "--replica-id", "a",
+            "--checkpoint-dir", str(tmp_path / "ckpt"), "--save-every", "10", "--ledger", str(tmp_path / "ledger")]
+    with LaunchedJob([*base, "--max-steps", "30"], out_dir=_mkdir(tmp_path / "one")) as one:
+        assert one.wait(timeout=240)[0] == 0, one.stderr()
+    # As if the job had been lost after step 30 but before its save: the newest checkpoint is step 20's.
+    folder = tmp_path / "ckpt" / "replica-a"
+    path, _ = newest_valid(str(folder))
+    assert os.path.basename(path) == "step-00000030"
+    shutil.rmtree(path)
+    (folder / "latest").unlink(missing_ok=True)
+    with LaunchedJob([*base, "--max-steps", "45", "--resume"], out_dir=_mkdir(tmp_path / "two")) as two:
+        assert two.wait(timeout=240)[0] == 0, two.stderr()
+        assert "resumed from" in two.stderr() and "at step 20" in two.stderr(), two.stderr()
+        result = _result(two)
+    assert result["steps"] == 45
+    report, disagree = check_ft_ledger(str(tmp_path / "ledger"))
+    assert report.ok and disagree == [] and report.steps_kept == 45
