@@ -1,17 +1,18 @@
 """The measured loop's bookkeeping, shared by the dtrain worker and the plain reference so that
-both are timed the same way. Pure Python and torch; no dtrain training code."""
+both are timed the same way. No dtrain training code (the peak memory is ``dtrain.metrics``')."""
 
 from __future__ import annotations
 
 import json
 import os
-import resource
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
+
+from ..metrics.memory import peak_memory
 
 PHASES = ("data_wait", "forward_backward", "comm_wait", "optimizer")
 
@@ -89,12 +90,8 @@ class Recorder:
             self.repeats.append(self.clock() - start)
 
     def finish(self) -> None:
-        if self.device.startswith("cuda"):
-            self.peak_mem_mib = torch.cuda.max_memory_allocated() / 2**20
-            self.mem_kind = "cuda_max_allocated"
-        else:
-            self.peak_mem_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
-            self.mem_kind = "rss"
+        peak, self.mem_kind = peak_memory(torch.device(self.device))
+        self.peak_mem_mib = peak / 2**20
 
     def write(self, folder: str) -> str:
         os.makedirs(folder, exist_ok=True)

@@ -11,8 +11,7 @@ wait)`` the compute time of the slowest rank. A few one-element all-reduces give
 bandwidth follows. bf16 and local SGD are predicted from their bytes; PowerSGD at other ranks
 from the measured rank-4 steps, scaled by bytes (so its compression's compute counts too).
 
-Only the two plain steps cost a full all-reduce: on a slow link each is what ``auto`` is there to
-avoid (a first version measured during six plain steps, ~5% of an MNIST epoch at 100 Mbit/s).
+Only the two plain steps cost a full all-reduce: on a slow link each is what ``auto`` is there to avoid.
 """
 
 from __future__ import annotations

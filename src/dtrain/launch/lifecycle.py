@@ -116,9 +116,8 @@ def own_session() -> None:
     Why it matters: Linux's scheduler autogroups (``kernel.sched_autogroup_enabled``, on by
     default in most distributions) share the CPU between sessions first, then between the
     processes of a session. Workers left in the launcher's session share one session's share,
-    where torchrun's get one each: on a machine that other sessions also load, ResNet-18 on 2
-    workers ran at 0.6x the images/s of plain torchrun with the same CPU seconds (measured,
-    benchmarks/README.md, issue 17), and 1.0x on an idle machine. Stop signals still arrive:
+    where torchrun's get one each, so on a machine that other sessions also load they ran
+    slower than plain torchrun's (benchmarks/README.md). Stop signals still arrive:
     the launcher forwards them to every worker (supervise.py); the worker still dies with its
     launcher (PR_SET_PDEATHSIG and the watch thread do not depend on the session)."""
     if not launch_link().launcher_pid or not hasattr(os, "setsid"):

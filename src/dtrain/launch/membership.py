@@ -96,9 +96,8 @@ def lost_in_rendezvous(exc: BaseException) -> bool:
 def finished_without_this_node(exc: BaseException) -> bool:
     """Whether an agent's failure is a *closed* rendezvous: in a dtrain job only a node whose
     workers finished closes it (``_leave_if_lost``: a failed or stopped node leaves instead), so
-    the job is done. Seen in a random-kill trial: node 1 killed while a round assigned ranks and
-    started again; node 0 waited out the lost node's role info (the store timeout) while node 1,
-    alone in the next round, trained what was left and closed the rendezvous."""
+    the job is done (e.g. a node killed while a round assigned ranks, started again and alone in
+    the next round, trained what was left while this one waited out the lost node's role info)."""
     return type(exc).__name__ == "RendezvousClosedError"
 
 
@@ -115,8 +114,7 @@ def _leave_if_lost(handler: Any) -> None:
     """torch's launcher shuts the handler down (closing the rendezvous for every node) on any way
     out. Only a node whose workers finished closes it (the job is done); an agent that failed
     leaves instead: a node lost inside the rendezvous (runner._run_agent joins the next round),
-    or a node that could not join in time, whose close ended the job of the nodes still training
-    (seen in a random-kill trial: the restarted node's join timed out under load)."""
+    or a node that could not join in time, whose close would end the job of the nodes still training."""
 
     close = handler.shutdown
 
@@ -208,11 +206,10 @@ def forget() -> None:
 def agent_class() -> type:
     """torch's LocalElasticAgent with an exit barrier that stops waiting for a node lost after its
     workers finished. torch's barrier waits ``exit_barrier_timeout`` (300 s) for every node's agent
-    to check in; a node killed in that window (seen in a random-kill trial: killed as the job
-    ended, then started again into a round of its own) held the survivor for those 300 s. This
-    one checks in the same way (torch's own barrier keys), looks for the last check-in twice a second, and between
-    them reads the rendezvous state: the round moved on, or a node of it left or went silent past
-    torch's expiry, ends the wait with one line. The bound stays torch's."""
+    to check in, and a node killed in that window holds the survivors for those 300 s. This one
+    checks in the same way (torch's own barrier keys), looks for the last check-in twice a second,
+    and between them reads the rendezvous state: the round moved on, or a node of it left or went
+    silent past torch's expiry, ends the wait with one line. The bound stays torch's."""
     from torch.distributed.elastic.agent.server import api
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
     from torch.distributed.elastic.utils import store as store_util

@@ -14,8 +14,6 @@ import datetime
 import errno
 import json
 import os
-import platform
-import socket
 import threading
 import time
 
@@ -23,8 +21,8 @@ import torch
 import torch.distributed as dist
 
 from .._log import logger
-from .._version import __version__
 from ..errors import ConfigError, LaunchError
+from ..world.group import versions, versions_differ
 from ..world.reach import refusal, wait_for_listener
 from .spec import LaunchSpec
 
@@ -107,8 +105,7 @@ def connect_store(addr: str, port: int, handshake_s: float = 20.0) -> dist.TCPSt
 
 
 def node_view(spec: LaunchSpec) -> dict:
-    return {"nnodes": spec.nnodes, "nproc": spec.nproc, "dtrain": __version__, "torch": torch.__version__,
-            "python": platform.python_version(), "host": socket.gethostname()}
+    return {"nnodes": spec.nnodes, "nproc": spec.nproc, **versions()}
 
 
 #: Node 0's word to the other nodes once it has checked them all: "ok", or why the job does not start.
@@ -199,12 +196,9 @@ def _compare(mine: dict, me: int, theirs: dict, other: int) -> None:
             f"--nnodes {theirs['nnodes']} -n {theirs['nproc']} (world size {theirs['nnodes'] * theirs['nproc']}); "
             "start every node with the same --nnodes and -n."
         )
-    for key in ("dtrain", "torch", "python"):
-        if mine[key] != theirs[key]:
-            raise LaunchError(
-                f"nodes run different {key} versions: node {me} ({mine['host']}) has {mine[key]}, node {other} "
-                f"({theirs['host']}) has {theirs[key]}; install the same version on every node."
-            )
+    error = versions_differ(mine, theirs, f"node {me}", f"node {other}")
+    if error is not None:
+        raise error
 
 
 def check_ranks_fit(nproc: int, device: str | None = None, *, cpu_fix: str = "--device cpu", gpus: int | None = None) -> None:

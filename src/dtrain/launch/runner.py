@@ -195,8 +195,8 @@ def _run_agent(spec: LaunchSpec, config: LaunchConfig, entrypoint: Any, args: tu
     """torch's agent; in an elastic job, again (up to --max-restarts times) when the agent itself
     failed because a node was lost inside the rendezvous: torch's agent waits for every node's
     role info after a round completes (``_assign_worker_ranks``), and a node killed in that
-    window failed the survivors' agents with a store timeout, ending the job (seen once in 12
-    random kills). The failed agent leaves the rendezvous rather than closing it (membership.py),
+    window fails the survivors' agents with a store timeout, which would end the job. The failed
+    agent leaves the rendezvous rather than closing it (membership.py),
     so the next agent of this node joins the next round, without the lost node."""
     attempts = spec.max_restarts if spec.elastic else 0
     while True:
@@ -246,12 +246,12 @@ def _rdzv_options(spec: LaunchSpec, port: int) -> dict[str, Any]:
         # torch's dynamic rendezvous: the agent on the node whose address is the endpoint hosts
         # the store (the others connect); nodes may leave and join between MIN and MAX.
         # Who hosts is decided here, not by torch's guess from host names: two launchers on one
-        # host (or a host name that resolves to the endpoint) both guessed "host", and the second
-        # one's store took half of the connections (a 60 s role_info timeout, seen on 127.0.0.1).
+        # host (or a host name that resolves to the endpoint) would both guess "host", and the
+        # second one's store take half of the connections.
         # torch's c10d handler, created where the launcher can make a stopped node leave (membership.py).
         # local_addr: what this node tells the others (its node entry, and MASTER_ADDR when its
         # agent is rank 0); without it torch tells them socket.getfqdn(), which on many hosts
-        # resolves to 127.0.x.1 and left every worker waiting forever (issue 29).
+        # resolves to 127.0.x.1, where no worker of another node can reach it.
         return {"run_id": spec.rdzv_id, "rdzv_backend": membership.register(), "rdzv_endpoint": f"{spec.addr}:{port}",
                 "local_addr": advertised_address(spec.addr, spec.local_addr),
                 "rdzv_configs": {"join_timeout": int(spec.join_timeout), "last_call_timeout": int(spec.last_call_s),

@@ -41,7 +41,7 @@ class Zero1Config:
 
 def _zero_class() -> type:
     """torch's ZeroRedundancyOptimizer, imported when first used: ``torch.distributed.optim`` loads
-    FSDP and DTensor (~0.9 s of every process's start, the launcher's included, on a CPU here)."""
+    FSDP and DTensor, a second of every process's start (the launcher's included) on a CPU."""
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
     return ZeroRedundancyOptimizer

@@ -45,8 +45,8 @@ def float8_capable(device: torch.device) -> bool:
 
 def compile_pays(device: str | None) -> bool:
     """Whether ``--fast`` compiles: on CUDA (the ``--device`` asked for, or the default when a GPU
-    is visible). On a CPU compiling the lm took minutes and did not pay reliably (0.25x to 2.4x of
-    eager with the load; benchmarks/results/28-gpu-readiness.md), so ``--fast`` leaves it out there."""
+    is visible). On a CPU compiling takes minutes and does not pay reliably
+    (benchmarks/results/28-gpu-readiness.md), so ``--fast`` leaves it out there."""
     if device is not None:
         return str(device).startswith("cuda")
     return torch.cuda.is_available()

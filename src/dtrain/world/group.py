@@ -31,8 +31,8 @@ def init_process_group(world: World, timeout_s: float = 1800.0, startup_s: float
 
     Collective: call on every rank. Returns True when this call created the group. Each start-up
     wait (store connect, the group's forming, the first collective) is bounded by ``startup_s``
-    (default: ``timeout_s``) and ends in one LaunchError line naming who did not come (issue 29);
-    the group's collectives then get ``timeout_s``.
+    (default: ``timeout_s``) and ends in one LaunchError line naming who did not come; the
+    group's collectives then get ``timeout_s``.
     """
     from . import reach
 
@@ -103,13 +103,23 @@ def _set_timeout(timeout: datetime.timedelta, store: Any) -> None:
             store.set_timeout(timeout)
 
 
-def _versions() -> dict[str, str]:
+def versions() -> dict[str, str]:
+    """What must be the same on every rank (dtrain, torch, Python), and this host's name."""
     import platform
     import socket
 
     from .._version import __version__
 
     return {"dtrain": __version__, "torch": torch.__version__, "python": platform.python_version(), "host": socket.gethostname()}
+
+
+def versions_differ(mine: dict[str, str], theirs: dict[str, str], me: str, other: str) -> LaunchError | None:
+    """The LaunchError for two ``versions()`` (of ``me`` and ``other``, e.g. ``node 1``) that differ."""
+    for key in ("dtrain", "torch", "python"):
+        if mine[key] != theirs[key]:
+            return LaunchError(f"{me.split()[0]}s run different {key} versions: {me} ({mine['host']}) has {mine[key]}, "
+                               f"{other} ({theirs['host']}) has {theirs[key]}; install the same version on every node.")
+    return None
 
 
 def _check_same_versions(world: World) -> None:
@@ -123,17 +133,13 @@ def _check_same_versions(world: World) -> None:
         store = dist.PrefixStore("/dtrain/versions", dist.distributed_c10d._get_default_store())
     except Exception:  # a private torch API; without it the check is skipped
         return
-    mine = _versions()
+    mine = versions()
     if world.rank == 0:
         store.set("0", json.dumps(mine))
         return
-    theirs = json.loads(store.get("0"))
-    for key in ("dtrain", "torch", "python"):
-        if mine[key] != theirs[key]:
-            raise LaunchError(
-                f"ranks run different {key} versions: rank {world.rank} ({mine['host']}) has {mine[key]}, rank 0 "
-                f"({theirs['host']}) has {theirs[key]}; install the same version on every node."
-            )
+    error = versions_differ(mine, json.loads(store.get("0")), f"rank {world.rank}", "rank 0")
+    if error is not None:
+        raise error
 
 
 _exit_cleanup_registered = False
@@ -146,8 +152,8 @@ def release_at_exit(ddp: torch.nn.Module) -> None:
     For DDP objects dtrain does not free itself (``Context.close`` does, for its own): an apex-
     or torchrun-style script keeps its DDP model in a global until the interpreter ends, even
     after its own ``destroy_process_group()``, and the group it holds can then abort the process
-    (see ``_register_exit_cleanup``). Dropping the reducer, its logger and the group reference at
-    exit made the abort go away: 0 of 30 runs of such a script here, against 3 of 16 without.
+    (see ``_register_exit_cleanup``); dropping the reducer, its logger and the group reference at
+    exit avoids that.
     """
     _ddp_at_exit.add(ddp)
     _register_exit_cleanup()
@@ -157,10 +163,9 @@ def _register_exit_cleanup() -> None:
     """At exit, collect garbage and leave the group while the interpreter is still whole.
 
     A DDP module that is still alive when the process ends can abort it at exit ("terminate
-    called without an active exception"): seen here with torch 2.13 + gloo in 3 of 30 runs of a
-    plain torchrun DDP script, and in 0 of 30 once the DDP object was freed before
-    destroy_process_group (see also pytorch/pytorch#179291). ``Context.close`` frees dtrain's DDP
-    wrappers first; this handler covers scripts that never call it.
+    called without an active exception"; pytorch/pytorch#179291), and not once it was freed before
+    destroy_process_group. ``Context.close`` frees dtrain's DDP wrappers first; this handler
+    covers scripts that never call it.
     """
     global _exit_cleanup_registered
     if not _exit_cleanup_registered:
@@ -235,9 +240,8 @@ def destroy_process_group() -> None:
     to a group is not dropped by one of its backend's own threads (say, a comm hook's future
     callback, which holds the group, finishing on a gloo worker after the main thread has moved
     on): the backend's destructor joins its worker threads, and on one of them that join aborts
-    the process ("Resource deadlock avoided"). One CI run saw that abort once, on a rank after
-    a PowerSGD run; 10 reruns did not, so this path is a likely cause, not a proven one. Each
-    group is shut down here as before; only its memory waits.
+    the process ("Resource deadlock avoided"). Each group is shut down here as before; only its
+    memory waits.
     """
     if dist.is_initialized():
         with contextlib.suppress(Exception):  # a private map; without it, nothing is kept

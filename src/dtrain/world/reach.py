@@ -4,7 +4,7 @@ torch's elastic agent, left alone, tells the other nodes to reach this one at ``
 (``RendezvousStoreInfo.build`` and ``_NodeDesc`` in torch/distributed/elastic/rendezvous); on
 hosts whose name resolves to 127.0.0.1 or 127.0.1.1 (Debian/Ubuntu's /etc/hosts, many container
 images) every node then connects to its own loopback and waits until the timeout: the silent hang
-of pytorch/pytorch#111646 and of dtrain issue 29. dtrain hands torch ``local_addr`` instead: the
+of pytorch/pytorch#111646. dtrain hands torch ``local_addr`` instead: the
 address of the interface that routes to the master (what the kernel would send from), or the
 user's ``--local-addr``.
 """

@@ -103,8 +103,8 @@ def _init_with_another_torch_on_rank_1() -> None:
     import dtrain.world.group
 
     if os.environ["RANK"] == "1":  # as if this rank's node had another torch installed
-        real = dtrain.world.group._versions
-        dtrain.world.group._versions = lambda: {**real(), "torch": "2.12.1", "host": "nodeb"}
+        real = dtrain.world.group.versions
+        dtrain.world.group.versions = lambda: {**real(), "torch": "2.12.1", "host": "nodeb"}
     dtrain.init("ddp", stall_timeout=0).close()
 
 
