@@ -154,7 +154,7 @@ def main(args: argparse.Namespace) -> int:
         auto.refuse(cfg, nnodes=spec.nnodes if spec else 1, elastic=bool(spec and spec.elastic), launches=spec is not None)
         cfg = auto.resolve(cfg, spec.world_size, spec.nproc, cfg.runtime.device)
     if cfg.batch.micro is not None:  # the plan's proposal; the workers confirm it (dtrain.train.microbatch)
-        cfg = with_proposal(cfg, spec.world_size if spec else world.size, cfg.runtime.device,
+        cfg = with_proposal(cfg, spec.world_size if spec else world.size, str(world.device),
                             local_size=spec.nproc if spec else world.local_size)
     if launched:
         worker_main(cfg, world=world)
