@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader, Sampler
 
 from .loader import DeviceLoader, to_device
 from .sampler import ShardSampler
-from .split import SplitSchedule, describe, even_shares
+from .split import SplitSchedule, even_shares
 
 
 class SplitBatchSampler(Sampler[list[int]]):
@@ -83,6 +83,8 @@ class SplitLoader(DeviceLoader):
         super().__init__(loader, even.device, even._on_last, world_size=even.world_size, on_batch=even._on_batch)
         self.schedule = schedule
         self.restored = False
+        self.fixed = False
+        """Fixed shares (``--batch-split 40,24``): a checkpoint's schedule is not taken."""
         """The schedule came from a checkpoint of this world size and global batch (no need to measure)."""
         self._fixed_by_size: dict[int, Any] = {}
 
@@ -136,19 +138,21 @@ class SplitLoader(DeviceLoader):
                                                    "schedule": self.schedule.state()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """The position, and the schedule where the checkpoint is of this world size and global batch."""
+        """The position, and the schedule where the checkpoint is of this world size and global
+        batch (not for fixed shares: the ones given now hold)."""
         super().load_state_dict(state)
         saved = state.get("split")
-        if saved and saved.get("world_size") == self.world_size and saved.get("global_batch") == self.batch_sampler.global_batch:
+        if saved and not self.fixed and saved.get("world_size") == self.world_size and saved.get("global_batch") == self.batch_sampler.global_batch:
             self.schedule.entries = SplitSchedule.from_state(saved["schedule"]).entries
             self.restored = True
 
-    def shares_now(self) -> str:
-        return describe(self.schedule.last)
 
 
 def split_loader(even: DeviceLoader, shares: list[int] | None = None) -> SplitLoader:
-    """The ``SplitLoader`` over ``even``'s data, starting from ``shares`` (default: even)."""
+    """The ``SplitLoader`` over ``even``'s data with fixed ``shares``, or (None) starting even
+    for a split measured by speed."""
     world = even.world_size
     start = shares if shares is not None else even_shares(even.loader.batch_size * world, world)
-    return SplitLoader(even, SplitSchedule(start))
+    loader = SplitLoader(even, SplitSchedule(start))
+    loader.fixed = shares is not None
+    return loader

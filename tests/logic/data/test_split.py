@@ -140,13 +140,16 @@ def test_resume_mid_epoch_continues_the_same_batches():
     done = [[next(it)[0].tolist() for it in its] for _ in range(4)]
     state = first[0].state_dict()
     assert state["samples_consumed"] == 4 * B * W and state["split"]["schedule"] == [[0, [10, 6, 8]], [3, [6, 6, 12]]]
-    resumed = _loaders([8, 8, 8])  # the job's start shares do not matter: the checkpoint's hold
+    resumed = _loaders(None)  # a speed split starts even: the checkpoint's shares hold
     for ld in resumed:
         ld.load_state_dict(state)
         ld.start_step(4)
         assert ld.restored
     rest, _ = _epoch(resumed)
     assert done + rest == whole
+    fixed = _loaders([8, 8, 8])[0]  # shares given now hold over a checkpoint's
+    fixed.load_state_dict(state)
+    assert not fixed.restored and fixed.schedule.entries == [(0, [8, 8, 8])]
 
 
 def test_another_world_size_starts_even():
