@@ -207,3 +207,25 @@ def test_pipeline_stages_are_refused_in_one_line(llama):
     model = task.new_model()
     with pytest.raises(ConfigError, match=r"not an nn.Sequential.*Hugging Face model, --task hf:PATH, cannot be cut yet"):
         split_stage(model, 0, 2, PipelineConfig(), task.blocks(model))
+
+
+def test_activation_checkpointing_of_the_decoder_layers_gives_the_same_losses(llama):
+    def losses(ac: bool) -> tuple[list[float], int]:
+        task = load_task(f"hf:{llama}", options=TINY)
+        ctx = dtrain.init("single", seed=0, activation_checkpointing=ac)
+        model = task.build_model()
+        blocks = task.blocks(model)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        model, opt = ctx.setup(model, opt, blocks=blocks)
+        out = []
+        for i in range(3):
+            x, y = task.train_set[i]
+            out.append(ctx.forward_backward(model, x[None], y[None], task.loss_fn).item())
+            opt.step()
+            opt.zero_grad()
+        ctx.close()
+        return out, sum(getattr(b, "_dtrain_checkpointed", False) for b in blocks)
+
+    (plain, none), (recomputed, both) = losses(False), losses(True)
+    assert (none, both) == (0, 2)  # both decoder layers recompute in backward
+    assert recomputed == plain  # the same operations on the same inputs: bit for bit on CPU
