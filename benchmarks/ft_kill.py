@@ -117,7 +117,9 @@ def run(kills: int, restart_after: float, seed: int, heartbeat: float) -> dict:
         addr = lighthouse(a)
         jobs = [LaunchedJob(args_for(tmp, "b", spec, "--lighthouse", addr), out_dir=f"{tmp}/b0")]
         try:
-            jobs[-1].wait_for(lambda: sum(r["replica"] == "b" for r in records(f"{tmp}/metrics.jsonl")) >= 5, timeout=180)
+            # Both groups in one quorum (the first one up may have started alone, min=1) before the first kill.
+            jobs[-1].wait_for(lambda: {r["replica"] for r in records(f"{tmp}/metrics.jsonl")[-10:] if r["participants"] == 2}
+                              == {"a", "b"}, timeout=180)
             for i in range(kills):
                 if max((r["step"] for r in records(f"{tmp}/metrics.jsonl")), default=0) > MAX_STEPS - MARGIN:
                     break

@@ -36,10 +36,10 @@ from tests.support.netbed import NetBed, unavailable_reason  # noqa: E402
 from dtrain.ft.ledger import check_ft_ledger  # noqa: E402
 
 
-def command(tmp: str, rank: int, master: str, spec: str) -> list[str]:
+def command(tmp: str, rank: int, master: str, spec: str, steps: int) -> list[str]:
     return [sys.executable, "-m", "dtrain", "train", "--fault-tolerance", spec, "--nnodes", "2", "--node-rank", str(rank),
             "--master-addr", master, "--replica-id", f"h{rank}", "--task", "tests.user_task:make_paced",
-            "--task-arg", f"pace_file={tmp}/pace", "--epochs", "1000", "--max-steps", str(MAX_STEPS),
+            "--task-arg", f"pace_file={tmp}/pace", "--epochs", "1000", "--max-steps", str(steps),
             "--ledger", f"{tmp}/ledger", "--metrics-file", f"{tmp}/metrics.jsonl", "--log-every", "1",
             "--checkpoint-dir", f"{tmp}/ckpt", "--save-every", "200"]
 
@@ -73,7 +73,7 @@ def one_kill(bed: NetBed, tmp: str, rng: random.Random, restart_after: float, i:
     return row
 
 
-def run(kills: int, restart_after: float, seed: int, heartbeat: float, shared_name: str | None) -> dict:
+def run(kills: int, restart_after: float, seed: int, heartbeat: float, shared_name: str | None, steps: int) -> dict:
     rng = random.Random(seed)
     spec = f"min=1,heartbeat={heartbeat:g},timeout=60"
     tmp = tempfile.mkdtemp(prefix="ft_kill_bed-")
@@ -83,10 +83,12 @@ def run(kills: int, restart_after: float, seed: int, heartbeat: float, shared_na
     rows = []
     outs = [open(f"{tmp}/h{r}.txt", "w") for r in range(2)]
     with NetBed(hosts=2, shared_name=shared_name) as bed:
-        procs = [bed.popen(r, command(tmp, r, bed.addresses[0], spec), env=env, stdout=outs[r]) for r in range(2)]
-        wait_for(lambda: sum(r["replica"] == "h1" for r in records(f"{tmp}/metrics.jsonl")) >= 5, 240, "h1's first steps")
+        procs = [bed.popen(r, command(tmp, r, bed.addresses[0], spec, steps), env=env, stdout=outs[r]) for r in range(2)]
+        # Both groups in one quorum (the first one up may have started alone, min=1) before the first kill.
+        wait_for(lambda: {r["replica"] for r in records(f"{tmp}/metrics.jsonl")[-10:] if r["participants"] == 2} == {"h0", "h1"},
+                 240, "both groups in the quorum")
         for i in range(kills):
-            if max((r["step"] for r in records(f"{tmp}/metrics.jsonl")), default=0) > MAX_STEPS - MARGIN:
+            if max((r["step"] for r in records(f"{tmp}/metrics.jsonl")), default=0) > steps - MARGIN:
                 break
             rows.append(one_kill(bed, tmp, rng, restart_after, i))
         with open(f"{tmp}/pace", "w") as f:
@@ -120,6 +122,7 @@ def main() -> int:
     p.add_argument("--restart-after", type=float, default=5.0)
     p.add_argument("--heartbeat", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--steps", type=int, default=MAX_STEPS, help="the job's length (kills stop 400 steps before its end)")
     p.add_argument("--shared-name", default="vm", help="the host name both hosts share ('' for names of their own)")
     p.add_argument("--json", default=None)
     a = p.parse_args()
@@ -127,7 +130,7 @@ def main() -> int:
     if reason:
         print(f"the network test bed is unavailable here: {reason}")
         return 2
-    out = run(a.kills, a.restart_after, a.seed, a.heartbeat, a.shared_name or None)
+    out = run(a.kills, a.restart_after, a.seed, a.heartbeat, a.shared_name or None, a.steps)
     print(json.dumps({k: v for k, v in out.items() if k != "rows"}, indent=1))
     if a.json:
         with open(a.json, "w") as f:
