@@ -111,10 +111,6 @@ class Tracker:
         self.armed = True
         return call
 
-    def disarm(self) -> None:
-        """Stop declaring stalls from this rank (e.g. after training, before slow work of its own)."""
-        self.armed = False
-
     def leave(self, call: CollectiveCall) -> None:
         call.ended = time.monotonic()
         self.last_beat = call.ended

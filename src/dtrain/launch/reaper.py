@@ -69,11 +69,17 @@ class StallReaper:
                 doomed = []
 
     def _kill(self, pid: int) -> None:
-        try:
-            os.kill(pid, signal.SIGKILL)
+        if kill(pid, signal.SIGKILL):
             self.killed.append(pid)
-        except (ProcessLookupError, PermissionError):
-            pass
+
+
+def kill(pid: int, sig: int) -> bool:
+    """Send ``sig`` to ``pid``; False when it is gone (or not ours)."""
+    try:
+        os.kill(pid, sig)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
 
 
 def stopped_with_sigterm_pending(pid: int) -> bool:

@@ -25,7 +25,7 @@ from typing import Any
 
 from ..options import LAUNCH_DIR_ENV, hand_over, put_back
 from .lifecycle import STOP_MARKER, read_errors
-from .reaper import StallReaper
+from .reaper import StallReaper, kill
 
 #: Signals the launcher forwards to its workers, and how long it then waits before killing them
 #: (SIGTERM/SIGUSR1 leave time for a checkpoint; a scheduler kills after ~30 s anyway).
@@ -101,7 +101,7 @@ class Supervisor:
         with open(os.path.join(self.dir, STOP_MARKER), "w"):
             pass  # a worker the agent restarts from now on exits at once
         for pid in self.workers():
-            _kill(pid, signum)
+            kill(pid, signum)
         threading.Thread(target=self._reap, args=(GRACE_S[signum],), name="dtrain-stop", daemon=True).start()
 
     def _reap(self, grace_s: float) -> None:
@@ -150,7 +150,7 @@ class Supervisor:
 
     def kill_workers(self) -> None:
         for pid in self.workers():
-            if _kill(pid, signal.SIGKILL):
+            if kill(pid, signal.SIGKILL):
                 self.killed.append(pid)
 
     def first_error(self) -> dict[str, Any] | None:
@@ -172,11 +172,3 @@ def _remove_stale_dirs() -> None:
             shutil.rmtree(path, ignore_errors=True)
         except (ValueError, PermissionError):
             continue
-
-
-def _kill(pid: int, sig: int) -> bool:
-    try:
-        os.kill(pid, sig)
-        return True
-    except (ProcessLookupError, PermissionError):
-        return False

@@ -20,7 +20,14 @@ def _refuse(name: str, what: str, fix: str) -> None:
     raise ConfigError(f"apex.optimizers.{name}: {what} is not supported by dtrain.compat.apex; {fix}.")
 
 
-class FusedAdam(torch.optim.Adam):
+class _SetGradNone:
+    """apex's ``set_grad_none`` (set by each ``__init__``): what ``zero_grad()`` does when not told."""
+
+    def zero_grad(self, set_to_none: bool | None = None) -> None:
+        super().zero_grad(self.set_grad_none if set_to_none is None else set_to_none)  # type: ignore[misc]
+
+
+class FusedAdam(_SetGradNone, torch.optim.Adam):
     """apex's FusedAdam: AdamW by default (``adam_w_mode=True``), Adam with L2 otherwise."""
 
     def __init__(self, params: Any, lr: float = 1e-3, bias_correction: bool = True, betas=(0.9, 0.999),
@@ -34,11 +41,8 @@ class FusedAdam(torch.optim.Adam):
                          capturable=capturable, decoupled_weight_decay=adam_w_mode)
         self.set_grad_none = set_grad_none
 
-    def zero_grad(self, set_to_none: bool | None = None) -> None:
-        super().zero_grad(self.set_grad_none if set_to_none is None else set_to_none)
 
-
-class FusedSGD(torch.optim.SGD):
+class FusedSGD(_SetGradNone, torch.optim.SGD):
     """apex's FusedSGD (torch's SGD; ``wd_after_momentum`` is refused)."""
 
     def __init__(self, params: Any, lr: float = _required, momentum: float = 0, dampening: float = 0,
@@ -50,11 +54,8 @@ class FusedSGD(torch.optim.SGD):
                          nesterov=nesterov)
         self.set_grad_none = set_grad_none
 
-    def zero_grad(self, set_to_none: bool | None = None) -> None:
-        super().zero_grad(self.set_grad_none if set_to_none is None else set_to_none)
 
-
-class FusedAdagrad(torch.optim.Adagrad):
+class FusedAdagrad(_SetGradNone, torch.optim.Adagrad):
     """apex's FusedAdagrad (torch's Adagrad)."""
 
     def __init__(self, params: Any, lr: float = 1e-2, eps: float = 1e-10, weight_decay: float = 0.0,
@@ -64,9 +65,6 @@ class FusedAdagrad(torch.optim.Adagrad):
         super().__init__(params, lr=lr, eps=eps, weight_decay=weight_decay)
         self.set_grad_none = set_grad_none
 
-    def zero_grad(self, set_to_none: bool | None = None) -> None:
-        super().zero_grad(self.set_grad_none if set_to_none is None else set_to_none)
-
 
 def _trust_ratio(p: torch.Tensor, update: torch.Tensor) -> torch.Tensor:
     """||w|| / ||update|| per layer (1 where either is zero): LAMB's and NovoGrad's layer-wise scale."""
@@ -74,7 +72,7 @@ def _trust_ratio(p: torch.Tensor, update: torch.Tensor) -> torch.Tensor:
     return torch.where((w > 0) & (u > 0), w / u, torch.ones_like(w))
 
 
-class _Layerwise(torch.optim.Optimizer):
+class _Layerwise(_SetGradNone, torch.optim.Optimizer):
     """One step for LAMB (You et al., arXiv 1904.00962) and NovoGrad (Ginsburg et al., arXiv
     1905.11286): ``per_layer_second_moment`` says how v is kept (per element, or one value per
     layer), ``trust_ratio`` whether each layer's step is scaled by ||w|| / ||update||."""
@@ -148,9 +146,6 @@ class FusedLAMB(_Layerwise):
             update = update + group["weight_decay"] * p.float()
         return update
 
-    def zero_grad(self, set_to_none: bool | None = None) -> None:
-        super().zero_grad(self.set_grad_none if set_to_none is None else set_to_none)
-
 
 class FusedNovoGrad(_Layerwise):
     """apex's FusedNovoGrad: one second moment per layer (the squared gradient norm), the
@@ -188,9 +183,6 @@ class FusedNovoGrad(_Layerwise):
         if not group["reg_inside_moment"] and group["weight_decay"]:
             update = update + group["weight_decay"] * p.float()
         return update
-
-    def zero_grad(self, set_to_none: bool | None = None) -> None:
-        super().zero_grad(self.set_grad_none if set_to_none is None else set_to_none)
 
 
 __all__ = ["FusedAdagrad", "FusedAdam", "FusedLAMB", "FusedNovoGrad", "FusedSGD"]
