@@ -41,13 +41,17 @@ def available() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def declared(name: str, *, distributed: bool = True) -> Capabilities:
-    """What the strategy called ``name`` declares, without building it; ConfigError lists what exists."""
-    name = resolve_name(name, distributed=distributed)
+def _factory(name: str) -> Callable[..., Strategy]:
+    """The registered factory of a resolved ``name``; ConfigError lists what exists."""
     factory = _REGISTRY.get(name)
     if factory is None:
         raise ConfigError(f"unknown strategy {name!r}; choose one of: {', '.join(available())}.")
-    return factory.capabilities
+    return factory
+
+
+def declared(name: str, *, distributed: bool = True) -> Capabilities:
+    """What the strategy called ``name`` declares, without building it; ConfigError lists what exists."""
+    return _factory(resolve_name(name, distributed=distributed)).capabilities
 
 
 def resolve_name(name: str, *, distributed: bool) -> str:
@@ -73,9 +77,7 @@ def build(name: str | Strategy, *, comm: CommSpec | None = None, distributed: bo
             note_once(f"--comm {comm} is not applied to a strategy passed as an object; build it with comm=... instead.")
         return name
     name = resolve_name(name, distributed=distributed)
-    factory = _REGISTRY.get(name)
-    if factory is None:
-        raise ConfigError(f"unknown strategy {name!r}; choose one of: {', '.join(available())}.")
+    factory = _factory(name)
     strategy = _make(name, factory, options)
     extra = comm_options(strategy, comm, distributed=distributed)
     return _make(name, factory, {**options, **extra}) if extra else strategy

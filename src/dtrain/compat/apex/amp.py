@@ -18,7 +18,7 @@ from torch import nn
 
 import dtrain
 from dtrain import ConfigError
-from dtrain.compat._notes import note_once
+from dtrain._log import note_once
 from dtrain.precision import scaler_skips_itself
 
 OPT_LEVELS = ("O0", "O1", "O2")

@@ -11,7 +11,7 @@ import torch.distributed as dist
 from torch import nn
 
 from dtrain import ConfigError
-from dtrain.compat._notes import note_once
+from dtrain._log import note_once
 from dtrain.world import release_at_exit
 
 SyncBatchNorm = nn.SyncBatchNorm
