@@ -35,6 +35,9 @@ from .ledger import FtLedger
 from .order import GlobalOrder, StepPlan
 from .spec import FaultTolerance, FaultToleranceStopped, require_torchft
 
+CONNECT_TIMEOUT = timedelta(seconds=10)
+"""How long a replica group tries to reach the Lighthouse when it starts."""
+
 
 def replica_main(cfg: TrainConfig, ft: FaultTolerance, replica_id: str, lighthouse: str, host: str) -> None:
     """Entry point of one replica group's process: train, print its result line, or one line and exit status."""
@@ -118,13 +121,18 @@ class _Replica:
         ft = self.ft
         step_timeout = timedelta(seconds=ft.step_timeout_s)
         self._store = TCPStore(host, 0, is_master=True, wait_for_workers=False)  # this group's own store
-        return Manager(pg=ProcessGroupGloo(timeout=step_timeout), load_state_dict=self.load_state_dict,
-                       state_dict=self.state_dict, min_replica_size=ft.min_replicas,
-                       # the quorum (and any healing) before the step: the step's samples depend on it
-                       use_async_quorum=False, rank=0, world_size=1, store_addr=host, store_port=self._store.port,
-                       lighthouse_addr=lighthouse, replica_id=self.replica_id, hostname=host, timeout=step_timeout,
-                       quorum_timeout=timedelta(seconds=ft.quorum_timeout_s), connect_timeout=timedelta(seconds=10),
-                       checkpoint_transport=_transport(host, step_timeout))
+        try:
+            return Manager(pg=ProcessGroupGloo(timeout=step_timeout), load_state_dict=self.load_state_dict,
+                           state_dict=self.state_dict, min_replica_size=ft.min_replicas,
+                           # the quorum (and any healing) before the step: the step's samples depend on it
+                           use_async_quorum=False, rank=0, world_size=1, store_addr=host, store_port=self._store.port,
+                           lighthouse_addr=lighthouse, replica_id=self.replica_id, hostname=host, timeout=step_timeout,
+                           quorum_timeout=timedelta(seconds=ft.quorum_timeout_s), connect_timeout=CONNECT_TIMEOUT,
+                           checkpoint_transport=_transport(host, step_timeout))
+        except RuntimeError as exc:  # torchft's server could not reach the Lighthouse
+            reason = str(exc).rsplit(": ", 1)[-1].strip()[:80]
+            raise ConfigError(f"cannot reach the Lighthouse at {lighthouse} within {CONNECT_TIMEOUT.seconds} s ({reason}); "
+                              "check --lighthouse (or --master-addr), and that node 0's job is up.") from None
 
     def train(self, lighthouse: str, host: str, t0: float) -> dict[str, Any]:
         self.manager = manager = self._manager(lighthouse, host)

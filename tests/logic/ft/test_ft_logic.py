@@ -126,3 +126,12 @@ def test_bad_fault_tolerance_flags_end_with_one_line(args, message, capsys):
     assert main(["train", *args]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("dtrain: error:") == 1 and "Traceback" not in err
+
+
+def test_dtrain_ckpt_ledger_reads_a_fault_tolerant_ledger(tmp_path, capsys):
+    _ledger(tmp_path, "a", 5, GlobalOrder(40, seed=0, epochs=1))
+    assert main(["ckpt", "ledger", str(tmp_path)]) == 0
+    assert "exactly once" in capsys.readouterr().out
+    _ledger(tmp_path, "b", 3, GlobalOrder(40, seed=1, epochs=1), healed=True)  # records that disagree
+    assert main(["ckpt", "ledger", str(tmp_path)]) == 1
+    assert "FAIL: step 1's records disagree" in capsys.readouterr().out

@@ -160,3 +160,14 @@ def test_a_whole_job_restarted_with_resume_goes_on_from_its_checkpoint(tmp_path)
     assert result["steps"] == 45
     report, disagree = check_ft_ledger(str(tmp_path / "ledger"))
     assert report.ok and disagree == [] and report.steps_kept == 45
+
+
+@pytest.mark.timeout(180)
+def test_a_lighthouse_nobody_listens_at_is_one_line(tmp_path):
+    with LaunchedJob(["train", "--fault-tolerance", "--lighthouse", "127.0.0.1:1", "--task", "tests.user_task:make"],
+                     out_dir=_mkdir(tmp_path / "out")) as job:
+        rc, _ = job.wait(timeout=150)
+        err = job.stderr()
+    errors = [line for line in err.splitlines() if line.startswith("dtrain: error:")]
+    assert rc == 2 and "Traceback" not in err, err
+    assert len(errors) == 1 and "cannot reach the Lighthouse at http://127.0.0.1:1" in errors[0], err
