@@ -69,6 +69,7 @@ def verify(preds: list[Any], job: Job, world_size: int, procs_per_node: int, cap
 
     out = []
     for pred in preds:
+        _progress(pred.layout.name, job, world_size)
         entry: dict[str, Any] = {"layout": pred.layout.name, "train_args": pred.layout.train_args(),
                                  "planned": {**planned(pred), "fits": pred.fits}}
         try:
@@ -84,6 +85,19 @@ def verify(preds: list[Any], job: Job, world_size: int, procs_per_node: int, cap
         entry["plan_error"] = {k: _rel(entry["planned"][k], rec[k]) for k in ("peak_mib", "state_mib")}
         out.append(entry)
     return out
+
+
+def _progress(layout: str, job: Job, world_size: int) -> None:
+    """One line on stderr before each dry run (it runs the rank's real steps: seconds to minutes)."""
+    import sys
+
+    import torch
+
+    on_cpu = job.device == "cpu" or (job.device is None and not torch.cuda.is_available())
+    slow = (f" ({job.precision} on a CPU: its bf16 matmuls run at the CPU's bf16 speed, on a CPU without bf16 "
+            "instructions many times slower than fp32; minutes for a model of tens of millions of parameters)"
+            if on_cpu and job.precision != "fp32" else "")
+    print(f"dtrain plan --verify: dry-running {layout}, rank 0 of {world_size}{slow}", file=sys.stderr, flush=True)
 
 
 def _rel(plan: float, measured: float) -> float | None:
