@@ -15,28 +15,21 @@ import socket
 import torch.distributed as dist
 
 from ..errors import ConfigError, LaunchError
+from ..world.reach import listening_socket
 
 
 def bind_socket(addr: str, port: int) -> socket.socket:
-    """A listening socket on ``addr:port`` (port 0: a free one)."""
+    """A listening socket on ``addr:port`` (port 0: a free one); a ConfigError line where it cannot be."""
     try:
-        infos = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)
+        return listening_socket(addr, port)
     except socket.gaierror as exc:
         raise ConfigError(f"--master-addr {addr} does not resolve ({exc.strerror}); give an IP address or a resolvable host name.") from None
-    family, _, _, _, sockaddr = infos[0]
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind(sockaddr)
-        sock.listen(1024)
     except OSError as exc:
-        sock.close()
         if exc.errno == errno.EADDRINUSE:
             raise ConfigError(f"--master-port {port} is already in use on {addr}; choose another port, or omit --master-port on one node to pick a free one.") from None
         if exc.errno == errno.EADDRNOTAVAIL:
             raise ConfigError(f"--master-addr {addr} is not an address of this host, but node 0 hosts the rendezvous there; run node 0 on {addr} or pass this host's address.") from None
         raise LaunchError(f"cannot listen on {addr}:{port}: {exc.strerror}.") from None
-    return sock
 
 
 def host_store(addr: str, port: int, timeout_s: float = 900.0) -> tuple[dist.TCPStore, int]:

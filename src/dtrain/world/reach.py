@@ -131,21 +131,19 @@ def _first_line(exc: BaseException) -> str:
     return (text[0] if text else type(exc).__name__)[:160]
 
 
-def _listening_fd(addr: str, port: int) -> int | None:
-    """A socket listening on ``addr:port`` only (its fd), or None when that cannot be had."""
-    try:
-        family, _, _, _, sockaddr = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)[0]
-        sock = socket.socket(family, socket.SOCK_STREAM)
-    except OSError:
-        return None
+def listening_socket(addr: str, port: int) -> socket.socket:
+    """A socket listening on ``addr:port`` only (port 0: a free one); raises OSError (a
+    ``socket.gaierror`` for a name that does not resolve)."""
+    family, _, _, _, sockaddr = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(sockaddr)
         sock.listen(1024)
     except OSError:
         sock.close()
-        return None
-    return sock.detach()
+        raise
+    return sock
 
 
 def worker_store(world: Any, timeout_s: float) -> Any:
@@ -158,8 +156,10 @@ def worker_store(world: Any, timeout_s: float) -> Any:
 
     timeout = datetime.timedelta(seconds=timeout_s)
     if world.rank == 0:
-        fd = _listening_fd(world.master_addr, world.master_port)
-        extra = {"master_listen_fd": fd} if fd is not None else {}
+        try:
+            extra = {"master_listen_fd": listening_socket(world.master_addr, world.master_port).detach()}
+        except OSError:
+            extra = {}
         return dist.TCPStore(world.master_addr, world.master_port, None, True, timeout, wait_for_workers=False, **extra)
     return connect_store(world, timeout_s)
 
