@@ -121,3 +121,24 @@ def test_export_of_a_sharded_checkpoint_loads_in_transformers_and_continues_alik
     for rank in run_distributed(train, path, "ddp", 8, None, out, world_size=2, timeout=300):
         _assert_same_losses(rank["losses"], original["losses"])
     assert abs(original["losses"][0] - fresh["losses"][0]) > 1e-3  # the trained weights, not a random init
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_init_from_on_the_command_line_starts_from_the_folders_weights(tmp_path, folders):
+    import json
+
+    path, out = folders["llama"], str(tmp_path / "trained")
+    ranks = run_distributed(train, path, "fsdp", 8, None, None, str(tmp_path / "ckpt"), world_size=2, timeout=300)
+    assert ranks[0]["losses"]
+    r = run_cli(["ckpt", "export", str(tmp_path / "ckpt"), "--hf", out, "--config", path], timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    results = []
+    for extra in ([], ["--init-from", out]):
+        # lr 1e-9: the one step's loss is the loss of the weights the run started from
+        r = run_cli(["train", "--task", f"hf:{path}", "--task-arg", "context=32", "--task-arg", "max_bytes=40000", "-n", "2",
+                     "--parallel", "tp=2", "--max-steps", "1", "--batch-size", "4", "--lr", "1e-9", *extra], timeout=240)
+        assert r.returncode == 0, r.stderr[-2000:]
+        results.append(json.loads(r.stdout.strip().splitlines()[-1]))
+    fresh, started = results
+    assert started["train_loss"] < fresh["train_loss"] - 0.01, (started, fresh)
