@@ -82,3 +82,14 @@ def test_the_command_proposes_confirms_and_says_so(tmp_path):
     result = json.loads(r.stdout.strip().splitlines()[-1])
     assert (result["micro_batch"], result["grad_accum"], result["steps"]) == (8, 4, 3)
     assert check_ledger(str(tmp_path / "ledger")).steps_kept == 3
+
+
+@pytest.mark.timeout(300)
+def test_a_model_that_does_not_fit_one_sample_on_any_rank_is_one_line_before_training(tmp_path):
+    r = run_cli(["train", "-n", "2", "--task", "synthetic", *(f"--task-arg={k}={v}" for k, v in TASK.items()),
+                 "--batch-size", "32", "--max-steps", "3", "--micro-batch", "auto", "--ledger", str(tmp_path / "ledger")],
+                timeout=280, env={"DTRAIN_OOM_INJECT": "1:1000"})
+    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("dtrain: error:")]
+    assert r.returncode == 2 and "Traceback" not in r.stderr and len(errors) == 1, r.stderr[-3000:]
+    assert "one sample per micro-step does not fit on cpu (out of memory on rank(s) 1)" in errors[0], errors
+    assert not any('"s":' in p.read_text() for p in (tmp_path / "ledger").glob("gen*")), "a step was committed"
