@@ -55,11 +55,13 @@ def records(path: str) -> list[dict]:
 MAX_STEPS = 1500
 """The job's length; kills stop when fewer than ``MARGIN`` steps are left, so the restarted group joins a running job."""
 MARGIN = 400
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}
+"""Two groups on one host, each started as its own job: one intra-op thread each, as `--nproc 2` gives them."""
 
 
-def args_for(tmp: str, replica: str, spec: str, *extra: str) -> list[str]:
+def args_for(tmp: str, replica: str, spec: str, *extra: str, steps: int = MAX_STEPS) -> list[str]:
     return ["train", "--fault-tolerance", spec, "--task", "tests.user_task:make_paced",
-            "--task-arg", f"pace_file={tmp}/pace", "--epochs", "1000", "--max-steps", str(MAX_STEPS), "--replica-id", replica,
+            "--task-arg", f"pace_file={tmp}/pace", "--epochs", "1000", "--max-steps", str(steps), "--replica-id", replica,
             "--ledger", f"{tmp}/ledger", "--metrics-file", f"{tmp}/metrics.jsonl", "--log-every", "1",
             "--checkpoint-dir", f"{tmp}/ckpt", "--save-every", "200", *extra]
 
@@ -71,7 +73,7 @@ def lighthouse(job: LaunchedJob) -> str | None:
     return None
 
 
-def one_kill(tmp: str, b: LaunchedJob, rng: random.Random, restart_after: float, spec: str, addr: str, i: int):
+def one_kill(tmp: str, b: LaunchedJob, rng: random.Random, restart_after: float, spec: str, addr: str, i: int, steps: int):
     metrics = f"{tmp}/metrics.jsonl"
     time.sleep(rng.uniform(1.0, 4.0))
     b.signal(signal.SIGKILL)
@@ -86,7 +88,7 @@ def one_kill(tmp: str, b: LaunchedJob, rng: random.Random, restart_after: float,
     after = next(r for r in records(metrics) if r["replica"] == "a" and r["time"] > killed)
     time.sleep(max(0.0, restart_after - (time.time() - killed)))
     os.makedirs(f"{tmp}/b{i + 1}")
-    nb = LaunchedJob(args_for(tmp, "b", spec, "--lighthouse", addr), out_dir=f"{tmp}/b{i + 1}")
+    nb = LaunchedJob(args_for(tmp, "b", spec, "--lighthouse", addr, steps=steps), out_dir=f"{tmp}/b{i + 1}", env=ONE_THREAD)
     restarted = time.time()
     nb.wait_for(lambda: any(r["replica"] == "b" and r["time"] > restarted for r in records(metrics)), timeout=180)
     back = next(r for r in records(metrics) if r["replica"] == "b" and r["time"] > restarted)
@@ -103,7 +105,7 @@ def final_models_equal(tmp: str, replicas: tuple[str, str] = ("a", "b")) -> bool
     return states[0].keys() == states[1].keys() and all(torch.equal(states[0][k], states[1][k]) for k in states[0])
 
 
-def run(kills: int, restart_after: float, seed: int, heartbeat: float) -> dict:
+def run(kills: int, restart_after: float, seed: int, heartbeat: float, steps: int) -> dict:
     rng = random.Random(seed)
     spec = f"min=1,heartbeat={heartbeat:g},timeout=60"
     tmp = tempfile.mkdtemp(prefix="ft_kill-")
@@ -112,18 +114,18 @@ def run(kills: int, restart_after: float, seed: int, heartbeat: float) -> dict:
     os.makedirs(f"{tmp}/a")
     os.makedirs(f"{tmp}/b0")
     rows = []
-    with LaunchedJob(args_for(tmp, "a", spec), out_dir=f"{tmp}/a") as a:
+    with LaunchedJob(args_for(tmp, "a", spec, steps=steps), out_dir=f"{tmp}/a", env=ONE_THREAD) as a:
         a.wait_for(lambda: lighthouse(a) is not None, timeout=120)
         addr = lighthouse(a)
-        jobs = [LaunchedJob(args_for(tmp, "b", spec, "--lighthouse", addr), out_dir=f"{tmp}/b0")]
+        jobs = [LaunchedJob(args_for(tmp, "b", spec, "--lighthouse", addr, steps=steps), out_dir=f"{tmp}/b0", env=ONE_THREAD)]
         try:
             # Both groups in one quorum (the first one up may have started alone, min=1) before the first kill.
             jobs[-1].wait_for(lambda: {r["replica"] for r in records(f"{tmp}/metrics.jsonl")[-10:] if r["participants"] == 2}
                               == {"a", "b"}, timeout=180)
             for i in range(kills):
-                if max((r["step"] for r in records(f"{tmp}/metrics.jsonl")), default=0) > MAX_STEPS - MARGIN:
+                if max((r["step"] for r in records(f"{tmp}/metrics.jsonl")), default=0) > steps - MARGIN:
                     break
-                b, row = one_kill(tmp, jobs[-1], rng, restart_after, spec, addr, i)
+                b, row = one_kill(tmp, jobs[-1], rng, restart_after, spec, addr, i, steps)
                 jobs.append(b)
                 rows.append(row)
             with open(f"{tmp}/pace", "w") as f:
@@ -141,7 +143,7 @@ def run(kills: int, restart_after: float, seed: int, heartbeat: float) -> dict:
         "date": time.strftime("%Y-%m-%d"), "machine": f"{os.cpu_count()} cores, this host (localhost, no network bed)",
         "torch": torch.__version__, "torchft": __import__("torchft").__version__ if hasattr(__import__("torchft"), "__version__") else "0.2.0",
         "command": " ".join(["python3", "benchmarks/ft_kill.py", "--kills", str(kills), "--restart-after", str(restart_after),
-                             "--seed", str(seed), "--heartbeat", str(heartbeat)]),
+                             "--seed", str(seed), "--heartbeat", str(heartbeat), "--steps", str(steps)]),
         "kills": len(rows), "completed": [rc_a, rc_b] == [0, 0], "exit_status": {"a": rc_a, "b": rc_b},
         "gap_s": {"median": statistics.median(gaps), "max": max(gaps)},
         "stall_s": {"median": statistics.median([r["stall_s"] for r in rows if r["stall_s"] is not None]),
@@ -159,9 +161,10 @@ def main() -> int:
     p.add_argument("--restart-after", type=float, default=5.0, help="seconds from a kill to the restart (default 5)")
     p.add_argument("--heartbeat", type=float, default=1.0, help="the Lighthouse's heartbeat timeout, --fault-tolerance heartbeat=S")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--steps", type=int, default=MAX_STEPS, help="the job's length (kills stop 400 steps before its end)")
     p.add_argument("--json", default=None, help="also write the summary here")
     a = p.parse_args()
-    out = run(a.kills, a.restart_after, a.seed, a.heartbeat)
+    out = run(a.kills, a.restart_after, a.seed, a.heartbeat, a.steps)
     print(json.dumps({k: v for k, v in out.items() if k != "rows"}, indent=1))
     if a.json:
         with open(a.json, "w") as f:

@@ -102,11 +102,10 @@ def _supervise(cfg: TrainConfig, ft: FaultTolerance, ids: list[str], lighthouse:
                     continue
                 del procs[rid]
                 code = proc.exitcode
-                if code == 0 or restarts >= max_restarts or finished.get("done") is not None:
+                # Once a group has finished the job, one that dies is not started again (it would train alone).
+                if code == 0 or restarts >= max_restarts or 0 in finished.values():
                     finished[rid] = code
-                    if code == 0:
-                        finished.setdefault("done", 0)
-                    else:
+                    if code != 0:
                         logger.warning(f"fault tolerance: replica group {rid} ended with {_status(code)}; not restarted "
                                        f"({restarts} of --max-restarts {max_restarts} used)")
                     continue
@@ -119,7 +118,7 @@ def _supervise(cfg: TrainConfig, ft: FaultTolerance, ids: list[str], lighthouse:
         for proc in procs.values():  # interrupted: no replica group outlives its launcher
             proc.terminate()
             proc.join(5)
-    codes = [c for rid, c in finished.items() if rid != "done"]
+    codes = list(finished.values())
     return 0 if 0 in codes else next((c for c in codes if c > 0), 1)
 
 

@@ -171,3 +171,32 @@ def test_a_lighthouse_nobody_listens_at_is_one_line(tmp_path):
     errors = [line for line in err.splitlines() if line.startswith("dtrain: error:")]
     assert rc == 2 and "Traceback" not in err, err
     assert len(errors) == 1 and "cannot reach the Lighthouse at http://127.0.0.1:1" in errors[0], err
+
+
+@pytest.mark.timeout(300)
+def test_the_launcher_restarts_a_killed_group_which_heals(tmp_path):
+    """--nproc 2 --max-restarts 1: a replica group's process killed (-9) is started again by the
+    launcher, heals from the other, and the job ends with both groups at the same step."""
+    (tmp_path / "pace").write_text("0.004")
+    metrics = str(tmp_path / "metrics.jsonl")
+    args = ["train", "--fault-tolerance", "min=1,heartbeat=1", "--nproc", "2", "--max-restarts", "1",
+            "--task", "tests.user_task:make_paced", "--task-arg", f"pace_file={tmp_path / 'pace'}", "--epochs", "30",
+            "--metrics-file", metrics, "--log-every", "1", "--ledger", str(tmp_path / "ledger")]
+    with LaunchedJob(args, out_dir=_mkdir(tmp_path / "out")) as job:
+        job.wait_for(lambda: {r["replica"] for r in _records(metrics)[-6:] if r["participants"] == 2} == {"0-0", "0-1"},
+                     timeout=180)
+        victim = next(p for p in job.descendants() if "spawn_main" in " ".join(p.cmdline()) and p.name() != "resource_tracker"
+                      and "resource_tracker" not in " ".join(p.cmdline()))
+        victim.kill()
+        killed_at = time.time()
+        job.wait_for(lambda: sum(r["participants"] == 2 and r["time"] > killed_at + 1 for r in _records(metrics)) >= 4,
+                     timeout=180)  # both groups again: the restarted one healed and steps with the other
+        (tmp_path / "pace").write_text("0")
+        rc, _ = job.wait(timeout=240)
+        err, results = job.stderr(), [json.loads(line) for line in job.stdout().splitlines() if line.startswith("{")]
+    assert rc == 0, err
+    assert "restart 1 of 1" in err and "signal SIGKILL" in err
+    assert len(results) == 2 and results[0]["steps"] == results[1]["steps"]
+    assert any(max(r["fault_tolerance"]["healed_at_steps"], default=0) > 0 for r in results)
+    report, disagree = check_ft_ledger(str(tmp_path / "ledger"))
+    assert report.ok and disagree == [] and report.steps_kept == results[0]["steps"]
