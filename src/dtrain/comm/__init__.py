@@ -25,22 +25,15 @@ def _hook(method, bucket):  # type: ignore[no-untyped-def]
     return method.communicate(bucket)
 
 
-def needs_one_bucket(spec: CommSpec) -> bool:
-    """PowerSGD (and auto, which may pick it) needs every gradient in one DDP bucket (see methods.PowerSGD)."""
-    return spec.kind in ("powersgd", "auto")
-
-
-def one_bucket_mb(model: nn.Module) -> float:
-    """A DDP ``bucket_cap_mb`` that holds every gradient of ``model``. Given explicitly, it also
-    caps DDP's first bucket (which defaults to 1 MB only when bucket_cap_mb is left unset)."""
-    nbytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
-    return nbytes * 1.05 / 2**20 + 1.0
-
-
 def bucket_mb(model: nn.Module, spec: CommSpec, cap_mb: float) -> float:
     """DDP's bucket rule, the one place it is written: ``cap_mb`` (``bucket_cap_mb``), or one bucket
-    holding every gradient where the comm method needs it (PowerSGD; auto, which may pick it)."""
-    return max(cap_mb, one_bucket_mb(model)) if needs_one_bucket(spec) else cap_mb
+    holding every gradient where the comm method needs it: PowerSGD (and auto, which may pick it;
+    see methods.PowerSGD). Given explicitly, that size also caps DDP's first bucket (which defaults
+    to 1 MB only when bucket_cap_mb is left unset)."""
+    if spec.kind not in ("powersgd", "auto"):
+        return cap_mb
+    nbytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    return max(cap_mb, nbytes * 1.05 / 2**20 + 1.0)
 
 
 def attach(ddp: nn.parallel.DistributedDataParallel, spec: CommSpec) -> Method | None:
@@ -60,4 +53,4 @@ def attach(ddp: nn.parallel.DistributedDataParallel, spec: CommSpec) -> Method |
 
 
 __all__ = ["CHOICES", "KINDS", "AllReduce", "Auto", "CommSpec", "Compressed", "LinkMeasurement", "LocalSGD", "Method", "Plain",
-           "PowerSGD", "attach", "bucket_mb", "choose", "needs_one_bucket", "one_bucket_mb"]
+           "PowerSGD", "attach", "bucket_mb", "choose"]

@@ -96,7 +96,7 @@ class Strategy(abc.ABC):
         replica, the model on the device. By default: the model on the device, no communication.
 
         Collective where a strategy communicates: call on every rank."""
-        return move_to_device(model, world)
+        return model.to(world.device)
 
     def placed(self, place: Placement) -> None:
         """Keep where this rank sits in the layout (called by the apply path after the wrap)."""
@@ -206,10 +206,6 @@ class ForwardingOptimizer(torch.optim.Optimizer):
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.optimizer.zero_grad(set_to_none=set_to_none)
-
-
-def move_to_device(model: nn.Module, world: World) -> nn.Module:
-    return model.to(world.device)
 
 
 def unwrap_module(model: nn.Module) -> nn.Module:

@@ -22,7 +22,6 @@ from ..errors import ConfigError
 from ..parallel.dims import ParallelDims
 from ..world import World
 from . import register
-from .base import move_to_device
 from .layout import REPLICAS, LayoutStrategy
 
 
@@ -60,7 +59,7 @@ class DDPReplicas:
     def wrap(self, model: nn.Module, world: World, group: Any = None) -> nn.Module:
         """``model`` on the device, in DDP over ``group`` (None: the default group).
         Collective: call on every rank (DDP broadcasts rank 0's parameters)."""
-        model = move_to_device(model, world)
+        model = model.to(world.device)
         if not world.distributed:
             note_once("ddp with one process: running without DistributedDataParallel (nothing to synchronise).")
             return model

@@ -17,7 +17,7 @@ from ..parallel.dims import ParallelDims
 from ..parallel.placement import Placement
 from ..world import World
 from . import register
-from .base import Capabilities, Strategy, move_to_device
+from .base import Capabilities, Strategy
 
 
 @register("dp")
@@ -36,7 +36,7 @@ class DataParallelStrategy(Strategy):
 
     def replicate(self, model: nn.Module, world: World, place: Placement) -> nn.Module:
         """``nn.DataParallel`` over every visible GPU (the model on the device without two)."""
-        model = move_to_device(model, world)
+        model = model.to(world.device)
         n_gpus = torch.cuda.device_count() if world.device.type == "cuda" else 0
         if n_gpus < 2:
             what = "no GPU" if n_gpus == 0 else "one GPU"

@@ -25,7 +25,7 @@ from ..errors import ConfigError
 from ..parallel.placement import Placement
 from ..world import World
 from . import register
-from .base import Capabilities, ForwardingOptimizer, Strategy, move_to_device
+from .base import Capabilities, ForwardingOptimizer, Strategy
 
 OPS = ("average", "sum")
 COMPRESSIONS = {"none": None, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -289,7 +289,7 @@ class HorovodStrategy(Strategy):
 
     def replicate(self, model: nn.Module, world: World, place: Placement) -> nn.Module:
         """Rank 0's parameters and buffers on every replica; the optimizer all-reduces later."""
-        model = move_to_device(model, world)
+        model = model.to(world.device)
         self._group = place.group("dp_replicate")
         if world.distributed:
             with torch.no_grad():
