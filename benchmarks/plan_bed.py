@@ -2,23 +2,17 @@
 validation only (benchmarks/plan_validation.py, benchmarks/zero1_broadcasts.py); `dtrain plan`
 models the user's cluster.
 
-The bed's hosts are network namespaces of one machine: every host's worker shares its cores with
-the other hosts' (and with whatever else the machine runs). `dtrain plan` profiles the step as one
-worker of a real cluster runs it, alone on its node's cores; ``corun`` measures, on the bed, how
-much slower that step runs with every host's worker stepping at once (time slices, caches, the
-machine's other load, at that moment), and ``on_bed`` slows a plan's compute phases by it. Its gloo
-ZeRO broadcasts between hosts run two trees at a time (``queued_broadcasts``), as measured by
+The bed's hosts are network namespaces of one machine: every host's processes share its cores
+(``on_bed``: a plan's compute phases slowed by the processes each core serves). Its gloo ZeRO
+broadcasts between hosts run two trees at a time (``queued_broadcasts``), as measured by
 benchmarks/zero1_broadcasts.py.
 """
 
 from __future__ import annotations
 
 import math
-import statistics
-import time
 from collections import deque
 from collections.abc import Sequence
-from typing import Any
 
 from dtrain.plan.cluster import Cluster
 from dtrain.plan.costs import Group, broadcast
@@ -28,62 +22,22 @@ COMPUTE = ("data", "forward", "backward", "optimizer", "bubble")
 """The phases of a plan's step that the bed's shared cores slow (the rest is the link's)."""
 
 
-def corun(task: str, options: dict[str, str], *, batch: int, processes: int, threads: int, budget_s: float = 3.0) -> float:
-    """How much slower the task's plain training step runs in each of ``processes`` fresh processes
-    stepping at once (``threads`` torch threads each, as the bed's workers) than in one alone, measured
-    now: the mean step over a window, first on rank 0 alone while the others wait, then on all at once."""
-    from dtrain.launch.local import run_distributed
-
-    spec = {"task": (task, None, options), "batch": batch, "precision": "fp32", "optimizer": None, "threads": threads,
-            "budget_s": budget_s}
-    got = run_distributed(_corun_body, spec, world_size=processes, timeout=180 + 6 * budget_s,
-                          env={"OMP_NUM_THREADS": str(threads)})
-    return statistics.mean(r["together"] for r in got) / got[0]["alone"]
+def slowdown(processes: int, cores: int, threads: int = 1) -> float:
+    """How much slower each of ``processes`` computes on ``cores`` shared cores than the plan's
+    profile, which had a core to itself: time slicing, at least 1."""
+    return max(1.0, processes * threads / max(1, cores))
 
 
-def _corun_body(spec: dict[str, Any]) -> dict[str, float | None]:
-    """One rank of ``corun``. Collective."""
-    import torch
-    import torch.distributed as dist
-
-    from dtrain.plan.machinery import build_runner
-    from dtrain.plan.timing import sample_batch
-    from dtrain.tasks import load_task
-
-    torch.set_num_threads(spec["threads"])
-    dist.init_process_group("gloo")
-    name, data_dir, options = spec["task"]
-    task = load_task(name, data_dir=data_dir, options=options)
-    x, y = sample_batch(task, spec["batch"])
-    run = build_runner("plain", task, x, y, {**spec, "optimizer": spec["optimizer"] or task.optimizer})
-
-    def mean_step(seconds: float) -> float:
-        """A mean, not a median: the time slices that sharing costs fall on some steps only."""
-        steps, start = 0, time.perf_counter()
-        while steps < 5 or time.perf_counter() - start < seconds:
-            run()
-            steps += 1
-        return (time.perf_counter() - start) / steps
-
-    mean_step(0.0)  # warm-up, all at once
-    dist.barrier()
-    alone = mean_step(spec["budget_s"] / 2) if dist.get_rank() == 0 else None
-    dist.barrier()
-    together = mean_step(spec["budget_s"])
-    dist.barrier()
-    dist.destroy_process_group()
-    return {"alone": alone, "together": together}
-
-
-def on_bed(row: dict, slowdown: float) -> dict:
-    """A `dtrain plan --json` layout row as the bed runs it: the compute phases x ``slowdown``
-    (``corun``), the step time and samples/s recomputed from them."""
-    if slowdown == 1.0:
+def on_bed(row: dict, processes: int, cores: int, threads: int = 1) -> dict:
+    """A `dtrain plan --json` layout row as the bed runs it: the compute phases x ``slowdown``,
+    the step time and samples/s recomputed from them."""
+    k = slowdown(processes, cores, threads)
+    if k == 1.0:
         return row
-    phases = {p: v * slowdown if p in COMPUTE else v for p, v in row["phases_ms"].items()}
+    phases = {p: v * k if p in COMPUTE else v for p, v in row["phases_ms"].items()}
     step = sum(phases.values())
     return {**row, "phases_ms": phases, "step_ms": step, "samples_per_s": row["samples_per_s"] * row["step_ms"] / step,
-            "bed_slowdown": slowdown}
+            "bed_slowdown": k}
 
 
 def zero_partition(sizes: Sequence[float], n: int) -> list[list[float]]:

@@ -6,8 +6,7 @@ Per group (task x hosts x link), on one bed:
    group's shaped link (the plan's link figures, measured, not given);
 2. `dtrain plan --json --links` of the whole group (its profile: the plain step and each layout's
    own CPU cost in a world of one, a worker's memory): the plan's pick, as a user gets it, with the
-   bed's shared cores modelled here (``plan_bed``: every host's worker stepping at once, measured
-   right after each plan; the plan itself models the user's cluster);
+   bed's shared cores modelled here (``plan_bed.on_bed``: the plan itself models the user's cluster);
 3. each configuration, ``--repeats`` times in alternating order: `dtrain plan` of that
    configuration alone right before its `dtrain train` run, so the profile sees the load the run
    sees (this machine is shared: its speed changes by 2x within minutes), then the run; medians
@@ -48,7 +47,7 @@ sys.path.insert(0, SRC)
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))  # tests.support: the harness that only tests and benchmarks use
 
-from plan_bed import corun, on_bed  # noqa: E402
+from plan_bed import on_bed  # noqa: E402
 from plan_validation_table import pick_tally, print_table  # noqa: E402
 from tests.support.netbed import NetBed  # noqa: E402
 
@@ -129,22 +128,17 @@ def measure_links(bed: NetBed, hosts: int, port: int, path: str) -> dict:
 
 
 def plan(group: Group, links: str, cores: int, profile_s: float) -> tuple[dict, dict]:
-    """`dtrain plan` of ``group`` as a user runs it (its profile with the threads a worker of one process
-    per node uses: the node's cores), then the bed's shared cores modelled (``plan_bed``): the plain step
-    of every host's worker at once, measured now, over one alone."""
     layouts = ";".join(dict.fromkeys(lay for lay, _ in group.configs))
     comms = ",".join(dict.fromkeys(c for _, c in group.configs))
     cmd = [sys.executable, "-m", "dtrain", "plan", "--json", *task_flags(group.task, group.args, group.batch), "--nnodes", str(group.hosts),
-           "-n", "1", "--inter-gbit", str(group.rate / 1000), "--links", links, "--profile-threads", str(cores),
+           "-n", "1", "--inter-gbit", str(group.rate / 1000), "--links", links, "--profile-threads", "1",
            "--profile-seconds", str(profile_s), "--layouts", layouts, "--comm-methods", comms, "--log-every", str(EVERY)]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=_env())
     if out.returncode:
         raise RuntimeError(f"plan failed: {out.stderr[-2000:]}")
     data = json.loads(out.stdout)
-    options = dict(a.split("=", 1) for a in group.args)
-    slow = corun(group.task, options, batch=group.batch, processes=group.hosts, threads=cores)
-    data["bed_slowdown"] = slow
-    return {(canonical(r["layout"]), r["comm"]): on_bed(r, slow) for r in data["layouts"]}, data
+    # the plan is for the user's cluster; the bed's hosts share this machine's cores (plan_bed)
+    return {(canonical(r["layout"]), r["comm"]): on_bed(r, group.hosts, cores) for r in data["layouts"]}, data
 
 
 def canonical(layout: str) -> str:
@@ -210,7 +204,7 @@ def run_group(name: str, args: argparse.Namespace, port: int) -> list[dict]:
             port += 1
             by_key, data = plan(group._replace(configs=[(layout, comm)]), links_path, args.cores, args.profile_seconds)
             pred, run = by_key[(canonical(layout), comm)], train(bed, group, layout, comm, args.steps, port)
-            keep_raw(name, layout, comm, pred, {**data["model"], "bed_slowdown": data["bed_slowdown"]}, run)
+            keep_raw(name, layout, comm, pred, data["model"], run)
             measured.setdefault((layout, comm), []).append((pred, run))
 
         for rep in range(args.repeats):
