@@ -23,12 +23,11 @@ import datetime
 import os
 import pickle
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
-from .watchdog import STALL_EXIT
+from .watchdog import STALL_EXIT, DaemonThread
 
 LOST_EXIT = 76
 """Exit status of a worker that left a round whose node was lost during start-up (the agent restarts it)."""
@@ -41,24 +40,16 @@ KEEP_ALIVE_ATTEMPTS = 5
 _POLL_S = 1.0
 
 
-class StartWatch:
+class StartWatch(DaemonThread):
     """Watches one worker's start-up (see the module's docstring); ``stop()`` once the group formed."""
 
     def __init__(self, world: Any, *, startup_s: float, elastic: str | None, dead_after_s: float) -> None:
+        super().__init__("dtrain-startwatch")
         self.world = world
         self.deadline = time.monotonic() + 3 * startup_s + 30.0
         self.startup_s = startup_s
         self.dead_after_s = dead_after_s
         self._elastic = elastic
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="dtrain-startwatch", daemon=True)
-
-    def start(self) -> StartWatch:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
 
     def _run(self) -> None:
         backend = _rendezvous_backend(self._elastic) if self._elastic else None

@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 import torch.distributed as dist
 
@@ -40,26 +40,34 @@ rank alone then; anything else is a bug and propagates."""
 T = TypeVar("T")
 
 
-class Watchdog:
+class DaemonThread:
+    """A daemon thread that runs ``self._run`` (which returns once ``self._stop`` is set) from
+    ``start()`` until ``stop()``: the watchdog, the start-up watch, the launcher's stall reaper."""
+
+    def __init__(self, name: str) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def start(self) -> Self:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+class Watchdog(DaemonThread):
     def __init__(self, tracker: Tracker, *, rank: int, size: int, timeout_s: float, run_dir: str,
                  master_addr: str, master_port: int, attempt: int = 0, poll_s: float | None = None) -> None:
+        super().__init__("dtrain-watchdog")
         self.tracker = tracker
         self.rank, self.size = rank, size
         self.timeout_s = timeout_s
         self.run_dir = run_dir
         self.poll_s = poll_s if poll_s is not None else max(0.2, min(2.0, timeout_s / 10))
         self._addr, self._port, self._prefix = master_addr, master_port, f"/dtrain/watchdog/attempt_{attempt}"
-        self._stop = threading.Event()
         self._store: dist.Store | None = None
-        self._thread = threading.Thread(target=self._run, name="dtrain-watchdog", daemon=True)
         self.report: str | None = None
-
-    def start(self) -> Watchdog:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
 
     # -- the thread -------------------------------------------------------------------------
     def _connect(self) -> dist.Store | None:

@@ -21,33 +21,27 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
 from collections.abc import Callable
 
-from ..diag.watchdog import STALL_MARKER
+from ..diag.watchdog import STALL_MARKER, DaemonThread
 
 POLL_S = 0.2
 GRACE_S = 1.0
 _SIGTERM_BIT = 1 << (signal.SIGTERM - 1)
 
 
-class StallReaper:
+class StallReaper(DaemonThread):
     """The launcher's thread that applies the two rules above to ``workers()`` of ``launch_dir``."""
 
     def __init__(self, launch_dir: str, workers: Callable[[], list[int]]) -> None:
+        super().__init__("dtrain-stall-reaper")
         self.launch_dir = launch_dir
         self.workers = workers
         self.killed: list[int] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="dtrain-stall-reaper", daemon=True)
-
-    def start(self) -> StallReaper:
-        self._thread.start()
-        return self
 
     def stop(self) -> None:
-        self._stop.set()
+        super().stop()
         self._thread.join(5)
 
     def _run(self) -> None:

@@ -156,12 +156,6 @@ def is_homogeneous() -> bool:
     return True
 
 
-def distributed() -> bool:
-    """Always true once initialized: one process runs on a private one-rank group."""
-    _world()
-    return True
-
-
 def device() -> torch.device:
     return _world().device
 
@@ -178,9 +172,8 @@ def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
     for other in _State.sets.values():
         if other.ranks == ps.ranks:
             raise ValueError(f"a process set with ranks {ps.ranks} exists already ({other}); reuse it.")
-    if distributed():
-        engine().drain()
-        ps.group = dist.new_group(ps.ranks, timeout=_timeout())
+    engine().drain()  # one process too runs on a (private, one-rank) group
+    ps.group = dist.new_group(ps.ranks, timeout=_timeout())
     ps.process_set_id = _State.next_id
     _State.next_id += 1
     _State.sets[ps.process_set_id] = ps
