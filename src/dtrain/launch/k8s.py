@@ -1,20 +1,12 @@
-"""A job description as a Kubeflow ``PyTorchJob`` (training-operator, ``kubeflow.org/v1``).
+"""A job description as a Kubeflow ``PyTorchJob`` (training-operator, ``kubeflow.org/v1``;
+docs/clusters.md).
 
-One pod per node; each runs ``dtrain train``/``dtrain run`` with ``-n procs_per_node`` and the
-same static rendezvous as on SLURM: the Master pod (node rank 0) hosts it on its own pod IP
-(downward API), the Worker pods reach it through the master's headless service
-``<name>-master-0`` (created by the operator) and take their node rank from the operator's
-``training.kubeflow.org/replica-index`` label (+1). Nothing depends on the operator's
-environment variables, which differ between its versions.
-
-    dtrain submit --k8s job.toml --out job.yaml && kubectl apply -f job.yaml
-
-An elastic job (``nodes = "MIN:MAX"``) is the operator's elastic form: Worker pods only, MAX of
-them (those the cluster can place start the job once MIN run; the others join when placed),
-and an ``elasticPolicy`` with MIN and MAX (``kubectl scale pytorchjob/NAME --replicas=N``
-moves between them). Every pod runs ``dtrain train --nnodes MIN:MAX`` with the rendezvous on
-``<name>-worker-0`` (the pod that must stay up, as in the operator's own elastic jobs); a pod
-that fails is restarted by Kubernetes (``OnFailure``) and joins again.
+One pod per node, each running ``dtrain train``/``dtrain run -n procs_per_node`` on the static
+rendezvous the Master pod hosts on its pod IP (downward API); Worker pods reach it through the
+operator's headless service ``<name>-master-0`` and take their node rank from the
+``replica-index`` label, so nothing depends on the operator's environment variables, which differ
+between its versions. An elastic job is the operator's elastic form: Worker pods only, an
+``elasticPolicy`` of MIN and MAX, the rendezvous on ``<name>-worker-0``.
 """
 
 from __future__ import annotations

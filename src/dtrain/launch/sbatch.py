@@ -1,20 +1,11 @@
-"""A job description as an sbatch script, and its submission.
+"""A job description as an sbatch script, and its submission (docs/clusters.md).
 
-The script asks for ``--requeue`` and ``--signal=USR1@<signal_before_s>`` (SLURM's warning
-before the time limit, sent to every task of the step): ``dtrain train`` then checkpoints and
-requeues the job, and the requeued job resumes (``SLURM_RESTART_COUNT`` > 0). The log is opened
-in append mode so that every attempt lands in one file.
-
-Layout ``node``: ``srun --ntasks-per-node=1 dtrain train -n P ...``: one dtrain agent per node
-starts P processes (the world size is nodes x P). Layout ``process``: ``srun
---ntasks-per-node=P dtrain train ...`` (no ``-n``): every task is one process and dtrain reads its
-rank from SLURM. Either way the master address is resolved by dtrain through scontrol.
-
-An elastic job (``nodes = "MIN:MAX"``) asks for ``--nodes=MIN-MAX``: SLURM starts it on as many of
-MIN..MAX nodes as it can give, and with ``--no-kill`` (job and step) a node that fails no longer
-ends the job: the other nodes go on, down to MIN (``dtrain train --nnodes MIN:MAX``, the
-rendezvous on the allocation's first node, which must stay up). What SLURM cannot do is grow a
-running job: no node joins it later (``ELASTIC_NOTE``).
+The script asks for ``--requeue`` and ``--signal=USR1@<signal_before_s>``, so ``dtrain train``
+checkpoints and requeues before the time limit, and appends every attempt to one log. Layout
+``node``: one dtrain agent per node starts ``procs_per_node`` processes; layout ``process``:
+every task is one process, its rank read from SLURM. An elastic job (``nodes = "MIN:MAX"``) asks
+for ``--nodes=MIN-MAX`` and ``--no-kill``, its rendezvous on the allocation's first node; SLURM
+cannot grow a running job (``ELASTIC_NOTE``).
 """
 
 from __future__ import annotations

@@ -1,26 +1,16 @@
 """Where each step's time goes on this rank: data wait, forward, backward compute, exposed
-communication, optimizer step, and the rest.
+communication, optimizer step, and the rest (docs/observability.md says what each means).
 
 A lap timer: each mark ends the running lap and books its time to a phase; a step is the laps
 from one wait for data to the next. The marks come from the loop (``step_starts``,
-``got_batch``) and from the Context's step (``backward_starts``/``backward_done`` around
-``loss.backward()``, ``lap`` around ``optimizer.step()``), so a script that uses ``ctx.backward``
-gets the same breakdown as ``dtrain train``.
+``got_batch``) and from the Context's step (``backward_starts``/``backward_done``, ``lap``
+around ``optimizer.step()``), so a script that uses ``ctx.backward`` gets the same breakdown.
 
-Exposed communication is the time ``backward()`` still runs after the last gradient was
-computed. A hook on the loss queues an autograd final callback as backward starts; final
-callbacks run in the order queued, after every node of the graph, so it runs before the one DDP
-queues when its last bucket is ready (DDP's waits for every bucket's all-reduce). Its time is
-the end of backward's compute; what follows is communication that overlap did not hide, plus
-DDP's copy of the reduced buckets into the gradients. On gloo (CPU) the clock gives it; on a
-GPU, a CUDA event recorded there and one after backward returns. It also holds the time a
-faster rank waits for a slower one: that is how stragglers show (``stragglers.py``). Strategies
-that communicate elsewhere (hvd in the optimizer step, fsdp's reduce-scatter also in
-backward's final callback) book it there; with one process ``comm`` is 0.
-
-On a GPU every lap also records a CUDA event, resolved when a window is read (the loop reads
-one per log interval, after its loss all-reduce has synchronised anyway): no synchronisation is
-added per step. Data wait stays on the host clock there (the GPU does not see the loader).
+The end of backward's compute is an autograd final callback queued by a hook on the loss as
+backward starts: final callbacks run in the order queued, so it runs before DDP's (queued when
+its last bucket is ready); what ``backward()`` still takes after it is exposed communication.
+On a GPU every lap also records a CUDA event, resolved when a window is read (once per log
+interval, after the loop's loss all-reduce has synchronised anyway); data wait stays on the host clock.
 """
 
 from __future__ import annotations

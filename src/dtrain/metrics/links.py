@@ -1,23 +1,14 @@
 """Which host's link is slow: a short, timed point-to-point exchange between the ranks.
 
-A ring all-reduce moves every gradient through every link, so each rank waits for the slowest
-one: a slow link shows as exposed communication on *all* ranks, and per-rank step figures
-cannot name its host. Transfers between pairs of ranks can. The probe runs ``size - 1`` rounds;
-in round ``k`` every rank sends the same payload to rank ``+k`` and receives one from rank
-``-k`` (``batch_isend_irecv``: on NCCL a ring of separate sends and receives could deadlock),
-after a barrier, and notes when its receive completes. That one-way time is taken at the
-receiver because a send completes as soon as the socket buffers hold it. Each round is run
-``repeats`` times and the fastest kept: a loaded machine only ever adds time.
+A ring all-reduce waits for its slowest link on every rank, so per-rank step figures cannot name
+the host; transfers between pairs of ranks can. The probe runs ``size - 1`` rounds: in round
+``k`` every rank sends to rank ``+k`` and receives from rank ``-k`` (``batch_isend_irecv``: on
+NCCL a ring of separate sends and receives could deadlock), after a barrier, timed at the
+receiver (a send completes once the socket buffers hold it); the fastest of ``repeats`` is kept.
 
-The matrix is then read per host (``slow_hosts``): a host's *upload* is its fastest transfer to
-another host, its *download* the fastest from one. On a star (hosts on one switch), a host with
-a slow link has every transfer through that link slow, while any other host has at least one
-fast peer; so a host whose upload or download is ``threshold`` times the other hosts' median
-is named. With two hosts there is one path: a slow transfer from a to b is a's uplink or b's
-downlink, and nothing measured between the two can tell which, so no host is named.
-
-The probe costs ``(size - 1) * repeats`` payload transfers per rank; the straggler detector
-runs it only when exposed communication dominates every rank's step (``stragglers.py``).
+``slow_hosts`` reads the matrix per host: on a star, a host with a slow link has every transfer
+through it slow, while any other host has a fast peer. With two hosts there is one path, and
+nothing measured between them tells a's uplink from b's downlink, so no host is named.
 """
 
 from __future__ import annotations

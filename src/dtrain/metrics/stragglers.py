@@ -1,24 +1,14 @@
-"""Naming a rank that is consistently slower than the others, and why.
+"""Naming a rank that is consistently slower than the others, and why (docs/observability.md).
 
-DDP's all-reduce evens out every rank's step time: a rank with slow input or slow compute makes
-the others wait in their gradient communication, so step times alone cannot name it. What a
-rank does not spend waiting, its *own* time (the step less exposed communication, see
-``breakdown.py``), can: the straggler's is long, the others' short (by the threshold, and by at
-least 5% of the median step: a few milliseconds more on a link-bound step are not named). Its cause is the group of
-phases where its own time exceeds the others' median most: input (data wait), compute
-(forward, backward, optimizer step) or other (the rest of the loop).
+DDP's all-reduce evens out every rank's step time, so step times alone cannot name a straggler;
+its *own* time (the step less exposed communication, ``breakdown.py``) can. Its cause is the group
+of phases where its own time exceeds the others' median most. A slow link shows instead as
+exposed communication on every rank: when that dominates every rank's step for a window, the
+detector asks for a link probe (``probe_due``; ``links.py``) and names the ranks of the host
+whose link is slow (``name_links``); the window's own-time findings wait for the probe, since on a
+link-bound step the ranks' own times differ by what the probe cannot see.
 
-A slow link shows differently: a ring all-reduce waits for its slowest link on every rank alike,
-so it shows as exposed communication on all ranks (the breakdown's ``comm``), not as one rank's
-own time. When that dominates every rank's step for a window, the detector asks for a link probe
-(``probe_due``; ``links.py`` times transfers between pairs of ranks) and names the ranks of the
-host whose link is slow, with cause network (``name_links``). The window's own-time findings wait
-for the probe and are reported only if it finds no slow link: on a link-bound step the ranks'
-own times differ by what the probe cannot see (ranks that leave the all-reduce together and
-then share cores), and the link is what slows the job.
-
-Pure logic: rank 0 feeds it every rank's breakdown window (``breakdown.window``), gathered once
-per log interval by the loop.
+Pure logic: rank 0 feeds it every rank's breakdown window, gathered once per log interval by the loop.
 """
 
 from __future__ import annotations

@@ -1,27 +1,14 @@
 """Horovod Elastic (``hvd.elastic``) on torch's elastic agent: ``run``, ``TorchState``,
-``ElasticSampler``.
+``ElasticSampler`` (docs/compat.md says how recovery differs from Horovod's).
 
-A Horovod Elastic script runs unchanged under ``dtrain run -n N --max-restarts K`` (or
-``--nnodes MIN:MAX`` for nodes that come and go). How recovery works here, and how it differs
-from Horovod:
-
-- Horovod: when a worker fails, the survivors catch ``HorovodInternalError``, roll back to the
-  last commit held in their memory, re-initialise the collectives with the new set of hosts and
-  carry on in the same processes; ``HostsUpdatedInterrupt`` does the same when hosts are added.
-- torch's elastic agent has no survivors: on a failure it stops every worker of the node and
-  starts them again (a node that joins or leaves restarts every node's workers), and c10d cannot
-  rebuild the default process group inside a process anyway. So every commit is also written to
-  the node's disk (commits.py), and ``run`` starts each (re)started worker from the newest commit
-  any node holds: that node's rank loads it, the reset callbacks run (the world size may have
-  changed), and ``sync()`` gives it to every rank. The script's module-level code runs again in
-  the new processes, as it does for a worker Horovod adds.
-- A failed collective (a peer died) raises ``HorovodInternalError``; ``run`` then makes sure the
-  last commit is on disk and ends this process, so the agent restarts the workers (with
-  ``--max-restarts`` left; otherwise the job ends and says why). The agent's stop signal
-  (SIGTERM, sent when membership changes or the job is stopped) is held until the next
-  ``commit()``, where ``check_host_updates()`` raises ``HostsUpdatedInterrupt`` on every rank
-  and the workers stop with nothing lost.
-- Without ``dtrain run`` (no launcher to restart workers) commits stay in memory, as Horovod's.
+torch's agent has no survivors: on a failure, or a node joining or leaving, it restarts every
+worker, and c10d cannot rebuild the default process group inside a process anyway. So every
+commit is also written to the node's disk (commits.py), ``run`` starts each (re)started worker
+from the newest commit any node holds (that node's rank loads it, the reset callbacks run, and
+``sync()`` gives it to every rank), and a failed collective (``HorovodInternalError``) ends this
+worker after its last commit is on disk, for the agent to restart. The agent's stop signal is held
+until the next ``commit()``, where ``check_host_updates()`` stops every rank together. Without
+``dtrain run`` (no launcher to restart workers) commits stay in memory, as Horovod's.
 """
 
 from __future__ import annotations
