@@ -1,20 +1,5 @@
-"""One job description for every scheduler: what to run, on how many nodes and processes.
-
-    # job.toml
-    name = "mnist"
-    command = ["dtrain", "train", "--task", "mnist", "--data-dir", "/data/mnist"]   # or ["train.py", "--lr", "0.1"]
-    nodes = 2                  # or "1:4": elastic, from 1 to 4 nodes (see sbatch.py and k8s.py for what each scheduler can do)
-    procs_per_node = 4
-    gpus_per_node = 4          # 0, or equal to procs_per_node: one process drives one GPU
-    cpus_per_proc = 8
-    mem_per_proc = "16G"
-    time = "02:00:00"
-    [env]
-    NCCL_DEBUG = "WARN"
-    [slurm]
-    partition = "gpu"
-    [k8s]
-    image = "registry.example.com/me/train:1"
+"""One job description for every scheduler: what to run, on how many nodes and processes (a
+``job.toml``; docs/clusters.md has an example and every key).
 
 ``dtrain submit --slurm job.toml`` and ``dtrain submit --k8s job.toml`` render it; both start
 ``dtrain`` inside (``dtrain run``/``dtrain train`` and the environment detection), so the training

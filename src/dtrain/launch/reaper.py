@@ -3,8 +3,8 @@
 When one worker fails, torch's elastic agent stops the others with SIGTERM and waits
 30 s (``PContext.close``'s default, which ``LocalElasticAgent._stop_workers`` does not let a
 caller change) before SIGKILL. A worker frozen with SIGSTOP (or in a stopped state for any
-reason) never acts on the SIGTERM, so a 15 s stall timeout ended the job after ~52 s. Two rules,
-checked by a thread of the launcher every ``POLL_S``:
+reason) never acts on the SIGTERM, and the job's end waits for that. Two rules, checked by a
+thread of the launcher every ``POLL_S``:
 
 * a worker that is stopped (state ``T``) while a SIGTERM waits for it is killed now: the
   agent has asked it to end and it cannot;

@@ -1,20 +1,13 @@
-"""One timeline of every rank: the breakdown's spans (data wait, forward, backward, exposed
-communication, optimizer step, checkpoint saves, the rest) of a range of steps, and each of the
-process group's collectives (every DDP gradient bucket's all-reduce, apart), merged into a
-single Chrome/Perfetto trace JSON on rank 0's clock.
+"""One timeline of every rank (docs/observability.md): the breakdown's spans of a range of steps
+and each of the process group's collectives (every DDP gradient bucket's all-reduce apart),
+merged into one Chrome/Perfetto trace JSON on rank 0's clock.
 
 The collectives come from torch.profiler, run for the traced steps only: c10d names each
-collective's work after its backend and operation (``gloo:all_reduce``, ``nccl:all_reduce``)
-and the profiler records it from launch to completion, on the backend's own thread, so it is
-drawn on a track of its own under the rank's phases; on a GPU the NCCL kernels are drawn too,
-with the device's times. A ``record_function`` at a known ``perf_counter`` time maps the
-profiler's clock onto the breakdown's.
-
-Each rank's clock is aligned to rank 0's the way NTP does: rank 0 sends its time t1, the rank
-answers with its time t2 at once, rank 0 notes t4 on receipt; the rank's offset is
-t2 - (t1 + t4) / 2, from the round with the shortest round trip of several (its error is at most
-half that round trip, recorded per rank in the file). Spans are host times: on a GPU they show
-when work was issued, not when the device ran it.
+collective's work after its backend and operation (``gloo:all_reduce``), recorded from launch to
+completion on the backend's thread; a ``record_function`` at a known ``perf_counter`` time maps the
+profiler's clock onto the breakdown's. Each rank's clock is aligned to rank 0's as NTP does (offset
+``t2 - (t1 + t4) / 2`` from the shortest of several round trips; its error is at most half that
+round trip, recorded per rank in the file). Spans are host times.
 """
 
 from __future__ import annotations
