@@ -98,31 +98,27 @@ def environment(cfg: BenchConfig) -> dict[str, Any]:
     }
 
 
-def _cpu_model() -> str:
+def _cpuinfo() -> str:
     try:
         with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+            return fh.read()
     except OSError:
-        pass
-    return platform.processor() or "unknown"
+        return ""
+
+
+def _cpu_model() -> str:
+    line = next((ln for ln in _cpuinfo().splitlines() if ln.startswith("model name")), "")
+    return line.split(":", 1)[-1].strip() or platform.processor() or "unknown"
 
 
 LOW_PRECISION_FLAGS = ("avx512_bf16", "amx_bf16", "avx512_fp16", "amx_fp16")
-"""CPU features that decide whether bf16/fp16 autocast is fast on a CPU: without them torch emulates
-bf16 and a bf16 convolution ran 10x slower than fp32 here; with avx512_bf16 1.5x faster."""
+"""CPU features that decide whether bf16/fp16 autocast is fast on a CPU: without them torch
+emulates bf16, several times slower than fp32."""
 
 
 def cpu_flags(cpuinfo: str | None = None) -> list[str]:
     """The ``LOW_PRECISION_FLAGS`` this CPU has (from /proc/cpuinfo; [] where unknown)."""
-    if cpuinfo is None:
-        try:
-            with open("/proc/cpuinfo") as fh:
-                cpuinfo = fh.read()
-        except OSError:
-            return []
-    line = next((ln for ln in cpuinfo.splitlines() if ln.startswith("flags")), "")
+    line = next((ln for ln in (_cpuinfo() if cpuinfo is None else cpuinfo).splitlines() if ln.startswith("flags")), "")
     have = set(line.split(":", 1)[-1].split())
     return [f for f in LOW_PRECISION_FLAGS if f in have]
 
