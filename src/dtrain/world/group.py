@@ -196,10 +196,9 @@ def settle_backend_threads(limit_s: float = 2.0, look_s: float = 0.005) -> None:
     the caller's ``wait()`` has returned; dropping a tensor that Python also holds takes the GIL.
     A rank with nothing left to do can reach the interpreter's finalization before that thread
     got the GIL (or a core): Python then ends the thread with a forced unwind through torch's
-    ``noexcept`` code, which aborts the process ("terminate called without an active exception").
-    A core dump of ``examples/apex_style.py``'s rank 1 showed it: ``ProcessGroupGloo::runLoop``
-    -> ``~AsyncAllreduceWork`` -> ``TensorImpl::decref_pyobject`` -> ``take_gil`` ->
-    ``pthread_exit``, the main thread in ``finalize_modules``. So at exit this sleeps until no
+    ``noexcept`` code, which aborts the process ("terminate called without an active exception":
+    ``ProcessGroupGloo::runLoop`` -> ``~AsyncAllreduceWork`` -> ``take_gil`` -> ``pthread_exit``,
+    the main thread in ``finalize_modules``). So at exit this sleeps until no
     such thread is running or waiting for a core ('R') at two looks in a row (Linux's
     /proc/self/task; elsewhere one short sleep), at most ``limit_s``: a thread blocked in a
     collective that will not finish sleeps ('S') and does not hold the exit up."""

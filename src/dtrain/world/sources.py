@@ -1,14 +1,8 @@
 """Who started this process, read from its launcher's environment: one small class per source.
 
-``World.detect`` asks the sources in ``SOURCES`` in turn; the first that recognises the
-environment gives this process's place in the job (rank, local rank, size, node, master):
-
-- ``TorchrunEnv``: torchrun, ``dtrain run`` and torch's elastic agent (``RANK``, ``WORLD_SIZE``, ...);
-- ``SlurmTasks``: one SLURM task per process (``srun -n N python train.py``), read through ``SlurmStep``;
-- ``OneProcess``: none of the above, a single process.
-
-Each ``detect(env)`` returns the ``World`` fields it knows (device aside) or None. The device, the
-process group and the network interface are chosen apart (device.py, group.py, netif.py). The
+``World.detect`` asks the sources in ``SOURCES`` in turn (torchrun's variables, one SLURM task
+per process, else one process); the first that recognises the environment gives this process's
+place in the job: the ``World`` fields it knows (device aside), or None from the others. The
 few launcher facts that are not topology (the rank as a label before a World exists, the elastic
 agent's run id and restarts, the SLURM job) are read here too, by the source they belong to, so
 no module outside ``dtrain.world`` reads ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` or ``SLURM_*``.
