@@ -158,7 +158,9 @@ def _elastic(spec: LaunchSpec, entrypoint: Callable[..., Any] | str, args: tuple
             monitor_interval=0.1,
             start_method="spawn",
             **_rdzv_options(spec, port),
-            **_signal_options(),
+            # The stop signals (SIGINT, SIGTERM, SIGHUP, SIGUSR1: SLURM's warning before the time
+            # limit) are the Supervisor's, not the agent's (launch/supervise.py).
+            signals_to_handle=AGENT_SIGNALS,
         )
         _quiet_elastic_logs()
         try:
@@ -281,17 +283,6 @@ def _can_bind(addr: str, port: int) -> bool:
         return True
     except OSError:
         return False
-
-
-def _signal_options() -> dict[str, str]:
-    """The stop signals (SIGINT, SIGTERM, SIGHUP, SIGUSR1: SLURM's warning before the time
-    limit) are the Supervisor's, not the agent's (see launch/supervise.py).
-    ``signals_to_handle`` exists in LaunchConfig since torch 2.6."""
-    import dataclasses
-
-    if any(f.name == "signals_to_handle" for f in dataclasses.fields(LaunchConfig)):
-        return {"signals_to_handle": AGENT_SIGNALS}
-    return {}
 
 
 def _spawn_worker(local_rank: int, spec: LaunchSpec, port: int, fn: Callable[..., Any], args: tuple) -> None:
