@@ -1,11 +1,9 @@
 """Durable copies of the last committed state: what lets a restarted worker resume.
 
-Horovod keeps a commit in the memory of the surviving workers, which re-initialise and carry on.
-Under torch's elastic agent (``dtrain run``) there are no survivors: when one worker fails, its
-agent stops every worker of the node and starts them again (and a node joining or leaving
-restarts every node's workers). So each commit is also written to disk, on every node, in the
-launcher's private folder (``$DTRAIN_LAUNCH_DIR``, one per ``dtrain run`` on each node: it lives
-as long as the job, is never shared with another job, and is removed when the launcher exits).
+Under torch's elastic agent there are no surviving workers to keep a commit in memory (see
+``__init__``), so each commit is also written to disk, on every node, in the launcher's private
+folder (``$DTRAIN_LAUNCH_DIR``: one per ``dtrain run`` on each node, as long-lived as the job,
+never shared with another job, removed when the launcher exits).
 
 Cost: ``commit()`` copies the state into host memory (as Horovod's does); a background thread
 writes the newest copy (``torch.save`` to a temporary name, then an atomic rename), so a commit
