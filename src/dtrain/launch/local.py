@@ -53,16 +53,20 @@ def exception_line(trace: str) -> str:
     return lines[-1] if lines else "no traceback"
 
 
+def worker_env(rank: int, local_rank: int, size: int, local_size: int, node_rank: int, addr: str, port: int) -> dict[str, str]:
+    """The variables torchrun gives a worker, for one the launcher starts itself; every worker is
+    a client of the store the launcher hosts (as under torchrun)."""
+    return {"RANK": str(rank), "LOCAL_RANK": str(local_rank), "WORLD_SIZE": str(size), "LOCAL_WORLD_SIZE": str(local_size),
+            "GROUP_RANK": str(node_rank), "MASTER_ADDR": addr, "MASTER_PORT": str(port),
+            "TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RESTART_COUNT": "0"}
+
+
 def _child(rank: int, world_size: int, port: int, env: dict[str, str], fn: Callable[..., Any], args: tuple, results: Any) -> None:
     # A rank killed by a signal (an abort in a backend's C++ thread) prints every Python thread's
     # stack to stderr, so the failure says where it was.
     faulthandler.enable()
     os.environ.update(env)
-    os.environ.update(
-        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size),
-        GROUP_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-        TORCHELASTIC_USE_AGENT_STORE="True", TORCHELASTIC_RESTART_COUNT="0",
-    )
+    os.environ.update(worker_env(rank, rank, world_size, world_size, 0, "127.0.0.1", port))
     try:
         value = fn(*args)
         # Tensors go through a queue as shared-memory handles that die with this process;
@@ -130,4 +134,4 @@ def run_distributed(
     return [torch.load(io.BytesIO(outcome[r][1]), weights_only=False) for r in range(world_size)]
 
 
-__all__ = ["DistributedTestError", "exception_line", "run_distributed"]
+__all__ = ["DistributedTestError", "exception_line", "run_distributed", "worker_env"]

@@ -26,6 +26,7 @@ from ..world import use_route_interface
 from ..world.reach import advertised_address
 from . import membership
 from .lifecycle import run_worker
+from .local import worker_env
 from .preflight import check_nodes, connect_store, cuda_device_count, wait_for_master
 from .spec import LaunchSpec
 from .store import host_store
@@ -287,18 +288,7 @@ def _can_bind(addr: str, port: int) -> bool:
 
 def _spawn_worker(local_rank: int, spec: LaunchSpec, port: int, fn: Callable[..., Any], args: tuple) -> None:
     rank = spec.node_rank * spec.nproc + local_rank
-    os.environ.update(
-        RANK=str(rank),
-        LOCAL_RANK=str(local_rank),
-        WORLD_SIZE=str(spec.world_size),
-        LOCAL_WORLD_SIZE=str(spec.nproc),
-        GROUP_RANK=str(spec.node_rank),
-        MASTER_ADDR=spec.addr,
-        MASTER_PORT=str(port),
-        # Every worker is a client of the store the launcher hosts (as under torchrun).
-        TORCHELASTIC_USE_AGENT_STORE="True",
-        TORCHELASTIC_RESTART_COUNT="0",
-    )
+    os.environ.update(worker_env(rank, local_rank, spec.world_size, spec.nproc, spec.node_rank, spec.addr, port))
     run_worker(fn, *args)
 
 
