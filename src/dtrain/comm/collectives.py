@@ -33,7 +33,9 @@ def check_tensor(what: str, tensor: Any) -> None:
 
 class Collectives(WorldView):
     """This rank's collectives over the world's default process group, each recorded and
-    (``debug``) checked. With one process every call returns its input (or ``[input]``)."""
+    (``debug``) checked. With one process every call returns its input (or ``[input]``). The
+    operations are ``Context``'s (its methods say what each does); each is collective: call on
+    every rank."""
 
     def __init__(self, world: World, tracker: Tracker, *, debug: bool = False) -> None:
         self.world = world
@@ -65,10 +67,6 @@ class Collectives(WorldView):
             raise ConfigError(f"{what} is {rank}, outside ranks 0..{self.world_size - 1}; give a rank of this job.")
 
     def all_reduce(self, tensor: torch.Tensor, op: str = "mean") -> torch.Tensor:
-        """Reduce ``tensor`` over all ranks in place and return it.
-
-        Collective: call on every rank. ``op`` is one of mean, sum, max, min.
-        """
         check_tensor("ctx.all_reduce", tensor)
         if op not in OPS:
             raise ConfigError(f"unknown reduce op {op!r}; choose one of: {', '.join(OPS)}.")
@@ -80,7 +78,6 @@ class Collectives(WorldView):
         return tensor
 
     def all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
-        """Collective: call on every rank. Every rank's ``tensor`` (same shape on all ranks)."""
         check_tensor("ctx.all_gather", tensor)
         if not self.world.distributed:
             return [tensor]
@@ -90,8 +87,6 @@ class Collectives(WorldView):
         return out
 
     def gather_object(self, obj: Any, dst: int | None = None) -> list[Any] | None:
-        """Collective: call on every rank. Every rank's picklable ``obj``, by rank, on every rank
-        (``dst=None``) or only on rank ``dst`` (the others get None)."""
         if dst is not None:
             self.check_rank("ctx.gather_object(obj, dst=...)", dst)
         if not self.world.distributed:
@@ -106,7 +101,6 @@ class Collectives(WorldView):
         return out if self.rank == dst else None
 
     def broadcast(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
-        """Collective: call on every rank. Copy rank ``src``'s tensor to all ranks, in place."""
         check_tensor("ctx.broadcast", tensor)
         self.check_rank("ctx.broadcast(tensor, src=...)", src)
         if self.world.distributed:
@@ -115,7 +109,6 @@ class Collectives(WorldView):
         return tensor
 
     def broadcast_object(self, obj: Any, src: int = 0) -> Any:
-        """Collective: call on every rank. Rank ``src``'s picklable object, on every rank."""
         self.check_rank("ctx.broadcast_object(obj, src=...)", src)
         if not self.world.distributed:
             return obj
@@ -125,7 +118,6 @@ class Collectives(WorldView):
         return box[0]
 
     def barrier(self) -> None:
-        """Collective: call on every rank. Wait until every rank gets here."""
         if self.world.distributed:
             with self.labelled("barrier"):
                 dist.barrier()
