@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import fields
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import nn
@@ -33,7 +33,6 @@ from .base import Capabilities, Strategy
 
 if TYPE_CHECKING:
     from ..comm.collectives import Collectives
-    from .ddp import DDPReplicas
 
 REPLICAS = Capabilities(supports_comm=True)
 """DDP's replicas: ``--comm`` methods replace its gradient all-reduce."""
@@ -52,6 +51,24 @@ def combined(*declared: Capabilities) -> Capabilities:
     return Capabilities(**{f.name: any(getattr(c, f.name) for c in declared) for f in fields(Capabilities)})
 
 
+class Replicas(Protocol):
+    """The DDP piece a layout replicates with (``dtrain.strategies.ddp.DDPReplicas``)."""
+
+    config: Any
+
+    def wrap(self, model: nn.Module, world: World, group: Any = None) -> nn.Module: ...
+
+    def register_optimizer(self, optimizer: torch.optim.Optimizer) -> None: ...
+
+    def after_step(self, optimizer: torch.optim.Optimizer) -> None: ...
+
+    def record(self) -> dict: ...
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> None: ...
+
+
 class LayoutStrategy(Strategy):
     """The layout ``preset(world)`` with its ways: ``ddp`` (replicas by DDP, with ``--comm``),
     ``fsdp`` (shards, ``hybrid``: HSDP), ``pipeline`` (stages), ``tp_plan`` (TP)."""
@@ -60,7 +77,7 @@ class LayoutStrategy(Strategy):
     capabilities = SPLITS  # a composed layout's; each instance declares its own ways'
 
     def __init__(self, name: str, preset: Callable[[World], ParallelDims], *, capabilities: Capabilities,
-                 ddp: DDPReplicas | None = None, fsdp: FSDPConfig | None = None, hybrid: bool = False,
+                 ddp: Replicas | None = None, fsdp: FSDPConfig | None = None, hybrid: bool = False,
                  pipeline: PipelineConfig | None = None, tp_plan: Callable[[nn.Module, int], dict] | None = None,
                  alone: str | None = None) -> None:
         self.name, self.capabilities, self._preset = name, capabilities, preset
