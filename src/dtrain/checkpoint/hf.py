@@ -140,7 +140,7 @@ def fit(what: str, model: nn.Module, state: dict[str, torch.Tensor], source: str
         raise CheckpointError(f"{what}: the weights of {source} do not fit the model of the config ({detail}; "
                               f"{len(missing)} missing, {len(unexpected)} unexpected, {len(shapes)} of another shape); "
                               "give the config the weights were trained with.")
-    model.load_state_dict({k: v for k, v in state.items()}, strict=False)
+    model.load_state_dict(state, strict=False)  # strict but for the tied names checked above
 
 
 def _tied_names(model: nn.Module) -> dict[str, list[str]]:
