@@ -8,8 +8,9 @@ the process's `wall_s`):
 - gap_s: kill -> the survivor's next committed step (its `time`);
 - stall_s: the survivor's `wall_s` between its last step before the kill and its first after;
 - back_s: b's restart -> b's first committed step (it healed from a's memory, over torchft's transport);
-  back_in_run_s: the part of it after the process's imports (its record's wall_s: torchft's Manager,
-  the quorum, the healing transfer and the step).
+  back_in_run_s: the part of it after the process's imports (its record's wall_s: the model and
+  optimizer, torchft's Manager, the quorum, the healing transfer and the step); join_s: from reaching
+  the Lighthouse to that first commit (the group's own log line: the quorum, the healing, the step).
 At the end: both groups' exit status, the steps each committed, the ledger's verdict (every committed
 step's samples exactly once), and whether b's final model equals a's bit for bit.
 
@@ -22,6 +23,7 @@ import argparse
 import json
 import os
 import random
+import re
 import signal
 import statistics
 import sys
@@ -66,6 +68,12 @@ def args_for(tmp: str, replica: str, spec: str, *extra: str, steps: int = MAX_ST
             "--checkpoint-dir", f"{tmp}/ckpt", "--save-every", "200", *extra]
 
 
+def join_s(stderr: str) -> float | None:
+    """The returning group's own figure: seconds from reaching the Lighthouse to its first commit (healed)."""
+    found = re.findall(r"([0-9.]+) s after reaching the Lighthouse", stderr)
+    return float(found[-1]) if found else None
+
+
 def lighthouse(job: LaunchedJob) -> str | None:
     for line in job.stderr().splitlines():
         if "--lighthouse " in line:
@@ -94,7 +102,8 @@ def one_kill(tmp: str, b: LaunchedJob, rng: random.Random, restart_after: float,
     back = next(r for r in records(metrics) if r["replica"] == "b" and r["time"] > restarted)
     row = {"kill": i, "gap_s": round(after["time"] - killed, 3),
            "stall_s": round(after["wall_s"] - before[-1]["wall_s"], 3) if before else None,
-           "back_s": round(back["time"] - restarted, 3), "back_in_run_s": back["wall_s"], "step_at_kill": before[-1]["step"] if before else 0,
+           "back_s": round(back["time"] - restarted, 3), "back_in_run_s": back["wall_s"],
+           "join_s": join_s(nb.stderr()), "step_at_kill": before[-1]["step"] if before else 0,
            "healed_to_step": back["step"] - 1}
     print(json.dumps(row), flush=True)
     return nb, row
@@ -149,10 +158,15 @@ def run(kills: int, restart_after: float, seed: int, heartbeat: float, steps: in
         "stall_s": {"median": statistics.median([r["stall_s"] for r in rows if r["stall_s"] is not None]),
                     "max": max(r["stall_s"] for r in rows if r["stall_s"] is not None)},
         "back_s": {"median": statistics.median(backs), "max": max(backs)},
+        "join_s": _spread([r["join_s"] for r in rows if r["join_s"] is not None]),
         "steps": [r.get("steps") for r in results], "test_acc": [r.get("test_acc") for r in results],
         "ledger_exactly_once": report.ok and not disagree, "ledger_steps": report.steps_kept,
         "final_models_equal": final_models_equal(tmp), "rows": rows, "folder": tmp,
     }
+
+
+def _spread(values: list[float]) -> dict[str, float] | None:
+    return {"median": statistics.median(values), "max": max(values)} if values else None
 
 
 def main() -> int:

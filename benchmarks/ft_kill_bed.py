@@ -30,7 +30,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, HERE)
 
 import torch  # noqa: E402
-from ft_kill import MARGIN, MAX_STEPS, final_models_equal, records  # noqa: E402
+from ft_kill import MARGIN, MAX_STEPS, final_models_equal, join_s, records  # noqa: E402
 from tests.support.netbed import NetBed, unavailable_reason  # noqa: E402
 
 from dtrain.ft.ledger import check_ft_ledger  # noqa: E402
@@ -67,7 +67,8 @@ def one_kill(bed: NetBed, tmp: str, rng: random.Random, restart_after: float, i:
     back = next(r for r in records(metrics) if r["replica"] == "h1" and r["time"] > restarted)
     row = {"kill": i, "gap_s": round(after["time"] - killed, 3),
            "stall_s": round(after["wall_s"] - before[-1]["wall_s"], 3) if before else None,
-           "back_s": round(back["time"] - restarted, 3), "back_in_run_s": back["wall_s"], "step_at_kill": before[-1]["step"] if before else 0,
+           "back_s": round(back["time"] - restarted, 3), "back_in_run_s": back["wall_s"],
+           "join_s": join_s(open(f"{tmp}/h1.txt").read()), "step_at_kill": before[-1]["step"] if before else 0,
            "healed_to_step": back["step"] - 1}
     print(json.dumps(row), flush=True)
     return row
@@ -110,10 +111,15 @@ def run(kills: int, restart_after: float, seed: int, heartbeat: float, shared_na
         "gap_s": {"median": statistics.median(gaps), "max": max(gaps)} if gaps else None,
         "stall_s": {"median": statistics.median(stalls), "max": max(stalls)} if stalls else None,
         "back_s": {"median": statistics.median(backs), "max": max(backs)} if backs else None,
+        "join_s": _spread([r["join_s"] for r in rows if r["join_s"] is not None]),
         "results": [{k: r.get(k) for k in ("replica", "steps", "test_acc", "fault_tolerance")} for r in results],
         "ledger_exactly_once": report.ok and not disagree, "ledger_steps": report.steps_kept,
         "final_models_equal": final_models_equal(tmp, ("h0", "h1")), "rows": rows, "folder": tmp,
     }
+
+
+def _spread(values: list[float]) -> dict[str, float] | None:
+    return {"median": statistics.median(values), "max": max(values)} if values else None
 
 
 def main() -> int:

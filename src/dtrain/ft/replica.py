@@ -136,6 +136,7 @@ class _Replica:
 
     def train(self, lighthouse: str, host: str, t0: float) -> dict[str, Any]:
         self.manager = manager = self._manager(lighthouse, host)
+        self._joined_at: float | None = time.perf_counter()  # until the first commit: how long joining took
         try:
             self._resume()
             return self._loop(t0)
@@ -161,7 +162,7 @@ class _Replica:
         return rank, participants
 
     def _loop(self, t0: float) -> dict[str, Any]:
-        cfg, manager, batch = self.cfg, self.manager, self.batch
+        cfg, manager = self.cfg, self.manager
         seen = cfg.observe
         ledger = FtLedger(seen.ledger, self.replica_id, self.order.n) if seen.ledger else None
         sink = JsonlSink(seen.metrics_file) if seen.metrics_file else None
@@ -174,7 +175,7 @@ class _Replica:
             if first and ledger is not None:
                 ledger.begin(manager.current_step(), healed=bool(self.healed))
             first = False
-            plan = self.order.plan(rank, participants, batch)
+            plan = self.order.plan(rank, participants, self.batch)
             if plan.done or (cfg.schedule.max_steps is not None and manager.current_step() >= cfg.schedule.max_steps):
                 break
             loss = self._forward_backward(plan)
@@ -184,22 +185,32 @@ class _Replica:
                 continue
             self.optimizer.step()
             self.order.commit(plan)
-            step = manager.current_step()
             stats["participants"].add(participants)
-            if ledger is not None:
-                ledger.commit(step, plan)
-            if sink is not None and step % seen.log_every == 0:
-                sink.write({"step": step, "epoch": plan.epoch, "train_loss": round(loss.item(), 6), "replica": self.replica_id,
-                            "participants": participants, "global_batch": participants * batch,
-                            "wall_s": round(time.perf_counter() - t0, 3), "time": round(time.time(), 3)})
-            if cfg.checkpoint.save_every and step % cfg.checkpoint.save_every == 0:
-                self.save(step)
+            self._committed(plan, participants, loss, ledger, sink, t0)
         step = manager.current_step()
         if ledger is not None:
             ledger.end(step, plan)
             ledger.close()
         self.save(step)
         return self._result(step, loss, stats, t0)
+
+    def _committed(self, plan: StepPlan, participants: int, loss: torch.Tensor, ledger: FtLedger | None, sink: Any,
+                   t0: float) -> None:
+        """A committed step's records: the ledger, the metrics, the first commit's line, a due checkpoint."""
+        step, cfg = self.manager.current_step(), self.cfg
+        if ledger is not None:
+            ledger.commit(step, plan)
+        if sink is not None and step % cfg.observe.log_every == 0:
+            sink.write({"step": step, "epoch": plan.epoch, "train_loss": round(loss.item(), 6), "replica": self.replica_id,
+                        "participants": participants, "global_batch": participants * self.batch,
+                        "wall_s": round(time.perf_counter() - t0, 3), "time": round(time.time(), 3)})
+        if self._joined_at is not None:
+            healed = f", healed from a peer to step {self.healed[-1]}" if self.healed else ""
+            logger.info(f"replica group {self.replica_id}: committed step {step} with {participants} group(s){healed}, "
+                        f"{time.perf_counter() - self._joined_at:.2f} s after reaching the Lighthouse")
+            self._joined_at = None
+        if cfg.checkpoint.save_every and step % cfg.checkpoint.save_every == 0:
+            self.save(step)
 
     def _not_committed(self, participants: int) -> None:
         error = self.manager.errored()
