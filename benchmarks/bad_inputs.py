@@ -474,7 +474,6 @@ ISSUE51_CASES = [
     Case("plan-peak-zero", [*P, "--peak-tflops", "0"]),
     Case("plan-mem-negative", [*P, "--mem-gib", "-1"]),
     Case("plan-mfu-subnormal", [*P, "--mfu", "1e-320"]),
-    Case("plan-shared-cores-zero", [*P, "--shared-cores", "0"]),
     Case("plan-nproc-billion", ["plan", "--device", "h100", "-n", "1000000000"], mem_gib=8),
     Case("plan-nnodes-billion", [*P, "--nnodes", "1000000000"], mem_gib=8),
     Case("plan-batch-ten-billion", [*P, "--batch-size", "10000000000"], mem_gib=8),
@@ -526,7 +525,50 @@ ISSUE51_CASES = [
 """Issue 51's classes (and the dry run's inputs); ``--set issue51``. The 2-rank call after ``close()`` is
 tests/multiprocess/context/test_misuse.py's (a one-process snippet cannot show it)."""
 
-ALL_CASES = [*CASES, *NEW_FLAG_CASES, *ISSUE51_CASES]
+LATEST_CASES = [
+    # dtrain plan: float8 and the FSDP reduce dtype (issue 53)
+    Case("plan-float8-a100", ["plan", "--task", "lm", "--device", "a100", "--precision", "float8"]),
+    Case("plan-float8-cpu", ["plan", "--task", "lm", "--precision", "float8"]),
+    Case("plan-fsdp-reduce-bf32", ["plan", "--task", "lm", "-n", "2", "--fsdp-reduce", "bf32"]),
+    # --micro-batch auto (issue 54, item 2)
+    Case("train-micro-batch-number", [*S, "--micro-batch", "8"]),
+    Case("train-micro-batch-auto-grad-accum", [*S, "--micro-batch", "auto", "--grad-accum", "2"]),
+    Case("train-micro-batch-auto-fsdp", [*S, "--micro-batch", "auto", "--strategy", "fsdp"]),
+    Case("train-micro-batch-auto-dp-shard", [*S, "--micro-batch", "auto", "--parallel", "dp_shard=2"]),
+    Case("train-micro-batch-auto-too-big", [*S, "--micro-batch", "auto", "--task-arg", "hidden=60000"], fast=False),
+    Case("train-micro-batch-auto-elastic-global", [*S, "--micro-batch", "auto", "--nnodes", "1:2", "--master-addr",
+                                                   "127.0.0.1", "--elastic-batch", "global", "--checkpoint-dir", "ck"]),
+    Case("api-oom-inject-malformed", py="import os\nos.environ['DTRAIN_OOM_INJECT'] = '1:64XB'\ndtrain.init('single')"),
+    # --fault-tolerance (issue 55)
+    Case("train-ft-min-0", ["train", "--fault-tolerance", "min=0"]),
+    Case("train-ft-unknown-key", ["train", "--fault-tolerance", "size=2"]),
+    Case("train-ft-heartbeat-0", ["train", "--fault-tolerance", "heartbeat=0"]),
+    Case("train-ft-lighthouse-port", ["train", "--fault-tolerance", "--lighthouse", "127.0.0.1:99999"]),
+    Case("train-ft-fsdp", ["train", "--fault-tolerance", "--strategy", "fsdp"]),
+    Case("train-ft-elastic-nnodes", ["train", "--fault-tolerance", "--nnodes", "1:2"]),
+    Case("train-ft-nnodes-no-master", ["train", "--fault-tolerance", "--nnodes", "2"]),
+    Case("train-ft-grad-accum", ["train", "--fault-tolerance", "--grad-accum", "2", "--batch-size", "8"]),
+    Case("train-ft-lighthouse-unreachable", ["train", "--fault-tolerance", "--lighthouse", "127.0.0.1:1"], fast=False),
+    # Hugging Face models (issue 56)
+    Case("train-hf-missing-folder", ["train", "--task", "hf:nosuchdir"]),
+    Case("train-hf-hub-name", ["train", "--task", "hf:meta-llama/Llama-3.2-1B"]),
+    Case("train-hf-no-config", ["train", "--task", "hf:emptydir"]),
+    Case("train-hf-a-file", ["train", "--task", "hf:afile"]),
+    Case("train-hf-unknown-model-type", py="import os; os.makedirs('odd'); open('odd/config.json', 'w').write("
+         "'{\"model_type\": \"no-such-model\"}'); from dtrain.tasks import load_task; load_task('hf:odd')"),
+    Case("train-hf-tp-not-dividing-heads", py="from transformers import LlamaConfig; LlamaConfig(vocab_size=256, "
+         "hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2)"
+         ".save_pretrained('m'); from dtrain.tasks import load_task; t = load_task('hf:m', options={'context': '16', "
+         "'max_bytes': '20000'}); t.tp_plan(t.new_model(), 4)", fast=False),
+    Case("train-init-from-not-hf", ["train", "--task", "lm", "--init-from", "emptydir"]),
+    Case("ckpt-export-target-exists", ["ckpt", "export", "crafted", "--hf", "emptydir", "--config", "emptydir"]),
+    Case("ckpt-export-config-without-config-json", ["ckpt", "export", "crafted", "--hf", "newout", "--config", "emptydir"]),
+    Case("ckpt-export-unwritable", ["ckpt", "export", "crafted", "--hf", "/proc/x", "--config", "emptydir"]),
+]
+"""The flags of issues 53-56 (plan float8, --micro-batch auto, --batch-split, --fault-tolerance, hf:PATH);
+``--set latest``."""
+
+ALL_CASES = [*CASES, *NEW_FLAG_CASES, *ISSUE51_CASES, *LATEST_CASES]
 """What the benchmark runs: issue 22's cases (``CASES``, tried by tests/{logic,multiprocess}/cli/test_bad_inputs.py)
 and issue 32's (``NEW_FLAG_CASES``, tried by tests/{logic,multiprocess}/cli/test_bad_inputs_new_flags.py)."""
 
@@ -807,8 +849,8 @@ def per_case(results: list[Result]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("-k", default=None, help="only cases whose id contains this")
-    parser.add_argument("--set", choices=("all", "old", "new", "issue51"), default="all",
-                        help="old: issue 22's cases; new: issue 32's (the flags added since); issue51: issue 51's classes; all (default)")
+    parser.add_argument("--set", choices=("all", "old", "new", "issue51", "latest"), default="all",
+                        help="old: issue 22's cases; new: issue 32's (the flags added since); issue51: issue 51's classes; latest: issues 53-56's flags; all (default)")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds per case before it counts as a hang")
     parser.add_argument("--jobs", type=int, default=2, help="cases at a time")
     parser.add_argument("--markdown", default=None, metavar="FILE", help="write the table and the per-case list here")
@@ -818,7 +860,7 @@ def main() -> int:
     SRC = args.src or SRC
     ids = [c.id for c in ALL_CASES]
     assert len(ids) == len(set(ids)), "case ids must be unique"
-    chosen = {"all": ALL_CASES, "old": CASES, "new": NEW_FLAG_CASES, "issue51": ISSUE51_CASES}[args.set]
+    chosen = {"all": ALL_CASES, "old": CASES, "new": NEW_FLAG_CASES, "issue51": ISSUE51_CASES, "latest": LATEST_CASES}[args.set]
     cases = [c for c in chosen if args.k is None or args.k in c.id]
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
         results = list(pool.map(lambda c: run_case(c, args.timeout), cases))
