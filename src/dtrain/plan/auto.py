@@ -53,7 +53,9 @@ def resolve(cfg: Any, world_size: int, nproc: int, device: str | None) -> Any:
         return _with(cfg, strategy="auto", layout=None)
     kind, gpu = _device_kind(device)
     precision = cfg.runtime.precision
-    if precision == "auto":  # the plan has no float8 rates: a float8 run is planned as the bf16 it runs around
+    # float8 rates exist (plan/float8.py) but only `dtrain plan --precision float8` applies them; auto is
+    # asked without float8, so a float8 run is still planned as the bf16 it runs around
+    if precision == "auto":
         precision = auto_name(gpu=gpu, bf16=gpu and DEVICES[kind].bf16)
     clu = build({"device": kind, "procs_per_node": nproc, "nodes": 1})
     task = load_task(cfg.task.name, data_dir=cfg.task.data_dir, options=cfg.task.args)
