@@ -539,6 +539,22 @@ LATEST_CASES = [
     Case("train-micro-batch-auto-elastic-global", [*S, "--micro-batch", "auto", "--nnodes", "1:2", "--master-addr",
                                                    "127.0.0.1", "--elastic-batch", "global", "--checkpoint-dir", "ck"]),
     Case("api-oom-inject-malformed", py="import os\nos.environ['DTRAIN_OOM_INJECT'] = '1:64XB'\ndtrain.init('single')"),
+    # --batch-split (issue 54, item 1)
+    Case("train-batch-split-zero-share", ["train", "--batch-split", "64,0"]),
+    Case("train-batch-split-unknown", ["train", "--batch-split", "fast"]),
+    Case("train-batch-split-micro-auto", ["train", "--micro-batch", "auto", "--batch-split", "speed"]),
+    Case("train-batch-split-count", ["train", "-n", "2", "--max-steps", "2", "--batch-split", "40,20,4"], fast=False),
+    Case("train-batch-split-sum", ["train", "-n", "2", "--max-steps", "2", "--batch-split", "40,20"], fast=False),
+    Case("train-batch-split-accum", ["train", "-n", "2", "--max-steps", "2", "--grad-accum", "2", "--batch-split", "41,23"],
+         fast=False),
+    Case("train-batch-split-localsgd", ["train", "-n", "2", "--max-steps", "2", "--comm", "localsgd", "--batch-split",
+                                        "speed"], fast=False),
+    Case("train-batch-split-no-breakdown", ["train", "-n", "2", "--max-steps", "2", "--no-breakdown", "--batch-split",
+                                            "speed"], fast=False),
+    Case("train-batch-split-tp", ["train", "-n", "2", "--max-steps", "2", "--task", "lm", "--parallel", "tp=2",
+                                  "--batch-split", "20,12"], fast=False),
+    Case("train-batch-split-pipeline", ["train", "-n", "2", "--max-steps", "2", "--task", "lm", "--task-arg", "tie=false",
+                                        "--strategy", "pipeline", "--batch-split", "speed"], fast=False),
     # --fault-tolerance (issue 55)
     Case("train-ft-min-0", ["train", "--fault-tolerance", "min=0"]),
     Case("train-ft-unknown-key", ["train", "--fault-tolerance", "size=2"]),
@@ -873,6 +889,8 @@ def main() -> int:
         stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
         with open(args.markdown, "w") as fh:
             src = f" --src {args.src}" if args.src else ""
+            src += f" --set {args.set}" if args.set != "all" else ""
+            src += f" -k {args.k}" if args.k else ""
             fh.write(f"# Bad inputs, {stamp}\n\n`python benchmarks/bad_inputs.py --markdown {args.markdown}{src}` on "
                      f"{platform.node()} ({os.cpu_count()} cores, Python {platform.python_version()})\n\n")
             fh.write(text + "\n" + per_case(results))
