@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig
+
+try:
+    from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig
+except Exception as err:  # not installed, or (CI's torch-2.13 smoke venv) its torchvision import fails
+    pytest.skip(f"transformers cannot be imported here: {err}", allow_module_level=True)
 
 import dtrain
 from dtrain.checkpoint.hf_export import export
