@@ -193,24 +193,26 @@ def _valid(rec: Any) -> bool:
             and ("d" not in rec or _ints(rec["d"])))
 
 
-def _read_lines(path: str) -> tuple[list[dict[str, Any]], int]:
+def read_records(path: str) -> tuple[list[Any], int]:
+    """A ledger file's JSON lines, and how many were torn (cut by a kill in the middle of the write)."""
     out, torn = [], 0
     try:
         # Bytes that are not UTF-8 (a binary file) spoil their line only.
         with open(path, encoding="utf-8", errors="replace") as f:
             for line in f:
                 try:
-                    rec = json.loads(line)
+                    out.append(json.loads(line))
                 except ValueError:
-                    torn += 1  # cut by a kill in the middle of the write
-                    continue
-                if _valid(rec):
-                    out.append(rec)
-                else:
                     torn += 1
     except OSError as exc:
         raise ConfigError(f"cannot read ledger file {path}: {exc.strerror or exc}; check its permissions.") from None
     return out, torn
+
+
+def _read_lines(path: str) -> tuple[list[dict[str, Any]], int]:
+    records, torn = read_records(path)
+    kept = [rec for rec in records if _valid(rec)]
+    return kept, torn + len(records) - len(kept)
 
 
 def _count(kept: list[dict[str, Any]], n: int) -> list[EpochReport]:

@@ -21,7 +21,7 @@ import time
 import uuid
 from typing import Any
 
-from ..data.ledger import LedgerReport, _count
+from ..data.ledger import LedgerReport, _count, read_records
 from ..errors import ConfigError
 from .order import StepPlan
 
@@ -73,19 +73,17 @@ def check_ft_ledger(folder: str) -> tuple[LedgerReport, list[int]]:
         raise ConfigError(f"{folder} holds no fault-tolerant ledger files (ft-*.jsonl); give the folder passed to --ledger.")
     starts, records, torn, n = [], [], 0, 0
     for name in names:
-        with open(os.path.join(folder, name), encoding="utf-8", errors="replace") as f:
-            for line in f:
-                try:
-                    rec = json.loads(line)
-                except ValueError:
-                    torn += 1  # cut by a kill in the middle of the write
-                    continue
-                if "ft" in rec:
-                    n = max(n, int(rec["n"]))
-                    if rec["source"] == "start":
-                        starts.append((name, float(rec["t"]), int(rec["begin"])))
-                elif "s" in rec or "end" in rec:
-                    records.append({**rec, "file": name})
+        lines, cut = read_records(os.path.join(folder, name))
+        torn += cut
+        for rec in lines:
+            if not isinstance(rec, dict):
+                torn += 1
+            elif "ft" in rec:
+                n = max(n, int(rec["n"]))
+                if rec["source"] == "start":
+                    starts.append((name, float(rec["t"]), int(rec["begin"])))
+            elif "s" in rec or "end" in rec:
+                records.append({**rec, "file": name})
     # A file's own header comes before its records; another file's start header written after a
     # record, below its step, is a restart from disk that redid (or dropped) that step.
     stands = [r for r in records
