@@ -18,7 +18,6 @@ compile's. Tensor parallelism splits Llama-style layers (``self_attn.{q,k,v,o}_p
 
 from __future__ import annotations
 
-import math
 import os
 from typing import Any
 
@@ -29,8 +28,7 @@ from .._log import logger
 from ..checkpoint import hf as folder
 from ..errors import ConfigError, DataError
 from . import Task
-from .gpt import sample_loss, token_loss
-from .lm import Windows, corpus_files, read_corpus
+from .lm import causal_lm_task, corpus_files, read_corpus
 
 BYTES = 256
 
@@ -78,23 +76,8 @@ def make_task(path: str, data_dir: str | None = None, context: int = 0, max_byte
             folder.load_weights_into(f"--init-from {init_from}", model, init_from)
         return CausalLM(model)
 
-    return Task(
-        name=f"hf:{path}",
-        build_model=build,
-        train_set=Windows(train, context),
-        test_set=Windows(val, context),
-        loss_fn=token_loss,
-        metric=sample_loss,
-        metric_name="val_loss",
-        derived_metrics=lambda val_loss: {"perplexity": math.exp(min(val_loss, 700.0))},
-        tokens_per_sample=context,
-        blocks=hf_blocks,
-        tp_plan=hf_tp_plan,
-        optimizer="adamw",
-        lr=1e-3,
-        batch_size=8,
-        epochs=1,
-    )
+    return causal_lm_task(name=f"hf:{path}", build_model=build, train=train, val=val, context=context, blocks=hf_blocks,
+                          tp_plan=hf_tp_plan, batch_size=8)
 
 
 def _context(what: str, config: Any, context: int) -> int:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import os
 import sysconfig
+from typing import Any
 
 import torch
 from torch.utils.data import Dataset
@@ -131,10 +132,20 @@ def make_task(data_dir: str | None = None, layers: int = 4, heads: int = 4, widt
     cap = f"; capped at max_bytes={max_bytes:,} (--task-arg max_bytes=0 reads all)" if capped else ""
     logger.info(f"lm: {len(tokens):,} bytes from {used} of {len(files)} file(s) under {root}{cap}; "
                 f"{len(train):,} training and {len(val):,} validation tokens (the last {val_fraction:.0%})")
-    return Task(
+    return causal_lm_task(
         name="lm",
         build_model=lambda: gpt(vocab=vocab, context=context, layers=layers, heads=heads, width=width, dropout=dropout, tie=tie,
                                 ffn=ffn or None),
+        train=train, val=val, context=context, blocks=gpt_blocks, tp_plan=gpt_tp_plan, batch_size=16,
+    )
+
+
+def causal_lm_task(*, name: str, build_model: Any, train: torch.Tensor, val: torch.Tensor, context: int, blocks: Any,
+                   tp_plan: Any, batch_size: int) -> Task:
+    """A next-token task over windows of ``context`` tokens: the lm task's and every hf:PATH model's."""
+    return Task(
+        name=name,
+        build_model=build_model,
         train_set=Windows(train, context),
         test_set=Windows(val, context),
         loss_fn=token_loss,
@@ -142,10 +153,10 @@ def make_task(data_dir: str | None = None, layers: int = 4, heads: int = 4, widt
         metric_name="val_loss",
         derived_metrics=lambda val_loss: {"perplexity": math.exp(min(val_loss, 700.0))},
         tokens_per_sample=context,
-        blocks=gpt_blocks,
-        tp_plan=gpt_tp_plan,
+        blocks=blocks,
+        tp_plan=tp_plan,
         optimizer="adamw",
         lr=1e-3,
-        batch_size=16,
+        batch_size=batch_size,
         epochs=1,
     )
