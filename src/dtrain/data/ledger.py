@@ -159,7 +159,7 @@ def check_ledger(folder: str) -> LedgerReport:
                           "malformed line(s)); give the folder a --ledger run wrote.")
     stands = [(gen, rec) for gen, rec in records if _stands(gen, rec["s"], begins)]
     lost = {(gen, rec["s"]) for gen, rec in records} - {(gen, rec["s"]) for gen, rec in stands}
-    return LedgerReport(epochs=_count([rec for _, rec in stands], n), generations=len({g for g, _, _ in files}),
+    return LedgerReport(epochs=count_epochs([rec for _, rec in stands], n), generations=len({g for g, _, _ in files}),
                         steps_kept=len({rec["s"] for _, rec in stands}), steps_discarded=len(lost), torn_lines=torn)
 
 
@@ -215,7 +215,8 @@ def _read_lines(path: str) -> tuple[list[dict[str, Any]], int]:
     return kept, torn + len(records) - len(kept)
 
 
-def _count(kept: list[dict[str, Any]], n: int) -> list[EpochReport]:
+def count_epochs(kept: list[dict[str, Any]], n: int) -> list[EpochReport]:
+    """Per epoch: which samples the kept step records trained, how often, and which were dropped."""
     by_epoch: dict[int, list[dict[str, Any]]] = {}
     for rec in kept:
         by_epoch.setdefault(rec["e"], []).append(rec)

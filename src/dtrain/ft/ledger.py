@@ -21,7 +21,7 @@ import time
 import uuid
 from typing import Any
 
-from ..data.ledger import LedgerReport, _count, read_records
+from ..data.ledger import LedgerReport, count_epochs, read_records
 from ..errors import ConfigError
 from .order import StepPlan
 
@@ -96,6 +96,6 @@ def check_ft_ledger(folder: str) -> tuple[LedgerReport, list[int]]:
             disagree.add(rec["s"])
     flat = [{"e": r["e"], "i": r["i"]} for r in by_step.values()]
     flat += [{"e": r["de"], "i": [], "d": r["d"]} for r in [*by_step.values(), *(r for r in stands if "end" in r)] if "d" in r]
-    report = LedgerReport(epochs=_count(flat, n), generations=len(names), steps_kept=len(by_step),
+    report = LedgerReport(epochs=count_epochs(flat, n), generations=len(names), steps_kept=len(by_step),
                           steps_discarded=len({r["s"] for r in records if "s" in r} - set(by_step)), torn_lines=torn)
     return report, sorted(disagree)
