@@ -56,6 +56,8 @@ class Recorder:
     breakdown: dict[str, Any] | None = None
     """dtrain's own step breakdown (``dtrain.metrics.breakdown``) of the measured steps: forward,
     backward compute and exposed communication apart (dtrain methods only)."""
+    batch_split: list[dict[str, Any]] | None = None
+    """``--batch-split speed``: every change of the shares (step, from step, old, new, why)."""
     threads: int = field(default_factory=torch.get_num_threads)
     start: float = field(default_factory=time.perf_counter)
 
@@ -132,6 +134,7 @@ def worker_parser():
     p.add_argument("--strategy", default="ddp")
     p.add_argument("--parallel", default=None)
     p.add_argument("--comm", default=None)
+    p.add_argument("--batch-split", default=None)
     p.add_argument("--precision", default="fp32")
     p.add_argument("--batch-size", type=int, default=None)
     p.add_argument("--lr", type=float, default=None)

@@ -25,6 +25,8 @@ class Method:
     """A ``--parallel`` layout (e.g. ``dp_shard=2,tp=2``): the worker runs ``dtrain.init(parallel=...)``."""
     comm: str | None = None
     """A ``--comm`` method of DDP (e.g. ``powersgd:2``): the worker runs ``dtrain.init("ddp", comm=...)``."""
+    batch_split: str | None = None
+    """``speed``: the worker splits the global batch by each rank's measured speed (``--batch-split speed``)."""
 
 
 METHODS: dict[str, Method] = {
@@ -34,6 +36,8 @@ METHODS: dict[str, Method] = {
         Method(name="single", strategy="single", launcher="none", single_process=True, description="one process: the scaling baseline"),
         Method(name="dp", strategy="dp", launcher="none", single_process=True, description="nn.DataParallel in one process over the visible GPUs"),
         Method(name="ddp", description="dtrain ddp started by torchrun (torch's elastic agent)"),
+        Method(name="ddp+split", batch_split="speed",
+               description="dtrain ddp, the global batch split by each rank's measured speed (--batch-split speed)"),
         Method(name="ddp-spawn", launcher="spawn", description="dtrain ddp started by torch.multiprocessing.spawn"),
         Method(name="ddp-bf16", precision="bf16-mixed", description="dtrain ddp with bf16 autocast"),
         Method(name="ddp-fp16", precision="fp16-mixed", gpu_only=True, description="dtrain ddp with fp16 autocast and loss scaling (apex O1)"),

@@ -83,7 +83,17 @@ def summarise(run: MethodRun, baseline_sps: float | None) -> dict[str, Any]:
         threads_per_process=last[0]["threads"],
         loss_curve=last[0]["loss_curve"],
     )
+    if last[0].get("batch_split") is not None:  # ddp+split: how the shares moved (the last round's)
+        row["batch_split"] = last[0]["batch_split"]
     return row
+
+
+def split_note(changes: list[dict[str, Any]]) -> str:
+    """How ``--batch-split speed`` moved the shares in one run, for the report's notes."""
+    if not changes:
+        return "the measured split kept the even shares (no other split shortened the step)"
+    return "; ".join(f"shares {'/'.join(map(str, c['old']))} -> {'/'.join(map(str, c['new']))} from step {c['from_step']} "
+                     f"({c['why']})" for c in changes)
 
 
 def environment(cfg: BenchConfig) -> dict[str, Any]:
@@ -186,6 +196,7 @@ def markdown(report: dict[str, Any]) -> str:
              "parameter all-gathers and one gradient reduce-scatter; ddp+METHOD what its --comm method sends, "
              "local SGD its parameters once every H steps; '-' when unknown).\n")
     fitted = "".join(f"\n- {n}" for n in report.get("notes", []))
+    fitted += "".join(f"\n- `{m['method']}`: {split_note(m['batch_split'])}" for m in ok if "batch_split" in m)
     fitted += "".join(f"\n- skipped `{s['method']}`: {s['why']}" for s in report.get("skipped", []))
     return head + "\n".join(lines) + "\n" + (fitted + "\n" if fitted else "") + notes
 

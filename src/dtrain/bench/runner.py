@@ -57,6 +57,8 @@ def worker_args(cfg: BenchConfig, method: Method, folder: str) -> list[str]:
         args += ["--parallel", method.parallel]
     if method.comm:
         args += ["--comm", method.comm]
+    if method.batch_split:
+        args += ["--batch-split", method.batch_split]
     for flag, value in (("--data-dir", cfg.data_dir), ("--batch-size", cfg.batch_size), ("--device", cfg.device),
                         ("--num-workers", cfg.num_workers)):
         if value is not None:

@@ -13,6 +13,7 @@ from dtrain.data import loader_options
 from dtrain.data.plan import plan_input
 from dtrain.errors import DtrainError
 from dtrain.tasks import load_task, make_optimizer
+from dtrain.train.listeners import LoopState
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -41,6 +42,9 @@ def measure(ctx: dtrain.Context, task, args) -> Recorder:
     plan = plan_input(task.train_set, local_size=ctx.world.local_size, device=ctx.device, batch_size=batch, workers=args.num_workers)
     loader = ctx.setup_dataloader(DataLoader(task.train_set, batch_size=batch, shuffle=True, drop_last=True,
                                              **loader_options(plan.workers, ctx.device, plan.prefetch_factor or 2)))
+    loss_fn, splitter = task.loss_fn, None
+    if args.batch_split:
+        loader, loss_fn, splitter = _batch_split(ctx, loader, task, batch)
     batches = forever(loader)
     inner = optimizer.optimizer
     synchronize = getattr(inner, "synchronize", None)  # hvd: gradients are waited for here
@@ -56,7 +60,7 @@ def measure(ctx: dtrain.Context, task, args) -> Recorder:
         x, y = next(batches)
         ctx.breakdown.got_batch()
         t_data = rec.clock()
-        loss = ctx.forward_backward(model, x, y, task.loss_fn)  # pipeline: micro-batches through the stages
+        loss = ctx.forward_backward(model, x, y, loss_fn)  # pipeline: micro-batches through the stages
         t_fb = rec.clock()
         if synchronize is not None:
             synchronize()
@@ -67,14 +71,27 @@ def measure(ctx: dtrain.Context, task, args) -> Recorder:
             rec.state_bytes = {"params": r.params_bytes, "grads": r.grads_bytes, "optimizer": r.optimizer_bytes}
         optimizer.zero_grad(set_to_none=True)
         rec.add_step(t0, t_data, t_fb, t_comm, rec.clock(), loss.item(), measured)
+        if splitter is not None:
+            state.step += 1
+            splitter.on_step(state)
+
+    state = LoopState(step=0, total=0)
+    if splitter is not None:
+        splitter.on_start(state)
 
     def measured_steps_only() -> None:
+        # The split is measured after its own warm-up and used from a step no sampler has built
+        # yet: the measured steps start once every rank trains with the measured shares.
+        while splitter is not None and (not splitter.measured or (splitter.changes and state.step + 1 < splitter.changes[-1]["from_step"])):
+            step(False)
         ctx.breakdown.finish()
         ctx.breakdown.reset()  # the breakdown of the measured steps only
 
     rec.time_repeats(step, args, ctx.barrier, after_warmup=measured_steps_only)
     ctx.breakdown.finish()
     rec.breakdown = ctx.breakdown.summary()
+    if splitter is not None:
+        rec.batch_split = splitter.changes
     # forward+backward alone: the same steps without gradient communication, no update.
     # (Not for pipeline: a stage cannot run forward and backward alone.)
     staged = ctx.strategy.capabilities.staged_step and ctx.world.distributed
@@ -92,6 +109,24 @@ def measure(ctx: dtrain.Context, task, args) -> Recorder:
         rec.test_acc = ctx.evaluate(model, task.test_set, task.metric, batch_size=max(256, batch))["metric"]
     rec.finish()
     return rec
+
+
+def _batch_split(ctx: dtrain.Context, loader, task, batch: int):
+    """``--batch-split speed`` as ``dtrain train`` does it: the loader that hands each rank its
+    share of the global batch, the loss weighted so the update is the even split's, and the
+    listener that measures the ranks' speed after warm-up (and again on drift)."""
+    from dtrain.data.split import SplitSpec, weighted
+    from dtrain.data.split_sampler import split_loader
+    from dtrain.metrics.stragglers import StragglerConfig
+    from dtrain.train.listeners.batch_split import BatchSplit, refuse
+
+    world = ctx.data_parallel_size
+    refuse(ctx, SplitSpec("speed"), world, breakdown=True)
+    if world == 1:
+        return loader, task.loss_fn, None
+    split = split_loader(loader)
+    loss_fn = weighted(task.loss_fn, lambda: 1, world_size=world, global_batch=batch * world)
+    return split, loss_fn, BatchSplit(ctx, split, measure=True, unit=1, warmup_steps=None, stragglers=StragglerConfig())
 
 
 def _comm_bytes(ctx: dtrain.Context, model, inner, steps: int) -> float | None:

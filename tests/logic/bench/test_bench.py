@@ -113,3 +113,16 @@ def test_comm_methods_are_ddp_with_each_comm_and_bad_ones_are_one_line():
         comm_methods(["powersgd:2"], warmup=1)
     fit = fit_methods(comm_methods(["bf16"], warmup=5), 1, "cpu", nproc_given=True, gpus=0)
     assert fit.methods == [] and "needs at least 2 processes" in fit.skipped[0]["why"]
+
+
+def test_split_method_passes_batch_split_and_the_report_notes_its_shares():
+    from dtrain.bench.report import split_note
+    from dtrain.bench.runner import worker_args
+
+    assert [m.name for m in parse_methods("ddp,ddp+split")] == ["single", "ddp", "ddp+split"]
+    args = worker_args(BenchConfig(task="digits"), METHODS["ddp+split"], "/tmp/x")
+    assert args[args.index("--batch-split") + 1] == "speed" and args[args.index("--strategy") + 1] == "ddp"
+    assert "--batch-split" not in worker_args(BenchConfig(task="digits"), METHODS["ddp"], "/tmp/x")
+    change = {"step": 5, "from_step": 7, "old": [16, 16], "new": [22, 10], "why": "measured after warm-up"}
+    assert split_note([change]) == "shares 16/16 -> 22/10 from step 7 (measured after warm-up)"
+    assert "kept the even shares" in split_note([])

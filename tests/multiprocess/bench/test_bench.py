@@ -45,3 +45,19 @@ def test_bench_bad_input_is_one_line(argv, expected, tmp_path):
     r = run_cli(["bench", "--out", str(tmp_path), *argv], timeout=60)
     assert r.returncode == 2
     assert expected in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_bench_measures_the_speed_split_beside_ddp(tmp_path):
+    # ddp+split: the worker splits by speed after its measurement and starts the measured steps
+    # with the measured shares; every rank's record keeps the changes, the report says them.
+    out = tmp_path / "bench"
+    r = run_cli(["bench", "--task", "digits", "--methods", "ddp+split", "--steps", "2", "--repeats", "1", "--warmup", "1",
+                 "--out", str(out)], timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    report = json.loads((out / "report.json").read_text())
+    row = next(m for m in report["methods"] if m["method"] == "ddp+split")
+    assert "error" not in row and row["processes"] == 2 and row["samples_per_s"] > 0
+    assert isinstance(row["batch_split"], list)
+    ranks = [json.loads((out / "runs" / "ddp+split-round0" / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert ranks[0]["batch_split"] == ranks[1]["batch_split"] == row["batch_split"]
+    assert "- `ddp+split`: " in (out / "report.md").read_text()
