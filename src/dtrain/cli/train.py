@@ -149,10 +149,15 @@ def main(args: argparse.Namespace) -> int:
     launched = world.distributed and args.nproc is None  # under torchrun/srun: this process is a worker
     spec = None if launched else launch_spec(args)
     if cfg.parallel.layout == "auto":
+        from ..launch import autopick
         from ..plan import auto
 
         auto.refuse(cfg, nnodes=spec.nnodes if spec else 1, elastic=bool(spec and spec.elastic), launches=spec is not None)
-        cfg = auto.resolve(cfg, spec.world_size, spec.nproc, cfg.runtime.device)
+        if autopick.plans_here(spec):  # node 0 plans for every node and posts its pick in the rendezvous store
+            cfg = auto.resolve(cfg, spec.world_size, spec.nproc, cfg.runtime.device, nnodes=spec.nnodes)
+            spec = autopick.post(spec, cfg)
+        else:
+            cfg = autopick.receive(cfg, spec)
     if cfg.batch.micro is not None:  # the plan's proposal; the workers confirm it (dtrain.train.microbatch)
         cfg = with_proposal(cfg, spec.world_size if spec else world.size, str(world.device),
                             local_size=spec.nproc if spec else world.local_size)

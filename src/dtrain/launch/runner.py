@@ -82,6 +82,8 @@ def _rendezvous(spec: LaunchSpec) -> Iterator[int]:
             _say_done(spec)
         return
     store, port = host_store(spec.addr, spec.port)
+    for key, value in spec.store_values:  # before any node's check: a node waiting for these is connected by then
+        store.set(key, value)
     try:
         if spec.nnodes > 1:
             check_nodes(spec, port, timeout_s=spec.startup_timeout)  # no agent of another node waits on a failed check

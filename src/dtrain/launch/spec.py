@@ -39,6 +39,9 @@ class LaunchSpec:
     ``--startup-timeout``)."""
     last_call_s: float = 5.0
     """Once MIN nodes are in, seconds to wait for more (up to MAX) before starting (``--rdzv-last-call``)."""
+    store_values: tuple[tuple[str, str], ...] = ()
+    """Keys node 0 posts in the rendezvous store as it opens, before the nodes meet (``--parallel
+    auto``'s pick for every node: launch/autopick.py)."""
 
     def __post_init__(self) -> None:
         if self.nproc < 1:

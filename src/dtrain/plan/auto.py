@@ -3,9 +3,9 @@
 The launching process profiles the task here (as ``dtrain plan`` does, with a shorter budget for
 each layout's own CPU cost), predicts every layout that runs on this node's processes, and trains
 with the fastest that fits and averages the exact gradients every step (``Plan.best_exact``:
-compression and local SGD change the update, which a user opts into with ``--comm``). One node
-only: each node would profile on its own and could pick another layout; on several nodes,
-``dtrain plan --nnodes N`` once and the pick given to every node is the way.
+compression and local SGD change the update, which a user opts into with ``--comm``). On several
+nodes node 0 plans for the whole world and hands its pick to the others (launch/autopick.py): each
+node planning on its own could pick another layout.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ def refuse(cfg: Any, *, nnodes: int, elastic: bool, launches: bool) -> None:
     if not launches:
         raise ConfigError("--parallel auto needs dtrain train to start the workers (-n N): under torchrun or srun each "
                           "worker would plan on its own; run `dtrain plan` once and pass its pick (--strategy or --parallel).")
-    if nnodes > 1 or elastic:
-        raise ConfigError(f"--parallel auto plans one node's processes, not --nnodes {nnodes}{':MAX' if elastic else ''}: "
+    if elastic:
+        raise ConfigError(f"--parallel auto plans a fixed set of nodes, not --nnodes {nnodes}:MAX: "
                           "run `dtrain plan --nnodes N -n P ...` once and give every node its pick (--strategy or --parallel).")
     if par.comm is not None:
         raise ConfigError(f"--parallel auto picks among layouts that average the exact gradients; --comm {par.comm} "
@@ -39,9 +39,10 @@ def refuse(cfg: Any, *, nnodes: int, elastic: bool, launches: bool) -> None:
                           "or pick the layout yourself (`dtrain plan` shows the table).")
 
 
-def resolve(cfg: Any, world_size: int, nproc: int, device: str | None) -> Any:
+def resolve(cfg: Any, world_size: int, nproc: int, device: str | None, *, nnodes: int = 1) -> Any:
     """``cfg`` (a TrainConfig with ``parallel.layout == "auto"``) with the plan's pick for
-    ``world_size`` processes on one node; prints one line naming the pick and the runner-up."""
+    ``world_size`` processes, ``nproc`` on each of ``nnodes`` nodes like this one; prints one line
+    naming the pick and the runner-up."""
     from ..data.loader import usable_cores
     from ..precision import auto_name
     from ..tasks import load_task
@@ -57,7 +58,7 @@ def resolve(cfg: Any, world_size: int, nproc: int, device: str | None) -> Any:
     # asked without float8, so a float8 run is still planned as the bf16 it runs around
     if precision == "auto":
         precision = auto_name(gpu=gpu, bf16=gpu and DEVICES[kind].bf16)
-    clu = build({"device": kind, "procs_per_node": nproc, "nodes": 1})
+    clu = build({"device": kind, "procs_per_node": nproc, "nodes": nnodes})
     task = load_task(cfg.task.name, data_dir=cfg.task.data_dir, options=cfg.task.args)
     plan = plan_task(task, clu, batch=cfg.batch.size or task.batch_size, precision=precision, optimizer=cfg.optim.name,
                      grad_accum=cfg.batch.grad_accum, activation_checkpointing=cfg.runtime.activation_checkpointing,
@@ -68,7 +69,7 @@ def resolve(cfg: Any, world_size: int, nproc: int, device: str | None) -> Any:
     if pick is None:
         raise ConfigError(f"--parallel auto: no layout of {world_size} processes fits in memory by the plan; "
                           "run `dtrain plan` for the table (memory per rank) and a smaller --batch-size or more processes.")
-    print(pick_line(plan, pick), file=sys.stderr, flush=True)
+    print(pick_line(plan, pick) + nodes_note(nnodes, nproc), file=sys.stderr, flush=True)
     if pick.layout.is_strategy:
         return _with(cfg, strategy=pick.layout.name, layout=None)
     return _with(cfg, strategy="auto", layout=pick.layout.name)
@@ -86,6 +87,14 @@ def pick_line(plan: Any, pick: Any) -> str:
                    "(`dtrain plan` prints the `dtrain bench` that measures them)")
     return (f"dtrain: --parallel auto: the plan picked {pick.layout.label()} ({pick.step_s * 1e3:.1f} ms a step predicted, "
             f"{pick.samples_per_s:,.0f} samples/s{runner}; `dtrain plan` shows the table).")
+
+
+def nodes_note(nnodes: int, nproc: int) -> str:
+    """What the pick line adds on several nodes: the world it was planned for, and who trains it."""
+    if nnodes == 1:
+        return ""
+    return (f" Planned for {nnodes} nodes x {nproc} process{'es' if nproc > 1 else ''} (world {nnodes * nproc}); "
+            "every node trains this pick (node 0 posts it in the rendezvous store).")
 
 
 def _with(cfg: Any, **parallel: Any) -> Any:

@@ -1,0 +1,98 @@
+"""``dtrain train --parallel auto --nnodes N``: node 0's pick, handed to every node through the
+rendezvous store.
+
+Each node planning on its own could pick another layout (a close call, a busier host), and nodes
+that start different layouts hang in their first collective. So node 0 (``--node-rank 0``, the
+node that hosts the store) plans for the job's whole world and posts its pick under
+``dtrain/auto_pick/<rdzv id>`` as the store opens, before the nodes meet (launch/runner.py); every
+other node connects to the store before it starts its agent, waits for the key (``--startup-timeout``)
+and trains the same layout.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import time
+from typing import Any
+
+from ..errors import ConfigError
+from .preflight import connect_store, wait_for_master
+from .spec import LaunchSpec
+
+#: How often a waiting node looks for the key (the store answers a check at once).
+POLL_S = 0.1
+
+
+def key(run_id: str) -> str:
+    return f"dtrain/auto_pick/{run_id}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Pick:
+    """What every node trains: ``--strategy`` and ``--parallel`` as the plan resolved them, and the
+    world the plan was made for."""
+
+    strategy: str
+    layout: str | None
+    nnodes: int
+    nproc: int
+
+    @property
+    def label(self) -> str:
+        return self.layout or self.strategy
+
+    def world(self) -> str:
+        return f"{self.nnodes} nodes x {self.nproc} process{'es' if self.nproc > 1 else ''} (world {self.nnodes * self.nproc})"
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Pick:
+        return cls(**json.loads(text))
+
+
+def plans_here(spec: LaunchSpec) -> bool:
+    """Whether this node plans: node 0 of a job on a fixed set of nodes (or the only node)."""
+    return spec.node_rank == 0
+
+
+def post(spec: LaunchSpec, cfg: Any) -> LaunchSpec:
+    """``spec`` with node 0's pick (``cfg`` as the plan resolved it) among the values its store opens with."""
+    if spec.nnodes == 1:
+        return spec
+    pick = Pick(strategy=cfg.parallel.strategy, layout=cfg.parallel.layout, nnodes=spec.nnodes, nproc=spec.nproc)
+    return dataclasses.replace(spec, store_values=(*spec.store_values, (key(spec.rdzv_id), pick.to_json())))
+
+
+def wait_for_pick(store: Any, run_id: str, *, timeout_s: float, where: str) -> Pick:
+    """The pick posted under ``run_id`` in ``store``; one line (ConfigError) if none comes within ``timeout_s``."""
+    name = key(run_id)
+    deadline = time.monotonic() + timeout_s
+    while not store.check([name]):
+        if time.monotonic() >= deadline:
+            raise ConfigError(f"node 0's rendezvous store at {where} holds no --parallel auto pick after {timeout_s:g} s "
+                              f"(key {name}); start node 0 with --parallel auto too (it plans for every node), or give "
+                              "every node the same --strategy/--parallel.")
+        time.sleep(POLL_S)
+    return Pick.from_json(store.get(name))
+
+
+def receive(cfg: Any, spec: LaunchSpec) -> Any:
+    """``cfg`` with node 0's pick, read from its rendezvous store (a node other than 0)."""
+    where = f"{spec.addr}:{spec.port}"
+    # node 0 plans before its store opens (tens of seconds on a CPU): a refused connection is waited out
+    wait_for_master(spec.addr, spec.port, timeout_s=spec.startup_timeout, me=f"node {spec.node_rank}")
+    store = connect_store(spec.addr, spec.port)
+    try:
+        pick = wait_for_pick(store, spec.rdzv_id, timeout_s=spec.startup_timeout, where=where)
+    finally:
+        del store
+    if (pick.nnodes, pick.nproc) != (spec.nnodes, spec.nproc):
+        raise ConfigError(f"node 0 planned --parallel auto for {pick.world()}, but this node was started with --nnodes "
+                          f"{spec.nnodes} -n {spec.nproc}; start every node with the same --nnodes and -n.")
+    print(f"dtrain: --parallel auto: node 0's pick for {pick.world()}: {pick.label}; node {spec.node_rank} trains it.",
+          file=sys.stderr, flush=True)
+    return dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, strategy=pick.strategy, layout=pick.layout))
