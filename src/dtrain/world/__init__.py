@@ -1,16 +1,11 @@
-"""Where this process runs: rank, local rank, world size, device and backend, detected once.
-
-``World.detect()`` reads the launcher's environment once, through one small class per source
-(sources.py: torchrun / ``dtrain run``, SLURM, one process), and picks the device (device.py).
-Everything else takes a ``World``. The process group (group.py) and the network interface its
-sockets use (netif.py, reach.py) are in their own modules.
-"""
+"""Where this process runs: rank, local rank, world size, device and backend, detected once
+(``World.detect()``: sources.py per launcher, device.py); everything else takes a ``World``."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
@@ -65,10 +60,6 @@ class World:
         return self.rank == 0
 
     @property
-    def is_local_main(self) -> bool:
-        return self.local_rank == 0
-
-    @property
     def distributed(self) -> bool:
         return self.size > 1
 
@@ -89,10 +80,6 @@ class World:
         fields = sources.detect(os.environ if env is None else env)
         dev = pick_device(device, fields.get("local_rank", 0))
         return cls(**fields, device=dev, backend=backend or default_backend(dev))
-
-    def with_device(self, device: str | torch.device) -> World:
-        dev = torch.device(device)
-        return replace(self, device=dev, backend=default_backend(dev))
 
 
 class WorldView:

@@ -1,16 +1,6 @@
-"""The fast path on a GPU: the choices a careful engineer makes in a hand-written script, made
-from the device (docs/performance.md). Pure functions of the device and the model, so each choice
-is tested on a CPU machine with a CUDA ``torch.device`` standing in.
-
-- fused optimizers on CUDA: Adam, AdamW and SGD update every parameter in one kernel
-  (``fused=True``) instead of a few per parameter tensor (torchtitan's default implementation);
-- bf16 autocast where the GPU has bf16 (Ampere and newer), else fp32 (``--precision auto``);
-- channels-last (NHWC) for conv nets on CUDA: cuDNN's tensor-core convolutions run NHWC, and an NCHW
-  model pays a layout change around each convolution (not under fully_shard, which shards only
-  contiguous parameters: ``dtrain.parallel.convnets.check_channels_last``);
-- pinned host memory for batches (``dtrain.data.loader_options``) and, for data that must be
-  decoded, DataLoader workers (``dtrain.data.plan.plan_input``).
-"""
+"""The fast path on a GPU (docs/performance.md): fused optimizers, float8 where it runs,
+``--fast``'s compile, channels-last for conv nets. Pure functions of the device and the model, so
+each choice is tested on a CPU with a CUDA ``torch.device`` standing in."""
 
 from __future__ import annotations
 

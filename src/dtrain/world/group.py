@@ -1,10 +1,5 @@
 """The default process group: joined with every start-up wait bounded, checked (same versions on
-every rank), and left at exit while the interpreter is still whole.
-
-``init_process_group(world)`` and ``destroy_process_group()`` are what ``dtrain.init`` and
-``Context.close`` call; the interface the sockets use is netif.py's choice, the store and the
-one-line join failures are reach.py's.
-"""
+every rank), and left at exit while the interpreter is still whole."""
 
 from __future__ import annotations
 
@@ -27,13 +22,9 @@ if TYPE_CHECKING:
 
 
 def init_process_group(world: World, timeout_s: float = 1800.0, startup_s: float | None = None) -> bool:
-    """Join the default process group described by ``world``; no-op for one process.
-
-    Collective: call on every rank. Returns True when this call created the group. Each start-up
-    wait (store connect, the group's forming, the first collective) is bounded by ``startup_s``
-    (default: ``timeout_s``) and ends in one LaunchError line naming who did not come; the
-    group's collectives then get ``timeout_s``.
-    """
+    """Join the default process group described by ``world`` (no-op for one process); True when
+    this call created it. Collective. Each start-up wait is bounded by ``startup_s`` (default
+    ``timeout_s``) and ends in one LaunchError line naming who did not come."""
     from . import reach
 
     if not world.distributed or dist.is_initialized():
@@ -45,9 +36,8 @@ def init_process_group(world: World, timeout_s: float = 1800.0, startup_s: float
                     "world_size": world.size}
     store = None
     if world.source == "torchrun" and world.agent_store:
-        # The agent's store outlives restarts; a prefix per attempt keeps the workers of a
-        # restart from reading the addresses their dead predecessors published there (torch's
-        # env:// handler assumes a fresh store per attempt, which the static rendezvous reuses).
+        # The agent's store outlives restarts: a prefix per attempt keeps a restart's workers from
+        # reading the addresses their dead predecessors published there.
         store = reach.connect_store(world, startup)
         kwargs["store"] = dist.PrefixStore(f"/dtrain/attempt_{world.restart_count}", store)
     elif world.source == "torchrun":
@@ -123,12 +113,9 @@ def versions_differ(mine: dict[str, str], theirs: dict[str, str], me: str, other
 
 
 def _check_same_versions(world: World) -> None:
-    """Raise LaunchError on a rank whose dtrain, torch or Python version differs from rank 0's.
-
-    ``dtrain run`` compares the nodes before starting workers; this covers jobs started by
-    torchrun or srun. Two store operations per rank, no collective: a rank with another torch
-    fails here, at once, instead of in the first mismatched collective.
-    """
+    """Raise LaunchError on a rank whose dtrain, torch or Python version differs from rank 0's
+    (jobs started by torchrun or srun; ``dtrain run`` compares the nodes itself). Store
+    operations, no collective: a rank with another torch fails here, not in a collective."""
     try:
         store = dist.PrefixStore("/dtrain/versions", dist.distributed_c10d._get_default_store())
     except Exception:  # a private torch API; without it the check is skipped
@@ -147,26 +134,15 @@ _ddp_at_exit: weakref.WeakSet = weakref.WeakSet()
 
 
 def release_at_exit(ddp: torch.nn.Module) -> None:
-    """Drop ``ddp``'s hold on its process group at exit, if it is still alive then.
-
-    For DDP objects dtrain does not free itself (``Context.close`` does, for its own): an apex-
-    or torchrun-style script keeps its DDP model in a global until the interpreter ends, even
-    after its own ``destroy_process_group()``, and the group it holds can then abort the process
-    (see ``_register_exit_cleanup``); dropping the reducer, its logger and the group reference at
-    exit avoids that.
-    """
+    """Drop ``ddp``'s hold on its process group at exit, if it is still alive then: a script that
+    keeps its DDP model in a global past ``destroy_process_group()`` would abort at exit otherwise."""
     _ddp_at_exit.add(ddp)
     _register_exit_cleanup()
 
 
 def _register_exit_cleanup() -> None:
-    """At exit, collect garbage and leave the group while the interpreter is still whole.
-
-    A DDP module that is still alive when the process ends can abort it at exit ("terminate
-    called without an active exception"; pytorch/pytorch#179291), and not once it was freed before
-    destroy_process_group. ``Context.close`` frees dtrain's DDP wrappers first; this handler
-    covers scripts that never call it.
-    """
+    """At exit, collect garbage and leave the group while the interpreter is still whole: a live
+    DDP module can abort the process at exit (pytorch/pytorch#179291) in scripts that never close."""
     global _exit_cleanup_registered
     if not _exit_cleanup_registered:
         import atexit
@@ -192,16 +168,10 @@ _BACKEND_THREADS = ("pt_gloo_runloop",)
 def settle_backend_threads(limit_s: float = 2.0, look_s: float = 0.005) -> None:
     """Wait, the GIL released, until the backend's worker threads have let go of finished work.
 
-    A gloo worker thread that ran a collective drops the work, and with it the tensors, after
-    the caller's ``wait()`` has returned; dropping a tensor that Python also holds takes the GIL.
-    A rank with nothing left to do can reach the interpreter's finalization before that thread
-    got the GIL (or a core): Python then ends the thread with a forced unwind through torch's
-    ``noexcept`` code, which aborts the process ("terminate called without an active exception":
-    ``ProcessGroupGloo::runLoop`` -> ``~AsyncAllreduceWork`` -> ``take_gil`` -> ``pthread_exit``,
-    the main thread in ``finalize_modules``). So at exit this sleeps until no
-    such thread is running or waiting for a core ('R') at two looks in a row (Linux's
-    /proc/self/task; elsewhere one short sleep), at most ``limit_s``: a thread blocked in a
-    collective that will not finish sleeps ('S') and does not hold the exit up."""
+    A gloo thread drops a finished collective's tensors (taking the GIL) after ``wait()`` returned;
+    if the interpreter finalizes first, Python unwinds that thread through torch's ``noexcept``
+    code and the process aborts. So this sleeps until no such thread is runnable at two looks in a
+    row (/proc/self/task), at most ``limit_s``; a thread blocked in a collective sleeps ('S')."""
     deadline, quiet = time.monotonic() + limit_s, 0
     while quiet < 2 and time.monotonic() < deadline:
         time.sleep(look_s)
@@ -233,15 +203,9 @@ _left_groups: list[Any] = []
 
 
 def destroy_process_group() -> None:
-    """Leave the default process group if one exists.
-
-    The groups' Python objects are kept until the interpreter ends, so that the last reference
-    to a group is not dropped by one of its backend's own threads (say, a comm hook's future
-    callback, which holds the group, finishing on a gloo worker after the main thread has moved
-    on): the backend's destructor joins its worker threads, and on one of them that join aborts
-    the process ("Resource deadlock avoided"). Each group is shut down here as before; only its
-    memory waits.
-    """
+    """Leave the default process group if one exists. The groups' Python objects are kept until
+    the interpreter ends: a last reference dropped on one of the backend's own threads (a comm
+    hook's future callback) would join that thread from itself and abort the process."""
     if dist.is_initialized():
         with contextlib.suppress(Exception):  # a private map; without it, nothing is kept
             _left_groups.extend(dist.distributed_c10d._world.pg_map)

@@ -1,14 +1,7 @@
-"""Which network interface the collectives' sockets use: between nodes, and on one node.
-
-gloo picks its address from the host name unless ``GLOO_SOCKET_IFNAME`` says otherwise; on
-hosts whose name resolves to 127.0.0.1 (a common /etc/hosts line, and so it is here) every
-rank then announces a loopback address and the other nodes' ranks wait until the timeout.
-dtrain therefore names the interface that routes to the master address, unless the user set
-``GLOO_SOCKET_IFNAME`` / ``NCCL_SOCKET_IFNAME`` themselves. On one node (a loopback master)
-it names the loopback interface, so nothing of a one-node run listens beyond 127.0.0.1.
-
-    socket_env("10.0.0.1", os.environ)   # {'GLOO_SOCKET_IFNAME': 'eth1', 'NCCL_SOCKET_IFNAME': 'eth1'}
-"""
+"""Which network interface the collectives' sockets use. gloo picks its address from the host
+name, which often resolves to 127.0.0.1: the other nodes would then wait until the timeout. So
+dtrain names the interface that routes to the master (loopback for a one-node run) unless the user
+set ``GLOO_SOCKET_IFNAME`` / ``NCCL_SOCKET_IFNAME``."""
 
 from __future__ import annotations
 
@@ -98,11 +91,8 @@ def loopback_interface() -> str | None:
 
 
 def socket_env(master_addr: str, environ: Mapping[str, str]) -> dict[str, str]:
-    """The ``*_SOCKET_IFNAME`` variables to set for a job whose master is ``master_addr``: the
-    interface that routes there, for each variable the user did not set. A loopback master
-    (one host) gets the loopback interface, so gloo's and NCCL's sockets listen on 127.0.0.1
-    whatever the host name resolves to. Empty when no interface is found (then gloo's own
-    choice stands)."""
+    """The ``*_SOCKET_IFNAME`` variables the user did not set, naming the interface that routes to
+    ``master_addr`` (loopback for a loopback master); empty when none is found."""
     if all(environ.get(v) for v in VARIABLES):
         return {}
     if is_loopback(master_addr):
@@ -126,14 +116,10 @@ def _resolves_to_loopback(addr: str) -> bool:
 
 
 def user_interface_problem(master_addr: str, environ: Mapping[str, str], variables: Sequence[str] = VARIABLES) -> str | None:
-    """Why the ``*_SOCKET_IFNAME`` the user set cannot carry a job whose master is ``master_addr``
-    (None: fine, or not set). Two mistakes the nodes would otherwise meet only as a connect
-    timeout after the rendezvous: an interface this host does not have, and the loopback
-    interface where the master is another host (every rank then announces 127.0.0.1).
-    ``GLOO_SOCKET_IFNAME`` is a comma-separated list of names; ``NCCL_SOCKET_IFNAME`` a list of
-    prefixes (``=`` exact, ``^`` excludes: not judged). Only ``variables`` are judged: a job's
-    backend reads one of them (``BACKEND_VARIABLE``), and the other may name another kind of node's
-    interfaces."""
+    """Why a ``*_SOCKET_IFNAME`` in ``variables`` the user set cannot carry a job whose master is
+    ``master_addr`` (None: fine): an interface this host lacks, or loopback where the master is
+    another host; otherwise a connect timeout after the rendezvous. NCCL's value is a list of
+    prefixes (``=`` exact, ``^`` excludes: not judged)."""
     names = [name for _, name in socket.if_nameindex()]
     loop = loopback_interface()
     between_hosts = not _resolves_to_loopback(master_addr)
@@ -158,11 +144,8 @@ BACKEND_VARIABLE = {"gloo": "GLOO_SOCKET_IFNAME", "nccl": "NCCL_SOCKET_IFNAME"}
 
 
 def use_route_interface(master_addr: str, *, quiet: bool = False, backend: str | None = None) -> dict[str, str]:
-    """Point gloo's and NCCL's sockets at the interface that routes to ``master_addr`` (the
-    loopback interface for a loopback master) unless the user chose one (``socket_env``);
-    returns the variables set in this process (its workers inherit them). Where ``backend`` is
-    known, the user's setting of its variable that cannot work (``user_interface_problem``) is a
-    ``ConfigError``."""
+    """Set ``socket_env``'s variables in this process (its workers inherit them) and return them;
+    where ``backend`` is known, a user's setting of its variable that cannot work is a ConfigError."""
     judged = [BACKEND_VARIABLE[backend]] if backend in BACKEND_VARIABLE else []
     problem = user_interface_problem(master_addr, os.environ, judged)
     if problem is not None:

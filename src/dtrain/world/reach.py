@@ -1,13 +1,8 @@
 """The address a node gives the others, and the one-line reasons a node could not be reached.
 
-torch's elastic agent, left alone, tells the other nodes to reach this one at ``socket.getfqdn()``
-(``RendezvousStoreInfo.build`` and ``_NodeDesc`` in torch/distributed/elastic/rendezvous); on
-hosts whose name resolves to 127.0.0.1 or 127.0.1.1 (Debian/Ubuntu's /etc/hosts, many container
-images) every node then connects to its own loopback and waits until the timeout: the silent hang
-of pytorch/pytorch#111646. dtrain hands torch ``local_addr`` instead: the
-address of the interface that routes to the master (what the kernel would send from), or the
-user's ``--local-addr``.
-"""
+torch's agent advertises ``socket.getfqdn()``, which often resolves to loopback: every node then
+connects to itself until the timeout (pytorch/pytorch#111646). dtrain hands torch the address
+that routes to the master instead, or the user's ``--local-addr``."""
 
 from __future__ import annotations
 
@@ -41,8 +36,7 @@ def advertised_address(master_addr: str, local_addr: str | None = None) -> str:
 
 
 def check_not_wildcard(flag: str, addr: str) -> None:
-    """A wildcard (0.0.0.0, ::) means "every interface" to a listening socket, but told to another
-    node it is that node's own host: it would connect to itself. Refused where it is given."""
+    """Refuse a wildcard (0.0.0.0, ::): told to another node, it means that node's own host."""
     ip = resolves_to(addr[1:-1] if addr.startswith("[") and addr.endswith("]") else addr)
     try:
         wildcard = ip is not None and ipaddress.ip_address(ip.split("%")[0]).is_unspecified
@@ -94,9 +88,8 @@ def unreachable_cause(addr: str, *, here_is_master: bool) -> str:
 def wait_for_listener(addr: str, port: int, timeout_s: float,
                       on_wait: Callable[[float, OSError], None] | None = None) -> OSError | None:
     """Try TCP connections to ``addr:port`` until one is accepted (None) or ``timeout_s`` has passed
-    (the last try's error). ``on_wait(elapsed_s, error)`` follows each failed try and may raise to
-    stop early. A store's client is opened only once something listens: torch's TCPStore client
-    retries a refused connection itself, and its timeout is logged with ~40 lines of C++ frames."""
+    (the last try's error); ``on_wait(elapsed_s, error)`` after each failed try may raise to stop.
+    Why: torch's TCPStore client logs its own timeout with ~40 lines of C++ frames."""
     start = time.monotonic()
     while True:
         left = start + timeout_s - time.monotonic()
@@ -147,9 +140,8 @@ def listening_socket(addr: str, port: int) -> socket.socket:
 
 
 def worker_store(world: Any, timeout_s: float) -> Any:
-    """The store the workers of one elastic round meet in (MASTER_ADDR:MASTER_PORT, published by
-    the agent of the round's first node): rank 0 hosts it on that address only (torch's env://
-    store listens on every interface); the others connect within ``timeout_s``."""
+    """The store one elastic round's workers meet in: rank 0 hosts it on MASTER_ADDR only (torch's
+    env:// store listens on every interface); the others connect within ``timeout_s``."""
     import datetime
 
     import torch.distributed as dist

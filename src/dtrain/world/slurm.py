@@ -1,15 +1,9 @@
-"""The SLURM job step this process runs in: read once from its environment, with the master
-address resolved through SLURM itself.
+"""The SLURM job step this process runs in, and the master address resolved through SLURM.
 
-Only a process started by ``srun`` (inside a job step) counts as a SLURM task. A batch script
-also sees ``SLURM_PROCID=0`` and ``SLURM_NTASKS`` (the job's task count), but it is one process;
-reading those as "rank 0 of N" makes it wait for N-1 peers that never come.
-
-The first host of the step's node list hosts the rendezvous. Its address comes from
-``scontrol show hostnames`` (the list expanded by SLURM) and ``scontrol show node HOST``
-(``NodeAddr``): node names need not resolve by DNS (several slurmd per host, clusters whose
-node names are not host names). Where scontrol cannot answer, the host name itself is used.
-"""
+Only a process started by ``srun`` counts as a SLURM task: a batch script also sees
+``SLURM_PROCID=0`` and ``SLURM_NTASKS``, but would wait for N-1 peers that never come. The step's
+first host hosts the rendezvous, at its ``NodeAddr`` from scontrol (node names need not resolve
+by DNS), else at its name."""
 
 from __future__ import annotations
 
@@ -89,8 +83,7 @@ class SlurmStep:
         return PORT_BASE + self.job_id % 20000
 
     def check_gpus(self, procs_per_task: int, *, how: str) -> None:
-        """A GPU count SLURM gave this node that differs from the processes about to run on it
-        is an error, before any training starts (one process drives one GPU)."""
+        """Refuse a GPU count on this node that differs from the processes about to run on it."""
         if self.gpus_on_node is None or self.gpus_on_node == 0:
             return
         procs = self.tasks_on_node * procs_per_task

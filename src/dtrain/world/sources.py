@@ -1,12 +1,6 @@
-"""Who started this process, read from its launcher's environment: one small class per source.
-
-``World.detect`` asks the sources in ``SOURCES`` in turn (torchrun's variables, one SLURM task
-per process, else one process); the first that recognises the environment gives this process's
-place in the job: the ``World`` fields it knows (device aside), or None from the others. The
-few launcher facts that are not topology (the rank as a label before a World exists, the elastic
-agent's run id and restarts, the SLURM job) are read here too, by the source they belong to, so
-no module outside ``dtrain.world`` reads ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` or ``SLURM_*``.
-"""
+"""Who started this process, read from its launcher's environment: one small class per source,
+tried in ``SOURCES``'s order; the first that recognises the environment gives the ``World``
+fields. No module outside ``dtrain.world`` reads ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` or ``SLURM_*``."""
 
 from __future__ import annotations
 
