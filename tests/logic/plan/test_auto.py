@@ -21,7 +21,6 @@ def test_auto_is_a_layout_the_config_takes_and_a_strategy_beside_it_is_refused()
 
 
 @pytest.mark.parametrize("kw, message", [
-    ({"nnodes": 2, "elastic": False, "launches": True}, "plans one node's processes, not --nnodes 2"),
     ({"nnodes": 1, "elastic": True, "launches": True}, "not --nnodes 1:MAX"),
     ({"nnodes": 1, "elastic": False, "launches": False}, "needs dtrain train to start the workers"),
 ])
@@ -36,6 +35,12 @@ def test_auto_refuses_a_comm_method_and_strategy_options_it_would_override():
     with pytest.raises(ConfigError, match=r"its options \(wrap\) may not apply"):
         auto.refuse(_cfg(strategy_options={"wrap": "block"}), nnodes=1, elastic=False, launches=True)
     auto.refuse(_cfg(), nnodes=1, elastic=False, launches=True)  # the plain case goes on to the plan
+    auto.refuse(_cfg(), nnodes=2, elastic=False, launches=True)  # node 0 plans for every node (launch/autopick.py)
+
+
+def test_the_line_names_the_world_planned_for_on_several_nodes():
+    assert auto.nodes_note(1, 4) == ""
+    assert auto.nodes_note(2, 1).startswith(" Planned for 2 nodes x 1 process (world 2); every node trains this pick")
 
 
 def test_one_process_needs_no_plan(capsys):
