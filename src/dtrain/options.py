@@ -210,8 +210,21 @@ class LaunchLink(_Section):
     """The ``--local_rank`` spelling to pass each script worker (``dtrain run --local-rank-arg``)."""
 
 
+@dataclass(frozen=True, kw_only=True)
+class FaultToleranceLink(_Section):
+    """What makes a script's process one replica group of a fault-tolerant job (``dtrain run
+    --fault-tolerance`` sets them; ``dtrain.init`` then joins the job, see ``dtrain.context.replicas``)."""
+
+    spec: str | None = _setting("DTRAIN_FT", None, _text, (str,))
+    """``--fault-tolerance``'s settings, ``min=M,heartbeat=S,...`` (``dtrain.ft.FaultTolerance.parse``)."""
+    lighthouse: str | None = _setting("DTRAIN_FT_LIGHTHOUSE", None, _text, (str,))
+    """The job's Lighthouse, ``http://HOST:PORT``."""
+    replica_id: str | None = _setting("DTRAIN_FT_REPLICA", None, _text, (str,))
+    """This replica group's id (stable across its restarts)."""
+
+
 SECTIONS: dict[str, type[_Section]] = {"diag": Diagnostics, "comm": CommOptions, "layout": Layout, "startup": Startup,
-                                       "testing": TestHooks, "link": LaunchLink}
+                                       "testing": TestHooks, "link": LaunchLink, "ft": FaultToleranceLink}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -222,6 +235,7 @@ class Options:
     startup: Startup = field(default_factory=Startup)
     testing: TestHooks = field(default_factory=TestHooks)
     link: LaunchLink = field(default_factory=LaunchLink)
+    ft: FaultToleranceLink = field(default_factory=FaultToleranceLink)
 
     def __post_init__(self) -> None:
         for name, cls in SECTIONS.items():

@@ -14,6 +14,7 @@ from ..launch.runner import run_script
 from ..options import hand_over
 from .common import add_comm_args, add_launch_args, export_comm, export_diagnostics, launch_spec, slurm_step
 from .parallel import add_parallel_arg, export_parallel
+from .train_ft import add_ft_args
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -21,6 +22,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_launch_args(p)
     add_comm_args(p)
     add_parallel_arg(p)
+    add_ft_args(p)  # each replica group runs the script; dtrain.init(fault_tolerance=True) joins the job
     p.add_argument("--local-rank-arg", nargs="?", const="--local_rank", default=None, metavar="FLAG", type=_flag_spelling,
                    help="pass --local_rank=N to the script as torch.distributed.launch did (FLAG, written with '=': the "
                         "spelling, e.g. --local-rank-arg=--local-rank, default --local_rank; =none: never; default: when "
@@ -47,6 +49,10 @@ def main(args: argparse.Namespace) -> int:
     export_comm(args)
     if not os.path.isfile(args.script):
         raise ConfigError(f"script {args.script} does not exist; give the path of the training script to run.")
+    if args.fault_tolerance is not None:
+        from .train_ft import start_script
+
+        return start_script(args)
     _local_rank_arg(args)
     step = slurm_step(args)
     if step is not None and step.ntasks > 1 and args.nproc is None:

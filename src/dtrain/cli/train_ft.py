@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from ..errors import ConfigError
 from ..train.config import TrainConfig
@@ -24,14 +25,30 @@ def add_ft_args(parser: argparse.ArgumentParser) -> None:
 def start(cfg: TrainConfig, args: argparse.Namespace) -> int:
     """Start this node's part of a fault-tolerant job; returns the exit status."""
     from ..ft import FaultTolerance
-    from ..ft import start as ft_start
+    from ..train.ft_replica import TrainGroups, check
 
     ft = FaultTolerance.parse(args.fault_tolerance)
+    check(cfg)
+    return _start(ft, TrainGroups(cfg, ft), args)
+
+
+def start_script(args: argparse.Namespace) -> int:
+    """``dtrain run --fault-tolerance script.py``: each replica group runs the script (``dtrain.init`` joins the job)."""
+    from ..ft import FaultTolerance
+    from ..ft.launch import ScriptGroups
+
+    ft = FaultTolerance.parse(args.fault_tolerance)
+    return _start(ft, ScriptGroups(ft, args.script, list(args.args)), args)
+
+
+def _start(ft: Any, groups: Any, args: argparse.Namespace) -> int:
+    from ..ft import start as ft_start
+
     nnodes, max_nodes = parse_nnodes(args.nnodes)
     if max_nodes is not None:
         raise ConfigError(f"--fault-tolerance with --nnodes {args.nnodes}: replica groups come and go without a rendezvous; "
                           "give --nnodes N (the nodes started with the job) and restart lost ones with the same --replica-id.")
     if nnodes > 1 and args.master_addr is None and args.lighthouse is None:
         raise ConfigError(f"--fault-tolerance --nnodes {nnodes} needs --master-addr (node 0, where the Lighthouse runs) or --lighthouse HOST:PORT.")
-    return ft_start(cfg, ft, nproc=args.nproc or 1, nnodes=nnodes, node_rank=args.node_rank or 0, master_addr=args.master_addr,
+    return ft_start(ft, groups, nproc=args.nproc or 1, nnodes=nnodes, node_rank=args.node_rank or 0, master_addr=args.master_addr,
                     lighthouse=args.lighthouse, replica_id=args.replica_id, max_restarts=args.max_restarts or 0)

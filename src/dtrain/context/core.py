@@ -37,6 +37,7 @@ from ..strategies.base import Strategy
 from ..world import World, WorldView, destroy_process_group
 from . import evaluation
 from .closed import refused_after_close
+from .replicas import Replicas
 from .step import DtrainModule, DtrainOptimizer, Step
 
 __all__ = ["Context", "DtrainModule", "DtrainOptimizer"]
@@ -77,6 +78,8 @@ class Context(WorldView):
         self.seed = seed
         self._owns_group = owns_group
         self._checkpoint_managers: list[CheckpointManager] = []
+        self._replicas: Replicas | None = None
+        """This process's replica group of a fault-tolerant job (``dtrain.init(fault_tolerance=True)``)."""
         self._closed = False
         self.compile = False
         """``torch.compile`` models in ``setup`` (``dtrain.init(compile=True)``)."""
@@ -172,21 +175,34 @@ class Context(WorldView):
         with setup:  # DDP broadcasts rank 0's parameters: a rank can wait here
             inner = parallelize(model, self.strategy, self.world, blocks=blocks, precision=self.precision,
                                 activation_checkpointing=self.activation_checkpointing, compile=self.compile)
-        return self._step.wrap_model(inner, channels_last)
+        wrapped = self._step.wrap_model(inner, channels_last)
+        if self._replicas is not None:  # what a returning replica group heals from
+            self._replicas.add(model=wrapped.original)
+        return wrapped
 
     def setup_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module | None = None) -> DtrainOptimizer:
         _check_optimizer("ctx.setup_optimizer", optimizer)
+        if self._replicas is not None:
+            self._replicas.add(optimizer=optimizer)
         return self._step.wrap_optimizer(optimizer, model)
 
-    def setup_dataloader(self, loader: DataLoader, *, shuffle: bool | None = None, move_to_device: bool = True) -> DeviceLoader:
+    def setup_dataloader(self, loader: DataLoader, *, shuffle: bool | None = None, move_to_device: bool = True,
+                         ledger: str | None = None) -> DeviceLoader:
         """Shard ``loader`` by rank; every new pass over it is a new, reshuffled epoch.
 
-        ``shuffle`` defaults to whether the loader shuffled (``shuffle=True``).
+        ``shuffle`` defaults to whether the loader shuffled (``shuffle=True``). Under fault
+        tolerance each batch is this replica group's share of the next step (``dtrain.context.replicas``),
+        and ``ledger`` names a folder for the committed steps' samples (``dtrain ckpt ledger`` checks it).
         """
         check.instance("ctx.setup_dataloader", loader, DataLoader,
                        "give a torch.utils.data.DataLoader (e.g. DataLoader(dataset, batch_size=32, shuffle=True))")
         if shuffle is not None:
             check.instance("ctx.setup_dataloader(shuffle=...)", shuffle, bool, "give True, False or None")
+        if self._replicas is not None:
+            return self._replicas.loader(loader, ledger=ledger, move_to_device=move_to_device)  # type: ignore[return-value]
+        if ledger is not None:
+            raise ConfigError("ctx.setup_dataloader(ledger=...) is kept under fault tolerance only "
+                              "(dtrain.init(fault_tolerance=True)); for other jobs use dtrain train --ledger DIR.")
         if self.debug and self.world.distributed:
             self.collectives.check_same("dataset length", len(loader.dataset), fix="give every rank the same data set")
         rank, size = self.strategy.data_parallel(self.world)  # pipeline: one replica over all ranks
@@ -215,6 +231,14 @@ class Context(WorldView):
         micro-step of the window (or the last batch of the epoch); ``backward`` divides the loss
         by ``steps`` so the window's gradient is the mean over its micro-batches."""
         return self._step.accumulate(model, steps)
+
+    def should_commit(self) -> bool:
+        """Whether this step counts: call it after backward, and ``optimizer.step()`` only when True.
+
+        Under fault tolerance (collective over the quorum of replica groups): the gradients are
+        averaged over the groups, then torchft's vote; False when a group was lost during the step
+        (nobody commits it; its samples are trained again). Otherwise always True."""
+        return self._replicas.should_commit() if self._replicas is not None else True
 
     @property
     def accumulation_steps(self) -> int:
@@ -388,6 +412,9 @@ class Context(WorldView):
         for manager in self._checkpoint_managers:
             manager.close()
         self._checkpoint_managers = []
+        if self._replicas is not None:
+            self._replicas.close()
+            self._replicas = None
         if not self._owns_group:
             return
         # Free the strategy's wrappers (DDP) before the group: a DDP object that outlives its

@@ -20,6 +20,7 @@ from ..options import current
 from ..precision import Precision
 from ..strategies.base import Strategy
 from ..world import World, init_process_group
+from . import replicas
 from .core import Context
 
 
@@ -39,6 +40,7 @@ def init(
     compile: bool = False,
     activation_checkpointing: bool = False,
     parallel: str | dict[str, int] | Any | None = None,
+    fault_tolerance: bool | str | Any | None = None,
     **strategy_options: Any,
 ) -> Context:
     """Detect the world, join the process group and build the strategy.
@@ -57,6 +59,9 @@ def init(
     ``ctx.setup(..., blocks=...)``). See ``dtrain.parallel.transforms`` for the order they are applied in.
     ``parallel`` (default ``$DTRAIN_PARALLEL``): how ranks split, e.g. ``{"dp_shard": 2, "tp": 2}``
     or ``"dp_shard=2,tp=2"`` (see ``dtrain.parallel``); ``tp_plan=`` then gives the TP plan.
+    ``fault_tolerance`` (default: on in a process ``dtrain run --fault-tolerance`` started): this
+    process is one replica group of a job on torchft; steps end with ``ctx.should_commit()``
+    (``dtrain.context.replicas``, docs/fault-tolerance.md). ``True``, or settings ``"min=2,..."``.
     """
     _install_excepthook()
     _check_init_args(strategy, precision, seed, world, timeout_s, stall_timeout, debug, run_dir)
@@ -68,6 +73,9 @@ def init(
         check.integer("dtrain.init(comm_warmup=...)", comm_warmup, minimum=0)
     env = current()
     world = world or World.detect(device=device)
+    ft = replicas.requested(fault_tolerance, env.ft)
+    if ft is not None:
+        replicas.check(world, strategy)
     spec = CommSpec.parse(comm if comm is not None else env.comm.method,
                           warmup=comm_warmup if comm_warmup is not None else env.comm.warmup)  # fails on every strategy
     parallel = parallel if parallel is not None else env.layout.parallel
@@ -86,6 +94,8 @@ def init(
     ctx = Context(world=world, strategy=strat, precision=prec, seed=seed or 0, owns_group=owns_group,
                   debug=env.diag.debug if debug is None else debug)
     ctx.compile, ctx.activation_checkpointing = compile, activation_checkpointing
+    if ft is not None:
+        ctx._replicas = replicas.Replicas(ft, env.ft, seed=seed or 0, device=world.device)
     if world.distributed and stall > 0:
         ctx._watchdog = Watchdog(
             ctx.tracker, rank=world.rank, size=world.size, timeout_s=stall, run_dir=run_dir or env.diag.run_dir,

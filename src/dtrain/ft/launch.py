@@ -4,40 +4,42 @@
 
 Replica groups: one process each for now (``--nproc N``: N replica groups on this node). Their
 ids are stable across restarts (``{node}`` or ``{node}-{i}``, or ``--replica-id``'s), so a
-restarted group finds its checkpoint folder and its ledger name.
+restarted group finds its checkpoint folder and its ledger name. What a group's process runs is
+the caller's (``Groups``): ``dtrain train``'s loop, or a user's script (``ScriptGroups``).
 """
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import signal
+import subprocess
+import sys
 import time
-from typing import Any
-
-import torch
+from typing import Any, Protocol
 
 from .._log import logger
 from ..errors import ConfigError
-from ..train.config import TrainConfig
+from ..options import FaultToleranceLink
 from ..world.netif import is_loopback, source_address, use_route_interface
-from .replica import replica_main
 from .spec import DEFAULT_LIGHTHOUSE_PORT, FaultTolerance, lighthouse_address, require_torchft
 
 RESTART_DELAY_S = 1.0
 """Between a replica group's death and its restart (its peers notice it gone meanwhile)."""
 
 
-def start(cfg: TrainConfig, ft: FaultTolerance, *, nproc: int, nnodes: int, node_rank: int, master_addr: str | None,
+class Groups(Protocol):
+    """What one replica group's process runs."""
+
+    def spawn(self, replica_id: str, lighthouse: str, host: str, threads: int | None) -> Any:
+        """Start a group's process: an object with ``exitcode``, ``terminate()`` and ``join(timeout)``."""
+
+    def run_here(self, replica_id: str, lighthouse: str, host: str) -> int:
+        """Run the group in this process (a group started by hand or by its scheduler); its exit status."""
+
+
+def start(ft: FaultTolerance, groups: Groups, *, nproc: int, nnodes: int, node_rank: int, master_addr: str | None,
           lighthouse: str | None, replica_id: str | None, max_restarts: int) -> int:
     """Run this node's part of the job; returns the exit status (0: a replica group finished)."""
-    if cfg.parallel.layout or cfg.parallel.strategy not in ("auto", "single", "ddp"):
-        raise ConfigError(f"--fault-tolerance replicates the model across replica groups of one process each, got "
-                          f"--strategy {cfg.parallel.strategy}{' --parallel ' + cfg.parallel.layout if cfg.parallel.layout else ''}; "
-                          "drop it (sharding inside a replica group is not supported yet).")
-    if cfg.batch.grad_accum != 1 or cfg.batch.global_batch:
-        raise ConfigError("--fault-tolerance keeps each replica group's --batch-size (the global batch follows the quorum); "
-                          "--grad-accum and --elastic-batch global are not supported with it yet.")
     given = lighthouse_address(lighthouse) if lighthouse is not None else None
     os.environ.setdefault("RUST_LOG", "warn")  # read when torchft loads: else its servers log every quorum
     require_torchft()
@@ -53,19 +55,23 @@ def start(cfg: TrainConfig, ft: FaultTolerance, *, nproc: int, nnodes: int, node
                         f"other nodes: --lighthouse {lighthouse.removeprefix('http://')}")
         else:
             lighthouse = f"http://{master_addr}:{DEFAULT_LIGHTHOUSE_PORT}"
-    lh_host = lighthouse.removeprefix("http://").rpartition(":")[0].strip("[]")
-    host = "127.0.0.1" if is_loopback(lh_host) else (source_address(lh_host) or lh_host)
-    use_route_interface(lh_host, backend="gloo")  # gloo's sockets on the interface peers reach
+    host = reach(lighthouse)
     base = replica_id if replica_id is not None else str(node_rank)
     ids = [base] if nproc == 1 else [f"{base}-{i}" for i in range(nproc)]
     try:
         if server is None and nproc == 1:  # a replica group started by hand or by its scheduler: this process
-            replica_main(cfg, ft, ids[0], lighthouse, host)
-            return 0
-        return _supervise(cfg, ft, ids, lighthouse, host, max_restarts)
+            return groups.run_here(ids[0], lighthouse, host)
+        return _supervise(groups, ids, lighthouse, host, max_restarts)
     finally:
         if server is not None:
             server.shutdown()
+
+
+def reach(lighthouse: str) -> str:
+    """The address the Lighthouse's peers reach this process at; gloo's sockets on that interface."""
+    lh_host = lighthouse.removeprefix("http://").rpartition(":")[0].strip("[]")
+    use_route_interface(lh_host, backend="gloo")  # this process's children inherit it
+    return "127.0.0.1" if is_loopback(lh_host) else (source_address(lh_host) or lh_host)
 
 
 def _lighthouse(ft: FaultTolerance, *, port: int) -> Any:
@@ -79,17 +85,14 @@ def _lighthouse(ft: FaultTolerance, *, port: int) -> Any:
                           "free the port, or give a running one with --lighthouse HOST:PORT.") from None
 
 
-def _supervise(cfg: TrainConfig, ft: FaultTolerance, ids: list[str], lighthouse: str, host: str, max_restarts: int) -> int:
+def _supervise(groups: Groups, ids: list[str], lighthouse: str, host: str, max_restarts: int) -> int:
     """Start one process per replica group; restart one that dies (up to ``max_restarts`` times in all)."""
-    spawn = mp.get_context("spawn")
     # torchrun's rule (and dtrain's launcher's): one intra-op thread per process when several share
     # the node, unless the user chose; N groups x all cores each made a step 20x slower here.
     threads = None if len(ids) == 1 or "OMP_NUM_THREADS" in os.environ else 1
 
     def launch(rid: str) -> Any:
-        proc = spawn.Process(target=_replica_process, args=(threads, cfg, ft, rid, lighthouse, host), name=f"dtrain-replica-{rid}")
-        proc.start()
-        return proc
+        return groups.spawn(rid, lighthouse, host, threads)
 
     procs = {rid: launch(rid) for rid in ids}
     finished: dict[str, int] = {}
@@ -122,11 +125,51 @@ def _supervise(cfg: TrainConfig, ft: FaultTolerance, ids: list[str], lighthouse:
     return 0 if 0 in codes else next((c for c in codes if c > 0), 1)
 
 
-def _replica_process(threads: int | None, *args: Any) -> None:
-    if threads is not None:
-        os.environ["OMP_NUM_THREADS"] = str(threads)  # for what this process starts
-        torch.set_num_threads(threads)
-    replica_main(*args)
+class ScriptGroups:
+    """Replica groups that run a user's script (``dtrain run --fault-tolerance``): each learns its
+    part from ``DTRAIN_FT*`` (``dtrain.init`` reads them; ``FaultToleranceLink``)."""
+
+    def __init__(self, ft: FaultTolerance, script: str, args: list[str]) -> None:
+        self.ft, self.command = ft, [sys.executable, script, *args]
+
+    def _env(self, replica_id: str, lighthouse: str, threads: int | None) -> dict[str, str]:
+        link = FaultToleranceLink(spec=self.ft.to_text(), lighthouse=lighthouse, replica_id=replica_id)
+        return {**os.environ, **link.to_env(), **({"OMP_NUM_THREADS": str(threads)} if threads is not None else {})}
+
+    def spawn(self, replica_id: str, lighthouse: str, host: str, threads: int | None) -> Any:
+        return _Child(subprocess.Popen(self.command, env=self._env(replica_id, lighthouse, threads)))
+
+    def run_here(self, replica_id: str, lighthouse: str, host: str) -> int:
+        child = self.spawn(replica_id, lighthouse, host, None)
+        try:
+            return child.wait()
+        finally:
+            child.terminate()
+
+
+class _Child:
+    """A script's process as ``_supervise`` watches one (multiprocessing's shape)."""
+
+    def __init__(self, proc: subprocess.Popen) -> None:
+        self.proc = proc
+
+    @property
+    def exitcode(self) -> int | None:
+        return self.proc.poll()
+
+    def wait(self) -> int:
+        return self.proc.wait()
+
+    def terminate(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+
+    def join(self, timeout: float | None = None) -> None:
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
 
 
 def _status(code: int) -> str:

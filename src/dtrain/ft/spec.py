@@ -66,6 +66,11 @@ class FaultTolerance:
                 raise ConfigError(f"--fault-tolerance {key}={value!r} is not {kind}; write e.g. {key}=2.") from None
         return cls(**values)  # type: ignore[arg-type]
 
+    def to_text(self) -> str:
+        """The settings as ``parse`` reads them (a launcher hands them to its groups so)."""
+        return (f"min={self.min_replicas},heartbeat={self.heartbeat_s:g},join={self.join_s:g},timeout={self.quorum_timeout_s:g},"
+                f"step-timeout={self.step_timeout_s:g}")
+
 
 def lighthouse_address(text: str) -> str:
     """``--lighthouse HOST:PORT`` (or ``http://HOST:PORT``) as torchft's clients take it."""

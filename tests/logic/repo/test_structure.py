@@ -93,14 +93,17 @@ SRC = ROOT / "src" / "dtrain"
 LAYERS = {
     # 0: the command and its entry point
     "cli": 0, "__main__": 0,
-    # 1: the faces: the ready job (and its fault-tolerant form on torchft, ft/, which builds on train/'s config),
-    # tasks, bench, launcher, legacy APIs, the planner and its dry run, the package root
-    "train": 1, "ft": 1, "tasks": 1, "bench": 1, "plan": 1, "dryrun": 1, "launch": 1, "compat": 1, "dtrain": 1,
+    # 1: the faces: the ready job (its fault-tolerant loop too, train/ft_replica.py), tasks, bench, launcher,
+    # legacy APIs, the planner and its dry run, the package root
+    "train": 1, "tasks": 1, "bench": 1, "plan": 1, "dryrun": 1, "launch": 1, "compat": 1, "dtrain": 1,
     # 2: what a training script holds (the context and its parts: step, evaluation, start-up, preemption)
     "context": 2,
     # 3: the mechanisms
     "strategies": 3, "parallel": 3, "precision": 3, "comm": 3, "data": 3, "checkpoint": 3, "metrics": 3, "diag": 3,
     "options": 3,
+    # per-step fault tolerance on torchft (ft/: the spec, the global order, the ledger, the Manager's session, the
+    # groups' launcher): under both the ready job and the context
+    "ft": 3,
     # 4: the ground: who and where (world/: sources, device, process group, interfaces, SLURM), errors, helpers
     "world": 4, "errors": 4, "_log": 4, "_version": 4, "_check": 4,
 }

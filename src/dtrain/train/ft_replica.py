@@ -12,40 +12,66 @@ peer, takes the same samples again.
 from __future__ import annotations
 
 import json
-import logging
+import multiprocessing as mp
 import os
 import sys
 import time
-import warnings
-from datetime import timedelta
 from typing import Any
 
 import torch
-from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.utils.data import default_collate
 
 from .._log import configure_cli_logging, logger
 from ..context.startup import init
 from ..errors import ConfigError, DtrainError
+from ..ft.ledger import FtLedger
+from ..ft.order import GlobalOrder, StepPlan
+from ..ft.session import Session, quiet_torchft
+from ..ft.spec import FaultTolerance, require_torchft
 from ..metrics import JsonlSink
 from ..tasks import load_task, make_optimizer
-from ..train.config import TrainConfig
 from ..world import World
-from .ledger import FtLedger
-from .order import GlobalOrder, StepPlan
-from .spec import FaultTolerance, FaultToleranceStopped, require_torchft
+from .config import TrainConfig
 
-CONNECT_TIMEOUT = timedelta(seconds=10)
-"""How long a replica group tries to reach the Lighthouse when it starts."""
+
+def check(cfg: TrainConfig) -> None:
+    """What ``--fault-tolerance`` does not combine with yet: one line, before any process starts."""
+    if cfg.parallel.layout or cfg.parallel.strategy not in ("auto", "single", "ddp"):
+        raise ConfigError(f"--fault-tolerance replicates the model across replica groups of one process each, got "
+                          f"--strategy {cfg.parallel.strategy}{' --parallel ' + cfg.parallel.layout if cfg.parallel.layout else ''}; "
+                          "drop it (sharding inside a replica group is not supported yet).")
+    if cfg.batch.grad_accum != 1 or cfg.batch.global_batch:
+        raise ConfigError("--fault-tolerance keeps each replica group's --batch-size (the global batch follows the quorum); "
+                          "--grad-accum and --elastic-batch global are not supported with it yet.")
+
+
+class TrainGroups:
+    """Replica groups that run ``dtrain train``'s loop (``dtrain.ft.launch.Groups``)."""
+
+    def __init__(self, cfg: TrainConfig, ft: FaultTolerance) -> None:
+        self.cfg, self.ft = cfg, ft
+
+    def spawn(self, replica_id: str, lighthouse: str, host: str, threads: int | None) -> Any:
+        proc = mp.get_context("spawn").Process(target=_replica_process, args=(threads, self.cfg, self.ft, replica_id, lighthouse, host),
+                                               name=f"dtrain-replica-{replica_id}")
+        proc.start()
+        return proc
+
+    def run_here(self, replica_id: str, lighthouse: str, host: str) -> int:
+        replica_main(self.cfg, self.ft, replica_id, lighthouse, host)
+        return 0
+
+
+def _replica_process(threads: int | None, *args: Any) -> None:
+    if threads is not None:
+        os.environ["OMP_NUM_THREADS"] = str(threads)  # for what this process starts
+        torch.set_num_threads(threads)
+    replica_main(*args)
 
 
 def replica_main(cfg: TrainConfig, ft: FaultTolerance, replica_id: str, lighthouse: str, host: str) -> None:
     """Entry point of one replica group's process: train, print its result line, or one line and exit status."""
-    os.environ.setdefault("RUST_LOG", "warn")  # read when torchft loads: else its servers log every quorum
-    # torchft logs a failed all-reduce with its traceback; the loop says it in one line instead.
-    logging.getLogger("torchft").setLevel(logging.CRITICAL)
-    # torch's loader of a peer's state (torchft's HTTP transport) warns that its buffer is read-only.
-    warnings.filterwarnings("ignore", message="The given buffer is not writable")
+    quiet_torchft()
     configure_cli_logging(0)
     try:
         result = run_replica(cfg, ft, replica_id=replica_id, lighthouse=lighthouse, host=host)
@@ -85,9 +111,7 @@ class _Replica:
         # no group waits on another's lock; after a whole-job loss the groups resume from their
         # own folders and the quorum heals the ones behind from the one ahead.
         self.ckpt = ctx.checkpoints(os.path.join(saving.dir, f"replica-{replica_id}"), keep=saving.keep) if saving.dir else None
-        self.healed: list[int] = []
-        """The steps this group healed to from a peer (step 0: the initial sync of a fresh job)."""
-        self.manager: Any = None
+        self.session: Any = None
 
     # -- the state a returning replica group heals from (torchft's checkpoint transport) --
     def state_dict(self) -> dict[str, Any]:
@@ -97,7 +121,6 @@ class _Replica:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.order.load_state_dict(state["order"])
-        self.healed.append(self.manager.current_step())  # torchft set the step before it hands us the state
 
     def _objects(self) -> dict[str, Any]:
         return {"model": self.model, "optimizer": self.optimizer, "order": self.order}
@@ -114,52 +137,21 @@ class _Replica:
             self.manager.load_state_dict(meta["extra"]["torchft"])
             logger.info(f"replica group {self.replica_id}: resumed from {meta['path']} at step {meta['step']}")
 
-    def _manager(self, lighthouse: str, host: str) -> Any:
-        from torch.distributed import TCPStore
-        from torchft import Manager, ProcessGroupGloo
-
-        ft = self.ft
-        step_timeout = timedelta(seconds=ft.step_timeout_s)
-        self._store = TCPStore(host, 0, is_master=True, wait_for_workers=False)  # this group's own store
-        try:
-            return Manager(pg=ProcessGroupGloo(timeout=step_timeout), load_state_dict=self.load_state_dict,
-                           state_dict=self.state_dict, min_replica_size=ft.min_replicas,
-                           # the quorum (and any healing) before the step: the step's samples depend on it
-                           use_async_quorum=False, rank=0, world_size=1, store_addr=host, store_port=self._store.port,
-                           lighthouse_addr=lighthouse, replica_id=self.replica_id, hostname=host, timeout=step_timeout,
-                           quorum_timeout=timedelta(seconds=ft.quorum_timeout_s), connect_timeout=CONNECT_TIMEOUT,
-                           checkpoint_transport=_transport(host, step_timeout))
-        except RuntimeError as exc:  # torchft's server could not reach the Lighthouse
-            reason = str(exc).rsplit(": ", 1)[-1].strip()[:80]
-            raise ConfigError(f"cannot reach the Lighthouse at {lighthouse} within {CONNECT_TIMEOUT.seconds} s ({reason}); "
-                              "check --lighthouse (or --master-addr), and that node 0's job is up.") from None
-
     def train(self, lighthouse: str, host: str, t0: float) -> dict[str, Any]:
-        self.manager = manager = self._manager(lighthouse, host)
+        self.session = Session(self.ft, replica_id=self.replica_id, lighthouse=lighthouse, host=host,
+                               state_dict=self.state_dict, load_state_dict=self.load_state_dict)
+        self.manager = self.session.manager
         self._joined_at: float | None = time.perf_counter()  # until the first commit: how long joining took
         try:
             self._resume()
             return self._loop(t0)
         finally:
-            manager.shutdown(wait=False)
+            self.session.shutdown()
 
-    def _quorum(self) -> tuple[int, int]:
-        """The quorum of the next step (and healing, if this group is behind): (our rank, participants)."""
-        try:
-            self.manager.start_quorum()
-            rank, participants = self.manager.participating_rank(), self.manager.num_participants()
-        except Exception as exc:  # torchft raises what its RPC raised: a timeout, a refused connection
-            step = self.manager.current_step()
-            self.save(step)
-            saved = f"; saved step {step} to {self.ckpt.folder}" if self.ckpt is not None else ""
-            raise FaultToleranceStopped(
-                f"no quorum within {self.ft.quorum_timeout_s:g} s at step {step} (the Lighthouse is gone, or fewer than "
-                f"min={self.ft.min_replicas} replica group(s) are up: {str(exc).splitlines()[0][:160]}){saved}; "
-                "restart the job (with --resume to continue from the checkpoints).") from None
-        if rank is None:
-            raise FaultToleranceStopped("this replica group is not a participant of its quorum (a spare); "
-                                        "spares are not supported yet.")
-        return rank, participants
+    def _stop_saved(self, step: int) -> str:
+        """Before a stop for want of a quorum: a checkpoint, and what the stop's line says of it."""
+        self.save(step)
+        return f"; saved step {step} to {self.ckpt.folder}" if self.ckpt is not None else ""
 
     def _loop(self, t0: float) -> dict[str, Any]:
         cfg, manager = self.cfg, self.manager
@@ -171,17 +163,16 @@ class _Replica:
         first, plan = True, None
         while True:
             self.optimizer.zero_grad(set_to_none=True)
-            rank, participants = self._quorum()
+            rank, participants = self.session.quorum(self._stop_saved)
             if first and ledger is not None:
-                ledger.begin(manager.current_step(), healed=bool(self.healed))
+                ledger.begin(manager.current_step(), healed=bool(self.session.healed))
             first = False
             plan = self.order.plan(rank, participants, self.batch)
             if plan.done or (cfg.schedule.max_steps is not None and manager.current_step() >= cfg.schedule.max_steps):
                 break
             loss = self._forward_backward(plan)
-            if not manager.should_commit():  # a peer lost mid-step, or too few replica groups: nobody moves
+            if not self.session.should_commit(participants):  # a peer lost mid-step, or too few groups: nobody moves
                 stats["not_committed"] += 1
-                self._not_committed(participants)
                 continue
             self.optimizer.step()
             self.order.commit(plan)
@@ -205,26 +196,20 @@ class _Replica:
                         "participants": participants, "global_batch": participants * self.batch,
                         "wall_s": round(time.perf_counter() - t0, 3), "time": round(time.time(), 3)})
         if self._joined_at is not None:
-            healed = f", healed from a peer to step {self.healed[-1]}" if self.healed else ""
+            healed = self.session.healed
+            healed = f", healed from a peer to step {healed[-1]}" if healed else ""
             logger.info(f"replica group {self.replica_id}: committed step {step} with {participants} group(s){healed}, "
                         f"{time.perf_counter() - self._joined_at:.2f} s after reaching the Lighthouse")
             self._joined_at = None
         if cfg.checkpoint.save_every and step % cfg.checkpoint.save_every == 0:
             self.save(step)
 
-    def _not_committed(self, participants: int) -> None:
-        error = self.manager.errored()
-        why = (str(error.original_exception).strip().splitlines() or ["?"])[0][:160] if error is not None else (
-            f"{participants} replica group(s), fewer than min={self.ft.min_replicas}")
-        logger.warning(f"replica group {self.replica_id}: step {self.manager.current_step() + 1} not committed ({why}); "
-                       "the next quorum takes its samples again")
-
     def _forward_backward(self, plan: StepPlan) -> torch.Tensor:
         x, y = default_collate([self.task.train_set[i] for i in plan.mine])
         x, y = x.to(self.ctx.device), y.to(self.ctx.device)
         loss = self.task.loss_fn(self.model(x), y)
         loss.backward()
-        average_gradients(self.manager, self.model)
+        self.session.average_gradients(self.model.parameters())
         return loss.detach()
 
     def _result(self, step: int, loss: torch.Tensor, stats: dict[str, Any], t0: float) -> dict[str, Any]:
@@ -240,40 +225,7 @@ class _Replica:
                 "min_replicas": self.ft.min_replicas, "batch_rule": "per-replica",
                 "batch_per_replica": self.batch, "participants_min": sizes[0] if sizes else None,
                 "participants_max": sizes[-1] if sizes else None, "steps_not_committed": stats["not_committed"],
-                "healed_at_steps": self.healed, "epoch": self.order.epoch,
+                "healed_at_steps": self.session.healed, "epoch": self.order.epoch,
             },
             "wall_s": round(time.perf_counter() - t0, 3),
         }
-
-
-def average_gradients(manager: Any, model: torch.nn.Module) -> None:
-    """The gradients averaged over the quorum by torchft's fault-tolerant all-reduce, as one flat
-    buffer. A failed all-reduce (a peer lost mid-step) is reported to the manager, so the step is
-    not committed. torchft 0.2.0's DistributedDataParallel is not used for this: when a peer dies
-    during its all-reduce, its comm hook fails an assertion instead (benchmarks/ft_ddp_peer_loss.py)."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    for p in params:
-        if p.grad is None:  # unused this step: every group must still send the same buffer
-            p.grad = torch.zeros_like(p)
-    grads = [p.grad for p in params]
-    flat = _flatten_dense_tensors(grads)
-    manager.allreduce(flat).wait()
-    for grad, averaged in zip(grads, _unflatten_dense_tensors(flat, grads)):
-        grad.copy_(averaged)
-
-
-def _transport(host: str, timeout: timedelta) -> Any:
-    """torchft's HTTP checkpoint transport (a healing peer fetches this group's state from it),
-    advertised at ``host``: torchft's own advertises ``socket.gethostname()``, which on hosts that
-    share one name (or whose name resolves to loopback) sends the peer to itself."""
-    from torchft.checkpointing import HTTPTransport
-
-    class _AtHost(HTTPTransport):
-        def address(self) -> str:
-            return f"http://{_url_host(host)}:{self._server.socket.getsockname()[1]}/checkpoint/"
-
-    return _AtHost(timeout=timeout, num_chunks=0)
-
-
-def _url_host(host: str) -> str:
-    return f"[{host}]" if ":" in host else host

@@ -1,0 +1,61 @@
+"""Per-step fault tolerance in your own loop (torchft): lose a replica group, keep stepping.
+
+    pip install 'dtrain[ft]'
+    dtrain run --fault-tolerance -n 2 --max-restarts 3 examples/fault_tolerant.py --ledger ledger
+    # kill -9 one group's process: the other goes on at once; the launcher restarts the lost one, which heals
+    # from the other's memory and steps with it again
+    dtrain ckpt ledger ledger          # every sample trained exactly once over the committed steps
+
+Each process is one replica group. A batch is this group's share of the next step; a step counts
+only when ``ctx.should_commit()`` says so (a group lost mid-step: nobody commits it, and its samples
+are trained again by the groups left).
+"""
+
+import argparse
+import hashlib
+
+import torch
+from sklearn.datasets import load_digits
+from torch.utils.data import DataLoader, TensorDataset
+
+import dtrain
+
+
+def digits() -> tuple[TensorDataset, TensorDataset]:
+    data = load_digits()
+    x, y = torch.tensor(data.data, dtype=torch.float32) / 16.0, torch.tensor(data.target)
+    return TensorDataset(x[:1400], y[:1400]), TensorDataset(x[1400:], y[1400:])
+
+
+def main(train=None, test=None, *, epochs: int = 5, ledger: str | None = None, on_commit=None) -> dict:
+    ctx = dtrain.init(fault_tolerance=True, seed=0)  # the job's Lighthouse and this group's id: from dtrain run
+    if train is None:
+        train, test = digits()
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
+    model, optimizer = ctx.setup(model, torch.optim.Adam(model.parameters(), lr=3e-3))  # what a returning group heals from
+    loader = ctx.setup_dataloader(DataLoader(train, batch_size=32, shuffle=True), ledger=ledger)
+
+    loss = torch.zeros(())
+    for epoch in range(loader.epoch, epochs):  # a group that healed from a peer starts at the peer's epoch
+        for xb, yb in loader:  # each batch: the step's quorum, then this group's share of it
+            optimizer.zero_grad()
+            loss = torch.nn.functional.cross_entropy(model(xb), yb)
+            ctx.backward(loss)
+            if ctx.should_commit():  # gradients averaged over the groups; False: a group was lost mid-step
+                optimizer.step()
+                if on_commit is not None:
+                    on_commit(loss.item())
+        print(f"epoch {epoch}: loss {loss.item():.4f}", flush=True)
+
+    accuracy = ctx.evaluate(model, test, metric=lambda out, t: (out.argmax(1) == t).float())["metric"]
+    weights = b"".join(p.detach().numpy().tobytes() for p in ctx.unwrap(model).parameters())
+    ctx.close()
+    return {"test_acc": round(accuracy, 4), "weights_sha256": hashlib.sha256(weights).hexdigest()}
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--epochs", type=int, default=5)
+    parser.add_argument("--ledger", default=None, help="a folder for the committed steps' samples")
+    args = parser.parse_args()
+    print(main(epochs=args.epochs, ledger=args.ledger), flush=True)

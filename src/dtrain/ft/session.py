@@ -1,0 +1,145 @@
+"""One replica group's link to the job: torchft's Manager, asked for a quorum before each step,
+the gradients averaged over it, its commit vote after. Both faces use it: ``dtrain train
+--fault-tolerance``'s loop (``dtrain.train.ft_replica``) and a user's own loop through the
+Context (``dtrain.init(fault_tolerance=True)``, ``dtrain.context.replicas``).
+
+The caller owns the state: ``state_dict()`` is what a peer that is behind heals from (torchft's
+checkpoint transport), ``load_state_dict(state)`` takes a peer's. The quorum is synchronous (the
+step's samples depend on who is in it), so healing happens inside ``quorum()``, before the step.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from collections.abc import Callable, Iterable
+from datetime import timedelta
+from typing import Any
+
+import torch
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+from .._log import logger
+from ..errors import ConfigError
+from .spec import FaultTolerance, FaultToleranceStopped, require_torchft
+
+CONNECT_TIMEOUT = timedelta(seconds=10)
+"""How long a replica group tries to reach the Lighthouse when it starts."""
+
+
+def quiet_torchft() -> None:
+    """What torchft prints on its own, kept to what a user needs (call before torchft loads)."""
+    os.environ.setdefault("RUST_LOG", "warn")  # read when torchft loads: else its servers log every quorum
+    # torchft logs a failed all-reduce with its traceback; the loop says it in one line instead.
+    logging.getLogger("torchft").setLevel(logging.CRITICAL)
+    # torch's loader of a peer's state (torchft's HTTP transport) warns that its buffer is read-only.
+    warnings.filterwarnings("ignore", message="The given buffer is not writable")
+
+
+class Session:
+    """A replica group's torchft Manager (see the module's docstring)."""
+
+    def __init__(self, ft: FaultTolerance, *, replica_id: str, lighthouse: str, host: str,
+                 state_dict: Callable[[], dict[str, Any]], load_state_dict: Callable[[dict[str, Any]], None]) -> None:
+        require_torchft()
+        from torch.distributed import TCPStore
+        from torchft import Manager, ProcessGroupGloo
+
+        self.ft, self.replica_id, self.lighthouse = ft, replica_id, lighthouse
+        self.healed: list[int] = []
+        """The steps this group healed to from a peer (step 0: the initial sync of a fresh job)."""
+        self._load = load_state_dict
+        step_timeout = timedelta(seconds=ft.step_timeout_s)
+        self._store = TCPStore(host, 0, is_master=True, wait_for_workers=False)  # this group's own store
+        try:
+            self.manager: Any = Manager(
+                pg=ProcessGroupGloo(timeout=step_timeout), load_state_dict=self._healed, state_dict=state_dict,
+                min_replica_size=ft.min_replicas,
+                # the quorum (and any healing) before the step: the step's samples depend on it
+                use_async_quorum=False, rank=0, world_size=1, store_addr=host, store_port=self._store.port,
+                lighthouse_addr=lighthouse, replica_id=replica_id, hostname=host, timeout=step_timeout,
+                quorum_timeout=timedelta(seconds=ft.quorum_timeout_s), connect_timeout=CONNECT_TIMEOUT,
+                checkpoint_transport=_transport(host, step_timeout))
+        except RuntimeError as exc:  # torchft's server could not reach the Lighthouse
+            reason = str(exc).rsplit(": ", 1)[-1].strip()[:80]
+            raise ConfigError(f"cannot reach the Lighthouse at {lighthouse} within {CONNECT_TIMEOUT.seconds} s ({reason}); "
+                              "check --lighthouse (or --master-addr), and that node 0's job is up.") from None
+
+    def _healed(self, state: dict[str, Any]) -> None:
+        self._load(state)
+        self.healed.append(self.manager.current_step())  # torchft set the step before it hands us the state
+
+    @property
+    def step(self) -> int:
+        """Committed steps so far (the same on every replica group of the quorum)."""
+        return self.manager.current_step()
+
+    def quorum(self, before_stop: Callable[[int], str] = lambda step: "") -> tuple[int, int]:
+        """The quorum of the next step (and healing, if this group is behind): (our rank, participants).
+        No quorum: ``before_stop(step)`` (a checkpoint; it returns what to add to the line), then
+        FaultToleranceStopped."""
+        try:
+            self.manager.start_quorum()
+            rank, participants = self.manager.participating_rank(), self.manager.num_participants()
+        except Exception as exc:  # torchft raises what its RPC raised: a timeout, a refused connection
+            step = self.manager.current_step()
+            saved = before_stop(step)
+            raise FaultToleranceStopped(
+                f"no quorum within {self.ft.quorum_timeout_s:g} s at step {step} (the Lighthouse is gone, or fewer than "
+                f"min={self.ft.min_replicas} replica group(s) are up: {str(exc).splitlines()[0][:160]}){saved}; "
+                "restart the job (with --resume to continue from the checkpoints).") from None
+        if rank is None:
+            raise FaultToleranceStopped("this replica group is not a participant of its quorum (a spare); "
+                                        "spares are not supported yet.")
+        return rank, participants
+
+    def average_gradients(self, params: Iterable[torch.nn.Parameter]) -> None:
+        average_gradients(self.manager, params)
+
+    def should_commit(self, participants: int) -> bool:
+        """torchft's vote: True when every participant finished the step; else one warning line."""
+        if self.manager.should_commit():
+            return True
+        error = self.manager.errored()
+        why = (str(error.original_exception).strip().splitlines() or ["?"])[0][:160] if error is not None else (
+            f"{participants} replica group(s), fewer than min={self.ft.min_replicas}")
+        logger.warning(f"replica group {self.replica_id}: step {self.manager.current_step() + 1} not committed ({why}); "
+                       "the next quorum takes its samples again")
+        return False
+
+    def shutdown(self) -> None:
+        self.manager.shutdown(wait=False)
+
+
+def average_gradients(manager: Any, params: Iterable[torch.nn.Parameter]) -> None:
+    """The gradients averaged over the quorum by torchft's fault-tolerant all-reduce, as one flat
+    buffer. A failed all-reduce (a peer lost mid-step) is reported to the manager, so the step is
+    not committed. torchft 0.2.0's DistributedDataParallel is not used for this: when a peer dies
+    during its all-reduce, its comm hook fails an assertion instead (benchmarks/ft_ddp_peer_loss.py)."""
+    params = [p for p in params if p.requires_grad]
+    for p in params:
+        if p.grad is None:  # unused this step: every group must still send the same buffer
+            p.grad = torch.zeros_like(p)
+    grads = [p.grad for p in params]
+    flat = _flatten_dense_tensors(grads)
+    manager.allreduce(flat).wait()
+    for grad, averaged in zip(grads, _unflatten_dense_tensors(flat, grads)):
+        grad.copy_(averaged)
+
+
+def _transport(host: str, timeout: timedelta) -> Any:
+    """torchft's HTTP checkpoint transport (a healing peer fetches this group's state from it),
+    advertised at ``host``: torchft's own advertises ``socket.gethostname()``, which on hosts that
+    share one name (or whose name resolves to loopback) sends the peer to itself."""
+    from torchft.checkpointing import HTTPTransport
+
+    class _AtHost(HTTPTransport):
+        def address(self) -> str:
+            return f"http://{_url_host(host)}:{self._server.socket.getsockname()[1]}/checkpoint/"
+
+    return _AtHost(timeout=timeout, num_chunks=0)
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host

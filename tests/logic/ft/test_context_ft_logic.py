@@ -1,0 +1,68 @@
+"""The Context's face of fault tolerance without processes: what dtrain.init(fault_tolerance=...) asks
+for, the launcher's hand-over to a script, and the one-line refusals (no Lighthouse, a sharding strategy,
+a ledger without fault tolerance, a bad --fault-tolerance on dtrain run)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+import dtrain
+from dtrain.cli import main
+from dtrain.context.replicas import requested
+from dtrain.errors import ConfigError
+from dtrain.ft.spec import FaultTolerance
+from dtrain.options import FaultToleranceLink, Options
+
+
+def test_fault_tolerance_is_on_where_the_launcher_said_so_unless_the_script_says_otherwise():
+    link = FaultToleranceLink(spec="min=2,heartbeat=1", lighthouse="http://127.0.0.1:1", replica_id="a")
+    assert requested(None, link) == FaultTolerance(min_replicas=2, heartbeat_s=1.0)
+    assert requested(None, FaultToleranceLink()) is None and requested(False, link) is None
+    assert requested(True, FaultToleranceLink()) == FaultTolerance()
+    assert requested("min=3", link).min_replicas == 3
+    with pytest.raises(ConfigError, match="fault_tolerance=...\\) got int 1"):
+        requested(1, link)
+
+
+def test_the_launcher_hands_a_group_its_settings_lighthouse_and_id_through_the_environment():
+    ft = FaultTolerance(min_replicas=2, heartbeat_s=0.5, quorum_timeout_s=30)
+    link = FaultToleranceLink(spec=ft.to_text(), lighthouse="http://10.0.0.1:29510", replica_id="1-0")
+    env = link.to_env()
+    assert env["DTRAIN_FT_LIGHTHOUSE"] == "http://10.0.0.1:29510" and env["DTRAIN_FT_REPLICA"] == "1-0"
+    assert Options.from_env(env).ft == link and FaultTolerance.parse(env["DTRAIN_FT"]) == ft
+
+
+def test_fault_tolerance_without_a_job_is_one_line():
+    with pytest.raises(ConfigError, match="needs the job's Lighthouse and this group's id"):
+        dtrain.init(fault_tolerance=True)
+
+
+def test_fault_tolerance_refuses_a_sharding_strategy():
+    with pytest.raises(ConfigError, match="strategy='fsdp'; leave strategy out"):
+        dtrain.init(strategy="fsdp", fault_tolerance="min=1")
+
+
+def test_without_fault_tolerance_every_step_commits_and_a_ledger_is_refused():
+    ctx = dtrain.init()
+    try:
+        assert ctx.should_commit() is True
+        loader = DataLoader(TensorDataset(torch.zeros(8, 2)), batch_size=4)
+        with pytest.raises(ConfigError, match="ledger=...\\) is kept under fault tolerance only"):
+            ctx.setup_dataloader(loader, ledger="ledger")
+    finally:
+        ctx.close()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--fault-tolerance", "min=0"], "--fault-tolerance min must be >= 1, got 0"),
+    (["--fault-tolerance", "--lighthouse", "nohost"], "--lighthouse 'nohost' is not HOST:PORT"),
+    (["--fault-tolerance", "--nnodes", "2"], "needs --master-addr"),
+])
+def test_bad_fault_tolerance_flags_of_dtrain_run_end_with_one_line(args, message, tmp_path, capsys):
+    script = tmp_path / "train.py"
+    script.write_text("")
+    assert main(["run", *args, str(script)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("dtrain: error:") == 1 and "Traceback" not in err
