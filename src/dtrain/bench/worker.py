@@ -82,7 +82,7 @@ def measure(ctx: dtrain.Context, task, args) -> Recorder:
     def measured_steps_only() -> None:
         # The split is measured after its own warm-up and used from a step no sampler has built
         # yet: the measured steps start once every rank trains with the measured shares.
-        while splitter is not None and (not splitter.measured or (splitter.changes and state.step + 1 < splitter.changes[-1]["from_step"])):
+        while splitter is not None and not splitter.settled(state.step):
             step(False)
         ctx.breakdown.finish()
         ctx.breakdown.reset()  # the breakdown of the measured steps only

@@ -207,3 +207,49 @@ def test_weighted_update_equals_the_even_split(shares, k):
 
 def test_even_weight_is_exactly_one():
     assert loss_weight(16, 2, 4, 128) == 1.0
+
+
+class _TwoRanks:
+    """Two ranks in one process for the split's listener: rank r's forward takes
+    ``fixed[r] + n * per[r]`` ms with ``n`` its share of the step measured; optimizer 1 ms."""
+
+    is_main, device = False, torch.device("cpu")
+
+    def __init__(self, loader, fixed, per):
+        from types import SimpleNamespace
+
+        self.loader, self.fixed, self.per = loader, fixed, per
+        self.breakdown = SimpleNamespace(recent=lambda n: None)
+        self.step = 0
+
+    def all_gather(self, t):
+        from dtrain.metrics.breakdown import pack, stats
+
+        shares = self.loader.schedule.at(self.step - 1)  # the measured steps ran with these
+        return [torch.tensor([*pack(stats([(0.0, f + n * c, 0.0, 0.0, 1.0, 0.0)] * 4)), float(self.loader.batch_sampler.next_step)],
+                             dtype=torch.float64) for f, c, n in zip(self.fixed, self.per, shares)]
+
+
+def test_a_cost_that_does_not_shrink_with_the_batch_is_found_by_the_second_point():
+    """Rank 1's forward holds 30 ms whatever its batch (a sleep, buckets all-reduced on its core):
+    one measurement reads it as per sample and gives rank 1 too many samples; the two-point fit
+    finds the fixed part and the split that makes both ranks finish together."""
+    from dtrain.metrics.stragglers import StragglerConfig
+    from dtrain.train.listeners import LoopState
+    from dtrain.train.listeners.batch_split import BatchSplit, fit_line
+
+    assert fit_line(32, 62.0, 22, 52.0) == (30.0, 1.0)
+    assert fit_line(32, 62.0, 32, 64.0) == (0.0, 2.0)  # one point: all per sample
+    assert fit_line(32, 40.0, 22, 52.0) == (0.0, 52.0 / 22)  # a negative slope is noise: the later point alone
+    loader = _loaders(world=2, n=64 * 40, batch=32)[0]
+    ctx = _TwoRanks(loader, fixed=[0.0, 30.0], per=[1.0, 1.0])
+    split = BatchSplit(ctx, loader, measure=True, unit=1, warmup_steps=None, stragglers=StragglerConfig())
+    split.on_start(LoopState(step=0, total=40))
+    for step in range(1, 40):
+        ctx.step, loader.batch_sampler.next_step = step, step + 1
+        split.on_step(LoopState(step=step, total=40))
+    first, refined = split.changes
+    assert first["why"] == "measured after warm-up" and first["new"] == shares_for(64, [1.0, 62 / 32], [1.0, 1.0])
+    assert refined["why"] == "refined with a second point" and refined["from_step"] > first["from_step"]
+    assert refined["new"] == shares_for(64, [1.0, 1.0], [1.0, 31.0]) == [47, 17]
+    assert split.settled(39) and loader.schedule.last == [47, 17]

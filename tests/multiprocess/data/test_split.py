@@ -61,16 +61,20 @@ def test_uneven_shares_give_the_even_update(tmp_path, even, strategy, extra):
 
 
 def test_speed_split_exactly_once_and_resumed(tmp_path, even):
-    """Rank 1 sleeps in each forward: the split measured after warm-up moves samples to rank 0;
-    the run stops at step 12 and resumes with the checkpoint's split (not measured again); the
-    ledger counts every sample of the epoch once; the parameters are the even split's."""
+    """Rank 1 sleeps in each forward: the split measured after warm-up moves samples to rank 0,
+    and the second point (the sleep does not shrink with the batch) moves more; the run stops at
+    step 12 and resumes with the checkpoint's split (not measured again); the ledger counts every
+    sample of the epoch once; the parameters are the even split's."""
     ledger, slow = tmp_path / "ledger", {"DTRAIN_SLOW_INJECT": "1:compute:30"}
     first = _train(tmp_path, "--batch-split", "speed", "--ledger", str(ledger), "--max-steps", "12", "--save-every", "6",
                    env=slow)
     assert "batch split: measured after warm-up at step 5: shares 32/32 -> " in first
-    shares = first.split("batch split: measured after warm-up at step 5: shares 32/32 -> ")[1].split()[0]
+    measured = first.split("batch split: measured after warm-up at step 5: shares 32/32 -> ")[1].split()[0]
+    refined = first.split("batch split: refined with a second point at step 12: shares ")[1].split()[2]
+    assert int(refined.split("/")[0]) > int(measured.split("/")[0])
     second = _train(tmp_path, "--batch-split", "speed", "--ledger", str(ledger), "--resume", env=slow)
-    assert "measured after warm-up" not in second
+    assert "measured after warm-up" not in second and "refined" not in second
+    shares = refined
     records = [json.loads(line) for line in (ledger / "gen00002-rank00000.jsonl").read_text().splitlines()[1:]]
     assert records[0]["s"] == 13 and len(records[0]["i"]) == int(shares.split("/")[0]) != 32
     r = run_cli(["ckpt", "ledger", str(ledger)], cwd=str(ROOT))

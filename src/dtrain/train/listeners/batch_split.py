@@ -6,6 +6,14 @@ data wait divided by the samples it had; fixed, its optimizer step and the rest 
 The global batch is then split so that the slowest rank's predicted time is least
 (``split.shares_for``), from a step no rank's sampler has built yet.
 
+One measurement at one batch size cannot tell a rank's per-sample cost from the part of its
+forward and backward that does not shrink with the batch (per-layer dispatch, gradient buckets
+all-reduced during backward on the same throttled core, a fixed sleep): all of it is read as per
+sample, so the rank given fewer samples keeps more time than predicted and finishes last. So
+``REFINE_ROWS`` steps after the first split is in use, the same figures are gathered again and
+each rank's compute is fitted as a line through its two points (``fit_line``), and the split made
+again from the lines where that shortens the predicted step.
+
 Then every ``--straggler-window`` steps the same figures are gathered again and handed to a
 straggler detector (``metrics.stragglers``: a rank whose own step time is ``--straggler-threshold``
 x the others' median): when it names a rank, the speed has drifted (a busier host, a throttled
@@ -37,6 +45,8 @@ MEASURE_STEPS = 4
 step apart (it starts the loader)."""
 MIN_GAIN = 0.03
 """A re-measured split replaces the current one only if it shortens the predicted step by this share."""
+REFINE_ROWS = 6
+"""Steps with the first measured split whose figures, with the first measurement's, fit each rank's line."""
 PER_SAMPLE = ("forward", "backward", "data_wait")
 FIXED = ("optimizer", "rest")
 
@@ -101,6 +111,14 @@ class BatchSplit(Listener):
         """The first measurement was made (or a checkpoint's split continues)."""
         self.changes: list[dict[str, Any]] = []
         """Every change of shares: step measured, from step, old and new shares, why."""
+        self.refine_at: int | None = None
+        """The step at which the first split's figures are read for the two-point fit (pending)."""
+        self.first_point: tuple[list[int], list[float]] | None = None
+        """The first measurement's shares and each rank's compute ms (the line's first point)."""
+
+    def settled(self, step: int) -> bool:
+        """Measured, refined, and the last change in use from the step after ``step``."""
+        return self.measured and self.refine_at is None and (not self.changes or step + 1 >= self.changes[-1]["from_step"])
 
     def on_start(self, state: LoopState) -> None:
         self.loader.start_step(state.step)
@@ -113,6 +131,12 @@ class BatchSplit(Listener):
             self.next_check = state.step + self.first_rows + 1
 
     def on_step(self, state: LoopState) -> None:
+        if self.refine_at is not None and state.step == self.refine_at:
+            self.refine_at = None
+            self._refine(state.step)
+            if self.next_check is not None and self.next_check <= state.step:  # a window shorter than the refinement's
+                self.next_check = state.step + self.window
+            return
         if self.next_check is None or state.step != self.next_check:
             return
         first = not self.measured
@@ -152,12 +176,52 @@ class BatchSplit(Listener):
                 logger.info(f"batch split: {why} at step {step}: shares stay {describe(current)} samples per rank "
                             f"(compute samples/s: {rates})")
             return
+        self._change(step, from_step, current, new, why, f"compute samples/s: {rates}")
+        if first:  # the line's first point; the second comes from the new split's steps
+            self.first_point = (current, [c * n for c, n in zip(per_sample, current)])
+            self.refine_at = from_step + REFINE_ROWS
+
+    def _change(self, step: int, from_step: int, current: list[int], new: list[int], why: str, figures: str) -> None:
         self.loader.schedule.change(from_step, new)
         self.next_check = from_step + self.window
         self.changes.append({"step": step, "from_step": from_step, "old": current, "new": new, "why": why})
         if self.ctx.is_main:
             logger.info(f"batch split: {why} at step {step}: shares {describe(current)} -> {describe(new)} samples per rank "
-                        f"from step {from_step} (compute samples/s: {rates})")
+                        f"from step {from_step} ({figures})")
+
+    def _refine(self, step: int) -> None:
+        """The two-point fit: the first split's last ``REFINE_ROWS`` steps (every one ran with it)
+        and the first measurement give each rank a line; the split is made again from the lines."""
+        per_rank, from_step = self._gather(REFINE_ROWS)
+        current = self.loader.schedule.at(step - 1)
+        (n1, t1), self.first_point = self.first_point, None
+        try:
+            per_sample, fixed = costs(per_rank, current)
+        except ValueError:
+            return  # a rank without figures: the first split stays
+        lines = [fit_line(a, ta, b, c * b) for a, ta, b, c in zip(n1, t1, current, per_sample)]
+        per_sample = [slope for _, slope in lines]
+        fixed = [f + cut for f, (cut, _) in zip(fixed, lines)]
+        new = shares_for(sum(current), per_sample, fixed, unit=self.unit)
+        figures = "compute per rank: " + ", ".join(f"rank {r} {f:.4g} ms + {c:.4g} ms/sample" for r, (f, c) in enumerate(zip(fixed, per_sample)))
+        if new == current or predicted_ms(new, per_sample, fixed) > (1 - MIN_GAIN) * predicted_ms(current, per_sample, fixed):
+            if self.ctx.is_main:
+                logger.info(f"batch split: refined with a second point at step {step}: shares stay {describe(current)} ({figures})")
+            return
+        self._change(step, from_step, current, new, "refined with a second point", figures)
+
+
+def fit_line(n1: int, t1: float, n2: int, t2: float) -> tuple[float, float]:
+    """(fixed ms, ms per sample) of the line through one rank's two (samples, compute ms) points;
+    where the points give no usable line (same shares, noise making a slope or intercept
+    negative) the later point alone, all per sample."""
+    if n1 != n2:
+        slope = (t2 - t1) / (n2 - n1)
+        cut = t2 - slope * n2
+        if slope > 0 and cut >= 0:
+            return cut, slope
+    return 0.0, t2 / n2
+
 
 def costs(per_rank: list[dict[str, Any] | None], shares: list[int]) -> tuple[list[float], list[float]]:
     """Each rank's compute ms per sample (forward, backward, data wait over its samples) and
