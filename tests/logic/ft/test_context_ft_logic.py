@@ -66,3 +66,63 @@ def test_bad_fault_tolerance_flags_of_dtrain_run_end_with_one_line(args, message
     assert main(["run", *args, str(script)]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("dtrain: error:") == 1 and "Traceback" not in err
+
+
+class _FakeSession:
+    """torchft's part, scripted: one group alone in every quorum; ``votes`` says which steps commit."""
+
+    def __init__(self, votes):
+        self.votes, self.step, self.quorums, self.healed = list(votes), 0, 0, []
+
+    def quorum(self, before_stop=None):
+        self.quorums += 1
+        return 0, 1
+
+    def average_gradients(self, params):
+        list(params)
+
+    def should_commit(self, participants):
+        ok = self.votes.pop(0)
+        self.step += ok
+        return ok
+
+
+def _replicas(votes, n=10, batch=4):
+    from dtrain.context.replicas import Replicas
+
+    rep = Replicas.__new__(Replicas)  # its torchft session replaced by the scripted one
+    rep.replica_id, rep.seed, rep.device = "a", 0, torch.device("cpu")
+    rep.models, rep.optimizers, rep.order, rep.batch, rep.ledger, rep.pending, rep.plan = [torch.nn.Linear(1, 1)], [], None, 1, None, None, None
+    rep.session = _FakeSession(votes)
+    return rep, rep.loader(DataLoader(TensorDataset(torch.arange(n)), batch_size=batch), ledger=None, move_to_device=False)
+
+
+def test_a_step_not_committed_is_trained_again_and_a_pass_is_the_rest_of_an_epoch():
+    rep, loader = _replicas([True, False, True, True, True])
+    seen = []
+    for (x,) in loader:  # 10 samples, 4 a step: 2 steps an epoch, 2 left out
+        seen.append(x.tolist())
+        rep.should_commit()
+    assert seen[1] == seen[2] and len(seen) == 3  # the step not committed: the same samples again
+    assert loader.epoch == 1 and rep.pending is not None  # the next pass begins from the quorum already taken
+    quorums = rep.session.quorums
+    second = [x.tolist() for (x,) in _committing(loader, rep)]
+    assert len(second) == 2 and rep.session.quorums == quorums + 2  # the pending quorum is the first step's
+    assert sorted(sum(seen[0:1] + seen[2:], [])) != sorted(sum(second, []))  # epoch 1's own order
+
+
+def _committing(loader, rep):
+    for batch in loader:
+        yield batch
+        rep.should_commit()
+
+
+def test_the_next_batch_without_should_commit_is_one_line():
+    rep, loader = _replicas([True])
+    batches = iter(loader)
+    next(batches)
+    with pytest.raises(ConfigError, match="every step ends with ctx.should_commit"):
+        next(batches)
+    rep.plan = None
+    with pytest.raises(ConfigError, match="ctx.should_commit\\(\\) ends a step"):
+        rep.should_commit()
