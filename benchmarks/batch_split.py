@@ -8,7 +8,8 @@ speed alternating, and with ``--alone`` each rank's own rate with one process on
 same per-rank batch (the sum of the two is what a perfect split would reach). The figure is the
 run's steady samples/s (after ``--warmup-steps``, which covers the split's measurement).
 Medians over rounds; every run is one JSON line in ``--out``, with the load average before
-and after it (the machine is shared).
+and after it (the machine is shared), and each rank's median step breakdown over the run
+(``breakdown_ms``: where the throttled rank's step goes, the all-reduce's ``comm`` included).
 
     python benchmarks/batch_split.py --task lm --rounds 3 --out benchmarks/results/batch_split-DATE.jsonl
 
@@ -85,7 +86,10 @@ def _run(args: argparse.Namespace, quota: Quota, *, world: int, slow: int | None
         raise SystemExit(f"run failed ({split}, slow rank {slow}):\n{outs[0][1][-2000:]}\n{outs[-1][1][-2000:]}")
     result = json.loads(outs[0][0].strip().splitlines()[-1])
     lines = [ln.split("batch split: ", 1)[1] for ln in outs[0][1].splitlines() if "batch split: " in ln]
-    return {"samples_per_s": result["samples_per_s"], "steps": result["steps"], "split_lines": lines}
+    # Each rank's median phase times (ms) over the run: where the step goes, per rank.
+    per_rank = [((w or {}).get("median_ms") or {}) for w in (result.get("breakdown") or [])]
+    breakdown = [{k: round(v, 1) for k, v in m.items() if v is not None} for m in per_rank]
+    return {"samples_per_s": result["samples_per_s"], "steps": result["steps"], "split_lines": lines, "breakdown_ms": breakdown}
 
 
 def _load() -> float:
