@@ -19,7 +19,7 @@ from unittest import mock
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src"))
 
-from dtrain.plan import Settings, cluster, costs, make_plan, pipeline_sim, steps  # noqa: E402
+from dtrain.plan import Settings, cluster, costs, make_plan, steps  # noqa: E402
 from dtrain.plan.machinery import Machinery, Phases  # noqa: E402
 from dtrain.plan.profile import from_counts, transformer  # noqa: E402
 from dtrain.plan.timing import Timing  # noqa: E402
@@ -57,13 +57,13 @@ def cpu_measured(prof, batch: int):
     return replace(prof, timing=t, machinery=m)
 
 
-def _no_latency_wait(p, m, fwd, bwd, hop, schedule="1f1b", latency=0.0, _real=pipeline_sim.makespan):
+def _no_latency_wait(p, m, fwd, bwd, hop, schedule="1f1b", latency=0.0, _real=steps.makespan):
     return _real(p, m, fwd, bwd, hop, schedule, 0.0)
 
 
 TERMS = {
     "log steps' collectives (amortised)": lambda: mock.patch.object(steps, "log_step", lambda c, s: 0.0),
-    "pipeline: a send waits for its receive's post": lambda: mock.patch.object(pipeline_sim, "makespan", _no_latency_wait),
+    "pipeline: a send waits for its receive's post": lambda: mock.patch.object(steps, "makespan", _no_latency_wait),
     "groups sharing a node's NICs": lambda: mock.patch.object(
         steps, "group_of", lambda size, stride, ppn, _g=costs.group_of: replace(_g(size, stride, ppn), sharing=1)),
     "gloo reduce-scatter as an all-reduce": lambda: mock.patch.object(costs, "_reduce_is_allreduce", lambda g, c: False),

@@ -116,19 +116,6 @@ def compute_rates(prof: Any, c: Any, s: Any) -> tuple[float, float]:
     return fwd, bwd
 
 
-def gather_bytes(prof: Any, s: Any) -> list[float]:
-    """Bytes each FSDP unit all-gathers (``steps.fsdp_units``' order: the root, then the blocks):
-    ``s.param_comm_bytes`` a parameter, 1 for a converted weight under float8 (tensorwise)."""
-    f8 = prof.float8 if s.precision == "float8" else None
-    blocks = [b.params for b in prof.blocks]
-    in_blocks = list(f8.block_params) if f8 is not None and len(f8.block_params) == len(blocks) else [0] * len(blocks)
-    rest_p = max(0, prof.params - sum(blocks))
-    rest_f = prof.fwd_flops - sum(b.fwd_flops for b in prof.blocks)
-    units = [(rest_p, (f8.params - sum(in_blocks)) if f8 is not None else 0, rest_p > 0 or rest_f > 0)]
-    units += [(b.params, f, b.params > 0 or b.fwd_flops > 0) for b, f in zip(prof.blocks, in_blocks)]
-    return [s.param_comm_bytes * p - (s.param_comm_bytes - 1) * f for p, f, kept in units if kept]
-
-
 def with_float8(plan: Any, task: Any, batch: int) -> Any:
     """``plan`` (made under bf16-mixed, which float8 runs around) predicted again with the model's
     float8 linears counted: the same layouts, profile and cluster."""

@@ -12,6 +12,7 @@ from typing import Any
 from .cluster import Cluster
 from .layouts import Layout
 from .profile import ModelProfile
+from .steps import fsdp_units, recompute_s, stage_share, step_phases
 
 MIB = 2**20
 OPT_STATES = {"sgd": 1, "adam": 2, "adamw": 2, "adadelta": 2}
@@ -134,53 +135,7 @@ def compute_rates(prof: ModelProfile, c: Cluster, s: Settings) -> tuple[float, f
     return fwd, fwd * prof.bwd_ratio, OPT_BYTES_TOUCHED.get(s.optimizer, 28) / c.device.mem_bw
 
 
-def recompute_s(prof: ModelProfile, c: Cluster, s: Settings, fwd: float) -> float:
-    """Seconds per sample activation checkpointing adds to backward: one more forward of the blocks,
-    none where the step was timed on the device planned for with the blocks checkpointed (its
-    backward holds the recomputation, its forward the wrappers' own cost)."""
-    if not s.activation_checkpointing:
-        return 0.0
-    t = prof.timing
-    if t is not None and t.checkpointed and (not c.is_gpu or c.device.profiled):
-        return 0.0
-    return fwd * _block_share(prof)
-
-
-def _block_share(prof: ModelProfile) -> float:
-    """Share of the forward FLOPs spent in the blocks."""
-    return min(1.0, sum(b.fwd_flops for b in prof.blocks) / prof.fwd_flops) if prof.fwd_flops else 0.0
-
-
-def stage_share(prof: ModelProfile, pp: int) -> tuple[float, float, float]:
-    """(compute share, parameter share, activation share) of the busiest of ``pp`` stages."""
-    if pp <= 1 or not prof.blocks:
-        return 1.0, 1.0, 1.0
-    n = len(prof.blocks)
-    per = math.ceil(n / pp)
-    bl = prof.blocks[:per]
-    rest_f = prof.fwd_flops - sum(b.fwd_flops for b in prof.blocks)
-    rest_p = prof.params - sum(b.params for b in prof.blocks)
-    rest_a = prof.act_bytes - sum(b.act_bytes for b in prof.blocks)
-    f = (sum(b.fwd_flops for b in bl) + rest_f / 2) / prof.fwd_flops
-    p = (sum(b.params for b in bl) + rest_p / 2) / max(1, prof.params)
-    a = (sum(b.act_bytes for b in bl) + rest_a / 2) / max(1.0, prof.act_bytes)
-    return f, p, a
-
-
-def powersgd_elements(prof: ModelProfile, rank: int) -> float:
-    """Elements PowerSGD sends per step: P and Q of each matrix it compresses, the rest whole
-    (torch compresses a matrix only when that at least halves it)."""
-    matrix_params = sum(m * n for m, n in prof.matrices)
-    sent = 0.0
-    for m, n in prof.matrices:
-        low = rank * (m + n)
-        sent += low if m * n >= 2 * low else m * n
-    return sent + max(0, prof.params - matrix_params)
-
-
 def predict(prof: ModelProfile, c: Cluster, layout: Layout, s: Settings) -> Prediction:
-    from .steps import step_phases  # the per-layout step, kept apart for size
-
     fwd, bwd, opt = compute_rates(prof, c, s)
     phases, comm_s, notes = step_phases(prof, c, layout, s, fwd, bwd, opt)
     single = s.batch * (fwd + bwd + s.data_s_per_sample + recompute_s(prof, c, s, fwd)) + opt * prof.params
@@ -210,9 +165,7 @@ def memory(prof: ModelProfile, c: Cluster, layout: Layout, s: Settings) -> dict[
         act = act - sum(b.act_bytes for b in blocks) + kept
     mem["activations"] = act * micro * in_flight / d.tp
     if shard > 1:  # the unit being used and the one prefetched, whole
-        from .float8 import gather_bytes  # float8 weights gathered in 1 byte
-
-        mem["gathered"] = 2 * max(gather_bytes(prof, s)) / d.tp
+        mem["gathered"] = 2 * max(g for g, _, _ in fsdp_units(prof, s)) / d.tp
     if layout.comm.startswith("powersgd"):  # error feedback: one more copy of the gradient (torch's PowerSGD state)
         mem["comm_state"] = 4 * params_rank
     mem.update(_transient(prof, c, s, micro))

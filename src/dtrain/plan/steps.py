@@ -1,24 +1,67 @@
-"""One step of a layout, phase by phase (seconds): the collectives each layout issues, what of
-them backward hides, the pipeline's fill and drain. ``model.predict`` adds memory around it.
+"""One step of a layout, phase by phase (seconds): the collectives each layout issues, what
+backward hides of them, a pipeline schedule played out. ``model.predict`` adds memory around it.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
+from typing import Any
 
 from ..comm.spec import CommSpec
 from . import costs
 from .cluster import Cluster
 from .costs import Group, group_of
-from .float8 import gather_bytes
 from .layouts import Layout
 from .profile import ModelProfile
 
 
+def stage_share(prof: ModelProfile, pp: int) -> tuple[float, float, float]:
+    """(compute, parameter, activation) share of the busiest of ``pp`` stages; the root's half each end."""
+    if pp <= 1 or not prof.blocks:
+        return 1.0, 1.0, 1.0
+    bl = prof.blocks[:math.ceil(len(prof.blocks) / pp)]
+    rest_f = prof.fwd_flops - sum(b.fwd_flops for b in prof.blocks)
+    rest_p = prof.params - sum(b.params for b in prof.blocks)
+    rest_a = prof.act_bytes - sum(b.act_bytes for b in prof.blocks)
+    f = (sum(b.fwd_flops for b in bl) + rest_f / 2) / prof.fwd_flops
+    p = (sum(b.params for b in bl) + rest_p / 2) / max(1, prof.params)
+    a = (sum(b.act_bytes for b in bl) + rest_a / 2) / max(1.0, prof.act_bytes)
+    return f, p, a
+
+
+def recompute_s(prof: ModelProfile, c: Cluster, s: Any, fwd: float) -> float:
+    """Seconds per sample activation checkpointing adds: a forward of the blocks (none where the
+    step was timed checkpointed on the device planned for)."""
+    t = prof.timing
+    if not s.activation_checkpointing or (t is not None and t.checkpointed and (not c.is_gpu or c.device.profiled)):
+        return 0.0
+    return fwd * (min(1.0, sum(b.fwd_flops for b in prof.blocks) / prof.fwd_flops) if prof.fwd_flops else 0.0)
+
+
+def powersgd_elements(prof: ModelProfile, rank: int) -> float:
+    """Elements PowerSGD sends: P and Q of each matrix it halves at least (torch's rule), the rest whole."""
+    sent = sum(rank * (m + n) if m * n >= 2 * rank * (m + n) else m * n for m, n in prof.matrices)
+    return sent + max(0, prof.params - sum(m * n for m, n in prof.matrices))
+
+
+def fsdp_units(prof: ModelProfile, s: Any) -> list[tuple[float, int, float]]:
+    """(bytes gathered, parameters, forward share) of each FSDP unit in forward order: the root
+    (embeddings, head), then the blocks; converted weights in 1 byte under float8 (tensorwise)."""
+    f8 = prof.float8 if s.precision == "float8" else None
+    n = len(prof.blocks)
+    in_blocks = list(f8.block_params) if f8 is not None and len(f8.block_params) == n else [0] * n
+    rest_p = max(0, prof.params - sum(b.params for b in prof.blocks))
+    rest_f = max(0.0, prof.fwd_flops - sum(b.fwd_flops for b in prof.blocks))
+    units = [(rest_p, rest_f, f8.params - sum(in_blocks) if f8 is not None else 0)]
+    units += [(b.params, b.fwd_flops, f) for b, f in zip(prof.blocks, in_blocks)]
+    total, by = prof.fwd_flops or 1.0, s.param_comm_bytes
+    return [(by * p - (by - 1) * f8p, p, fl / total) for p, fl, f8p in units if p > 0 or fl > 0]
+
+
 def ddp_sync(nbytes: float, ratio: float, window: float, group: Group, c: Cluster, bucket: float) -> tuple[float, float]:
-    """(wire seconds, exposed seconds) of DDP's bucketed all-reduce of ``nbytes`` of gradients
-    (sent as ``ratio`` x the bytes) during a backward of ``window`` seconds: each bucket is
-    all-reduced once backward has produced it (gradients produced evenly by bytes), one after another."""
+    """(wire s, exposed s) of DDP's buckets (``ratio`` x ``nbytes``), each all-reduced in turn once
+    a backward of ``window`` seconds has produced it (evenly by bytes)."""
     if group.size <= 1 or nbytes <= 0:
         return 0.0, 0.0
     free = wire = 0.0
@@ -31,9 +74,8 @@ def ddp_sync(nbytes: float, ratio: float, window: float, group: Group, c: Cluste
 
 
 def pipelined(items: list[tuple[float, float, float]], ahead: bool) -> tuple[float, float, float]:
-    """(elapsed, wire, the link's idle time at the end) of units each needing a gather, then
-    compute, then a scatter (seconds; either may be 0) on one link in issue order. ``ahead``: the
-    next unit's gather is issued as the current one's compute starts (FSDP's prefetch), else once it ends."""
+    """(elapsed, wire, the link's idle end) of units each a gather, compute, a scatter (s) on one
+    link in issue order; ``ahead``: the next gather issued as this compute starts (FSDP's prefetch)."""
     if not items:
         return 0.0, 0.0, 0.0
     free = last = items[0][0]
@@ -51,31 +93,20 @@ def pipelined(items: list[tuple[float, float, float]], ahead: bool) -> tuple[flo
     return end, wire, end - last
 
 
-def fsdp_units(prof: ModelProfile) -> list[tuple[float, float]]:
-    """(parameters, forward-FLOP share) of each FSDP unit in forward order: the rest of the
-    model (the root: embeddings, head) first, then the blocks."""
-    rest_p = prof.params - sum(b.params for b in prof.blocks)
-    rest_f = prof.fwd_flops - sum(b.fwd_flops for b in prof.blocks)
-    units = [(max(0, rest_p), max(0.0, rest_f))] + [(b.params, b.fwd_flops) for b in prof.blocks]
-    total_f = prof.fwd_flops or 1.0
-    return [(p, f / total_f) for p, f in units if p > 0 or f > 0]
-
-
-def fsdp_step(prof: ModelProfile, c: Cluster, layout: Layout, s, fwd_t: float, bwd_t: float,
+def fsdp_step(prof: ModelProfile, c: Cluster, layout: Layout, s: Any, fwd_t: float, bwd_t: float,
               g_shard: Group, g_rep: Group) -> tuple[float, float, float]:
     """(forward elapsed, backward elapsed, wire) under fsdp/hsdp: each unit gathered in forward and
-    again in backward (prefetched one ahead), its gradient reduce-scattered (hsdp: then all-reduced
-    between the replicas), on one link in issue order."""
-    tp, units = layout.dims.tp, fsdp_units(prof)
-    ag = [costs.gather(x / tp, g_shard, c) for x in gather_bytes(prof, s)]  # float8 weights in 1 byte
+    in backward, one ahead; its gradient reduce-scattered (hsdp: then all-reduced across replicas)."""
+    tp, units = layout.dims.tp, fsdp_units(prof, s)
+    ag = [costs.gather(g / tp, g_shard, c) for g, _, _ in units]
     rs = [costs.gather(x, g_shard, c, reduce=True) + costs.allreduce(x / g_shard.size, g_rep, c)
-          for x in (s.grad_comm_bytes * p / tp for p, _ in units)]
-    f_el, f_wire, _ = pipelined([(a, fwd_t * f, 0.0) for a, (_, f) in zip(ag, units)], c.is_gpu)
-    b_el, b_wire, _ = pipelined([(a, bwd_t * f, r) for a, (_, f), r in zip(ag, units, rs)][::-1], True)
+          for x in (s.grad_comm_bytes * p / tp for _, p, _ in units)]
+    f_el, f_wire, _ = pipelined([(a, fwd_t * f, 0.0) for a, (_, _, f) in zip(ag, units)], c.is_gpu)
+    b_el, b_wire, _ = pipelined([(a, bwd_t * f, r) for a, (_, _, f), r in zip(ag, units, rs)][::-1], True)
     return f_el, b_el, f_wire + b_wire
 
 
-def comm_cost(prof: ModelProfile, c: Cluster, layout: Layout, s, bwd_window: float, nbytes: float,
+def comm_cost(prof: ModelProfile, c: Cluster, layout: Layout, s: Any, bwd_window: float, nbytes: float,
               group: Group, rate: float) -> tuple[float, float, str | None]:
     """(wire s, exposed s, note) of ddp's gradient sync under ``--comm``."""
     spec = CommSpec.parse(layout.comm)
@@ -83,8 +114,6 @@ def comm_cost(prof: ModelProfile, c: Cluster, layout: Layout, s, bwd_window: flo
         wire, exposed = ddp_sync(nbytes, 1.0 if spec.kind == "none" else 0.5, bwd_window, group, c, s.bucket_mib * 2**20)
         return wire, exposed, None
     if spec.kind == "powersgd":
-        from .model import powersgd_elements
-
         r = spec.rank
         sent = powersgd_elements(prof, r) * 4 / layout.dims.tp
         # three all-reduces (P, Q, the uncompressed rest) after backward: one bucket, nothing overlaps
@@ -100,12 +129,9 @@ def comm_cost(prof: ModelProfile, c: Cluster, layout: Layout, s, bwd_window: flo
     raise ValueError(f"unknown comm {layout.comm!r}")
 
 
-def pipeline_step(prof: ModelProfile, c: Cluster, layout: Layout, s, fwd_t: float, bwd_t: float, params_rank: float,
+def pipeline_step(prof: ModelProfile, c: Cluster, layout: Layout, s: Any, fwd_t: float, bwd_t: float, params_rank: float,
                   groups: tuple[Group, Group, Group]) -> tuple[dict[str, float], float, float]:
-    """(schedule phases, wire s, exposed s) of pp x dp: torch's schedule played out
-    (``pipeline_sim``), then the dp sync, not overlapped."""
-    from .pipeline_sim import makespan
-
+    """(schedule phases, wire s, exposed s) of pp x dp: torch's schedule played out, then the dp sync."""
     d, m = layout.dims, s.microbatches
     g_pp, g_rep, g_shard = groups
     hop = costs.p2p(s.batch / m * prof.boundary_bytes / d.tp, g_pp, c)
@@ -121,8 +147,7 @@ def pipeline_step(prof: ModelProfile, c: Cluster, layout: Layout, s, fwd_t: floa
 
 
 def measured_extra(prof: ModelProfile, layout: Layout) -> tuple[float, float, float]:
-    """(forward, backward, optimizer) seconds the layout's machinery adds to a step, as the
-    profile measured it on this CPU (``machinery``); 0 unmeasured."""
+    """(forward, backward, optimizer) s the layout's machinery adds on this CPU (``machinery``); 0 unmeasured."""
     m = prof.machinery
     if m is None:
         return 0.0, 0.0, 0.0
@@ -132,10 +157,9 @@ def measured_extra(prof: ModelProfile, layout: Layout) -> tuple[float, float, fl
     return (sum(e.forward for e in extras), sum(e.backward for e in extras), sum(e.optimizer for e in extras))
 
 
-def pipeline_compute(prof: ModelProfile, layout: Layout, s, f_share: float) -> tuple[float, float] | None:
-    """(forward, backward) seconds of the busiest stage's micro-batches from the profile: one
-    micro-batch's own time (small batches run less efficiently) x the stage's share, plus the
-    schedule's measured work per micro-batch (in forward); None unmeasured."""
+def pipeline_compute(prof: ModelProfile, layout: Layout, s: Any, f_share: float) -> tuple[float, float] | None:
+    """(forward, backward) s of the busiest stage from a measured micro-batch x the stage's share,
+    plus the schedule's own work per micro-batch; None unmeasured."""
     m = prof.machinery
     if m is None or "micro" not in m.steps or "pp" not in m.steps:
         return None
@@ -144,11 +168,9 @@ def pipeline_compute(prof: ModelProfile, layout: Layout, s, f_share: float) -> t
     return n * (mb.forward * f_share / layout.dims.tp + schedule), n * mb.backward * f_share / layout.dims.tp
 
 
-def step_phases(prof: ModelProfile, c: Cluster, layout: Layout, s, fwd: float, bwd: float,
+def step_phases(prof: ModelProfile, c: Cluster, layout: Layout, s: Any, fwd: float, bwd: float,
                 opt: float) -> tuple[dict[str, float], float, list[str]]:
     """Phase -> seconds of one optimizer step on the busiest rank; wire seconds; notes."""
-    from .model import recompute_s, stage_share
-
     d, ppn, b = layout.dims, c.procs_per_node, s.batch
     g_tp = group_of(d.tp, 1, ppn)
     g_shard = group_of(d.dp_shard, d.tp, ppn)
@@ -185,10 +207,9 @@ def step_phases(prof: ModelProfile, c: Cluster, layout: Layout, s, fwd: float, b
     return phases, wire + more, notes
 
 
-def log_step(c: Cluster, s) -> float:
-    """Seconds of the collectives a log step adds (every ``s.log_every`` steps, on every rank):
-    the loss's mean and the preemption check (an all-reduce of one number each), then the
-    breakdown's all-gather of each rank's medians and p90s."""
+def log_step(c: Cluster, s: Any) -> float:
+    """Seconds a log step's collectives take: two one-number all-reduces (the loss, the preemption
+    check), the breakdown's all-gather of each rank's medians and p90s."""
     from ..metrics.breakdown import STAT_KEYS
 
     world = Group(c.nodes, c.procs_per_node)
@@ -196,14 +217,99 @@ def log_step(c: Cluster, s) -> float:
     return 2 * costs.allreduce(4, world, c) + costs.gather(per_rank * world.size, world, c)
 
 
-def serial_comm(prof: ModelProfile, c: Cluster, layout: Layout, s, params_rank: float, g_rep: Group, g_tp: Group) -> float:
+def serial_comm(prof: ModelProfile, c: Cluster, layout: Layout, s: Any, params_rank: float, g_rep: Group, g_tp: Group) -> float:
     """Seconds of the collectives nothing overlaps: zero1's parameter broadcasts, TP's activations."""
     out = 0.0
     if layout.zero1:
-        # torch's ZeroRedundancyOptimizer broadcasts each parameter from the rank that stepped it,
-        # all issued before any is waited for: a latency per sending rank, not per tensor
+        # torch's ZeroRedundancyOptimizer issues every broadcast before waiting: a latency per owner, not per tensor
         out += costs.broadcast(4 * params_rank, g_rep, c, messages=min(prof.tensors, g_rep.size))
     if layout.dims.tp > 1:
         per = costs.gather(s.batch * prof.boundary_bytes, g_tp, c)
         out += 8 * len(prof.blocks) * per + 2 * costs.gather(s.batch * prof.out_bytes, g_tp, c)
     return out
+
+
+# A pipeline schedule played out in time. Each stage runs torch's order (ScheduleGPipe, Schedule1F1B):
+# 1F1B fires each send with the next receive and waits for both, GPipe waits for its sends at the end of
+# each pass. A send moves nothing before its receive is posted (torch posts it where it waits) and the
+# notice has crossed: a transfer starts at the later of its send and the post plus one latency, holds its
+# link for its time less that latency, and arrives one latency after. Transfers of no time: (m + p - 1) slots.
+@dataclass
+class _Link:
+    """One direction between two neighbouring stages: transfers in the order they were fired."""
+
+    hop: float
+    latency: float = 0.0
+    free: float = 0.0
+    ends: dict[int, float] = field(default_factory=dict)
+    fired: dict[int, float] = field(default_factory=dict)
+    posted: dict[int, float] = field(default_factory=dict)
+
+    def mark(self, side: dict[int, float], mb: int, at: float) -> None:
+        """A send fired or a receive posted (``side``); the transfer moves once both are."""
+        side.setdefault(mb, at)
+        if mb in self.ends or mb not in self.fired or mb not in self.posted:
+            return
+        start = max(self.free, self.fired[mb], self.posted[mb] + self.latency)
+        end = start + max(0.0, self.hop - self.latency)
+        self.free = end if end > start else self.free  # a transfer of no wire time leaves the link as it was
+        self.ends[mb] = end + min(self.latency, self.hop)
+
+
+def _program(s: int, p: int, m: int, schedule: str) -> list[tuple]:
+    """Stage ``s``'s operations: ("F"|"B", mb), ("fire", link, mb), ("wait", [(link, mb), ...])."""
+    first, last = s == 0, s == p - 1
+    recv_act, recv_grad = ([] if first else [("act", s - 1)]), ([] if last else [("grad", s)])
+    send_act, send_grad = ([] if last else [("act", s)]), ([] if first else [("grad", s - 1)])
+    ops: list[tuple] = []
+    if schedule == "gpipe":
+        for recv, op, send in ((recv_act, "F", send_act), (recv_grad, "B", send_grad)):
+            for i in range(m):
+                ops += [("wait", [(k, i) for k in recv]), (op, i)] + [("fire", k, i) for k in send]
+            ops.append(("wait", [(k, i) for k in send for i in range(m)]))
+        return ops
+    warmup, f, b = min(m, p - s), 0, 0
+    for _ in range(warmup):
+        ops += [("wait", [(k, f) for k in recv_act]), ("F", f), ("wait", [(k, f - 1) for k in send_act if f > 0])]
+        if f < warmup - 1:
+            ops += [("fire", k, f) for k in send_act]
+        f += 1
+    pending = [(k, f - 1) for k in send_act]  # the last warm-up send, fused with the first backward's receive
+    while b < m:
+        ops += [("fire", k, i) for k, i in pending] + [("wait", pending + [(k, b) for k in recv_grad]), ("B", b)]
+        pending, b = [(k, b) for k in send_grad], b + 1
+        if f < m:
+            ops += [("fire", k, i) for k, i in pending] + [("wait", pending + [(k, f) for k in recv_act]), ("F", f)]
+            pending, f = [(k, f) for k in send_act], f + 1
+    return ops + [("fire", k, i) for k, i in pending] + [("wait", pending)]
+
+
+def makespan(p: int, m: int, fwd: float, bwd: float, hop: float, schedule: str = "1f1b", latency: float = 0.0) -> float:
+    """Seconds from the first forward to the last stage's end: ``p`` stages of ``m`` micro-batches of
+    ``fwd`` + ``bwd`` s each, each transfer ``hop`` s to arrive (``latency`` of it one way)."""
+    links = {(k, s): _Link(hop, latency) for k in ("act", "grad") for s in range(p - 1)}
+    receiver = {(k, s): s + 1 if k == "act" else s for k, s in links}
+    programs = [_program(s, p, m, schedule) for s in range(p)]
+    pc, clock = [0] * p, [0.0] * p
+    while any(pc[s] < len(programs[s]) for s in range(p)):
+        moved = False
+        for s in range(p):
+            while pc[s] < len(programs[s]):
+                op = programs[s][pc[s]]
+                if op[0] == "wait":
+                    for k, i in op[1]:
+                        if receiver[k] == s:  # torch posts a receive where it waits for it
+                            links[k].mark(links[k].posted, i, clock[s])
+                    needed = [links[k].ends.get(i) for k, i in op[1]]
+                    if any(t is None for t in needed):
+                        break  # the other stage has not fired it yet
+                    clock[s] = max([clock[s], *needed])
+                elif op[0] == "fire":
+                    links[op[1]].mark(links[op[1]].fired, op[2], clock[s])
+                else:
+                    clock[s] += fwd if op[0] == "F" else bwd
+                pc[s] += 1
+                moved = True
+        if not moved:
+            raise RuntimeError(f"pipeline schedule deadlocked (p={p}, m={m}, {schedule})")  # a bug of this model
+    return max(clock)

@@ -11,9 +11,9 @@ from dtrain.errors import ConfigError
 from dtrain.parallel.dims import ParallelDims, parse
 from dtrain.plan import Settings, cluster, costs, make_plan, predict
 from dtrain.plan.layouts import Layout, candidates
-from dtrain.plan.model import memory, powersgd_elements, stage_share
+from dtrain.plan.model import memory
 from dtrain.plan.profile import Block, ModelProfile, transformer
-from dtrain.plan.steps import ddp_sync, pipelined
+from dtrain.plan.steps import ddp_sync, pipelined, powersgd_elements, stage_share
 
 GB = 1e9
 
@@ -203,7 +203,7 @@ def test_pipeline_transfers_follow_torchs_1f1b_waits():
     # stage 0: F0 0-7, F1 7-14, waits its act0 send (35); act1 crosses 35-63, grad0 55-83; B0 83-96,
     # F2 96-103; act2 and grad1 cross 103-131; B1 131-144, F3 144-151; act3 and grad2 151-179;
     # B2 179-192; stage 1: F3 179-186, B3 186-199, grad3 crosses 199-227; stage 0's B3 227-240.
-    from dtrain.plan.pipeline_sim import makespan
+    from dtrain.plan.steps import makespan
 
     assert makespan(2, 4, 7.0, 13.0, 28.0, "1f1b") == pytest.approx(240.0)
     assert makespan(4, 8, 1.0, 2.0, 0.0, "1f1b") == makespan(4, 8, 1.0, 2.0, 0.0, "gpipe") == pytest.approx(11 * 3.0)

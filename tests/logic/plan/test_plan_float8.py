@@ -11,9 +11,10 @@ import pytest
 from dtrain.cli import main as cli_main
 from dtrain.parallel.dims import ParallelDims
 from dtrain.plan import Settings, cluster, predict
-from dtrain.plan.float8 import Float8Counts, compute_rates, count, gather_bytes
+from dtrain.plan.float8 import Float8Counts, compute_rates, count
 from dtrain.plan.layouts import Layout
 from dtrain.plan.profile import Block, ModelProfile
+from dtrain.plan.steps import fsdp_units
 from dtrain.tasks import load_task
 from tests.logic.cli.test_bad_inputs import _one_line
 
@@ -62,6 +63,10 @@ def test_converted_matmuls_run_at_the_float8_peak_and_casts_at_the_memory_bandwi
 def test_fsdp_gathers_float8_weights_in_one_byte_the_rest_in_the_policys_two():
     f8 = Float8Counts(fwd_flops=6e9, fwd_cast_bytes=0.0, bwd_cast_bytes=0.0, params=1600, block_params=(800, 800))
     root = 500  # embeddings and head: never converted
+
+    def gather_bytes(prof, s):
+        return [g for g, _, _ in fsdp_units(prof, s)]
+
     assert gather_bytes(toy(f8), Settings(batch=1, precision="float8", param_comm_bytes=2)) == [2 * root, 2 * 1000 - 800,
                                                                                                  2 * 1000 - 800]
     assert gather_bytes(toy(f8), Settings(batch=1, precision="bf16-mixed", param_comm_bytes=2)) == [1000, 2000, 2000]

@@ -117,7 +117,7 @@ def test_broadcasts_pay_a_latency_per_message_and_gloo_a_tree():
 
 def _span(f: float, b: float, group: costs.Group, c, **kw) -> float:
     """A pipeline of two, 4 micro-batches of 200 bytes, played out on ``group``'s link in ``c``."""
-    from dtrain.plan.pipeline_sim import makespan
+    from dtrain.plan.steps import makespan
 
     return makespan(2, 4, f, b, costs.p2p(200, group, c), latency=costs.p2p(1, group, c), **kw)
 
