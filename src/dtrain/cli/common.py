@@ -29,7 +29,12 @@ def add_launch_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--startup-timeout", type=_bound_arg, default=120.0, metavar="SECONDS",
                    help="bound on each start-up wait: waiting for the other nodes, store connect, process-group init, "
                         "first collective (default 120; at least 1)")
-    g.add_argument("--launcher", default="torchrun", help="torchrun (torch's elastic agent, default) or spawn (torch.multiprocessing.spawn)")
+    g.add_argument("--launcher", default="torchrun",
+                   help="torchrun (torch's elastic agent, default), spawn (torch.multiprocessing.spawn) or ray (a Ray cluster "
+                        "places the workers: -n per node, --nnodes nodes; docs/ray.md)")
+    g.add_argument("--ray-address", default=None, metavar="HOST:PORT|auto|local",
+                   help="--launcher ray: the cluster's head (default: RAY_ADDRESS, else the cluster running on this machine; "
+                        "local: start one for this job)")
     g.add_argument("--max-restarts", type=int, default=None,
                    help="restart failed workers up to K times (torchrun launcher; default 0, with --nnodes MIN:MAX 10)")
     g.add_argument("--rdzv-id", default="dtrain", help="with --nnodes MIN:MAX: the job's name in the rendezvous (default dtrain)")
@@ -128,6 +133,7 @@ def launch_spec(args: argparse.Namespace) -> LaunchSpec:
         local_addr=args.local_addr,
         startup_timeout=startup,
         last_call_s=args.rdzv_last_call,
+        ray_address=args.ray_address,
     )
 
 

@@ -38,6 +38,10 @@ USER_ERROR_EXIT = 2
 
 def launch_function(spec: LaunchSpec, fn: Callable[..., Any], *args: Any) -> int:
     """Run ``fn(*args)`` in ``spec.nproc`` workers on this node; returns the exit status."""
+    if spec.launcher == "ray":  # imported only here: dtrain runs without Ray
+        from . import ray
+
+        return ray.launch_function(spec, fn, *args)
     if spec.launcher == "spawn":
         return _spawn(spec, fn, args)
     return _elastic(spec, fn, args)
@@ -45,6 +49,10 @@ def launch_function(spec: LaunchSpec, fn: Callable[..., Any], *args: Any) -> int
 
 def launch_script(spec: LaunchSpec, script: str, argv: list[str]) -> int:
     """Run ``python script argv...`` in ``spec.nproc`` workers on this node; returns the exit status."""
+    if spec.launcher == "ray":
+        from . import ray
+
+        return ray.launch_script(spec, script, argv)
     if spec.launcher == "spawn":
         return _spawn(spec, run_script, (script, argv))
     # Through dtrain's worker entry (not `python script.py`), so the worker dies with this

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from .. import _check as check
 from ..errors import ConfigError
 
-LAUNCHERS = ("torchrun", "spawn")
+LAUNCHERS = ("torchrun", "spawn", "ray")
 DEFAULT_MULTINODE_PORT = 29500
 
 
@@ -39,6 +39,8 @@ class LaunchSpec:
     ``--startup-timeout``)."""
     last_call_s: float = 5.0
     """Once MIN nodes are in, seconds to wait for more (up to MAX) before starting (``--rdzv-last-call``)."""
+    ray_address: str | None = None
+    """``--launcher ray``: the cluster (``--ray-address``; None: ``RAY_ADDRESS``, else one running on this machine)."""
     store_values: tuple[tuple[str, str], ...] = ()
     """Keys node 0 posts in the rendezvous store as it opens, before the nodes meet (``--parallel
     auto``'s pick for every node: launch/autopick.py)."""
@@ -61,7 +63,13 @@ class LaunchSpec:
         if self.master_port is not None and not 0 <= self.master_port <= 65535:
             raise ConfigError(f"--master-port {self.master_port} is not a TCP port; use 1024..65535.")
         check.startup_seconds("--startup-timeout", self.startup_timeout)
-        if self.nnodes > 1 and not self.master_addr:
+        if self.launcher == "ray":
+            from .ray import check_launch  # Ray places the nodes: no --master-addr to ask for
+
+            check_launch(self)
+        elif self.ray_address is not None:
+            raise ConfigError(f"--ray-address {self.ray_address} needs --launcher ray.")
+        elif self.nnodes > 1 and not self.master_addr:
             raise ConfigError(f"--nnodes {self.nnodes} needs --master-addr, the address of node 0 that every node can reach.")
 
     def _check_elastic(self) -> None:
