@@ -1,14 +1,9 @@
 """Read torch.distributed.checkpoint (DCP) folders without running code a file could hold.
 
-DCP itself unpickles ``.metadata`` with plain ``pickle.load`` (``FileSystemReader.read_metadata``)
-and the non-tensor entries of the shard files with ``torch.load(weights_only=False)``
-(``DefaultLoadPlanner.load_bytes``): a crafted checkpoint runs whatever its pickles ask for.
-Here ``.metadata`` goes through an unpickler that resolves only the classes torch writes there
-(checked on torch 2.13.0 and 2.14.1, fsdp and pipeline checkpoints), its contents are checked
-(every shard file a plain name inside the folder), and non-tensor entries load with
-``weights_only=True``. The Python docs' "Restricting Globals" is the pattern: every global a
-pickle names passes through ``find_class``.
-"""
+DCP unpickles ``.metadata`` and non-tensor entries without restriction, so a crafted checkpoint
+runs whatever it asks for. Here ``.metadata`` goes through an unpickler that resolves only the
+classes torch writes there (Python's "Restricting Globals"), every shard file must be a plain name
+inside the folder, and non-tensor entries load with ``weights_only=True``."""
 
 from __future__ import annotations
 
@@ -54,9 +49,8 @@ class _MetadataUnpickler(pickle.Unpickler):
 
 
 def read_metadata(folder: str) -> tuple[Any, list[str]]:
-    """The DCP ``Metadata`` of ``folder``, and the shard files it names (sorted).
-
-    CheckpointError (one line, naming the file) for anything but metadata as torch writes it."""
+    """The DCP ``Metadata`` of ``folder`` and the shard files it names (sorted); CheckpointError
+    (one line, naming the file) for anything but metadata as torch writes it."""
     from torch.distributed.checkpoint.metadata import (
         BytesStorageMetadata,
         Metadata,

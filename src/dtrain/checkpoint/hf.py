@@ -1,11 +1,6 @@
 """Hugging Face model folders (``config.json``, safetensors weights, tokenizer files), read and
-written through ``transformers`` (the optional extra ``hf``), never over the network.
-
-Every call into transformers runs inside ``offline()``: ``HF_HUB_OFFLINE=1`` (huggingface_hub
-reads it when first imported, so the import happens inside too) and ``local_files_only=True``,
-so a name that would need the Hub is one line here, never a download. A folder is checked before
-transformers is imported at all, so its mistakes are one line without the import's noise.
-"""
+written through ``transformers`` (the optional extra ``hf``), never over the network: every call
+runs inside ``offline()`` with ``local_files_only=True``, and a folder is checked before the import."""
 
 from __future__ import annotations
 
@@ -21,9 +16,7 @@ from torch import nn
 from ..errors import CheckpointError, ConfigError
 
 INSTALL = "pip install 'dtrain[hf]'"
-WEIGHTS = ("model.safetensors", "model.safetensors.index.json")
-"""The weight files ``from_pretrained`` reads (one file, or the index of shards); transformers
-writes these (``save_pretrained``); a folder with only ``pytorch_model.bin`` is not read (pickle)."""
+WEIGHTS = ("model.safetensors", "model.safetensors.index.json")  # not pytorch_model.bin (a pickle)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "merges.txt",
                    "special_tokens_map.json", "added_tokens.json")
 _HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
@@ -31,9 +24,8 @@ _HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
 @contextlib.contextmanager
 def offline():
-    """``HF_HUB_OFFLINE=1`` for the calls inside (restored after: the process's environment is
-    the user's), and torch's pytree warnings about torchao's Enums (imported by transformers
-    when installed) held back, as ``precision.check_torchao`` does."""
+    """``HF_HUB_OFFLINE=1`` for the calls inside (restored after), and torch's pytree warnings
+    about torchao's Enums held back, as ``precision.check_torchao`` does."""
     old = os.environ.get("HF_HUB_OFFLINE")
     os.environ["HF_HUB_OFFLINE"] = "1"
     quiet = logging.getLogger("torch.utils._pytree")
@@ -94,9 +86,8 @@ def has_weights(path: str) -> bool:
 
 
 def build_causal_lm(what: str, path: str, config: Any, *, weights: bool) -> nn.Module:
-    """The folder's causal LM in fp32 on the CPU: its safetensors weights where ``weights`` and
-    the folder has them (all of them: a weight the config names but the file lacks is an
-    error, not a random tensor), else transformers' random initialisation."""
+    """The folder's causal LM in fp32 on the CPU: all its safetensors weights where ``weights``
+    and it has them (a missing one is an error), else transformers' random initialisation."""
     tf = transformers()
     auto = tf.AutoModelForCausalLM
     with offline():

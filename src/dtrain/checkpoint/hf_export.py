@@ -1,20 +1,13 @@
-"""``dtrain ckpt export --hf DIR``: a training checkpoint of an ``hf:PATH`` task as a folder
-``transformers.AutoModelForCausalLM.from_pretrained(DIR)`` loads (``config.json``,
-``model.safetensors``, the tokenizer files of PATH).
-
-Any layout's checkpoint: a plain one (single, ddp, zero1) holds the model's state dict, a sharded
-one (fsdp, hsdp, tp, pipeline) is read whole from its DCP folder in this process (as ``dtrain
-ckpt consolidate``). The model is rebuilt from PATH's config, the weights loaded into it by name
-and shape, and written by transformers' own ``save_pretrained`` (which knows its tied weights),
-into a staging folder renamed to DIR at the end, so DIR is either whole or absent.
-"""
+"""``dtrain ckpt export --hf DIR``: an ``hf:PATH`` task's checkpoint (any layout; sharded ones
+read whole) as a folder ``AutoModelForCausalLM.from_pretrained(DIR)`` loads. The model is rebuilt
+from PATH's config and written by ``save_pretrained`` (which knows its tied weights) into a
+staging folder renamed to DIR at the end, so DIR is either whole or absent."""
 
 from __future__ import annotations
 
 import os
 import shutil
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -23,9 +16,7 @@ from ..errors import CheckpointError, ConfigError
 from . import hf
 from .validate import read_checkpoint, resolve, state_problem
 
-PREFIX = "hf."
-"""The ``hf:PATH`` task's model holds the transformers model as its child ``hf`` (the wrapper
-that returns logits); the checkpoint's names carry this prefix."""
+PREFIX = "hf."  # the hf:PATH task's model holds the transformers model as its child ``hf``
 
 
 @dataclass(frozen=True)
@@ -84,7 +75,8 @@ def export(checkpoint: str, config_dir: str, out: str) -> Exported:
     staging = f"{out.rstrip(os.sep)}.exporting"
     shutil.rmtree(staging, ignore_errors=True)  # an interrupted export's leftovers
     try:
-        _save(model, staging)
+        with hf.offline():
+            model.save_pretrained(staging, safe_serialization=True)
         files = hf.copy_tokenizer(config_dir, staging)
         os.replace(staging, out)
     except OSError as exc:
@@ -92,7 +84,3 @@ def export(checkpoint: str, config_dir: str, out: str) -> Exported:
         raise CheckpointError(f"ckpt export --hf {out}: cannot write it ({exc.strerror or exc}); give a folder you can write.") from None
     return Exported(path=out, checkpoint=path, tensors=len(state), tokenizer_files=files)
 
-
-def _save(model: Any, folder: str) -> None:
-    with hf.offline():
-        model.save_pretrained(folder, safe_serialization=True)

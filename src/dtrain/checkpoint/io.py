@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import re
 import tempfile
 import zipfile
-from typing import Any
+from collections.abc import Iterator
+from typing import IO, Any
 
 import torch
 
@@ -15,10 +17,8 @@ from ..errors import CheckpointError
 
 
 def atomic_save(obj: Any, path: str | os.PathLike) -> None:
-    """Save ``obj`` with torch.save to a temporary file in the same folder, fsync, then rename.
-
-    A crash at any moment leaves either the old file or the new one, never a torn one.
-    """
+    """Save ``obj`` with torch.save to a temporary file in the same folder, fsync, then rename:
+    a crash at any moment leaves either the old file or the new one, never a torn one."""
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
     if os.path.isdir(path):  # os.replace would fail after the whole write (IsADirectoryError)
@@ -30,16 +30,24 @@ def atomic_save(obj: Any, path: str | os.PathLike) -> None:
     except OSError as exc:
         raise CheckpointError(f"cannot write checkpoint {path}: {exc.strerror}; choose a writable --checkpoint-dir.") from None
     try:
-        with os.fdopen(fd, "wb") as fh:
+        os.close(fd)
+        with synced(tmp, "wb") as fh:
             torch.save(obj, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
         os.replace(tmp, path)
         _fsync_dir(folder)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+@contextlib.contextmanager
+def synced(path: str, mode: str) -> Iterator[IO[Any]]:
+    """``open(path, mode)``, its contents flushed to disk (fsync) before it closes."""
+    with open(path, mode) as fh:
+        yield fh
+        fh.flush()
+        os.fsync(fh.fileno())
 
 
 def _fsync_dir(folder: str) -> None:

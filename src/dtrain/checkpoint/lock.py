@@ -1,15 +1,7 @@
-"""One writer per checkpoint folder: ``dtrain.lock`` names the job that writes there.
-
-Two jobs given the same folder would replace each other's checkpoints, and a resume would then
-load the wrong run. The lock file holds the holder's host, pid, run id and start time (JSON). It
-is taken by rank 0 when a job opens the folder, before training, and removed at exit.
-
-The run id names the job, not the process: an elastic restart (``--max-restarts``) starts new
-worker processes of the same job, and a SLURM requeue starts the same job id again, perhaps on
-another node; both find the lock held by their own run and take it. A lock whose process is dead
-on this host (the job was killed with SIGKILL) is taken over with a warning. A holder alive on
-another host cannot be checked from here: the error says which file to remove if it is gone.
-"""
+"""One writer per checkpoint folder: ``dtrain.lock`` (JSON: host, pid, run id, start) names the
+job that writes there, so two jobs never replace each other's checkpoints. The run id names the
+job, not the process, so elastic restarts and SLURM requeues take their own lock back; a holder
+dead on this host is taken over with a warning."""
 
 from __future__ import annotations
 
@@ -48,11 +40,8 @@ def this_holder() -> Holder:
 
 
 def run_id(host: str, pid: int) -> str:
-    """The job this process belongs to, as the launchers name it.
-
-    The launchers' own ids (not a World: the launching process checks the lock before any
-    worker has one): SLURM's job id survives requeues; the elastic agent's run id and pid (the
-    workers' parent) survive worker restarts; without a launcher, the process is the job."""
+    """The job this process belongs to, by the launchers' own ids (the launching process checks
+    the lock before any World exists); each survives its launcher's restarts."""
     slurm_job, elastic, agent_run = SlurmTasks.job_id(), launch_link().elastic, TorchrunEnv.run_id()
     if slurm_job:
         return f"slurm-{slurm_job}"

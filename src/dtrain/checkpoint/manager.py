@@ -4,11 +4,8 @@
     ckpt.save(step, model=model, optimizer=opt, scheduler=sched, loader=loader, extra={"epoch": e})
     meta = ckpt.resume(model=model, optimizer=opt, scheduler=sched, loader=loader)   # None: fresh start
 
-Besides the objects given, a checkpoint holds the grad scaler, and per rank the strategy's
-communication state (its ``state_dict()``, if it has one) and the RNG states (Python, NumPy,
-torch CPU and CUDA); both go back to the same rank on the same world size. The loader's position
-is stored as samples consumed in the global order of the epoch, so a resume on another number
-of processes re-splits exactly the samples not yet seen.
+Besides the objects given: the grad scaler, and per rank the strategy's communication state and
+the RNG states, which go back to the same rank on the same world size.
 """
 
 from __future__ import annotations
@@ -75,11 +72,9 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def _to_cpu(obj: Any, pool: Any = None) -> Any:
-    """A copy whose tensors live in CPU memory (the part of an asynchronous save that blocks).
-
-    Tensors of ``pool`` (the previous snapshot, written out already) are reused where shape and
-    dtype match: copying into memory already mapped is several times faster than into fresh
-    pages (0.5 s against 1.1-4.9 s for 1.1 GiB on the 2-core test machine)."""
+    """A copy whose tensors live in CPU memory (the part of an asynchronous save that blocks),
+    reusing ``pool``'s tensors (the previous snapshot) where they fit: memory already mapped
+    copies several times faster than fresh pages."""
     if torch.is_tensor(obj):
         if torch.is_tensor(pool) and pool.shape == obj.shape and pool.dtype == obj.dtype and pool.device.type == "cpu":
             return pool.copy_(obj.detach())
@@ -101,16 +96,10 @@ def _state_of(obj: Any) -> Any:
 
 
 class CheckpointManager:
-    """Checkpoints of one run in ``folder``. Collective: every rank calls ``save`` and ``resume``.
-
-    ``keep``: how many to keep. ``async_save``: rank 0 copies the state to host memory (the
-    blocking part) and writes it in a background thread; ``last_blocking_s`` tells how long
-    the training loop was held. The host copy is kept and reused by the next save (one more
-    copy of the state in memory, in exchange for a faster copy).
-
-    Creating one is collective too: rank 0 takes the folder's lock (``dtrain.lock``, see ``lock``), so a
-    second job on the same folder stops here, on every rank, before training; ``close`` (or
-    ``ctx.close``, or the process's exit) gives it back."""
+    """Checkpoints of one run in ``folder``, ``keep`` of them. Collective: every rank creates it
+    (rank 0 takes the folder's lock, so a second job stops here), ``save``s and ``resume``s.
+    ``async_save``: rank 0 copies the state to host memory (kept for the next save) and writes it
+    in a background thread; ``last_blocking_s`` tells how long the loop was held."""
 
     def __init__(self, run: RunState, folder: str, *, keep: int = 3, async_save: bool = False) -> None:
         if keep < 1:

@@ -1,14 +1,7 @@
-"""Sharded checkpoints through ``torch.distributed.checkpoint`` (DCP), for fsdp, hsdp and pipeline.
-
-Each rank writes only what it holds (its parameter shards or its pipeline stage, and the
-matching optimizer state) into the checkpoint's ``sharded/`` folder; DCP's metadata records
-where every slice of every tensor is. Loading asks for the tensors the loading model holds, in
-its own layout, so a checkpoint saved by 2 ranks loads on 1 (or 4), under any strategy.
-
-State dicts are keyed by parameter names (fully qualified), the optimizer's flattened
-(``flatten_optimizer_state_dict``), so pipeline stages, which hold different parameters, never
-collide, and ``dtrain ckpt consolidate`` can turn the folder back into one plain state dict.
-"""
+"""Sharded checkpoints through ``torch.distributed.checkpoint`` (DCP), for fsdp, hsdp and pipeline:
+each rank writes what it holds into ``sharded/`` and loads the slices its own layout holds, so a
+checkpoint saved by 2 ranks loads on 1 or 4. Keys are fully qualified names (the optimizer's
+flattened), so pipeline stages never collide and ``dtrain ckpt consolidate`` can rejoin them."""
 
 from __future__ import annotations
 
@@ -74,10 +67,8 @@ def state_dicts(objects: dict[str, Any]) -> dict[str, Any]:
 
 
 def _plain(value: Any) -> Any:
-    """``value`` with each DTensor whose shard is a wrapper tensor subclass (torchao's float8
-    weight under FSDP, ``WeightWithDynamicFloat8CastTensor``) holding its plain inner tensor
-    instead, sharing its memory: DCP would pickle the subclass, which a reader without torchao
-    (``dtrain ckpt``, a bf16 run) refuses to load; loads write through into the parameter."""
+    """``value`` with each DTensor whose shard is a wrapper subclass (torchao's float8 weight)
+    holding its plain inner tensor (the same memory): a reader without torchao refuses the subclass."""
     if isinstance(value, dict):
         return {k: _plain(v) for k, v in value.items()}
     local = getattr(value, "_local_tensor", None)
@@ -109,9 +100,7 @@ def save_sharded(coll: Collectives, staging: str, objects: dict[str, Any]) -> li
 
 def load_sharded(coll: Collectives, path: str, objects: dict[str, Any], names: list[str]) -> None:
     """Load the objects named in ``names`` from checkpoint ``path``'s ``sharded/`` folder, each
-    rank reading the slices its own layout holds. Collective: call on every rank.
-
-    The metadata and non-tensor entries go through ``dcp_safe`` (no unpickling of code)."""
+    rank reading the slices its own layout holds (through ``dcp_safe``). Collective."""
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
     wanted = {k: v for k, v in objects.items() if k in names and v is not None}
@@ -127,8 +116,6 @@ def load_sharded(coll: Collectives, path: str, objects: dict[str, Any], names: l
     except CheckpointError:
         raise
     except Exception as exc:  # DCP raises CheckpointException / RuntimeError with per-rank details
-        # (verify refused crafted entries before; should one get here, dcp_safe refuses it again
-        # and DCP wraps that refusal, whose text then appears in ``first``)
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CheckpointError(f"checkpoint {path} does not fit this model/optimizer ({first[:300]}).") from None
     name, module = model

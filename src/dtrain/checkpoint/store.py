@@ -1,12 +1,7 @@
 """A folder of checkpoints: ``step-NNNNNNNN/`` each with its files and ``manifest.json``
-(sha256 and size of every file), a ``latest`` pointer written last, the last K kept.
-
-A checkpoint folder is written as ``.tmp-step-NNNNNNNN/``, each file fsynced, then renamed into
-place, then ``latest`` is replaced: a crash at any moment leaves the previous checkpoint and
-pointer intact. Retention renames a checkpoint to ``.deleting-step-NNNNNNNN-PID`` before deleting
-it, so a kill midway leaves nothing that looks like a checkpoint. Reading (``validate``) checks a
-folder before anything in it is loaded.
-"""
+(sha256 and size of every file), a ``latest`` pointer written last, the last K kept. Every step is
+written under a dot-name and renamed into place (deleted likewise), so a crash at any moment
+leaves the previous checkpoint and pointer intact and nothing half-written that looks like one."""
 
 from __future__ import annotations
 
@@ -21,7 +16,7 @@ from typing import Any
 import torch
 
 from ..errors import CheckpointError
-from .io import _fsync_dir
+from .io import _fsync_dir, synced
 
 STEP_DIR = re.compile(r"^step-(\d{8,})$")
 STEP_OLD = re.compile(r"^step-\d{8,}\.old-\d+$")
@@ -44,10 +39,12 @@ def sha256_of(path: str) -> str:
 
 
 def _write_file(path: str, payload: Any) -> dict[str, Any]:
-    with open(path, "wb") as fh:
+    with synced(path, "wb") as fh:
         torch.save(payload, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
+    return _entry(path)
+
+
+def _entry(path: str) -> dict[str, Any]:
     return {"sha256": sha256_of(path), "bytes": os.path.getsize(path)}
 
 
@@ -71,11 +68,9 @@ def write_checkpoint(folder: str, step: int, files: dict[str, Any], meta: dict[s
             for root, _, names in os.walk(os.path.join(tmp, sub)):
                 for n in sorted(names):
                     file = os.path.join(root, n)
-                    manifest["files"][os.path.relpath(file, tmp)] = {"sha256": sha256_of(file), "bytes": os.path.getsize(file)}
-        with open(os.path.join(tmp, MANIFEST), "w") as fh:
+                    manifest["files"][os.path.relpath(file, tmp)] = _entry(file)
+        with synced(os.path.join(tmp, MANIFEST), "w") as fh:
             json.dump(manifest, fh, indent=1)
-            fh.flush()
-            os.fsync(fh.fileno())
         _fsync_dir(tmp)
         if os.path.isdir(final):  # the same step saved again (e.g. after a restart): replace it
             old = os.path.join(folder, f"{DELETING}{step_name(step)}-{os.getpid()}")  # cleaned up if killed now
@@ -93,17 +88,15 @@ def write_checkpoint(folder: str, step: int, files: dict[str, Any], meta: dict[s
 
 def set_latest(folder: str, path: str) -> None:
     tmp = os.path.join(folder, f".latest.tmp-{os.getpid()}")
-    with open(tmp, "w") as fh:
+    with synced(tmp, "w") as fh:
         fh.write(os.path.basename(path) + "\n")
-        fh.flush()
-        os.fsync(fh.fileno())
     os.replace(tmp, os.path.join(folder, "latest"))
     _fsync_dir(folder)
 
 
 def clean_leftovers(folder: str) -> list[str]:
-    """Remove what saves killed midway left behind (``.tmp-*`` folders, ``.old-*`` folders,
-    ``.latest.tmp-*`` files, ``.deleting-*`` folders of an interrupted retention). Call only from the one process that writes to ``folder``."""
+    """Remove what saves killed midway left behind (``.tmp-*``, ``.old-*``, ``.latest.tmp-*``,
+    ``.deleting-*``). Call only from the one process that writes to ``folder``."""
     if not os.path.isdir(folder):
         return []
     removed = []

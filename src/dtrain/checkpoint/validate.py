@@ -1,11 +1,6 @@
-"""Reading checkpoints: what makes a checkpoint folder valid, checked before anything is loaded.
-
-A folder is valid when its ``manifest.json`` has the schema dtrain writes, it lists exactly the
-files the folder holds (no more, no fewer, no links), every file has the size and sha256 the
-manifest says, it holds what its kind needs (``state.pt``; for a sharded one ``sharded/.metadata``
-and every shard file that metadata names), and that metadata reads through the restricted
-unpickler of ``dcp_safe``. Only then is ``state.pt`` loaded, with ``weights_only=True``.
-"""
+"""Reading checkpoints: a folder is valid when its manifest lists exactly its plain files with
+their sizes and sha256, it holds what its kind needs, and its DCP metadata reads through
+``dcp_safe``; only then is ``state.pt`` loaded, with ``weights_only=True``."""
 
 from __future__ import annotations
 
@@ -132,10 +127,8 @@ def _file_set_problem(path: str, listed: set[str]) -> str | None:
 
 def verify(path: str, *, load: bool = True) -> Verdict:
     """Check a checkpoint folder (or a single ``.pt`` file) as loading will: the manifest, the
-    checksums and the sharded metadata first, then (``load``) its ``state.pt`` through the same
-    safe loader a load uses (``weights_only=True``; memory-mapped, so tensors are not read) and
-    what a training state must hold. A state that pickles a function passes its checksums and is
-    refused here, so ``ckpt ls/verify`` say so and a resume falls back past it."""
+    checksums and the sharded metadata, then (``load``) its ``state.pt`` through the safe loader,
+    memory-mapped, so a state that pickles a function is refused here and a resume falls back past it."""
     if not os.path.exists(path):
         return Verdict(path, None, False, f"{path} does not exist")
     if os.path.isfile(path):
@@ -154,8 +147,7 @@ def verify(path: str, *, load: bool = True) -> Verdict:
 
 
 def _verify_folder(path: str) -> Verdict:
-    """The folder's manifest, file set, checksums and sharded metadata (nothing unpickled but
-    through ``dcp_safe``'s restricted reader)."""
+    """The folder's manifest, file set, checksums and sharded metadata."""
     manifest, problem = _read_manifest(path)
     if manifest is None:
         return Verdict(path, None, False, problem)
@@ -185,8 +177,7 @@ def _verify_folder(path: str) -> Verdict:
 
 
 def _verify_file(path: str, *, load: bool = True) -> Verdict:
-    """A single file passes when it is a torch.save archive (what ``ctx.save`` writes) that the
-    safe loader reads (``load``)."""
+    """A single file passes when it is a torch.save archive the safe loader reads (``load``)."""
     size = os.path.getsize(path)
     try:
         with zipfile.ZipFile(path) as zf:
