@@ -154,7 +154,8 @@ def main(args: argparse.Namespace) -> int:
 
         auto.refuse(cfg, nnodes=spec.nnodes if spec else 1, elastic=bool(spec and spec.elastic), launches=spec is not None)
         if autopick.plans_here(spec):  # node 0 plans for every node and posts its pick in the rendezvous store
-            cfg = auto.resolve(cfg, spec.world_size, spec.nproc, cfg.runtime.device, nnodes=spec.nnodes)
+            nodes = autopick.planned_nodes(spec)  # an elastic job's MAX
+            cfg = auto.resolve(cfg, nodes * spec.nproc, spec.nproc, cfg.runtime.device, nnodes=nodes, every_size=spec.elastic)
             spec = autopick.post(spec, cfg)
         else:
             cfg = autopick.receive(cfg, spec)

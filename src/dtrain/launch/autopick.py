@@ -7,6 +7,13 @@ node that hosts the store) plans for the job's whole world and posts its pick un
 ``dtrain/auto_pick/<rdzv id>`` as the store opens, before the nodes meet (launch/runner.py); every
 other node connects to the store before it starts its agent, waits for the key (``--startup-timeout``)
 and trains the same layout.
+
+An elastic job (``--nnodes MIN:MAX``) keeps its pick: the first node (the one that hosts the
+rendezvous at ``--master-addr``) plans for MAX nodes among the layouts that run at every size (the
+named strategies, whose layouts follow the world), posts it in the store its agent opens
+(launch/membership.py), and every node, a late joiner too, trains it at whatever size the job
+runs; no size re-plans (a re-plan would profile again while the others wait, each time a node
+leaves or joins).
 """
 
 from __future__ import annotations
@@ -55,26 +62,43 @@ class Pick:
 
 
 def plans_here(spec: LaunchSpec) -> bool:
-    """Whether this node plans: node 0 of a job on a fixed set of nodes (or the only node)."""
+    """Whether this node plans: node 0 of a job on a fixed set of nodes (or the only node); in an
+    elastic job the node that will host the rendezvous (it can listen on the endpoint)."""
+    if spec.elastic:
+        from .runner import _can_bind
+
+        return _can_bind(spec.addr, spec.port)
     return spec.node_rank == 0
+
+
+def planned_nodes(spec: LaunchSpec) -> int:
+    """The nodes the plan is for: the job's, or MAX of an elastic job's MIN:MAX."""
+    return spec.max_nodes or spec.nnodes
+
+
+def _planner(spec: LaunchSpec) -> str:
+    return "the first node" if spec.elastic else "node 0"
 
 
 def post(spec: LaunchSpec, cfg: Any) -> LaunchSpec:
     """``spec`` with node 0's pick (``cfg`` as the plan resolved it) among the values its store opens with."""
-    if spec.nnodes == 1:
+    if planned_nodes(spec) == 1:
         return spec
-    pick = Pick(strategy=cfg.parallel.strategy, layout=cfg.parallel.layout, nnodes=spec.nnodes, nproc=spec.nproc)
+    if spec.elastic and not plans_here(spec):  # two launchers on one host: the other one hosts now, with its own pick
+        raise ConfigError(f"another node began hosting the rendezvous at {spec.addr}:{spec.port} while this one planned "
+                          "--parallel auto; start the other nodes once the first one (at --master-addr) listens.")
+    pick = Pick(strategy=cfg.parallel.strategy, layout=cfg.parallel.layout, nnodes=planned_nodes(spec), nproc=spec.nproc)
     return dataclasses.replace(spec, store_values=(*spec.store_values, (key(spec.rdzv_id), pick.to_json())))
 
 
-def wait_for_pick(store: Any, run_id: str, *, timeout_s: float, where: str) -> Pick:
+def wait_for_pick(store: Any, run_id: str, *, timeout_s: float, where: str, planner: str = "node 0") -> Pick:
     """The pick posted under ``run_id`` in ``store``; one line (ConfigError) if none comes within ``timeout_s``."""
     name = key(run_id)
     deadline = time.monotonic() + timeout_s
     while not store.check([name]):
         if time.monotonic() >= deadline:
-            raise ConfigError(f"node 0's rendezvous store at {where} holds no --parallel auto pick after {timeout_s:g} s "
-                              f"(key {name}); start node 0 with --parallel auto too (it plans for every node), or give "
+            raise ConfigError(f"{planner}'s rendezvous store at {where} holds no --parallel auto pick after {timeout_s:g} s "
+                              f"(key {name}); start {planner} with --parallel auto too (it plans for every node), or give "
                               "every node the same --strategy/--parallel.")
         time.sleep(POLL_S)
     return Pick.from_json(store.get(name))
@@ -82,17 +106,20 @@ def wait_for_pick(store: Any, run_id: str, *, timeout_s: float, where: str) -> P
 
 def receive(cfg: Any, spec: LaunchSpec) -> Any:
     """``cfg`` with node 0's pick, read from its rendezvous store (a node other than 0)."""
-    where = f"{spec.addr}:{spec.port}"
-    # node 0 plans before its store opens (tens of seconds on a CPU): a refused connection is waited out
-    wait_for_master(spec.addr, spec.port, timeout_s=spec.startup_timeout, me=f"node {spec.node_rank}")
+    where, planner = f"{spec.addr}:{spec.port}", _planner(spec)
+    me = "this node" if spec.elastic else f"node {spec.node_rank}"
+    # the planner plans before its store opens (tens of seconds on a CPU): a refused connection is waited out
+    wait_for_master(spec.addr, spec.port, timeout_s=spec.startup_timeout, me=me, what=planner)
     store = connect_store(spec.addr, spec.port)
     try:
-        pick = wait_for_pick(store, spec.rdzv_id, timeout_s=spec.startup_timeout, where=where)
+        pick = wait_for_pick(store, spec.rdzv_id, timeout_s=spec.startup_timeout, where=where, planner=planner)
     finally:
         del store
-    if (pick.nnodes, pick.nproc) != (spec.nnodes, spec.nproc):
-        raise ConfigError(f"node 0 planned --parallel auto for {pick.world()}, but this node was started with --nnodes "
-                          f"{spec.nnodes} -n {spec.nproc}; start every node with the same --nnodes and -n.")
-    print(f"dtrain: --parallel auto: node 0's pick for {pick.world()}: {pick.label}; node {spec.node_rank} trains it.",
+    if (pick.nnodes, pick.nproc) != (planned_nodes(spec), spec.nproc):
+        nodes = f"{spec.nnodes}:{spec.max_nodes}" if spec.elastic else spec.nnodes
+        raise ConfigError(f"{planner} planned --parallel auto for {pick.world()}, but this node was started with --nnodes "
+                          f"{nodes} -n {spec.nproc}; start every node with the same --nnodes and -n.")
+    kept = "; kept at every size the job runs at" if spec.elastic else ""
+    print(f"dtrain: --parallel auto: {planner}'s pick for {pick.world()}: {pick.label}{kept}; {me} trains it.",
           file=sys.stderr, flush=True)
     return dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, strategy=pick.strategy, layout=pick.layout))

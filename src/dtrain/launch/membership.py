@@ -83,6 +83,8 @@ def _say_while_gathering(handler: Any, params: Any) -> None:
 #: rendezvous store that the next agent of this node (and every other node) still uses.
 _kept: list[Any] = []
 _hosted: dict[tuple[str, int], Any] = {}
+#: Keys the host's store opens with (LaunchSpec.store_values, set by the launcher for the job at hand).
+posted: tuple[tuple[str, str], ...] = ()
 
 
 def lost_in_rendezvous(exc: BaseException) -> bool:
@@ -149,6 +151,8 @@ def _c10d_backend(params: Any) -> tuple[Any, Any]:
     elif params.get_as_bool("is_host"):
         store, _ = host_store(host, port, timeout_s=timeout_s)
         _hosted[(host, port)] = store
+        for key, value in posted:  # --parallel auto's pick (launch/autopick.py), before any node can look
+            store.set(key, value)
     else:
         me = f"node {params.local_addr or 'this node'}"
         # Polled from Python first: torch's client retries a refused connection silently, then

@@ -78,6 +78,7 @@ def _rendezvous(spec: LaunchSpec) -> Iterator[int]:
         # Each round builds its workers' store afresh: torch's shared store (the default) keeps the
         # first round's rank-0 address on the other nodes, and a join after a loss then waited 60 s
         # for keys nobody could see (torch 2.14, two launchers on one host).
+        membership.posted = spec.store_values  # the host's store opens in torch's agent (membership._c10d_backend)
         with _elastic_id(f"{spec.rdzv_id}@{spec.addr}:{spec.port}"), _env_default("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1"):
             yield spec.port
         return

@@ -27,9 +27,6 @@ def refuse(cfg: Any, *, nnodes: int, elastic: bool, launches: bool) -> None:
     if not launches:
         raise ConfigError("--parallel auto needs dtrain train to start the workers (-n N): under torchrun or srun each "
                           "worker would plan on its own; run `dtrain plan` once and pass its pick (--strategy or --parallel).")
-    if elastic:
-        raise ConfigError(f"--parallel auto plans a fixed set of nodes, not --nnodes {nnodes}:MAX: "
-                          "run `dtrain plan --nnodes N -n P ...` once and give every node its pick (--strategy or --parallel).")
     if par.comm is not None:
         raise ConfigError(f"--parallel auto picks among layouts that average the exact gradients; --comm {par.comm} "
                           "is a choice of yours: drop one of them (`dtrain plan` ranks the comm methods too).")
@@ -39,10 +36,11 @@ def refuse(cfg: Any, *, nnodes: int, elastic: bool, launches: bool) -> None:
                           "or pick the layout yourself (`dtrain plan` shows the table).")
 
 
-def resolve(cfg: Any, world_size: int, nproc: int, device: str | None, *, nnodes: int = 1) -> Any:
+def resolve(cfg: Any, world_size: int, nproc: int, device: str | None, *, nnodes: int = 1, every_size: bool = False) -> Any:
     """``cfg`` (a TrainConfig with ``parallel.layout == "auto"``) with the plan's pick for
-    ``world_size`` processes, ``nproc`` on each of ``nnodes`` nodes like this one; prints one line
-    naming the pick and the runner-up."""
+    ``world_size`` processes, ``nproc`` on each of ``nnodes`` nodes like this one (``every_size``:
+    among the layouts that run at any number of nodes, for an elastic job); prints one line naming
+    the pick and the runner-up."""
     from ..data.loader import usable_cores
     from ..precision import auto_name
     from ..tasks import load_task
@@ -64,12 +62,12 @@ def resolve(cfg: Any, world_size: int, nproc: int, device: str | None, *, nnodes
                      grad_accum=cfg.batch.grad_accum, activation_checkpointing=cfg.runtime.activation_checkpointing,
                      threads=max(1, usable_cores() // nproc), comms=("none",),
                      task_spec=(cfg.task.name, cfg.task.data_dir, dict(cfg.task.args)), profile_s=PROFILE_S,
-                     log_every=cfg.observe.log_every)
+                     log_every=cfg.observe.log_every, layouts=any_size_layouts(world_size, nproc, nnodes) if every_size else None)
     pick = plan.best_exact
     if pick is None:
         raise ConfigError(f"--parallel auto: no layout of {world_size} processes fits in memory by the plan; "
                           "run `dtrain plan` for the table (memory per rank) and a smaller --batch-size or more processes.")
-    print(pick_line(plan, pick) + nodes_note(nnodes, nproc), file=sys.stderr, flush=True)
+    print(pick_line(plan, pick) + nodes_note(nnodes, nproc, elastic=every_size), file=sys.stderr, flush=True)
     if pick.layout.is_strategy:
         return _with(cfg, strategy=pick.layout.name, layout=None)
     return _with(cfg, strategy="auto", layout=pick.layout.name)
@@ -89,12 +87,26 @@ def pick_line(plan: Any, pick: Any) -> str:
             f"{pick.samples_per_s:,.0f} samples/s{runner}; `dtrain plan` shows the table).")
 
 
-def nodes_note(nnodes: int, nproc: int) -> str:
-    """What the pick line adds on several nodes: the world it was planned for, and who trains it."""
-    if nnodes == 1:
+def nodes_note(nnodes: int, nproc: int, *, elastic: bool = False) -> str:
+    """What the pick line adds on several nodes: the world it was planned for, and who trains it;
+    an elastic job's rule (launch/autopick.py): the pick is kept at every size, never re-planned."""
+    if nnodes == 1 and not elastic:
         return ""
-    return (f" Planned for {nnodes} nodes x {nproc} process{'es' if nproc > 1 else ''} (world {nnodes * nproc}); "
-            "every node trains this pick (node 0 posts it in the rendezvous store).")
+    world = f"{nnodes} nodes x {nproc} process{'es' if nproc > 1 else ''} (world {nnodes * nproc})"
+    if elastic:
+        return (f" Planned for {world}, the most of --nnodes MIN:MAX, among the layouts that run at any size; kept at every "
+                "size the job runs at (no re-plan when nodes leave or join); every node trains it (the first node posts "
+                "it in the rendezvous store).")
+    return f" Planned for {world}; every node trains this pick (node 0 posts it in the rendezvous store)."
+
+
+def any_size_layouts(world: int, nproc: int, nnodes: int) -> list[Any]:
+    """The named strategies (ddp, zero1, fsdp; hsdp on several nodes of several processes): their
+    layouts follow the world (``strategies.preset``), so an elastic job's pick runs at every size."""
+    from .layouts import named
+
+    names = ("ddp", "zero1", "fsdp", "hsdp") if nnodes > 1 and nproc > 1 else ("ddp", "zero1", "fsdp")
+    return [x for name in names for x in named(name, world, nproc)]
 
 
 def _with(cfg: Any, **parallel: Any) -> Any:

@@ -90,3 +90,23 @@ def test_the_pick_reads_back_as_it_was_written():
     assert autopick.Pick.from_json(pick.to_json()) == pick
     with pytest.raises(TypeError):
         autopick.Pick.from_json('{"strategy": "ddp"}')
+
+
+def test_an_elastic_jobs_first_node_plans_for_max_and_a_joiner_takes_the_pick(capsys):
+    port = free_port()
+
+    def elastic() -> LaunchSpec:
+        return LaunchSpec(nproc=1, nnodes=1, max_nodes=3, master_addr="127.0.0.1", master_port=port, startup_timeout=1.0)
+
+    first = elastic()
+    assert autopick.plans_here(first) and autopick.planned_nodes(first) == 3  # nobody listens yet: this node will host
+    first = autopick.post(first, _cfg(strategy="fsdp"))
+    store = _open_store(first)
+    assert not autopick.plans_here(elastic())  # the endpoint is taken: a joiner
+    thread, got = _node1(elastic())
+    thread.start()
+    thread.join(timeout=30)
+    del store
+    assert got["cfg"].parallel.strategy == "fsdp", got
+    assert ("dtrain: --parallel auto: the first node's pick for 3 nodes x 1 process (world 3): fsdp; kept at every size "
+            "the job runs at; this node trains it.") in capsys.readouterr().err

@@ -21,7 +21,6 @@ def test_auto_is_a_layout_the_config_takes_and_a_strategy_beside_it_is_refused()
 
 
 @pytest.mark.parametrize("kw, message", [
-    ({"nnodes": 1, "elastic": True, "launches": True}, "not --nnodes 1:MAX"),
     ({"nnodes": 1, "elastic": False, "launches": False}, "needs dtrain train to start the workers"),
 ])
 def test_auto_refuses_what_one_plan_cannot_decide(kw, message):
@@ -36,11 +35,24 @@ def test_auto_refuses_a_comm_method_and_strategy_options_it_would_override():
         auto.refuse(_cfg(strategy_options={"wrap": "block"}), nnodes=1, elastic=False, launches=True)
     auto.refuse(_cfg(), nnodes=1, elastic=False, launches=True)  # the plain case goes on to the plan
     auto.refuse(_cfg(), nnodes=2, elastic=False, launches=True)  # node 0 plans for every node (launch/autopick.py)
+    auto.refuse(_cfg(), nnodes=1, elastic=True, launches=True)  # the first node plans; the pick is kept at every size
 
 
 def test_the_line_names_the_world_planned_for_on_several_nodes():
     assert auto.nodes_note(1, 4) == ""
     assert auto.nodes_note(2, 1).startswith(" Planned for 2 nodes x 1 process (world 2); every node trains this pick")
+    assert "the most of --nnodes MIN:MAX, among the layouts that run at any size; kept at every size" in auto.nodes_note(2, 1, elastic=True)
+
+
+def test_an_elastic_jobs_pick_is_among_the_layouts_every_size_runs():
+    from dtrain import strategies
+
+    assert [x.name for x in auto.any_size_layouts(4, 2, 2)] == ["ddp", "zero1", "fsdp", "hsdp"]
+    assert [x.name for x in auto.any_size_layouts(2, 1, 2)] == ["ddp", "zero1", "fsdp"]
+    # each is a strategy name, whose layout follows the world: valid at 1, 2 or 3 nodes of 2
+    assert all(x.is_strategy and x.comm == "none" for x in auto.any_size_layouts(6, 2, 3))
+    assert [(strategies.preset("hsdp", w, 2).dp_replicate, strategies.preset("hsdp", w, 2).dp_shard) for w in (2, 4, 6)] == \
+        [(1, 2), (2, 2), (3, 2)]
 
 
 def test_one_process_needs_no_plan(capsys):
