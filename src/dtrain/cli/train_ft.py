@@ -28,7 +28,7 @@ def start(cfg: TrainConfig, args: argparse.Namespace) -> int:
     from ..train.ft_replica import TrainGroups, check
 
     ft = FaultTolerance.parse(args.fault_tolerance)
-    check(cfg)
+    check(cfg, args.elastic_batch)
     return _start(ft, TrainGroups(cfg, ft), args)
 
 

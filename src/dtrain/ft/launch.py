@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from typing import Any, Protocol
 
@@ -21,7 +22,7 @@ from .._log import logger
 from ..errors import ConfigError
 from ..options import FaultToleranceLink
 from ..world.netif import is_loopback, source_address, use_route_interface
-from .spec import DEFAULT_LIGHTHOUSE_PORT, FaultTolerance, lighthouse_address, require_torchft
+from .spec import DEFAULT_LIGHTHOUSE_PORT, LEFT_EXIT, FaultTolerance, lighthouse_address, require_torchft
 
 RESTART_DELAY_S = 1.0
 """Between a replica group's death and its restart (its peers notice it gone meanwhile)."""
@@ -96,7 +97,14 @@ def _supervise(groups: Groups, ids: list[str], lighthouse: str, host: str, max_r
 
     procs = {rid: launch(rid) for rid in ids}
     finished: dict[str, int] = {}
-    restarts = 0
+    restarts, stopping = 0, []
+
+    def stop(signum: int, frame: object) -> None:  # each group leaves at its next step boundary, saving first
+        stopping.append(signum)
+        for proc in procs.values():
+            proc.terminate()
+
+    previous = signal.signal(signal.SIGTERM, stop) if threading.current_thread() is threading.main_thread() else None
     try:
         while procs:
             time.sleep(0.2)
@@ -105,10 +113,13 @@ def _supervise(groups: Groups, ids: list[str], lighthouse: str, host: str, max_r
                     continue
                 del procs[rid]
                 code = proc.exitcode
-                # Once a group has finished the job, one that dies is not started again (it would train alone).
-                if code == 0 or restarts >= max_restarts or 0 in finished.values():
+                # Once a group has finished the job, one that dies is not started again (it would train alone);
+                # nor one that left on a stop signal.
+                if code in (0, LEFT_EXIT) or stopping or restarts >= max_restarts or 0 in finished.values():
                     finished[rid] = code
-                    if code != 0:
+                    if code == LEFT_EXIT:
+                        logger.info(f"fault tolerance: replica group {rid} left the job on a stop signal; not restarted")
+                    elif code != 0:
                         logger.warning(f"fault tolerance: replica group {rid} ended with {_status(code)}; not restarted "
                                        f"({restarts} of --max-restarts {max_restarts} used)")
                     continue
@@ -118,6 +129,8 @@ def _supervise(groups: Groups, ids: list[str], lighthouse: str, host: str, max_r
                 time.sleep(RESTART_DELAY_S)
                 procs[rid] = launch(rid)
     finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
         for proc in procs.values():  # interrupted: no replica group outlives its launcher
             proc.terminate()
             proc.join(5)

@@ -18,6 +18,11 @@ DEFAULT_LIGHTHOUSE_PORT = 29510
 """The Lighthouse's port on the first node when ``--lighthouse`` is not given (torchft's own default)."""
 
 
+LEFT_EXIT = 143
+"""Exit status of a replica group that left the job on a stop signal (128 + SIGTERM, as a shell
+reports it): its launcher does not restart it, and the other groups go on."""
+
+
 class FaultToleranceStopped(DtrainError):
     """The job cannot go on: no quorum (the Lighthouse is gone, or fewer than ``min`` replica groups are up)."""
 

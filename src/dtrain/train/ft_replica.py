@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import os
+import signal
 import sys
 import time
 from typing import Any
@@ -22,27 +23,28 @@ import torch
 from torch.utils.data import default_collate
 
 from .._log import configure_cli_logging, logger
+from ..context import preempt
 from ..context.startup import init
 from ..errors import ConfigError, DtrainError
 from ..ft.ledger import FtLedger
 from ..ft.order import GlobalOrder, StepPlan
 from ..ft.session import Session, quiet_torchft
-from ..ft.spec import FaultTolerance, require_torchft
+from ..ft.spec import LEFT_EXIT, FaultTolerance, require_torchft
 from ..metrics import JsonlSink
 from ..tasks import load_task, make_optimizer
 from ..world import World
 from .config import TrainConfig
 
 
-def check(cfg: TrainConfig) -> None:
+def check(cfg: TrainConfig, elastic_batch: str = "per-process") -> None:
     """What ``--fault-tolerance`` does not combine with yet: one line, before any process starts."""
     if cfg.parallel.layout or cfg.parallel.strategy not in ("auto", "single", "ddp"):
         raise ConfigError(f"--fault-tolerance replicates the model across replica groups of one process each, got "
                           f"--strategy {cfg.parallel.strategy}{' --parallel ' + cfg.parallel.layout if cfg.parallel.layout else ''}; "
                           "drop it (sharding inside a replica group is not supported yet).")
-    if cfg.batch.grad_accum != 1 or cfg.batch.global_batch:
+    if cfg.batch.global_batch or cfg.batch.micro is not None or elastic_batch != "per-process":
         raise ConfigError("--fault-tolerance keeps each replica group's --batch-size (the global batch follows the quorum); "
-                          "--grad-accum and --elastic-batch global are not supported with it yet.")
+                          "--elastic-batch global and --micro-batch auto are not supported with it yet (--grad-accum K is).")
 
 
 class TrainGroups:
@@ -79,6 +81,8 @@ def replica_main(cfg: TrainConfig, ft: FaultTolerance, replica_id: str, lighthou
         print(f"dtrain: error: replica group {replica_id}: {exc}", file=sys.stderr, flush=True)
         sys.exit(exc.exit_code)
     print(json.dumps(result), flush=True)
+    if result["left"]:
+        sys.exit(LEFT_EXIT)  # not a failure, and not the job's end: its launcher does not restart it
 
 
 def run_replica(cfg: TrainConfig, ft: FaultTolerance, *, replica_id: str, lighthouse: str, host: str) -> dict[str, Any]:
@@ -86,6 +90,7 @@ def run_replica(cfg: TrainConfig, ft: FaultTolerance, *, replica_id: str, lighth
     ``host``: the address peers reach this process at. Returns the result record."""
     t0 = time.perf_counter()
     require_torchft()
+    preempt.install()  # SIGTERM/SIGUSR1 only set a flag: the loop leaves at the next step boundary
     task = load_task(cfg.task.name, data_dir=cfg.task.data_dir, options=cfg.task.args)
     world = World.detect(device=cfg.runtime.device)
     if world.distributed:
@@ -161,7 +166,7 @@ class _Replica:
         stats = {"not_committed": 0, "participants": set()}
         loss = torch.zeros(())
         first, plan = True, None
-        while True:
+        while not preempt.received():  # a stop signal: leave between steps, the others' next quorum goes on without us
             self.optimizer.zero_grad(set_to_none=True)
             rank, participants = self.session.quorum(self._stop_saved)
             if first and ledger is not None:
@@ -178,12 +183,17 @@ class _Replica:
             self.order.commit(plan)
             stats["participants"].add(participants)
             self._committed(plan, participants, loss, ledger, sink, t0)
-        step = manager.current_step()
+        step, left = manager.current_step(), preempt.received()
         if ledger is not None:
-            ledger.end(step, plan)
+            if not left:  # the last plan's leftovers: the epoch's end (after a leave, the job goes on)
+                ledger.end(step, plan)
             ledger.close()
         self.save(step)
-        return self._result(step, loss, stats, t0)
+        if left:
+            saved = f"; saved step {step} to {self.ckpt.folder}" if self.ckpt is not None else ""
+            logger.warning(f"replica group {self.replica_id}: {signal.Signals(left).name} received; left the job after "
+                           f"step {step}{saved} (the other groups go on)")
+        return {**self._result(step, loss, stats, t0), "left": signal.Signals(left).name if left else None}
 
     def _committed(self, plan: StepPlan, participants: int, loss: torch.Tensor, ledger: FtLedger | None, sink: Any,
                    t0: float) -> None:
@@ -205,12 +215,18 @@ class _Replica:
             self.save(step)
 
     def _forward_backward(self, plan: StepPlan) -> torch.Tensor:
+        """This group's share of the step: ``--grad-accum K`` micro-batches (each loss over K, so the
+        gradient is the mean over the share), then one all-reduce over the quorum."""
         x, y = default_collate([self.task.train_set[i] for i in plan.mine])
         x, y = x.to(self.ctx.device), y.to(self.ctx.device)
-        loss = self.task.loss_fn(self.model(x), y)
-        loss.backward()
+        k = self.cfg.batch.grad_accum
+        loss = torch.zeros((), device=self.ctx.device)
+        for xm, ym in zip(x.chunk(k), y.chunk(k)):
+            micro = self.task.loss_fn(self.model(xm), ym) / k
+            micro.backward()
+            loss += micro.detach()
         self.session.average_gradients(self.model.parameters())
-        return loss.detach()
+        return loss
 
     def _result(self, step: int, loss: torch.Tensor, stats: dict[str, Any], t0: float) -> dict[str, Any]:
         task = self.task

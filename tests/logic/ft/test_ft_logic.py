@@ -4,14 +4,18 @@ committed consumes nothing; the global batch follows the quorum), and the ledger
 from __future__ import annotations
 
 import json
+import types
 
 import pytest
+import torch
 
 from dtrain.cli import main
 from dtrain.errors import ConfigError
 from dtrain.ft.ledger import FtLedger, check_ft_ledger
-from dtrain.ft.order import GlobalOrder
+from dtrain.ft.order import GlobalOrder, StepPlan
 from dtrain.ft.spec import FaultTolerance, lighthouse_address
+from dtrain.train.config import BatchConfig
+from dtrain.train.ft_replica import _Replica
 
 
 def test_the_spec_reads_min_and_the_timeouts():
@@ -120,7 +124,8 @@ def test_a_restart_from_disk_drops_the_steps_it_redoes(tmp_path):
     (["--fault-tolerance", "--strategy", "fsdp"], "sharding inside a replica group is not supported yet"),
     (["--fault-tolerance", "--nnodes", "1:2"], "replica groups come and go without a rendezvous"),
     (["--fault-tolerance", "--lighthouse", "nohost"], "--lighthouse 'nohost' is not HOST:PORT"),
-    (["--fault-tolerance", "--grad-accum", "2", "--batch-size", "8"], "--grad-accum and --elastic-batch global are not supported"),
+    (["--fault-tolerance", "--elastic-batch", "global"], "--elastic-batch global and --micro-batch auto are not supported"),
+    (["--fault-tolerance", "--micro-batch", "auto"], "--elastic-batch global and --micro-batch auto are not supported"),
 ])
 def test_bad_fault_tolerance_flags_end_with_one_line(args, message, capsys):
     assert main(["train", *args]) == 2
@@ -135,3 +140,27 @@ def test_dtrain_ckpt_ledger_reads_a_fault_tolerant_ledger(tmp_path, capsys):
     _ledger(tmp_path, "b", 3, GlobalOrder(40, seed=1, epochs=1), healed=True)  # records that disagree
     assert main(["ckpt", "ledger", str(tmp_path)]) == 1
     assert "FAIL: step 1's records disagree" in capsys.readouterr().out
+
+
+def _share_gradients(grad_accum):
+    """``dtrain train --fault-tolerance``'s step on one group's share (its all-reduce a no-op here):
+    the gradients, and how many forwards it took."""
+    torch.manual_seed(0)
+    data = torch.utils.data.TensorDataset(torch.randn(16, 3), torch.randint(0, 2, (16,)))
+    rep = _Replica.__new__(_Replica)
+    rep.ctx = types.SimpleNamespace(device=torch.device("cpu"))
+    rep.cfg = types.SimpleNamespace(batch=BatchConfig(size=8, grad_accum=grad_accum))
+    rep.task = types.SimpleNamespace(train_set=data, loss_fn=torch.nn.functional.cross_entropy)
+    rep.model = torch.nn.Linear(3, 2)
+    rep.session = types.SimpleNamespace(average_gradients=lambda params: None)
+    forwards = []
+    rep.model.register_forward_hook(lambda *_: forwards.append(1))
+    loss = rep._forward_backward(StepPlan(epoch=0, start=0, step_indices=list(range(8)), mine=list(range(8))))
+    return [p.grad.clone() for p in rep.model.parameters()], loss, len(forwards)
+
+
+def test_grad_accum_under_fault_tolerance_takes_k_micro_batches_with_the_whole_share_gradient():
+    whole, loss1, n1 = _share_gradients(1)
+    accum, loss2, n2 = _share_gradients(4)
+    assert (n1, n2) == (1, 4)
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(whole, accum)) and torch.allclose(loss1, loss2, atol=1e-6)
