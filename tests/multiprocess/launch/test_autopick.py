@@ -1,5 +1,6 @@
 """`dtrain train --parallel auto --nnodes 2`: node 0 plans for the whole world, node 1 takes its pick
-from the rendezvous store, and both nodes train it to the end: two agents on 127.0.0.1. On the
+from the rendezvous store, and both nodes train it to the end: two agents on 127.0.0.1, on a fixed
+pair of nodes and in an elastic job (--nnodes 1:2, the second node joining once the first hosts). On the
 network test bed the same takes over a minute a run: benchmarks/auto_nodes.py."""
 
 from __future__ import annotations
@@ -74,3 +75,44 @@ def test_two_nodes_on_loopback_train_node_0s_pick(tmp_path):
              for rank in (0, 1)]  # node 1 starts while node 0 plans: it waits for the store, then the pick
     _check_both_trained_one_pick(_finish(procs, 200), tmp_path / "ledger")
 
+
+
+def _listens(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(280)
+def test_an_elastic_job_trains_the_first_nodes_pick_on_both_nodes(tmp_path):
+    import time
+
+    port = _free_port()
+
+    def node() -> subprocess.Popen:
+        argv = [sys.executable, "-m", "dtrain", "train", "--task", "digits", "--parallel", "auto", "--nnodes", "1:2", "-n", "1",
+                "--master-addr", "127.0.0.1", "--master-port", str(port), "--max-steps", str(STEPS), "--log-every", "3",
+                "--ledger", str(tmp_path / "ledger"), "--checkpoint-dir", str(tmp_path / "ck"), "--save-every", "3",
+                "--rdzv-last-call", "60", "--startup-timeout", "120"]
+        return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+                                env=_env(), cwd=tmp_path)
+
+    first = node()
+    try:
+        deadline = time.monotonic() + 200
+        while not _listens(port) and first.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)  # the first node plans, then its agent hosts the rendezvous
+        procs = [first, node()]
+    except BaseException:
+        first.kill()
+        raise
+    (code0, out0, err0), (code1, _, err1) = _finish(procs, 200)
+    assert code0 == 0 and code1 == 0, (err0[-3000:], err1[-3000:])
+    line = next(x for x in err0.splitlines() if x.startswith(PICKED))
+    picked = line.removeprefix(PICKED).split(" (")[0]
+    assert "kept at every size the job runs at (no re-plan when nodes leave or join)" in line, line
+    assert picked in ("ddp", "zero1", "fsdp"), line  # a layout every size runs
+    assert (f"dtrain: --parallel auto: the first node's pick for 2 nodes x 1 process (world 2): {picked}; kept at every "
+            "size the job runs at; this node trains it.") in err1, err1[-3000:]
+    result = json.loads(out0.strip().splitlines()[-1])
+    assert result["world_size"] == 2 and result["strategy"] == picked, result
