@@ -101,7 +101,7 @@ def plan_task(task: Any, cluster: Cluster, *, batch: int, precision: str = "fp32
         layouts = candidates(cluster.world_size, cluster.procs_per_node, cluster.nodes, blocks=len(prof.blocks),
                              tp_ok=tp_ok and bool(prof.blocks), pp_ok=pp_ok, comms=comms)
     if not cluster.is_gpu:  # this machine's CPU: the profile's achieved rate is the device's
-        mach = None if task_spec is None else machinery.measure(
+        mach = None if task_spec is None else machinery.measure_layouts(
             task_spec, batch=batch, precision=precision, optimizer=optimizer, kinds=machinery.kinds_for(layouts),
             microbatches=microbatches, schedule=schedule, threads=threads, budget_s=profile_s)
         prof = add_timing(prof, task, batch=batch, optimizer=optimizer, threads=threads, machinery=mach,

@@ -67,7 +67,7 @@ def count(task: Any, batch: int, recipe: str = "tensorwise") -> Float8Counts:
     from ..metrics.flops import _to_meta
     from ..parallel.float8 import converts
     from ..precision import Float8Config
-    from .timing import sample_batch
+    from .machinery import sample_batch
 
     with torch.device("meta"):
         model = task.build_model()

@@ -1,9 +1,9 @@
-"""What each layout's own machinery costs on this CPU: the model's step run plainly and under each
-layout's wrapping (as `dtrain train` builds it), in a fresh process of a world of one, where every
-collective is a local no-op, so what a layout adds to the plain step is its CPU work (DDP's
-reducer, PowerSGD's products, FSDP's hooks, DTensor's dispatch, a schedule's bookkeeping); the
-link's part is the link model's. The kinds run in turn, round after round (medians kept). The same
-process reports a worker's memory: before any model, with a pipeline's modules, at the step's peak.
+"""Timing steps on this machine: the plain step on the device at hand (``measure``), and each
+layout's own machinery on this CPU (``Machinery``): the step run plainly and under each layout's
+wrapping, as `dtrain train` builds it, in a fresh process of a world of one, where every collective
+is a local no-op, so what a layout adds is its CPU work (DDP's reducer, PowerSGD, FSDP's hooks,
+DTensor, a schedule's bookkeeping). The kinds run in turn, round after round (medians kept); the
+same process reports a worker's memory: before any model, with pipelining imported, at the peak.
 """
 
 from __future__ import annotations
@@ -18,10 +18,126 @@ from typing import Any
 import torch
 from torch import nn
 
-from .timing import Runner
-from .timing import timed_step as _step
+from ..errors import ConfigError
 
 MIB = 2**20
+
+
+@dataclass(frozen=True, kw_only=True)
+class Timing:
+    """Medians of one batch's phases on the profiling device."""
+
+    batch: int
+    fwd_s: float
+    bwd_s: float
+    opt_s: float
+    threads: int
+    device: str
+    data_s: float = 0.0
+    """Fetching and collating one batch from the (in-memory) data set."""
+    checkpointed: bool = False
+    """Timed with the blocks checkpointed: the backward holds their recomputation."""
+
+
+NoCast = contextlib.nullcontext
+
+
+def sample_batch(task: Any, batch: int) -> tuple[Any, Any]:
+    from torch.utils.data import default_collate
+
+    n = len(task.train_set)
+    if n == 0:
+        raise ConfigError(f"task {task.name!r} has an empty training set; nothing to profile.")
+    return default_collate([task.train_set[i % n] for i in range(batch)])
+
+
+Runner = Callable[[], tuple[float, float, float]]
+WARMUP_GPU = 5  # untimed steps before a GPU's timed ones: the allocator and cuBLAS's choices settle
+
+
+def _clock(gpu: bool) -> tuple[Callable[[], Any], Callable[[Any], None], Callable[[Any, Any], float]]:
+    """(mark, wait, seconds between two marks): the host's clock, or the GPU's CUDA events."""
+    if not gpu:
+        return time.perf_counter, lambda _m: None, lambda a, b: b - a
+
+    def mark() -> Any:
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        return ev
+    return mark, lambda m: m.synchronize(), lambda a, b: a.elapsed_time(b) / 1e3
+
+
+def timed_step(model: nn.Module, opt: Any, task: Any, x: Any, y: Any, cast: Callable, after: Callable[[], None] | None = None,
+               gpu: bool = False) -> Runner:
+    """A runner of one step on (x, y) returning its forward, backward, optimizer (with ``after``) seconds.
+    ``gpu``: on CUDA events with one wait, at the step's end, so the host queues ahead as in training."""
+    mark, wait, between = _clock(gpu)
+
+    def run() -> tuple[float, float, float]:
+        t0 = mark()
+        with cast():
+            loss = task.loss_fn(model(x), y)
+        t1 = mark()
+        loss.backward()
+        t2 = mark()
+        opt.step()
+        if after is not None:
+            after()
+        opt.zero_grad(set_to_none=True)
+        t3 = mark()
+        wait(t3)
+        return between(t0, t1), between(t1, t2), between(t2, t3)
+    return run
+
+
+def measure(task: Any, x: Any, y: Any, *, optimizer: str, lr: float, autocast_dtype: torch.dtype | None,
+            threads: int, repeats: int = 15, budget_s: float = 5.0, device: str = "cpu",
+            checkpointed: bool = False) -> Timing:
+    """Median phases of up to ``repeats`` steps (at least 5; fewer once ``budget_s`` is spent) after a
+    warm-up, with ``threads`` torch threads; on ``device="cuda"`` no data time (its loader works ahead)."""
+    from ..parallel.transforms import apply_activation_checkpointing
+    from ..tasks import make_optimizer
+
+    gpu = device == "cuda"
+    old = torch.get_num_threads()
+    torch.set_num_threads(max(1, threads))
+    try:
+        torch.manual_seed(0)
+        model = task.new_model()
+        checkpointed = bool(checkpointed and task.blocks is not None
+                            and apply_activation_checkpointing(task.blocks(model)))
+        if gpu:
+            from ..data.loader import to_device
+
+            model, x, y = model.to("cuda"), to_device(x, torch.device("cuda")), to_device(y, torch.device("cuda"))
+        opt = make_optimizer(optimizer, model.parameters(), lr, device=torch.device(device))
+        kind = "cuda" if gpu else "cpu"
+        cast = (lambda: torch.autocast(kind, dtype=autocast_dtype)) if autocast_dtype is not None else NoCast
+        run = timed_step(model, opt, task, x, y, cast, gpu=gpu)
+        fwd, bwd, step = [], [], []
+        warm = WARMUP_GPU if gpu else 2
+        start = time.perf_counter()
+        for i in range(repeats + warm):
+            if i >= warm + 5 and time.perf_counter() - start > budget_s:
+                break
+            f_s, b_s, o_s = run()
+            if i >= warm:
+                fwd.append(f_s), bwd.append(b_s), step.append(o_s)
+    finally:
+        torch.set_num_threads(old)
+    batch = len(y) if hasattr(y, "__len__") else 1
+    return Timing(batch=batch, fwd_s=statistics.median(fwd), bwd_s=statistics.median(bwd), opt_s=statistics.median(step),
+                  threads=threads, device=device, data_s=0.0 if gpu else data_time(task, batch), checkpointed=checkpointed)
+
+
+def data_time(task: Any, batch: int) -> float:
+    """Median seconds to fetch and collate one batch from the task's training set."""
+    data = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        sample_batch(task, batch)
+        data.append(time.perf_counter() - t0)
+    return statistics.median(data)
 
 
 @dataclass(frozen=True)
@@ -39,19 +155,19 @@ class Phases:
 
 @dataclass(frozen=True, kw_only=True)
 class Machinery:
-    """The measurements (seconds, bytes) of one profile; see the module's docstring."""
+    """The measurements (seconds, bytes) of one profile."""
 
     batch: int
     microbatches: int
     steps: dict[str, Phases]
-    """By kind: ``plain``, ``micro`` (one micro-batch of ``batch / microbatches``, no optimizer),
-    ``ddp:<comm>``, ``zero1``, ``fsdp``, ``tp``, ``pp`` (the whole step through a one-stage schedule)."""
+    """By kind: ``plain``, ``micro`` (one micro-batch, no optimizer), ``ddp:<comm>``, ``zero1``, ``fsdp``,
+    ``tp``, ``pp`` (the step through a one-stage schedule)."""
     average_s: float | None = None
-    """Local SGD's averaging of every parameter, once (torch's ``average_parameters``)."""
+    """Local SGD's averaging of every parameter, once."""
     rounds: int = 0
     rss: dict[str, float] = field(default_factory=dict)
-    """Bytes: ``baseline`` (a worker before its model), ``pipelining`` (importing torch's
-    pipelining adds), ``plain_peak`` (the peak of plain steps above the baseline)."""
+    """Bytes: ``baseline`` (a worker before its model), ``pipelining`` (what importing it adds),
+    ``plain_peak`` (the plain steps' peak above the baseline)."""
     threads: int = 1
 
     def extra(self, kind: str) -> Phases:
@@ -71,7 +187,7 @@ class Machinery:
 
 
 def kinds_of(layout: Any) -> list[str]:
-    """The measured kinds whose extra cost ``layout`` pays (a pipeline's are its own: ``micro``, ``pp``)."""
+    """The measured kinds whose extra cost ``layout`` pays (a pipeline's own are ``micro`` and ``pp``)."""
     d = layout.dims
     if d.pp > 1:
         return []
@@ -93,9 +209,9 @@ def kinds_for(layouts: list[Any]) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def measure(task_spec: tuple[str, str | None, dict[str, str]], *, batch: int, precision: str, optimizer: str, kinds: list[str],
+def measure_layouts(task_spec: tuple[str, str | None, dict[str, str]], *, batch: int, precision: str, optimizer: str, kinds: list[str],
             microbatches: int = 4, schedule: str = "1f1b", threads: int = 1, budget_s: float = 10.0) -> Machinery:
-    """Run the profile in a fresh process (a world of one) and return its measurements."""
+    """The profile, run in a fresh process of a world of one."""
     from ..launch.local import run_distributed
 
     spec = {"task": task_spec, "batch": batch, "precision": precision, "optimizer": optimizer, "kinds": kinds,
@@ -112,8 +228,7 @@ def body(spec: dict[str, Any]) -> dict[str, Any]:
     from ..tasks import load_task
     from ..train import loop  # noqa: F401 - a worker's imports, for its baseline memory
     from .profile import count
-    from .timing import sample_batch
-
+    
     torch.set_num_threads(spec["threads"])
     dist.init_process_group("gloo")
     name, data_dir, options = spec["task"]
@@ -138,13 +253,12 @@ def body(spec: dict[str, Any]) -> dict[str, Any]:
     return {"steps": steps, "rounds": rounds, "average_s": average, "rss": rss}
 
 
-MAX_ROUNDS = 60
-"""At most this many rounds within the budget: enough to span it and meet a shared machine's slower moments."""
+MAX_ROUNDS = 60  # within the budget: enough to meet a shared machine's slower moments
 
 
 def _rounds(runners: dict[str, Callable[[], tuple[float, float, float]]], budget_s: float) -> tuple[dict[str, tuple], int]:
-    """Every runner once per round (3 warm-up rounds: PowerSGD compresses from its third step),
-    then rounds until ``budget_s`` is spent (at least 3, at most ``MAX_ROUNDS``); per-phase medians."""
+    """Every runner once a round (3 warm-up rounds: PowerSGD compresses from its third step) until
+    ``budget_s`` is spent (3 to ``MAX_ROUNDS`` rounds); per-phase medians."""
     for _ in range(3):
         for run in runners.values():
             run()
@@ -158,7 +272,7 @@ def _rounds(runners: dict[str, Callable[[], tuple[float, float, float]]], budget
 
 
 def _average_s(task: Any) -> float:
-    """Median seconds of one averaging of every parameter (post-local SGD's, every H steps)."""
+    """Median seconds of one averaging of every parameter (local SGD's, every H steps)."""
     from torch.distributed.algorithms.model_averaging.utils import average_parameters_or_parameter_groups
 
     torch.manual_seed(0)
@@ -219,7 +333,7 @@ def build_runner(kind: str, task: Any, x: Any, y: Any, spec: dict[str, Any]) -> 
             cast = contextlib.nullcontext
     elif kind != "plain":
         raise ValueError(f"unknown machinery kind {kind!r}")
-    return _step(model, opt(model), task, x, y, cast)
+    return timed_step(model, opt(model), task, x, y, cast)
 
 
 def _ddp(model: nn.Module, kind: str, task: Any, x: Any, y: Any, spec: dict[str, Any], cast: Callable) -> Runner:
@@ -236,11 +350,11 @@ def _ddp(model: nn.Module, kind: str, task: Any, x: Any, y: Any, spec: dict[str,
     opt = make_optimizer(spec["optimizer"], ddp.parameters(), task.lr)
     if kind == "zero1":
         opt = shard_optimizer(opt)
-    return _step(ddp, opt, task, x, y, cast, (lambda: method.after_step(opt)) if method is not None else None)
+    return timed_step(ddp, opt, task, x, y, cast, (lambda: method.after_step(opt)) if method is not None else None)
 
 
 def _micro(model: nn.Module, task: Any, x: Any, y: Any, spec: dict[str, Any], cast: Callable) -> Runner:
-    """Forward and backward of one micro-batch (what a pipeline stage computes per slot)."""
+    """Forward and backward of one micro-batch (a pipeline stage's slot)."""
     size = max(1, spec["batch"] // spec["microbatches"])
     xm, ym = x[:size], y[:size]
 
@@ -257,8 +371,8 @@ def _micro(model: nn.Module, task: Any, x: Any, y: Any, spec: dict[str, Any], ca
 
 
 def _pipeline(model: nn.Module, opt: Any, task: Any, x: Any, y: Any, spec: dict[str, Any], cast: Callable) -> Runner:
-    """torch's schedule (as ``parallel.stages.Pipe`` builds it) over one stage: the micro-batch
-    split, the per-micro-batch loss and bookkeeping, no transfers (the whole schedule is its forward)."""
+    """torch's schedule over one stage (as ``parallel.stages.Pipe`` builds it): its split, losses and
+    bookkeeping, no transfers; all of it counted as forward."""
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
     m = spec["microbatches"]

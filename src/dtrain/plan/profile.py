@@ -1,7 +1,5 @@
-"""What a model costs, per sample: FLOPs and saved activations (whole and per block) counted on
-the meta device (``FlopCounterMode``, saved-tensor hooks), its parameters; and the step timed on
-the device at hand. Or written as data (``transformer``, ``from_counts``): no weights needed.
-"""
+"""What a model costs per sample: FLOPs and saved activations (whole and per block) counted on the
+meta device, and the step timed on the device at hand; or written as data (``transformer``)."""
 
 from __future__ import annotations
 
@@ -13,8 +11,7 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError
-from .machinery import Machinery
-from .timing import WARMUP_GPU, NoCast, Timing, data_time, measure, sample_batch
+from .machinery import WARMUP_GPU, Machinery, NoCast, Timing, data_time, measure, sample_batch
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -26,7 +23,7 @@ class Block:
     act_bytes: float
     """Tensors its forward saves for backward."""
     out_bytes: float
-    """Its output: what a pipeline stage sends, what activation checkpointing keeps."""
+    """Its output: what a pipeline stage sends and checkpointing keeps."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,29 +36,25 @@ class ModelProfile:
     """Saved-for-backward bytes per sample, under the profile's precision."""
     blocks: tuple[Block, ...] = ()
     matrices: tuple[tuple[int, int], ...] = ()
-    """Parameters as PowerSGD sees them (each viewed as rows x columns)."""
+    """Parameters as PowerSGD views them (rows x columns)."""
     out_bytes: float = 0.0
     """The model's output per sample (logits): TP gathers it whole for the loss."""
     tokens_per_sample: int | None = None
     tensors: int = 0
-    """Parameter tensors (a per-parameter collective pays a latency for each)."""
     bwd_ratio: float = 2.0
     timing: Timing | None = None
     precision: str = "fp32"
     notes: tuple[str, ...] = field(default=())
     machinery: Machinery | None = None
-    """Each layout's own CPU cost and a worker's memory (``machinery``)."""
     float8: Any = None
-    """Under ``--precision float8``: the linears it converts (``plan.float8.Float8Counts``)."""
+    """Under ``--precision float8``: the linears it converts (``float8.Float8Counts``)."""
 
     @property
     def boundary_bytes(self) -> float:
-        """A block's output per sample (0 without blocks)."""
         return max((b.out_bytes for b in self.blocks), default=0.0)
 
     @property
     def achieved_flops(self) -> float | None:
-        """FLOP/s forward + backward reached in the measured steps."""
         t = self.timing
         if t is None or t.fwd_s + t.bwd_s <= 0:
             return None
@@ -88,14 +81,13 @@ def _nbytes(t: torch.Tensor | None) -> int:
 
 
 class _Saved:
-    """Bytes of distinct tensors saved for backward (parameters excluded: they exist anyway)."""
+    """Bytes of distinct tensors saved for backward, parameters (and their cast copies) left out."""
 
     def __init__(self, params: set[int]) -> None:
         self.params, self.seen, self.total = params, {}, 0
         self.kept: list[torch.Tensor] = []
 
     def exclude(self, t: torch.Tensor) -> None:
-        """Leave ``t`` out too (a parameter's cast copy); a reference keeps its id unique."""
         self.params.add(id(t))
         self.kept.append(t)
 
@@ -108,10 +100,8 @@ class _Saved:
 
 
 class MetaAutocast(torch.overrides.TorchFunctionMode):
-    """Autocast's casts on the meta device (where ``torch.autocast`` does nothing), so the forward
-    saves the dtypes a mixed-precision run saves: matmuls and convolutions in ``dtype``, the ops
-    autocast keeps in fp32 on fp32 inputs. With ``fused_attention`` (a GPU), attention without a
-    mask is the fused kernel the GPU runs, which saves no attention matrix."""
+    """Autocast's casts on the meta device (where ``torch.autocast`` does nothing); with
+    ``fused_attention`` (a GPU), unmasked attention is the fused kernel, which saves no matrix."""
 
     F = torch.nn.functional
     LOW = (F.linear, F.bilinear, F.conv1d, F.conv2d, F.conv3d, F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d,
@@ -136,8 +126,7 @@ class MetaAutocast(torch.overrides.TorchFunctionMode):
         return func(*args, **kwargs)
 
     def _cast(self, value: Any, dtype: torch.dtype) -> Any:
-        """Floating tensors in ``value`` (nested) as ``dtype``; a parameter's cast copy is no activation
-        (``weights``, the saved-tensor counter, leaves it out)."""
+        """Floating tensors in ``value`` (nested) as ``dtype``; a parameter's copy is no activation."""
         if torch.is_tensor(value):
             if not value.is_floating_point() or value.dtype == dtype:
                 return value
@@ -153,7 +142,7 @@ class MetaAutocast(torch.overrides.TorchFunctionMode):
 
 
 def _fused_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
-    """The GPU's fused attention on meta tensors (torch's kernels' meta functions), else the reference one."""
+    """The GPU's fused attention on meta tensors where it applies, else the reference one."""
     if attn_mask is not None or enable_gqa or q.shape[1] != k.shape[1]:
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p,
                                                                 is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
@@ -164,8 +153,7 @@ def _fused_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, sc
 
 def count(build: Callable[[], nn.Module], x: Any, y: Any, loss_fn: Callable, *, blocks: Callable | None,
           autocast_dtype: torch.dtype | None, gpu: bool = False) -> dict[str, Any]:
-    """FLOPs and saved bytes of one forward+backward on the meta device, whole and per block, with
-    autocast's casts (``autocast_dtype``) and, on a ``gpu``, its fused attention (``MetaAutocast``)."""
+    """FLOPs and saved bytes of one forward+backward on the meta device, whole and per block."""
     from torch.utils.flop_counter import FlopCounterMode
 
     from ..metrics.flops import _to_meta
@@ -206,8 +194,7 @@ def count(build: Callable[[], nn.Module], x: Any, y: Any, loss_fn: Callable, *, 
 
 def profile_task(task: Any, *, batch: int, precision: str = "fp32", optimizer: str | None = None,
                  timed: bool = True, threads: int = 1, machinery: Machinery | None = None, gpu: bool = False) -> ModelProfile:
-    """Count (meta device; as a GPU runs it with ``gpu``) and, with ``timed``, time (CPU) one batch
-    of ``task`` (``timing``)."""
+    """Count one batch of ``task`` on the meta device (as a GPU runs it with ``gpu``); ``timed``: time it here."""
     dtype = {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16}.get(precision)
     x, y = sample_batch(task, batch)
     try:
@@ -227,36 +214,28 @@ def profile_task(task: Any, *, batch: int, precision: str = "fp32", optimizer: s
 
 def add_timing(prof: ModelProfile, task: Any, *, batch: int, optimizer: str | None = None, threads: int = 1,
            machinery: Machinery | None = None, device: str = "cpu", checkpointed: bool = False) -> ModelProfile:
-    """``prof`` with this CPU's (``device="cuda"``: this GPU's) times for one batch: measured here
-    (``checkpointed``: with the blocks recomputed in backward), or, given ``machinery`` (measured in
-    a worker-like process, without checkpointing), its plain step and the layouts' extras."""
-    dtype = {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16 if device == "cuda" else torch.bfloat16}.get(prof.precision)
-    if device == "cuda":
-        x, y = sample_batch(task, batch)
-        t = measure(task, x, y, optimizer=optimizer or task.optimizer, lr=task.lr, autocast_dtype=dtype, threads=threads,
-                    device="cuda", checkpointed=checkpointed)
-        note = (f"step timed on this GPU ({torch.cuda.get_device_name(0)}), batch {batch}: medians after {WARMUP_GPU} "
-                "warm-up steps, CUDA events" + (", blocks checkpointed" if t.checkpointed else ""))
-        return replace(prof, timing=t, notes=(*prof.notes, note))
-    if machinery is not None:
+    """``prof`` with one batch timed on this CPU (or ``device="cuda"``), or ``machinery``'s plain step."""
+    if machinery is not None and device != "cuda":
         plain = machinery.steps["plain"]
         t = Timing(batch=batch, fwd_s=plain.forward, bwd_s=plain.backward, opt_s=plain.optimizer, threads=machinery.threads,
                    device="cpu", data_s=data_time(task, batch))
         note = (f"step timed on this CPU, batch {batch}, {machinery.threads} thread(s): plain and each layout's own, "
                 f"medians of {machinery.rounds} rounds")
         return replace(prof, timing=t, machinery=machinery, notes=(*prof.notes, note))
+    gpu = device == "cuda"
+    dtype = {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16 if gpu else torch.bfloat16}.get(prof.precision)
     x, y = sample_batch(task, batch)
     t = measure(task, x, y, optimizer=optimizer or task.optimizer, lr=task.lr, autocast_dtype=dtype, threads=threads,
-                checkpointed=checkpointed)
-    note = f"step timed on this CPU, batch {batch}, {threads} thread(s)" + (", blocks checkpointed" if t.checkpointed else "")
-    return replace(prof, timing=t, notes=(*prof.notes, note))
+                device=device, checkpointed=checkpointed)
+    what = (f"this GPU ({torch.cuda.get_device_name(0)}), batch {batch}: medians after {WARMUP_GPU} warm-up steps, CUDA events"
+            if gpu else f"this CPU, batch {batch}, {threads} thread(s)")
+    return replace(prof, timing=t, notes=(*prof.notes, f"step timed on {what}" + (", blocks checkpointed" if t.checkpointed else "")))
 
 
 def transformer(name: str, *, layers: int, width: int, ffn: int, heads: int, kv_heads: int, vocab: int, seq: int,
                 act_bytes_per_layer_token: float | None = None, tied: bool = False, gated: bool = True) -> ModelProfile:
-    """A decoder-only transformer written as data (Llama-style: gated MLP, grouped KV heads). FLOPs
-    per token: 2 x every weight + attention's ``4 x seq x width`` per layer (the mask ignored, as
-    torchtitan counts); activations Korthikanti et al.'s ``34 x width`` bytes per token and layer."""
+    """A decoder-only transformer as data (Llama-style). FLOPs per token: 2 x every weight + 4 x seq x
+    width a layer (as torchtitan counts); activations 34 x width bytes a token and layer (Korthikanti)."""
     head = width // heads
     attn = width * (heads * head) + 2 * width * (kv_heads * head) + (heads * head) * width
     mlp = (3 if gated else 2) * width * ffn

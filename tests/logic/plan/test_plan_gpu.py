@@ -108,7 +108,7 @@ def test_activation_checkpointing_timed_with_the_blocks_checkpointed_adds_no_sec
     9.9 ms): where the step is timed on the planned device it is timed checkpointed, and the plan
     adds no modelled recomputation on top; a step timed without it gets one more forward of the blocks."""
     import dtrain.parallel.transforms as transforms
-    from dtrain.plan.timing import measure, sample_batch
+    from dtrain.plan.machinery import measure, sample_batch
     from dtrain.tasks import load_task
 
     task = load_task("lm", options={"layers": "2", "heads": "2", "width": "32", "context": "16", "max_bytes": "20000"})
@@ -146,7 +146,7 @@ def test_a_gpu_step_is_timed_on_the_gpus_clock_with_one_wait_at_its_end(monkeypa
     """``timed_step(gpu=True)`` reads each phase off CUDA events and waits once per step, so the host
     queues a phase while the GPU runs the one before, as training does (an H100 timed a step that
     waited before every clock reading +12%, its checkpointed step +29%, over the training run)."""
-    from dtrain.plan import timing
+    from dtrain.plan import machinery as timing
 
     gpu_ms, waits = [0.0], []
 
