@@ -27,6 +27,9 @@ def refuse(cfg: Any, *, nnodes: int, elastic: bool, launches: bool) -> None:
     if not launches:
         raise ConfigError("--parallel auto needs dtrain train to start the workers (-n N): under torchrun or srun each "
                           "worker would plan on its own; run `dtrain plan` once and pass its pick (--strategy or --parallel).")
+    if elastic and not cfg.checkpoint.dir:  # train.start's rule for elastic jobs, asked before the plan is paid for
+        raise ConfigError(f"--nnodes {nnodes}:MAX needs --checkpoint-dir (and --save-every): after a node leaves or joins, "
+                          "the workers resume from the newest checkpoint.")
     if par.comm is not None:
         raise ConfigError(f"--parallel auto picks among layouts that average the exact gradients; --comm {par.comm} "
                           "is a choice of yours: drop one of them (`dtrain plan` ranks the comm methods too).")

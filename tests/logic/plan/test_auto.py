@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from dtrain.comm import CommSpec
 from dtrain.errors import ConfigError
 from dtrain.plan import auto
-from dtrain.train.config import ParallelConfig, TaskConfig, TrainConfig
+from dtrain.train.config import CheckpointConfig, ParallelConfig, TaskConfig, TrainConfig
 
 
 def _cfg(**parallel) -> TrainConfig:
@@ -35,7 +37,10 @@ def test_auto_refuses_a_comm_method_and_strategy_options_it_would_override():
         auto.refuse(_cfg(strategy_options={"wrap": "block"}), nnodes=1, elastic=False, launches=True)
     auto.refuse(_cfg(), nnodes=1, elastic=False, launches=True)  # the plain case goes on to the plan
     auto.refuse(_cfg(), nnodes=2, elastic=False, launches=True)  # node 0 plans for every node (launch/autopick.py)
-    auto.refuse(_cfg(), nnodes=1, elastic=True, launches=True)  # the first node plans; the pick is kept at every size
+    with pytest.raises(ConfigError, match="--nnodes 1:MAX needs --checkpoint-dir"):  # before the plan, not after it
+        auto.refuse(_cfg(), nnodes=1, elastic=True, launches=True)
+    elastic = dataclasses.replace(_cfg(), checkpoint=CheckpointConfig(dir="ck", save_every=5))
+    auto.refuse(elastic, nnodes=1, elastic=True, launches=True)  # the first node plans; the pick is kept at every size
 
 
 def test_the_line_names_the_world_planned_for_on_several_nodes():
