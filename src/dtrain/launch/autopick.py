@@ -24,7 +24,7 @@ import sys
 import time
 from typing import Any
 
-from ..errors import ConfigError
+from ..errors import ConfigError, LaunchError
 from .preflight import connect_store, wait_for_master
 from .spec import LaunchSpec
 
@@ -95,13 +95,17 @@ def wait_for_pick(store: Any, run_id: str, *, timeout_s: float, where: str, plan
     """The pick posted under ``run_id`` in ``store``; one line (ConfigError) if none comes within ``timeout_s``."""
     name = key(run_id)
     deadline = time.monotonic() + timeout_s
-    while not store.check([name]):
-        if time.monotonic() >= deadline:
-            raise ConfigError(f"{planner}'s rendezvous store at {where} holds no --parallel auto pick after {timeout_s:g} s "
-                              f"(key {name}); start {planner} with --parallel auto too (it plans for every node), or give "
-                              "every node the same --strategy/--parallel.")
-        time.sleep(POLL_S)
-    return Pick.from_json(store.get(name))
+    try:
+        while not store.check([name]):
+            if time.monotonic() >= deadline:
+                raise ConfigError(f"{planner}'s rendezvous store at {where} holds no --parallel auto pick after {timeout_s:g} s "
+                                  f"(key {name}); start {planner} with --parallel auto too (it plans for every node), or give "
+                                  "every node the same --strategy/--parallel.")
+            time.sleep(POLL_S)
+        return Pick.from_json(store.get(name))
+    except (RuntimeError, ValueError):  # the store closed: its launcher ended (started without --parallel auto, or it failed)
+        raise LaunchError(f"{planner}'s rendezvous store at {where} closed before it held a --parallel auto pick; see "
+                          f"{planner}'s output, and start every node with --parallel auto.") from None
 
 
 def receive(cfg: Any, spec: LaunchSpec) -> Any:

@@ -5,10 +5,11 @@ same pick; node 1 ends in one line when node 0 posts none."""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
-from dtrain.errors import ConfigError
+from dtrain.errors import DtrainError
 from dtrain.launch import autopick
 from dtrain.launch.spec import LaunchSpec
 from dtrain.launch.store import free_port, host_store
@@ -29,7 +30,7 @@ def _node1(spec: LaunchSpec) -> tuple[threading.Thread, dict]:
     def run() -> None:
         try:
             got["cfg"] = autopick.receive(_cfg(layout="auto"), spec)
-        except ConfigError as exc:
+        except DtrainError as exc:
             got["error"] = str(exc)
 
     return threading.Thread(target=run), got
@@ -67,6 +68,22 @@ def test_node_1_ends_in_one_line_when_node_0_posts_no_pick():
     assert got.get("error") == (
         f"node 0's rendezvous store at 127.0.0.1:{port} holds no --parallel auto pick after 1 s (key dtrain/auto_pick/dtrain); "
         "start node 0 with --parallel auto too (it plans for every node), or give every node the same --strategy/--parallel."), got
+
+
+def test_node_1_ends_in_one_line_when_node_0s_store_closes_before_a_pick(monkeypatch):
+    connected, wait = threading.Event(), autopick.wait_for_pick
+    monkeypatch.setattr(autopick, "wait_for_pick", lambda *a, **k: (connected.set(), wait(*a, **k))[1])
+    port = free_port()
+    store = _open_store(_spec(0, port))  # node 0 without --parallel auto, which gives up and ends
+    spec = LaunchSpec(nproc=1, nnodes=2, node_rank=1, master_addr="127.0.0.1", master_port=port, startup_timeout=30.0)
+    thread, got = _node1(spec)
+    thread.start()
+    assert connected.wait(timeout=30)  # node 1 is connected to the store and polls it
+    time.sleep(0.3)
+    del store
+    thread.join(timeout=60)
+    assert got.get("error") == (f"node 0's rendezvous store at 127.0.0.1:{port} closed before it held a --parallel auto pick; "
+                                "see node 0's output, and start every node with --parallel auto."), got
 
 
 def test_a_node_started_with_another_world_is_refused():
