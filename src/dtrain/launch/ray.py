@@ -182,16 +182,18 @@ class _Job:
                 if self.signum:
                     return self._stopped()
                 failed = {r: c for r, c in codes.items() if c != 0}
-                # The cause: the lowest rank that failed by itself (a status), else one killed or lost.
-                rank = min(failed, key=lambda r: (failed[r] is None or failed[r] < 0, r))
+                # The cause: a rank killed or lost (its peers then fail in a collective, with a status
+                # and a traceback of their own: they are not shown), else the lowest that exited.
+                rank = min(failed, key=lambda r: (failed[r] is not None and failed[r] > 0, r))
                 first = self.first_error()
                 if attempt == self.spec.max_restarts or (first is not None and first["user_error"]):
                     break
                 print(f"dtrain: worker rank {rank} {_ended(failed[rank])}; restarting all {self.spec.world_size} workers "
                       f"from the last checkpoint (restart {attempt + 1} of {self.spec.max_restarts}).", file=sys.stderr, flush=True)
                 self.errors.clear()
-        if failed[rank] is None and first is None:
-            print(f"dtrain: error: worker rank {rank} {_ended(None)}; see the Ray logs of that node.", file=sys.stderr, flush=True)
+        if failed[rank] is None or failed[rank] < 0:
+            print(f"dtrain: error: worker rank {rank} {_ended(failed[rank])}; see its output above"
+                  f"{' and the Ray logs of its node' if failed[rank] is None else ''}.", file=sys.stderr, flush=True)
             return 1
         return _report_failure(failed, self)
 
@@ -302,7 +304,7 @@ class _Job:
 
 
 def _show(polled: dict[str, Any]) -> None:
-    for data, stream in ((polled["out"], sys.stdout), (polled["err"], sys.stderr)):
+    for data, stream in ((polled["err"], sys.stderr), (polled["out"], sys.stdout)):
         if data:
             stream.flush()
             stream.buffer.write(data)

@@ -110,4 +110,5 @@ class LaunchSpec:
 
     @property
     def needs_launch(self) -> bool:
-        return self.world_size > 1 or self.max_restarts > 0 or self.elastic
+        # --launcher ray: on the cluster even with one worker (its GPU, its node), never in this process.
+        return self.world_size > 1 or self.max_restarts > 0 or self.elastic or self.launcher == "ray"
