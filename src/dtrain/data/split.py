@@ -84,10 +84,12 @@ def check_shares(shares: Sequence[int], *, global_batch: int, world_size: int, u
     return list(shares)
 
 
-def shares_for(global_batch: int, per_sample_ms: Sequence[float], fixed_ms: Sequence[float], *, unit: int = 1) -> list[int]:
+def shares_for(global_batch: int, per_sample_ms: Sequence[float], fixed_ms: Sequence[float], *, unit: int = 1,
+               least: int = 1) -> list[int]:
     """Samples per rank that minimise the slowest rank's ``fixed_ms[r] + n * per_sample_ms[r]``:
-    multiples of ``unit``, each at least one unit, summing to ``global_batch`` (a multiple of
-    ``unit``). Deterministic: the same figures give the same shares on every rank."""
+    multiples of ``unit``, each at least ``least`` units (one where the batch has too few for
+    that), summing to ``global_batch`` (a multiple of ``unit``). Deterministic: the same figures
+    give the same shares on every rank."""
     world = len(per_sample_ms)
     units = global_batch // unit
     if global_batch % unit or units < world:
@@ -96,11 +98,12 @@ def shares_for(global_batch: int, per_sample_ms: Sequence[float], fixed_ms: Sequ
     bad = [r for r in range(world) if not (math.isfinite(per_sample_ms[r]) and per_sample_ms[r] > 0 and math.isfinite(fixed_ms[r]))]
     if bad:
         raise ValueError(f"no usable rate for rank(s) {bad}")  # the caller keeps the split it has
-    counts = [1] * world
+    least = least if units >= least * world else 1
+    counts = [least] * world
     # The heap holds each rank's finish time were it given one more unit; ties go to the lower rank.
-    heap = [(fixed_ms[r] + 2 * unit * per_sample_ms[r], r) for r in range(world)]
+    heap = [(fixed_ms[r] + (least + 1) * unit * per_sample_ms[r], r) for r in range(world)]
     heapq.heapify(heap)
-    for _ in range(units - world):
+    for _ in range(units - least * world):
         _, r = heapq.heappop(heap)
         counts[r] += 1
         heapq.heappush(heap, (fixed_ms[r] + (counts[r] + 1) * unit * per_sample_ms[r], r))

@@ -55,6 +55,10 @@ def test_shares_follow_speed_and_keep_every_rule():
     # Units (grad-accum 4): multiples of 4, at least one unit even for a hopeless rank.
     out = shares_for(64, [1.0, 1000.0, 1.0], [0.0, 0.0, 0.0], unit=4)
     assert out == [32, 4, 28] and sum(out) == 64 and all(n % 4 == 0 for n in out)
+    # The measured split leaves two units where it can (BatchNorm refuses one sample), else one.
+    assert shares_for(64, [1.0, 1000.0, 1.0], [0.0, 0.0, 0.0], unit=4, least=2) == [28, 8, 28]
+    assert shares_for(12, [1.0, 1000.0, 1.0], [0.0, 0.0, 0.0], unit=4, least=2) == [4, 4, 4]
+    assert shares_for(64, [1.0, 1000.0], [0.0, 0.0], least=2) == [62, 2]
     with pytest.raises(ConfigError, match="cannot give 3 ranks 4 sample"):
         shares_for(8, [1.0, 1.0, 1.0], [0.0] * 3, unit=4)
     with pytest.raises(ValueError):

@@ -47,6 +47,9 @@ MIN_GAIN = 0.03
 """A re-measured split replaces the current one only if it shortens the predicted step by this share."""
 REFINE_ROWS = 6
 """Steps with the first measured split whose figures, with the first measurement's, fit each rank's line."""
+LEAST = 2
+"""Samples per micro-batch a measured split leaves every rank (where the batch has that many):
+BatchNorm in training refuses a batch of one sample at a 1x1 feature map (ResNet's last block)."""
 PER_SAMPLE = ("forward", "backward", "data_wait")
 FIXED = ("optimizer", "rest")
 
@@ -163,7 +166,7 @@ class BatchSplit(Listener):
             return
         try:
             per_sample, fixed = costs(per_rank, current)
-            new = shares_for(sum(current), per_sample, fixed, unit=self.unit)
+            new = shares_for(sum(current), per_sample, fixed, unit=self.unit, least=LEAST)
         except ValueError:  # a rank without figures (no step closed): keep the split
             if self.ctx.is_main:
                 logger.warning(f"batch split: no step breakdown from every rank at step {step}; the split stays {describe(current)}")
@@ -202,7 +205,7 @@ class BatchSplit(Listener):
         lines = [fit_line(a, ta, b, c * b) for a, ta, b, c in zip(n1, t1, current, per_sample)]
         per_sample = [slope for _, slope in lines]
         fixed = [f + cut for f, (cut, _) in zip(fixed, lines)]
-        new = shares_for(sum(current), per_sample, fixed, unit=self.unit)
+        new = shares_for(sum(current), per_sample, fixed, unit=self.unit, least=LEAST)
         figures = "compute per rank: " + ", ".join(f"rank {r} {f:.4g} ms + {c:.4g} ms/sample" for r, (f, c) in enumerate(zip(fixed, per_sample)))
         if new == current or predicted_ms(new, per_sample, fixed) > (1 - MIN_GAIN) * predicted_ms(current, per_sample, fixed):
             if self.ctx.is_main:
