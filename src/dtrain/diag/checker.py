@@ -1,9 +1,7 @@
 """The collective checker (``dtrain.init(debug=True)``, ``--debug`` or ``DTRAIN_DEBUG=1``): before
-each collective dtrain issues, every rank's call (op, shapes and dtypes, call site) is gathered
-and compared; on a mismatch every rank raises CollectiveMismatch listing each rank's call,
-instead of hanging or silently reducing the wrong tensors. Costs one small all-gather per
-collective, so it is for debugging. Comparing descriptors through an all-gather keeps every rank in
-step even when their calls differ: all of them are in the same all-gather. DDP's own gradient all-reduces (in C++) are not checked."""
+each collective dtrain issues, every rank's call (op, shapes and dtypes, call site) is all-gathered
+and compared, so a mismatch raises CollectiveMismatch on every rank instead of hanging. One small
+all-gather per collective, so it is for debugging; DDP's own all-reduces (C++) are not checked."""
 
 from __future__ import annotations
 
@@ -22,9 +20,8 @@ def _gather(value: Any, size: int) -> list[Any]:
 
 
 def check_call(world_size: int, call: CollectiveCall) -> None:
-    """Collective: call on every rank. Raise CollectiveMismatch unless every rank is making the
-    same call (same op, shapes and dtypes) as this one. The line is gathered for the message only:
-    ranks may legitimately reach one collective from different lines (``if rank == 0: ...``)."""
+    """Collective. Raise CollectiveMismatch unless every rank makes the same call (op, shapes and
+    dtypes) as this one; the call site is for the message only (``if rank == 0: ...`` is fine)."""
     mine = (call.op, call.shapes, call.site)
     calls = _gather(mine, world_size)
     if all(c[:2] == mine[:2] for c in calls):

@@ -1,19 +1,12 @@
 """The start-up watch: a node lost while the process group forms ends the wait in seconds, and no
 start-up wait outlives its bound.
 
-Between the rendezvous and the first collective the workers wait in the store for their peers'
-addresses. A peer node killed then leaves them nothing to notice (no socket of theirs is open to
-it yet), and torch waits for the store's timeout: 30 minutes in pytorch/pytorch#111646. In an
-elastic job (``--nnodes MIN:MAX``) every node's agent refreshes its keep-alive in torch's c10d
-rendezvous state every ``membership.KEEP_ALIVE_S`` seconds; this watch reads that state (one
-store read a second, from a client of its own) and, when a node of this round has been silent for
-longer than torch's own expiry, or the round has moved on without this node, ends the worker with
-one line and ``LOST_EXIT``. The node's agent then starts a new round without the lost node (each
-loss costs one of ``--max-restarts``), and the survivors go on.
-
-Every job also gets a backstop: start-up that has not ended after its bounded waits (three
-``--startup-timeout``s and a margin) ends the worker with one line and ``STALL_EXIT``, so the
-stall watchdog's promise (no silent hang) holds before the first step too.
+A peer killed before the first collective leaves the workers nothing to notice, and torch waits
+for the store's timeout (30 minutes: pytorch/pytorch#111646). In an elastic job this watch reads
+torch's c10d rendezvous state once a second and, when a node of this round stopped its keep-alive
+or the round moved on, ends the worker with one line and ``LOST_EXIT`` for its agent to start a
+new round. In every job, start-up that outlives three ``--startup-timeout``s and a margin ends
+with one line and ``STALL_EXIT``.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""What one rank is doing: a heartbeat per step and a ring buffer of its recent collectives.
-
-Cheap enough to run on every step (a few attribute writes); read by the watchdog thread.
-The tracker is *armed* by the first sign of training (a heartbeat or a collective): before it,
-ranks may spend any time loading data or building models without a heartbeat, and only a rank
-that is armed can declare a stall (any rank still answers one declared by another).
-"""
+"""What one rank is doing: a heartbeat per step and a ring buffer of its recent collectives, read
+by the watchdog thread. Only a rank *armed* by the first heartbeat or collective can declare a
+stall, so loading data or building a model may take any time."""
 
 from __future__ import annotations
 

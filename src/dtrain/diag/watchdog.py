@@ -1,13 +1,8 @@
 """The stall watchdog: when some rank makes no progress for ``timeout`` seconds, every rank dumps
 its stacks and recent collectives, one merged report names the lagging rank(s) and their line,
 and the job exits with status ``STALL_EXIT`` (so ``--max-restarts`` turns a hang into a restart).
-
-One daemon thread per rank. The ranks meet in the job's rendezvous store (a TCPStore client of
-their own, under a prefix per attempt): a stalled rank raises a flag there, every rank's thread
-sees it within a poll interval, posts a snapshot, and rank 0 (or, if rank 0 is gone, the lowest
-rank that can) merges and prints them. A rank blocked in a C++ collective or in ``time.sleep``
-releases the GIL, so its watchdog thread keeps running.
-"""
+One daemon thread per rank; the ranks meet in the job's rendezvous store (a flag, then snapshots
+that the lowest rank still answering merges)."""
 
 from __future__ import annotations
 
@@ -32,10 +27,8 @@ STALL_MARKER = "stalled"
 launcher then kills the node's workers still alive (``launch/reaper.py``), frozen ones included."""
 
 STORE_ERRORS = (RuntimeError, OSError, ValueError)
-"""What a store call may raise while a job is going down: torch's DistStoreError and
-DistNetworkError (RuntimeErrors: a timeout, a peer or the store's host gone), a reset socket
-(OSError), a snapshot that does not parse (ValueError, json). The watchdog keeps reporting this
-rank alone then; anything else is a bug and propagates."""
+"""What a store call may raise while a job is going down (torch's store errors, a reset socket, a
+torn snapshot); the watchdog then reports this rank alone. Anything else is a bug and propagates."""
 
 T = TypeVar("T")
 
@@ -81,9 +74,9 @@ class Watchdog(DaemonThread):
         self._store = self._connect() if self.size > 1 else None
         while not self._stop.wait(self.poll_s):
             idle = time.monotonic() - self.tracker.last_beat
-            flagged = self._flagged()
+            flagged = self._call(lambda s: s.check(["stall"]), False)
             if idle > self.timeout_s and self.tracker.armed and not flagged:
-                self._raise_flag(idle)
+                self._set("stall", json.dumps({"rank": self.rank, "idle_s": round(idle, 1)}))
                 flagged = True
             if flagged:
                 self._handle_stall()
@@ -98,12 +91,6 @@ class Watchdog(DaemonThread):
         except STORE_ERRORS:
             return default
 
-    def _flagged(self) -> bool:
-        return self._call(lambda s: s.check(["stall"]), False)
-
-    def _raise_flag(self, idle: float) -> None:
-        self._set("stall", json.dumps({"rank": self.rank, "idle_s": round(idle, 1)}))
-
     def _handle_stall(self) -> None:
         snap = self.tracker.snapshot(self.rank)
         os.makedirs(self.run_dir, exist_ok=True)
@@ -117,7 +104,7 @@ class Watchdog(DaemonThread):
             # A frozen rank never answers: wait for the snapshots no longer than needed, so the
             # job ends (or restarts) within about the stall timeout plus a few seconds.
             snaps = self._collect(snap, wait_s=min(5.0, max(1.0, self.timeout_s / 10)))
-        if self._is_reporter(snaps):
+        if self.rank == min(snaps):  # the lowest rank still answering reports
             self.report = merge_report(snaps, self.size, self.timeout_s)
             with open(os.path.join(self.run_dir, "stall-report.txt"), "w") as fh:
                 fh.write(self.report + "\n")
@@ -143,9 +130,6 @@ class Watchdog(DaemonThread):
                     snaps[r] = found
             time.sleep(0.1)
         return snaps
-
-    def _is_reporter(self, snaps: dict[int, dict[str, Any]]) -> bool:
-        return self.rank == min(snaps)
 
     def _set(self, key: str, value: str) -> None:
         self._call(lambda s: s.set(key, value), None)
