@@ -188,6 +188,8 @@ class _Job:
                 first = self.first_error()
                 if attempt == self.spec.max_restarts or (first is not None and first["user_error"]):
                     break
+                if first is not None:  # what failed, once, before the restart (the final report shows the last one)
+                    print(f"dtrain: worker rank {first['rank']} raised:\n{first['text']}", file=sys.stderr, flush=True)
                 print(f"dtrain: worker rank {rank} {_ended(failed[rank])}; restarting all {self.spec.world_size} workers "
                       f"from the last checkpoint (restart {attempt + 1} of {self.spec.max_restarts}).", file=sys.stderr, flush=True)
                 self.errors.clear()
