@@ -34,7 +34,7 @@ from ..errors import ConfigError
 from ..ft.launch import reach
 from ..ft.ledger import FtLedger
 from ..ft.order import GlobalOrder, StepPlan
-from ..ft.session import Session, quiet_torchft
+from ..ft.session import Session, quiet_torchft, snapshot
 from ..ft.spec import FaultTolerance, lighthouse_address
 from ..options import FaultToleranceLink
 
@@ -94,7 +94,7 @@ class Replicas:
 
     # -- what a returning group heals from --------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        return {"models": [m.state_dict() for m in self.models], "optimizers": [o.state_dict() for o in self.optimizers],
+        return {"models": [snapshot(m) for m in self.models], "optimizers": [o.state_dict() for o in self.optimizers],
                 "order": self.order.state_dict() if self.order is not None else None}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -155,7 +155,7 @@ class Replicas:
         assert self.pending is not None and self.order is not None
         participants = self.pending[1]
         self.plan = self.pending = None  # the next step asks for its own quorum
-        self.session.average_gradients(p for m in self.models for p in m.parameters())
+        self.session.average_gradients((p for m in self.models for p in m.parameters()), (b for m in self.models for b in m.buffers()))
         if not self.session.should_commit(participants):
             return False
         self.order.commit(plan)

@@ -94,8 +94,8 @@ class Session:
                                         "spares are not supported yet.")
         return rank, participants
 
-    def average_gradients(self, params: Iterable[torch.nn.Parameter]) -> None:
-        average_gradients(self.manager, params)
+    def average_gradients(self, params: Iterable[torch.nn.Parameter], buffers: Iterable[torch.Tensor] = ()) -> None:
+        average_gradients(self.manager, params, buffers)
 
     def should_commit(self, participants: int) -> bool:
         """torchft's vote: True when every participant finished the step; else one warning line."""
@@ -112,16 +112,29 @@ class Session:
         self.manager.shutdown(wait=False)
 
 
-def average_gradients(manager: Any, params: Iterable[torch.nn.Parameter]) -> None:
+def snapshot(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """``module``'s state as a peer heals from it: copies, not the live tensors. torchft's transport
+    serves the state while this group already runs the step's forward, which changes buffers in
+    place (BatchNorm's running statistics and batch count): a healing peer read them one batch
+    ahead (resnet18: num_batches_tracked 7 against 6). Parameters and the optimizer's state only
+    change after the vote, which waits for the healing peer."""
+    return {k: v.detach().clone() for k, v in module.state_dict().items()}
+
+
+def average_gradients(manager: Any, params: Iterable[torch.nn.Parameter], buffers: Iterable[torch.Tensor] = ()) -> None:
     """The gradients averaged over the quorum by torchft's fault-tolerant all-reduce, as one flat
     buffer. A failed all-reduce (a peer lost mid-step) is reported to the manager, so the step is
     not committed. torchft 0.2.0's DistributedDataParallel is not used for this: when a peer dies
-    during its all-reduce, its comm hook fails an assertion instead (benchmarks/ft_ddp_peer_loss.py)."""
+    during its all-reduce, its comm hook fails an assertion instead (benchmarks/ft_ddp_peer_loss.py).
+
+    The model's floating-point ``buffers`` (BatchNorm's running statistics) travel in the same
+    buffer and are averaged too: each group's forward updates its own, and without this the
+    groups' models would drift apart in them (DDP broadcasts rank 0's instead)."""
     params = [p for p in params if p.requires_grad]
     for p in params:
         if p.grad is None:  # unused this step: every group must still send the same buffer
             p.grad = torch.zeros_like(p)
-    grads = [p.grad for p in params]
+    grads = [p.grad for p in params] + [b for b in buffers if b.is_floating_point()]
     flat = _flatten_dense_tensors(grads)
     manager.allreduce(flat).wait()
     for grad, averaged in zip(grads, _unflatten_dense_tensors(flat, grads)):

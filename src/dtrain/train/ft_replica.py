@@ -28,7 +28,7 @@ from ..context.startup import init
 from ..errors import ConfigError, DtrainError
 from ..ft.ledger import FtLedger
 from ..ft.order import GlobalOrder, StepPlan
-from ..ft.session import Session, quiet_torchft
+from ..ft.session import Session, quiet_torchft, snapshot
 from ..ft.spec import LEFT_EXIT, FaultTolerance, require_torchft
 from ..metrics import JsonlSink
 from ..tasks import load_task, make_optimizer
@@ -120,7 +120,7 @@ class _Replica:
 
     # -- the state a returning replica group heals from (torchft's checkpoint transport) --
     def state_dict(self) -> dict[str, Any]:
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), "order": self.order.state_dict()}
+        return {"model": snapshot(self.model), "optimizer": self.optimizer.state_dict(), "order": self.order.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
@@ -225,7 +225,7 @@ class _Replica:
             micro = self.task.loss_fn(self.model(xm), ym) / k
             micro.backward()
             loss += micro.detach()
-        self.session.average_gradients(self.model.parameters())
+        self.session.average_gradients(self.model.parameters(), self.model.buffers())
         return loss
 
     def _result(self, step: int, loss: torch.Tensor, stats: dict[str, Any], t0: float) -> dict[str, Any]:

@@ -152,7 +152,7 @@ def _share_gradients(grad_accum):
     rep.cfg = types.SimpleNamespace(batch=BatchConfig(size=8, grad_accum=grad_accum))
     rep.task = types.SimpleNamespace(train_set=data, loss_fn=torch.nn.functional.cross_entropy)
     rep.model = torch.nn.Linear(3, 2)
-    rep.session = types.SimpleNamespace(average_gradients=lambda params: None)
+    rep.session = types.SimpleNamespace(average_gradients=lambda params, buffers=(): None)
     forwards = []
     rep.model.register_forward_hook(lambda *_: forwards.append(1))
     loss = rep._forward_backward(StepPlan(epoch=0, start=0, step_indices=list(range(8)), mine=list(range(8))))
