@@ -1,16 +1,10 @@
 """Where each step's time goes on this rank: data wait, forward, backward compute, exposed
 communication, optimizer step, and the rest (docs/observability.md says what each means).
 
-A lap timer: each mark ends the running lap and books its time to a phase; a step is the laps
-from one wait for data to the next. The marks come from the loop (``step_starts``,
-``got_batch``) and from the Context's step (``backward_starts``/``backward_done``, ``lap``
-around ``optimizer.step()``), so a script that uses ``ctx.backward`` gets the same breakdown.
-
-The end of backward's compute is an autograd final callback queued by a hook on the loss as
-backward starts: final callbacks run in the order queued, so it runs before DDP's (queued when
-its last bucket is ready); what ``backward()`` still takes after it is exposed communication.
-On a GPU every lap also records a CUDA event, resolved when a window is read (once per log
-interval, after the loop's loss all-reduce has synchronised anyway); data wait stays on the host clock.
+A lap timer: each mark (from the loop and the Context's step) ends the running lap and books it
+to a phase. Backward's compute ends at an autograd final callback queued as backward starts, so
+before DDP's: what ``backward()`` takes after it is exposed communication. On a GPU each lap
+records a CUDA event, resolved only when a window is read.
 """
 
 from __future__ import annotations
@@ -28,9 +22,7 @@ from .meters import DataWait
 PHASES = ("data_wait", "forward", "backward", "comm", "optimizer", "rest")
 """The phases of a step, in order; ``step`` is their sum."""
 SCHEDULE = "schedule"
-"""A staged step's (pipeline's) forward, backward and the stages' sends, interleaved by its
-schedule and timed as one lap: no figure of forward, backward or comm can be told apart there,
-so those are reported as None (unknown) and this lap's time as ``schedule``."""
+"""A pipeline step's interleaved forward, backward and sends, timed as one lap (those are None)."""
 _COLUMNS = (*PHASES, SCHEDULE)
 _FOLDED = {"checkpoint": "rest", "start": "rest"}
 """Laps with their own name (for traces) that the breakdown counts as ``rest``."""
@@ -97,8 +89,6 @@ class StepBreakdown:
         self._compute_ended = False
 
     def _queue_compute_end(self, grad: torch.Tensor) -> None:
-        # Runs as backward starts; the callback runs after every node of the graph, before
-        # DDP's (queued later, when its last bucket is ready).
         torch.autograd.Variable._execution_engine.queue_callback(self._compute_end)
 
     def _compute_end(self) -> None:
@@ -142,9 +132,8 @@ class StepBreakdown:
         self._pending = []
 
     def window(self) -> dict[str, Any] | None:
-        """Median and p90 (ms) of each phase, of the step and of the step's own time (the step
-        less exposed communication, which holds the waits for other ranks), over the steps closed
-        since the last call; then a new window. None when no step closed."""
+        """``stats`` of the steps closed since the last call (``own``: the step less exposed
+        communication); then a new window. None when no step closed."""
         self._resolve()
         rows, self._window = self._window, []
         return stats(rows)
@@ -155,8 +144,7 @@ class StepBreakdown:
         self._window, self._all = [], []
 
     def recent(self, n: int) -> dict[str, Any] | None:
-        """The same figures over the last ``n`` steps closed (the batch split's measurement;
-        it leaves the log interval's window alone)."""
+        """The same figures over the last ``n`` steps closed (the log interval's window stays)."""
         self._resolve()
         return stats(self._all[-n:]) if n > 0 else None
 

@@ -1,11 +1,6 @@
-"""Model FLOPs utilisation: the model's FLOPs per step, counted once with torch's
-``FlopCounterMode`` on a copy built on the meta device (no memory, no compute, no effect on the
-real model's gradients or communication), against the device's peak from a small table.
-
-MFU counts the model's FLOPs (forward + backward), not recomputation (activation checkpointing)
-or communication, as in PaLM's definition (Chowdhery et al., 2022, appendix B). On CPU there is
-no table: achieved FLOP/s only.
-"""
+"""Model FLOPs utilisation: the model's FLOPs per step (forward + backward, not recomputation:
+PaLM's definition), counted once on a meta-device copy, against the device's peak from a small
+table (none on CPU: achieved FLOP/s only)."""
 
 from __future__ import annotations
 

@@ -1,15 +1,7 @@
-"""Which host's link is slow: a short, timed point-to-point exchange between the ranks.
-
-A ring all-reduce waits for its slowest link on every rank, so per-rank step figures cannot name
-the host; transfers between pairs of ranks can. The probe runs ``size - 1`` rounds: in round
-``k`` every rank sends to rank ``+k`` and receives from rank ``-k`` (``batch_isend_irecv``: on
-NCCL a ring of separate sends and receives could deadlock), after a barrier, timed at the
-receiver (a send completes once the socket buffers hold it); the fastest of ``repeats`` is kept.
-
-``slow_hosts`` reads the matrix per host: on a star, a host with a slow link has every transfer
-through it slow, while any other host has a fast peer. With two hosts there is one path, and
-nothing measured between them tells a's uplink from b's downlink, so no host is named.
-"""
+"""Which host's link is slow: a short, timed point-to-point exchange between the ranks (a ring
+all-reduce waits for its slowest link on every rank, so step figures cannot name the host).
+On a star, a host with a slow link has every transfer through it slow; with two hosts nothing
+tells a's uplink from b's downlink, so no host is named."""
 
 from __future__ import annotations
 
@@ -26,16 +18,16 @@ MAX_PAYLOAD = 4 * 2**20
 
 
 def payload_bytes(comm_bytes_per_step: float | None) -> int:
-    """A quarter of one step's gradient bytes (1 MiB when unknown), within 64 KiB .. 4 MiB: big
-    enough that bandwidth, not latency, sets the time; small enough that a probe on a slow link
-    costs about a step's communication."""
+    """A quarter of one step's gradient bytes (1 MiB when unknown), within 64 KiB .. 4 MiB: bandwidth,
+    not latency, sets the time, and a probe costs about a step's communication."""
     want = 2**20 if not comm_bytes_per_step else int(comm_bytes_per_step / 4)
     return max(MIN_PAYLOAD, min(MAX_PAYLOAD, want)) // 4 * 4
 
 
 def probe(rank: int, size: int, device: torch.device, nbytes: int, repeats: int = REPEATS) -> list[list[float]]:
-    """Collective: call on every rank. ``ms[src][dst]``: the one-way time (ms) of ``nbytes``
-    from rank ``src`` to rank ``dst`` (NaN on the diagonal), on every rank."""
+    """Collective. ``ms[src][dst]``: the fastest one-way time (ms) of ``nbytes`` from ``src`` to
+    ``dst`` (NaN on the diagonal), timed at the receiver; round k sends to rank +k (batched:
+    separate NCCL sends and receives in a ring could deadlock)."""
     send = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
     recv = torch.empty_like(send)
     mine = [float("inf")] * size  # mine[src]: fastest arrival here from src
@@ -59,9 +51,8 @@ def probe(rank: int, size: int, device: torch.device, nbytes: int, repeats: int 
 
 
 def slow_hosts(ms: list[list[float]], host_of: list[str], threshold: float, min_excess_ms: float) -> list[dict[str, Any]]:
-    """The hosts whose link is slow by the probe's matrix (see the module's docstring): for each,
-    ``host``, ``direction`` (``upload``/``download``), its fastest time ``ms`` and the other
-    hosts' median ``others_ms``. Empty with fewer than three hosts."""
+    """The hosts whose link is slow by the probe's matrix: ``host``, ``direction``, its fastest
+    time ``ms`` and the other hosts' median ``others_ms``. Empty with fewer than three hosts."""
     hosts = list(dict.fromkeys(host_of))
     if len(hosts) < 3:
         return []

@@ -1,9 +1,6 @@
-"""Where one rank's memory goes: parameters, gradients, optimizer state, and the peak.
-
-Sharded tensors (DTensors, under fsdp/hsdp) count only their local shard (``to_local()``);
-a ZeroRedundancyOptimizer counts the state of its own partition. Each tensor storage is
-counted once (DDP's gradient buckets alias the gradients).
-"""
+"""Where one rank's memory goes: parameters, gradients, optimizer state, and the peak. Sharded
+tensors count their local shard, ZeRO its own partition, and each storage once (DDP's buckets
+alias the gradients)."""
 
 from __future__ import annotations
 

@@ -6,10 +6,8 @@ import time
 
 
 class DataWait:
-    """How long each step waited for its batch: the time from the end of one step to the
-    moment the next batch is in hand. The run's first wait (starting the DataLoader workers,
-    once: they persist across epochs) is kept apart in ``first_ms``: in a short run it would
-    outweigh every other step."""
+    """How long each step waited for its batch. The run's first wait (the DataLoader workers
+    starting) is kept apart in ``first_ms``: in a short run it would outweigh every other step."""
 
     def __init__(self) -> None:
         self.first_ms: float | None = None

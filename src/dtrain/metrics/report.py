@@ -1,12 +1,5 @@
-"""``dtrain report RUN_DIR``: a run's metrics as PNG plots and a short markdown summary.
-
-RUN_DIR holds what ``dtrain train`` wrote there: the metrics file (``--metrics-file
-RUN_DIR/metrics.jsonl``, one record per log interval) and, when saved, the result record
-(``dtrain train ... > RUN_DIR/result.json``; its last line). Plots: loss and throughput over
-steps, each rank's breakdown as a stacked bar, each rank's peak memory over steps, and, when
-RUN_DIR holds a merged trace (``--trace A:B --trace-file RUN_DIR/trace.json``), its timeline: each
-rank's phases and collectives on one clock, as Perfetto draws them.
-"""
+"""``dtrain report RUN_DIR``: a run's metrics (``*.jsonl``, ``result.json``, a merged trace) as
+PNG plots and a short markdown summary (docs/observability.md)."""
 
 from __future__ import annotations
 

@@ -1,15 +1,9 @@
 """Naming a rank that is consistently slower than the others, and why (docs/observability.md).
 
-DDP's all-reduce evens out every rank's step time, so step times alone cannot name a straggler;
-its *own* time (the step less exposed communication, ``breakdown.py``) can. Its cause is the group
-of phases where its own time exceeds the others' median most. A slow link shows instead as
-exposed communication on every rank: when that dominates every rank's step for a window, the
-detector asks for a link probe (``probe_due``; ``links.py``) and names the ranks of the host
-whose link is slow (``name_links``); the window's own-time findings wait for the probe, since on a
-link-bound step the ranks' own times differ by what the probe cannot see.
-
-Pure logic: rank 0 feeds it every rank's breakdown window, gathered once per log interval by the loop.
-"""
+DDP evens out step times, so a straggler is named by its *own* time (the step less exposed
+communication), its cause by the phases where that exceeds the others' median most. A slow link
+shows as communication dominating every rank's step: then a link probe is asked for
+(``probe_due``) and the ranks of the slow host are named (``name_links``). Pure logic."""
 
 from __future__ import annotations
 

@@ -27,22 +27,17 @@ def check_tensorboard(logdir: str) -> None:
         raise ConfigError(f"--tensorboard {logdir} needs the tensorboard package; pip install 'dtrain[tensorboard]' (or tensorboard).")
 
 
-def summary_writer(logdir: str) -> Any:
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:
-        raise ConfigError(f"--tensorboard {logdir} needs the tensorboard package; pip install 'dtrain[tensorboard]' (or tensorboard).") from None
-    return SummaryWriter(log_dir=logdir)
-
-
 class TensorBoardSink:
-    """Writes metrics records (one per log interval) as scalars: the loop's figures under
-    ``train/``, and each rank's breakdown and memory under ``breakdown/PHASE_ms/rankR`` and
-    ``memory/peak_mib/rankR`` (per rank: that is where ranks differ)."""
+    """Writes metrics records as scalars: the loop's figures under ``train/``, each rank's under
+    ``breakdown/PHASE_ms/rankR`` and ``memory/peak_mib/rankR``."""
 
     def __init__(self, logdir: str) -> None:
         self.logdir = logdir
-        self._w = summary_writer(logdir)
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            raise ConfigError(f"--tensorboard {logdir} needs the tensorboard package; pip install 'dtrain[tensorboard]' (or tensorboard).") from None
+        self._w = SummaryWriter(log_dir=logdir)
 
     def write(self, record: dict[str, Any]) -> None:
         step = int(record["step"])

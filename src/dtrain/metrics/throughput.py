@@ -1,14 +1,6 @@
 """Steady-state rates: samples/s (and from it tokens/s, TFLOP/s and MFU) over the steps after
-warm-up, with the warm-up's cost as its own figure (``warmup_s``).
-
-The first steps of a run pay for things the rest do not (``torch.compile``'s tracing, cuDNN's
-autotuning, the optimizer's state, DataLoader workers starting); a rate over the whole run mixes
-that cost into every figure (docs/performance.md compares the peers' rules). dtrain leaves the
-first ``warmup_steps`` steps (default 5, nanoGPT's; at most half the steps of a short run, so a
-run of two or more steps always has a figure) out of every rate; a progress line and a metrics
-record give the rate over the steps since the previous record, and the result line the rate over
-every step after warm-up.
-"""
+warm-up, with the warm-up's cost (compile, autotuning, workers starting) as its own figure
+(``warmup_s``); docs/performance.md compares the peers' rules."""
 
 from __future__ import annotations
 
@@ -25,13 +17,10 @@ WARMUP_STEPS = 5
 class SteadyRate:
     """Samples per second after warm-up, per window (log interval) and over the whole run.
 
-    ``samples_per_step``: samples of all data-parallel ranks in one optimizer step; ``steps``:
-    the steps this run will take (warm-up is at most half of them); ``sync``: waits for the
-    device (CUDA), called once at the end of warm-up so that its queued work counts as warm-up.
-    Call ``start()`` before the first step, ``step_done()`` after each, ``window()`` at each log
-    interval (after something that waited for the device, e.g. the loss's ``.item()``), and
-    ``finish()`` once the device has finished the last step. ``warmup_steps`` None: the default,
-    shrunk quietly for a short run; a number given that the run cannot hold is shrunk with a warning."""
+    ``samples_per_step``: of all data-parallel ranks; warm-up is at most half of ``steps`` (a
+    given ``warmup_steps`` shrinks with a warning); ``sync`` waits for the device at the end of
+    warm-up. Call ``start()``, ``step_done()`` after each step, ``window()`` per log interval
+    (after the device was waited for) and ``finish()`` after the last step."""
 
     def __init__(self, samples_per_step: int, *, steps: int | None = None, warmup_steps: int | None = None,
                  sync: Callable[[], None] | None = None, clock: Callable[[], float] = time.perf_counter) -> None:

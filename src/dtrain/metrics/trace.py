@@ -1,14 +1,7 @@
 """One timeline of every rank (docs/observability.md): the breakdown's spans of a range of steps
-and each of the process group's collectives (every DDP gradient bucket's all-reduce apart),
-merged into one Chrome/Perfetto trace JSON on rank 0's clock.
-
-The collectives come from torch.profiler, run for the traced steps only: c10d names each
-collective's work after its backend and operation (``gloo:all_reduce``), recorded from launch to
-completion on the backend's thread; a ``record_function`` at a known ``perf_counter`` time maps the
-profiler's clock onto the breakdown's. Each rank's clock is aligned to rank 0's as NTP does (offset
-``t2 - (t1 + t4) / 2`` from the shortest of several round trips; its error is at most half that
-round trip, recorded per rank in the file). Spans are host times.
-"""
+and each collective (from torch.profiler, run for those steps only), merged into one
+Chrome/Perfetto trace JSON. Each rank's clock is aligned to rank 0's as NTP does (shortest of
+several round trips; the error bound is recorded per rank)."""
 
 from __future__ import annotations
 
