@@ -15,8 +15,7 @@ from collections import deque
 from collections.abc import Sequence
 
 from dtrain.plan.cluster import Cluster
-from dtrain.plan.costs import Group, broadcast
-from dtrain.plan.links import shape
+from dtrain.plan.costs import Group, broadcast, shape
 
 COMPUTE = ("data", "forward", "backward", "optimizer", "bubble")
 """The phases of a plan's step that the bed's shared cores slow (the rest is the link's)."""

@@ -90,11 +90,11 @@ def cluster_from_args(args: argparse.Namespace, nproc: int, nnodes: int):
 def measured_links(args: argparse.Namespace, clu) -> dict:
     """``--links`` files by where they were measured (``intra``/``inter``); a warning for each
     measured on other hardware than ``clu``'s."""
-    from ..plan import links
+    from ..plan import costs
 
     out = {}
     for path in args.links:
-        got = links.load(path)
+        got = costs.load(path)
         _warn_foreign(f"--links {path!r}", got, clu)
         out["inter" if got.between == "nodes" else "intra"] = got
     return out
@@ -103,9 +103,9 @@ def measured_links(args: argparse.Namespace, clu) -> dict:
 def measure_links(clu):
     """``--measure-links``: ``clu`` with the collectives timed between 2 processes here, for the
     figures inside a node (after every input is checked: it takes a few seconds)."""
-    from ..plan import cluster, links
+    from ..plan import cluster, costs
 
-    got = links.measure_local()
+    got = costs.measure_local()
     _warn_foreign("--measure-links", got, clu)
     return cluster.with_links(clu, {"intra": got})
 

@@ -1,10 +1,6 @@
-"""``dtrain plan``: predict step time, throughput, scaling efficiency and memory per rank of each
-layout x comm method on a cluster, from a profile of the model, and pick the fastest that fits.
-
-    prof = profile.profile_task(task, batch=32)             # or profile.transformer(...) as data
-    plan = make_plan(prof, cluster, Settings(batch=32))
-    plan.best.layout.train_args()                          # ['--strategy', 'fsdp'] for `dtrain train`
-"""
+"""``dtrain plan``: step time, throughput and memory per rank of each layout x comm method on a
+cluster, from a profile of the model (``profile.profile_task``, or ``profile.transformer`` as data):
+``make_plan(prof, cluster.build({...}), Settings(batch=32)).best.layout.train_args()``."""
 
 from __future__ import annotations
 
@@ -17,8 +13,7 @@ from .model import ASSUMPTIONS, Prediction, Settings, fsdp_param_bytes, predict
 from .profile import ModelProfile
 
 MARGIN = 0.10
-"""Predictions this close (a fraction of the best's samples/s) are too close to call: about the
-plan's own error where it was validated (benchmarks/results/31-plan.md)."""
+"""Predictions this close (a fraction of the best's samples/s) are too close to call: the plan's own error."""
 
 
 @dataclass(frozen=True)
@@ -38,14 +33,11 @@ class Plan:
 
     @property
     def best_exact(self) -> Prediction | None:
-        """The fastest that fits among layouts that average the exact fp32 gradients every step
-        (``--comm none``): compression and local SGD change the update, which a user opts into."""
+        """The fastest that fits with ``--comm none`` (compression and local SGD change the update)."""
         return next((p for p in self.predictions if p.fits and p.layout.comm == "none"), None)
 
     def close_to(self, pick: Prediction | None, *, exact: bool = False) -> list[Prediction]:
-        """The other layouts that fit whose predicted samples/s is within ``margin`` of ``pick``'s
-        (with ``exact``: among those with ``--comm none``), fastest first: the plan's error is as
-        large as their distance, so only a measurement orders them."""
+        """The other layouts that fit (``exact``: with ``--comm none``) within ``margin`` of ``pick``'s samples/s."""
         if pick is None:
             return []
         return [p for p in self.predictions if p is not pick and p.fits and (not exact or p.layout.comm == "none")
@@ -70,9 +62,7 @@ class Plan:
 def make_plan(prof: ModelProfile, cluster: Cluster, settings: Settings, *, layouts: list[Layout] | None = None,
               comms: tuple[str, ...] = COMMS, tp_ok: bool = True, pp_ok: bool = True) -> Plan:
     """Predict every candidate layout (or ``layouts``) and rank them."""
-    if layouts is None:
-        layouts = candidates(cluster.world_size, cluster.procs_per_node, cluster.nodes, blocks=len(prof.blocks),
-                             tp_ok=tp_ok and bool(prof.blocks), pp_ok=pp_ok, comms=comms)
+    layouts = _layouts(prof, cluster, comms, tp_ok, pp_ok) if layouts is None else layouts
     preds = [predict(prof, cluster, lay, settings) for lay in layouts]
     preds.sort(key=lambda p: (not p.fits, -p.samples_per_s))
     return Plan(preds, cluster, prof, settings)
@@ -83,11 +73,8 @@ def plan_task(task: Any, cluster: Cluster, *, batch: int, precision: str = "fp32
               threads: int = 1, layouts: list[Layout] | None = None, comms: tuple[str, ...] = COMMS,
               task_spec: tuple[str, str | None, dict[str, str]] | None = None, profile_s: float = 10.0,
               log_every: int = 20) -> Plan:
-    """Profile ``task`` (a ``dtrain.Task``) and plan it on ``cluster``: what `dtrain plan` does, and
-    what `dtrain train --parallel auto` calls for the world at hand. A GPU preset's compute is its
-    FLOPs; a CPU's, the step timed here (with ``task_spec``, also each layout's own CPU cost in a
-    fresh process of a world of one, ``machinery``, about ``profile_s`` seconds); ``--device cuda``'s,
-    the step timed on this machine's GPU."""
+    """Profile ``task`` and plan it on ``cluster`` (`dtrain plan`, `--parallel auto`): a GPU preset from
+    FLOPs, a CPU timed here (``task_spec``: each layout's machinery too), ``--device cuda`` timed on it."""
     from dataclasses import replace
 
     from . import machinery
@@ -97,9 +84,7 @@ def plan_task(task: Any, cluster: Cluster, *, batch: int, precision: str = "fp32
     tp_ok, pp_ok = task.tp_plan is not None, not _tied(task)
     optimizer = optimizer or task.optimizer
     prof = profile_task(task, batch=batch, precision=precision, optimizer=optimizer, timed=False, gpu=cluster.is_gpu)
-    if layouts is None:
-        layouts = candidates(cluster.world_size, cluster.procs_per_node, cluster.nodes, blocks=len(prof.blocks),
-                             tp_ok=tp_ok and bool(prof.blocks), pp_ok=pp_ok, comms=comms)
+    layouts = _layouts(prof, cluster, comms, tp_ok, pp_ok) if layouts is None else layouts
     if not cluster.is_gpu:  # this machine's CPU: the profile's achieved rate is the device's
         mach = None if task_spec is None else machinery.measure_layouts(
             task_spec, batch=batch, precision=precision, optimizer=optimizer, kinds=machinery.kinds_for(layouts),
@@ -119,6 +104,11 @@ def plan_task(task: Any, cluster: Cluster, *, batch: int, precision: str = "fp32
                         threads_per_proc=threads, log_every=log_every, param_comm_bytes=fsdp_param_bytes(precision),
                         data_s_per_sample=prof.timing.data_s / prof.timing.batch if prof.timing else 0.0)
     return make_plan(prof, cluster, settings, layouts=layouts, comms=comms, tp_ok=tp_ok, pp_ok=pp_ok)
+
+
+def _layouts(prof: ModelProfile, c: Cluster, comms: tuple[str, ...], tp_ok: bool, pp_ok: bool) -> list[Layout]:
+    return candidates(c.world_size, c.procs_per_node, c.nodes, blocks=len(prof.blocks), tp_ok=tp_ok and bool(prof.blocks),
+                      pp_ok=pp_ok, comms=comms)
 
 
 def _tied(task: Any) -> bool:

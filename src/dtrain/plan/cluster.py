@@ -1,7 +1,5 @@
-"""The machines a plan is for: a device (peak FLOP/s, memory, memory bandwidth) and the links
-inside a node and between nodes (bytes/s one way; seconds per message; ``inter_bw`` is all of a
-node's NICs), from a preset, flags, a small JSON/YAML file, or measured.
-"""
+"""The machines a plan is for: a device and the links inside a node and between nodes (bytes/s one
+way, seconds a message), from a preset, flags, a ``--cluster`` file, or measured."""
 
 from __future__ import annotations
 
@@ -11,7 +9,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from . import inputs
-from .links import Figure, Links
+from .costs import Figure, Links
 
 GB = 1e9
 GIB = 2**30
@@ -32,17 +30,16 @@ class Device:
     fixed_bytes: float = 0.0
     """Memory taken before the model: CUDA context, allocator reserve, the framework."""
     profiled: bool = False
-    """This machine's GPU (``--device cuda``): the plan times the step on it instead of FLOPs x ``achieved``."""
+    """This machine's GPU (``--device cuda``): its step is timed instead of FLOPs x ``achieved``."""
     bf16: bool = True
-    """Has bf16 arithmetic (Ampere and newer): what ``--precision auto`` asks (``precision.auto_name``)."""
+    """Has bf16 arithmetic (Ampere and newer), for ``--precision auto``."""
 
     def flops(self, precision: str) -> float:
         return self.peak_flops.get(precision) or self.peak_flops["fp32"]
 
 
 def _gpu(name: str, bf16_tflops: float, tf32_tflops: float, mem_gb: float, bw_tbs: float, bf16: bool = True) -> Device:
-    # fp32 training on tensor cores runs in TF32 (torch's default for convolutions; dtrain's
-    # flops table does the same); the fixed 1.5 GiB is the CUDA context plus allocator slack.
+    # fp32 on tensor cores runs in TF32 (as dtrain's flops table counts); 1.5 GiB: the CUDA context and slack
     return Device(name=name, peak_flops={"fp32": tf32_tflops * 1e12, "bf16-mixed": bf16_tflops * 1e12,
                                           "fp16-mixed": bf16_tflops * 1e12},
                   memory_bytes=mem_gb * GB, mem_bw=bw_tbs * 1e12, fixed_bytes=1.5 * GIB, bf16=bf16)
@@ -73,11 +70,11 @@ class Cluster:
     """What one node sends to the others, bytes/s (all its NICs)."""
     inter_lat: float = 10e-6
     tree: bool = True
-    """Latency-bound all-reduces may use a tree (NCCL does); gloo on CPU rings only."""
+    """All-reduces may use a tree where cheaper (NCCL does); gloo rings only."""
     source: dict[str, str] = field(default_factory=dict)
     """Where each figure came from (preset, flag, file, measured)."""
     links: dict[str, Links] = field(default_factory=dict)
-    """Collectives measured ``intra`` (a node's processes) and ``inter`` (nodes): each replaces the figures above."""
+    """Collectives measured ``intra`` (a node's processes) and ``inter`` (nodes), replacing the figures above."""
 
     def __post_init__(self) -> None:
         for name in ("nodes", "procs_per_node"):
@@ -93,17 +90,14 @@ class Cluster:
 
     @property
     def backend(self) -> str:
-        """The process-group backend: nccl on GPUs, gloo on CPUs."""
         return "nccl" if self.is_gpu else "gloo"
 
     @property
     def is_gpu(self) -> bool:
-        """A GPU's host queues work ahead of the device (collectives can be issued early)."""
         return not self.device.name.startswith("cpu")
 
     def figure(self, kind: str, crossing: bool, sharing: int = 1) -> Figure:
-        """Latency per step and bandwidth of collective ``kind`` (``links.SHAPES``) inside a node
-        or between nodes (``crossing``), with ``sharing`` groups on the node's NICs at once."""
+        """Collective ``kind``'s figure inside a node or between nodes (``crossing``), ``sharing`` the NICs."""
         measured = self.links.get("inter" if crossing else "intra")
         if measured is not None and kind in measured.figures:
             f = measured.figures[kind]
@@ -127,37 +121,28 @@ class Cluster:
                 "links_measured": {k: v.describe() for k, v in self.links.items()}}
 
 
-# Links of known machines: NVLink 4 (H100 SXM: 450 GB/s one way per GPU) with 8 x 400 Gbit/s
-# InfiniBand per node (50 GB/s per GPU); A100: NVLink 3 (300 GB/s), 8 x 200 Gbit/s.
+# Links of known machines (one way): H100/H200 NVLink 4, 450 GB/s a GPU, 8 x 400 Gbit/s InfiniBand a node;
+# A100 NVLink 3, 300 GB/s, 8 x 200 Gbit/s; V100 150 GB/s, 4 x 100 Gbit/s; P100 80 GB/s, 100 Gbit/s.
 LINKS: dict[str, dict[str, float]] = {
-    "h100": {"intra_bw": 450 * GB, "inter_bw": 8 * 50 * GB, "intra_lat": 5e-6, "inter_lat": 10e-6},
-    "h200": {"intra_bw": 450 * GB, "inter_bw": 8 * 50 * GB, "intra_lat": 5e-6, "inter_lat": 10e-6},
-    "a100": {"intra_bw": 300 * GB, "inter_bw": 8 * 25 * GB, "intra_lat": 5e-6, "inter_lat": 10e-6},
-    "a100-40": {"intra_bw": 300 * GB, "inter_bw": 8 * 25 * GB, "intra_lat": 5e-6, "inter_lat": 10e-6},
-    "v100": {"intra_bw": 150 * GB, "inter_bw": 4 * 12.5 * GB, "intra_lat": 5e-6, "inter_lat": 10e-6},
-    "p100": {"intra_bw": 80 * GB, "inter_bw": 12.5 * GB, "intra_lat": 5e-6, "inter_lat": 10e-6},
-}
+    key: {"intra_bw": intra * GB, "inter_bw": inter * GB, "intra_lat": 5e-6, "inter_lat": 10e-6}
+    for keys, intra, inter in ((("h100", "h200"), 450, 8 * 50), (("a100", "a100-40"), 300, 8 * 25), (("v100",), 150, 4 * 12.5),
+                               (("p100",), 80, 12.5)) for key in keys}
 
 
 def cpu_device(achieved_flops: float | None = None, memory_bytes: float | None = None) -> Device:
-    """This machine's CPU as one process sees it; FLOP/s as a profile measured them (the
-    achieved rate is then the 'peak', at fraction 1)."""
-    mem = memory_bytes or _total_memory()
+    """This machine's CPU as one process sees it: the rate a profile achieved is its peak, at fraction 1."""
+    if memory_bytes is None:
+        try:
+            memory_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError, AttributeError):
+            memory_bytes = 16 * GIB
     rate = achieved_flops or 1e10
-    return Device(name="cpu (measured)", peak_flops={"fp32": rate, "bf16-mixed": rate, "fp16-mixed": rate},
-                  memory_bytes=mem, mem_bw=10 * GB, achieved=1.0)
-
-
-def _total_memory() -> float:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return 16 * GIB
+    return Device(name="cpu (measured)", peak_flops=dict.fromkeys(("fp32", "bf16-mixed", "fp16-mixed"), rate),
+                  memory_bytes=memory_bytes, mem_bw=10 * GB, achieved=1.0)
 
 
 def preset_for(gpu_name: str, memory_bytes: float) -> str | None:
-    """The preset (a key of ``DEVICES``) a GPU's name is, e.g. 'NVIDIA H100 80GB HBM3' -> 'h100'; an
-    A100 under 60 GiB is 'a100-40'. None: no preset. The one place a GPU's name becomes a preset."""
+    """The ``DEVICES`` key of a GPU's name ('NVIDIA H100 80GB HBM3' -> 'h100'; an A100 under 60 GiB: 'a100-40')."""
     lowered = gpu_name.lower().replace(" ", "").replace("-", "")
     key = next((k for k in ("h200", "h100", "a100", "v100", "p100") if k in lowered), None)
     if key == "a100" and memory_bytes < 60 * GIB:
@@ -166,9 +151,8 @@ def preset_for(gpu_name: str, memory_bytes: float) -> str | None:
 
 
 def local_gpu() -> tuple[Device, str | None]:
-    """``--device cuda``: this machine's first GPU, to be profiled (``Device.profiled``), with the
-    data sheet's peak and links of the preset its name matches (key returned; None: no preset,
-    its peak is then what the profile achieves)."""
+    """``--device cuda``: this machine's first GPU, to be profiled, as the preset its name matches (and its
+    key; None: no preset, its peak is then what the profile achieves)."""
     import torch
 
     if not torch.cuda.is_available():
@@ -198,8 +182,7 @@ def device_named(kind: str) -> Device:
 
 
 def load_file(path: str) -> dict[str, Any]:
-    """A cluster file: JSON, or YAML when PyYAML is installed; keys as ``inputs.SETTINGS``, each value
-    checked (``inputs.cluster_settings``)."""
+    """A ``--cluster`` file (JSON, or YAML with PyYAML): keys as ``inputs.SETTINGS``, each checked."""
     what, fix = f"--cluster {path!r}", 'give a JSON (or YAML) file such as {"device": "h100", "nodes": 4}'
     data = inputs.parse(what, inputs.read_text(what, path, fix), fix, yaml=path.endswith((".yaml", ".yml")))
     if not isinstance(data, dict):
@@ -208,8 +191,7 @@ def load_file(path: str) -> dict[str, Any]:
 
 
 def build(settings: dict[str, Any], base_device: Device | None = None) -> Cluster:
-    """A Cluster from ``inputs.SETTINGS``-style settings (None values skipped); a preset's links fill
-    what is not given."""
+    """A Cluster from ``inputs.SETTINGS`` keys (None skipped); a preset's links fill what is not given."""
     s = {k: v for k, v in settings.items() if v is not None}
     kind = str(s.get("device", "cpu")).lower()
     if kind == "cuda" and base_device is None:

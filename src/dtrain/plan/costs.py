@@ -1,22 +1,207 @@
-"""What one collective costs on a group of ranks: the alpha-beta model (Hockney), ring and tree
-algorithms (Thakur, Rabenseifner & Gropp, "Optimization of Collective Communication Operations
-in MPICH", 2005), hierarchical across nodes.
+"""What a collective costs on a group of ranks: per collective a latency per algorithm step and a
+bandwidth (``Figure``), from a preset or measured between real processes (``Links``); ring and tree
+algorithms (Thakur, Rabenseifner & Gropp 2005; NCCL picks the cheaper, as the model does where the
+cluster has ``tree``); hierarchical across nodes: reduce-scatter inside each node, all-reduce the
+shards between nodes over the node's NICs together, all-gather inside each node.
 
-Ring all-reduce of B bytes over n ranks: ``2(n-1) * lat + 2(n-1)/n * B / bw``. A tree (NCCL's
-double binary tree): ~``2 log2(n)`` latencies and ~``2 B / bw``; NCCL picks the cheaper, so the
-model does too where the cluster has ``tree``. A group spanning nodes reduce-scatters inside each
-node, all-reduces the shards between nodes (over the node's NICs together), and all-gathers inside
-each node. Each collective's latency and bandwidth come from ``Cluster.figure`` (measured where
-the cluster has a link measurement for it).
+A collective of B bytes on n ranks costs ``steps(n) x latency + volume(n) x B / bandwidth``
+(``SHAPES``). Measured on n0 ranks, the latency is the smallest size's time over steps(n0), the
+bandwidth the extra bytes over the extra time between the two largest sizes.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
-from .cluster import Cluster
-from .links import shape
+from ..errors import ConfigError
+from . import inputs
+
+if TYPE_CHECKING:
+    from .cluster import Cluster
+
+SHAPES = {
+    "all_reduce": (lambda n: 2 * (n - 1), lambda n: 2 * (n - 1) / n),
+    "all_gather": (lambda n: n - 1, lambda n: (n - 1) / n),
+    "reduce_scatter": (lambda n: n - 1, lambda n: (n - 1) / n),
+    # gloo's broadcast: a binomial tree, each of its ceil(log2 n) rounds sending the whole tensor
+    "broadcast": (lambda n: math.ceil(math.log2(n)), lambda n: math.ceil(math.log2(n))),
+    "send_recv": (lambda n: 1, lambda n: 1),
+}
+"""(steps(n), volume(n)) of each collective: latencies paid and bytes / bandwidth moved."""
+NCCL_BROADCAST = (lambda n: n - 1, lambda n: 1)  # a pipelined ring: each byte crosses one link once
+
+
+def shape(kind: str, backend: str = "gloo") -> tuple:
+    return NCCL_BROADCAST if kind == "broadcast" and backend == "nccl" else SHAPES[kind]
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One collective's ``lat`` seconds a step and ``bw`` bytes/s; ``by_size``: each measured size's own
+    rate (bytes, bytes/s), ascending (small messages seldom reach a link's full rate)."""
+
+    lat: float
+    bw: float
+    by_size: tuple[tuple[float, float], ...] = ()
+
+    def seconds(self, kind: str, nbytes: float, n: int, backend: str = "gloo") -> float:
+        if n <= 1 or nbytes <= 0:
+            return 0.0
+        steps, volume = shape(kind, backend)
+        return steps(n) * self.lat + volume(n) * self.transfer(nbytes)
+
+    def transfer(self, nbytes: float) -> float:
+        """Seconds a unit of volume of ``nbytes`` takes beyond the latency (``by_size`` interpolated)."""
+        pts = self.by_size
+        if not pts:
+            return nbytes / self.bw
+        if nbytes <= pts[0][0]:
+            return nbytes / pts[0][1]
+        for (s0, b0), (s1, b1) in zip(pts, pts[1:]):
+            if nbytes <= s1:
+                return nbytes / (b0 + (b1 - b0) * (nbytes - s0) / (s1 - s0))
+        big, rate = pts[-1]
+        return big / rate + (nbytes - big) / self.bw
+
+    def shared(self, k: float) -> Figure:
+        """With ``k`` groups sending through the same NICs at once."""
+        return Figure(self.lat, self.bw / k, tuple((b, r / k) for b, r in self.by_size))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Links:
+    """What was measured between ``ranks`` processes (``between``: ``processes`` of one node or ``nodes``)."""
+
+    between: str
+    ranks: int
+    backend: str
+    figures: dict[str, Figure]
+    seconds: dict[str, dict[int, float]] = field(default_factory=dict)
+    """The measurements: kind -> bytes -> median seconds."""
+    load: float | None = None
+    """The machine's load average when measured."""
+    device: str = "cpu"
+    """What the ranks' tensors were on: ``cpu`` (gloo) or ``cuda`` (nccl)."""
+
+    def describe(self) -> dict[str, Any]:
+        return {"between": self.between, "ranks": self.ranks, "backend": self.backend, "device": self.device, "load": self.load,
+                "figures": {k: {"latency_us": round(f.lat * 1e6, 1), "gbit_per_s": round(f.bw * 8 / 1e9, 4),
+                                "gbit_per_s_by_size": {str(int(b)): round(r * 8 / 1e9, 4) for b, r in f.by_size}}
+                            for k, f in self.figures.items()}}
+
+    def as_record(self) -> dict[str, Any]:
+        """What ``dtrain doctor --links-out`` writes and ``from_record`` reads."""
+        return {"between": self.between, "ranks": self.ranks, "backend": self.backend, "device": self.device, "load": self.load,
+                "seconds": {k: {str(b): s for b, s in v.items()} for k, v in self.seconds.items()}}
+
+
+def fit(kind: str, seconds: dict[int, float], n: int, backend: str = "gloo") -> Figure:
+    """A ``Figure`` from one collective's median times by size on ``n`` ranks."""
+    sizes = sorted(seconds)
+    if n < 2 or len(sizes) < 2:
+        raise ConfigError(f"links: {kind} needs times at >= 2 sizes between >= 2 ranks, got {len(sizes)} size(s) on {n}.")
+    steps, volume = shape(kind, backend)
+    lat = seconds[sizes[0]] / max(1, steps(n))
+    big, mid = sizes[-1], sizes[-2]
+    extra = seconds[big] - seconds[mid]
+    if extra <= 0:  # noise swamped the difference: take the largest size's own time beyond the latency
+        extra = max(seconds[big] - steps(n) * lat, 1e-9)
+        mid = 0
+    bw = volume(n) * (big - mid) / extra
+    # each size above the smallest at its own rate (its time beyond the latency), where that is above noise
+    by_size = tuple((b, volume(n) * b / (seconds[b] - steps(n) * lat)) for b in sizes[1:]
+                    if seconds[b] > 1.05 * steps(n) * lat)
+    return Figure(lat=lat, bw=bw, by_size=by_size)
+
+
+def from_measurement(seconds: dict[str, dict[int, float]], *, ranks: int, between: str, backend: str,
+                     load: float | None = None, device: str | None = None) -> Links:
+    figures = {kind: fit(kind, by_size, ranks, backend) for kind, by_size in seconds.items() if kind in SHAPES}
+    return Links(between=between, ranks=ranks, backend=backend, figures=figures, seconds=seconds, load=load,
+                 device=device or ("cuda" if backend == "nccl" else "cpu"))  # where dtrain's probe runs each
+
+
+_FIX = "write it with `dtrain doctor --links-out FILE`"
+_SECONDS = inputs.Bound(float, "a measured time", 1e-9, 3600, "seconds", "0.0016")
+_SIZE = inputs.Bound(int, "a size", 1, 1 << 40, "bytes", "1048576")
+_RANKS = inputs.Bound(int, "the ranks measured", 2, inputs.MAX_WORLD, "", "2")
+_LOAD = inputs.Bound(float, "the load average", 0, 1e6, "", "1.5")
+
+
+def from_record(record: dict[str, Any], source: str = "links") -> Links:
+    """A ``Links`` from what ``as_record`` wrote, each field checked: one line for what is wrong."""
+    def choice(key: str, means: str, choices: tuple[str, ...], default: str | None = None) -> str:
+        value = record.get(key, default)
+        if not isinstance(value, str) or value not in choices:
+            said = "is missing" if value is None else f"is {inputs.shown(value)}"
+            raise ConfigError(f"{source}: \"{key}\" {said}; a link measurement is {means} {' or '.join(map(repr, choices))} ({_FIX}).")
+        return value
+
+    between = choice("between", "between", ("processes", "nodes"))
+    ranks = inputs.check(_RANKS, record.get("ranks"), f'{source}: "ranks"', _FIX)
+    backend = choice("backend", "made with", ("gloo", "nccl"), "gloo")
+    device = choice("device", "on", ("cpu", "cuda"), "cuda" if backend == "nccl" else "cpu")  # older files: as the probe paired them
+    load = record.get("load")
+    load = None if load is None else inputs.check(_LOAD, load, f'{source}: "load"', _FIX)
+    return from_measurement(_seconds(record.get("seconds"), source), ranks=ranks, between=between, backend=backend,
+                            load=load, device=device)
+
+
+def _seconds(raw: Any, source: str) -> dict[str, dict[int, float]]:
+    """``seconds``: collective -> size in bytes (a decimal string) -> median seconds, two sizes at least."""
+    if not isinstance(raw, dict) or not raw:
+        said = "is missing" if raw is None else f"is {inputs.shown(raw)}" if raw else "is empty"
+        raise ConfigError(f"{source}: \"seconds\" {said}; it holds each collective's times by size ({_FIX}).")
+    out: dict[str, dict[int, float]] = {}
+    for kind, times in raw.items():
+        what = f"{source}: seconds[{inputs.shown(kind)}]"
+        if not isinstance(times, dict) or len(times) < (2 if kind in SHAPES else 1):
+            said = f"has {len(times)} size" if isinstance(times, dict) else f"is {inputs.shown(times)}"
+            raise ConfigError(f"{what} {said}; it holds the times by size in bytes, two sizes at "
+                              f"least, e.g. {{\"64\": 0.0016, \"1048576\": 0.009}} ({_FIX}).")
+        out[kind] = {}
+        for size, secs in times.items():
+            if not (isinstance(size, str) and size.isascii() and size.isdigit() and len(size) < 16):
+                raise ConfigError(f"{what}: size {inputs.shown(size)} is not a number of bytes such as \"1048576\" ({_FIX}).")
+            nbytes = inputs.check(_SIZE, int(size), f"{what}: size", _FIX)
+            out[kind][nbytes] = inputs.check(_SECONDS, secs, f'{what}["{size}"]', _FIX)
+    return out
+
+
+def load(path: str) -> Links:
+    """A link measurement written by ``dtrain doctor --links-out`` (JSON; a small regular file)."""
+    what, fix = f"--links {path!r}", f"write one with `dtrain doctor --links-out {path}`"
+    record = inputs.parse(what, inputs.read_text(what, path, fix), fix)
+    if not isinstance(record, dict):
+        raise ConfigError(f"{what} holds {inputs.shown(record)}, not one JSON object as `dtrain doctor --links-out` writes.")
+    return from_record(record, what)
+
+
+def measure_body(sizes: tuple[int, ...], reps: int) -> dict[str, dict[int, float]]:
+    """Collective: every rank. The probe between local processes (``dtrain plan --measure-links``)."""
+    import torch
+    import torch.distributed as dist
+
+    from ..diag.probe import time_collectives
+
+    dist.init_process_group("gloo")
+    try:
+        return time_collectives(torch.device("cpu"), sizes, reps)
+    finally:
+        dist.destroy_process_group()
+
+
+def measure_local(ranks: int = 2, reps: int = 3) -> Links:
+    """Time the collectives between ``ranks`` fresh processes on this machine (gloo, CPU)."""
+    import os
+
+    from ..diag.probe import LINK_SIZES
+    from ..launch.local import run_distributed
+
+    seconds = run_distributed(measure_body, LINK_SIZES, reps, world_size=ranks, timeout=300)[0]
+    return from_measurement(seconds, ranks=ranks, between="processes", backend="gloo", load=os.getloadavg()[0])
 
 
 @dataclass(frozen=True)

@@ -8,19 +8,19 @@ import json
 import pytest
 
 from dtrain.errors import ConfigError
-from dtrain.plan import cluster, inputs, links
+from dtrain.plan import cluster, costs, inputs
 
-_SECONDS = {k: {"64": 1e-3, "1048576": 0.05, "4194304": 0.2} for k in links.SHAPES}
+_SECONDS = {k: {"64": 1e-3, "1048576": 0.05, "4194304": 0.2} for k in costs.SHAPES}
 
 
 def test_a_links_record_says_the_backend_and_device_that_measured_it():
     old = {"between": "nodes", "ranks": 2, "backend": "nccl", "seconds": _SECONDS}  # written before "device" was
-    assert links.from_record(old).device == "cuda"
-    assert links.from_record({**old, "backend": "gloo"}).device == "cpu"
-    got = links.from_record({**old, "device": "cpu", "backend": "gloo"})
+    assert costs.from_record(old).device == "cuda"
+    assert costs.from_record({**old, "backend": "gloo"}).device == "cpu"
+    got = costs.from_record({**old, "device": "cpu", "backend": "gloo"})
     assert got.as_record()["device"] == "cpu" and got.describe()["device"] == "cpu"
     with pytest.raises(ConfigError, match="links.json: \"device\" is \"tpu\"; a link measurement is on 'cpu' or 'cuda'"):
-        links.from_record({**old, "device": "tpu"}, "links.json")
+        costs.from_record({**old, "device": "tpu"}, "links.json")
 
 
 def test_the_doctors_links_out_is_what_plan_reads_and_its_folder_is_made(tmp_path):
@@ -32,7 +32,7 @@ def test_the_doctors_links_out_is_what_plan_reads_and_its_folder_is_made(tmp_pat
     seconds = {k: {int(b): s for b, s in v.items()} for k, v in _SECONDS.items()}
     assert "written to" in _write_links(cfg, seconds, 2, "gloo")
     assert json.loads(out.read_text())["device"] == "cpu"
-    back = links.load(str(out))
+    back = costs.load(str(out))
     assert (back.backend, back.device, back.between) == ("gloo", "cpu", "processes")
 
 

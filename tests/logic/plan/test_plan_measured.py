@@ -11,7 +11,7 @@ import pytest
 
 from dtrain.errors import ConfigError
 from dtrain.parallel.dims import ParallelDims
-from dtrain.plan import Settings, cluster, costs, links, predict
+from dtrain.plan import Settings, cluster, costs, predict
 from dtrain.plan.layouts import Layout
 from dtrain.plan.machinery import Machinery, Phases, kinds_for, kinds_of
 from dtrain.plan.model import memory
@@ -21,22 +21,22 @@ MIB = 2**20
 
 
 def _times(kind: str, lat: float, bw: float, n: int, sizes=(64, 256 << 10, 1 << 20)) -> dict[int, float]:
-    steps, volume = links.SHAPES[kind]
+    steps, volume = costs.SHAPES[kind]
     return {b: steps(n) * lat + volume(n) * b / bw for b in sizes}
 
 
 def test_fit_recovers_latency_and_bandwidth_of_each_collective():
-    for kind in links.SHAPES:
+    for kind in costs.SHAPES:
         for n in (2, 4):
-            f = links.fit(kind, _times(kind, 1e-3, 10e6, n), n)
-            assert f.lat == pytest.approx(1e-3 + links.SHAPES[kind][1](n) * 64 / 10e6 / links.SHAPES[kind][0](n))
+            f = costs.fit(kind, _times(kind, 1e-3, 10e6, n), n)
+            assert f.lat == pytest.approx(1e-3 + costs.SHAPES[kind][1](n) * 64 / 10e6 / costs.SHAPES[kind][0](n))
             assert f.bw == pytest.approx(10e6)
 
 
 def test_a_measured_figure_reproduces_the_measured_time_and_scales_by_the_ring_shape():
     # gloo's all-gather at 2 ranks: 0.5 ms, then 1 MiB in 60 ms (1.45x its bytes' time at 12.5 MB/s)
     seconds = {64: 0.5e-3, 256 << 10: 0.0155, 1 << 20: 0.0605}
-    f = links.fit("all_gather", seconds, 2)
+    f = costs.fit("all_gather", seconds, 2)
     assert f.seconds("all_gather", 1 << 20, 2) == pytest.approx(0.0605, rel=1e-3)
     # on 4 ranks: 3 latencies and 3/4 of the bytes (twice the 2-rank 1/2)
     assert f.seconds("all_gather", 1 << 20, 4) == pytest.approx(3 * f.lat + 0.75 * (1 << 20) / f.bw)
@@ -48,7 +48,7 @@ def test_a_link_whose_rate_depends_on_the_size_is_taken_at_each_measured_size():
     # sizes' difference put 548 KB at 314 ms where DDP's all-reduce of it took 231 ms
     mib = 1 << 20
     seconds = {64: 0.00466, mib: 0.457, 4 * mib: 2.230}
-    f = links.fit("all_reduce", seconds, 2)
+    f = costs.fit("all_reduce", seconds, 2)
     for b, t in seconds.items():  # every measured size as measured (the smallest's 64 bytes count twice: within 1%)
         assert f.seconds("all_reduce", b, 2) == pytest.approx(t, rel=1e-2 if b == 64 else 1e-6)
     assert f.seconds("all_reduce", 548_000, 2) == pytest.approx(0.00466 + 548_000 / f.by_size[0][1], rel=1e-6)
@@ -60,36 +60,36 @@ def test_a_link_whose_rate_depends_on_the_size_is_taken_at_each_measured_size():
     # on 4 ranks: 3x the latency steps, 1.5x the volume; and two groups sharing the NICs: half the rate
     assert f.seconds("all_reduce", mib, 4) == pytest.approx(6 * f.lat + 1.5 * (0.457 - 0.00466), rel=1e-6)
     assert f.shared(2).seconds("all_reduce", mib, 2) == pytest.approx(0.00466 + 2 * (0.457 - 0.00466), rel=1e-6)
-    assert links.Links(between="nodes", ranks=2, backend="gloo", figures={"all_reduce": f}).describe()[
+    assert costs.Links(between="nodes", ranks=2, backend="gloo", figures={"all_reduce": f}).describe()[
         "figures"]["all_reduce"]["gbit_per_s_by_size"] == {"1048576": 0.0185, "4194304": 0.0151}
 
 
 def test_noise_that_inverts_the_two_largest_sizes_still_gives_a_bandwidth():
-    f = links.fit("all_reduce", {64: 1e-3, 1000: 0.02, 2000: 0.019}, 2)
+    f = costs.fit("all_reduce", {64: 1e-3, 1000: 0.02, 2000: 0.019}, 2)
     assert f.bw == pytest.approx(2 * 2000 / 2 / (0.019 - 2 * 0.5e-3))
 
 
 def test_a_record_round_trips_and_bad_files_are_one_line(tmp_path):
-    secs = {k: _times(k, 1e-4, 1e8, 2) for k in links.SHAPES}
-    got = links.from_measurement(secs, ranks=2, between="nodes", backend="gloo", load=1.5)
+    secs = {k: _times(k, 1e-4, 1e8, 2) for k in costs.SHAPES}
+    got = costs.from_measurement(secs, ranks=2, between="nodes", backend="gloo", load=1.5)
     path = tmp_path / "links.json"
     path.write_text(json.dumps(got.as_record()))
-    back = links.load(str(path))
+    back = costs.load(str(path))
     assert back.between == "nodes" and back.figures["send_recv"].bw == pytest.approx(1e8)
     path.write_text("{")
     with pytest.raises(ConfigError, match="not valid JSON"):
-        links.load(str(path))
+        costs.load(str(path))
     path.write_text('{"between": "racks", "ranks": 2, "seconds": {}}')
     with pytest.raises(ConfigError, match="between 'processes' or 'nodes'"):
-        links.load(str(path))
+        costs.load(str(path))
     with pytest.raises(ConfigError, match="cannot be read"):
-        links.load(str(tmp_path / "missing.json"))
+        costs.load(str(tmp_path / "missing.json"))
 
 
 def test_measured_links_replace_the_described_ones_where_measured():
     c = cluster.build({"device": "cpu", "nodes": 2, "procs_per_node": 2, "inter_gbit": 1.0, "inter_latency_us": 100})
     secs = {"all_reduce": _times("all_reduce", 2e-3, 5e6, 2)}
-    m = cluster.with_links(c, {"inter": links.from_measurement(secs, ranks=2, between="nodes", backend="gloo")})
+    m = cluster.with_links(c, {"inter": costs.from_measurement(secs, ranks=2, between="nodes", backend="gloo")})
     assert m.figure("all_reduce", True).bw == pytest.approx(5e6)
     assert m.figure("all_reduce", True, sharing=2).bw == pytest.approx(2.5e6)  # two groups share the node's link
     assert m.figure("all_gather", True).bw == pytest.approx(c.inter_bw)  # not measured: as described
@@ -104,7 +104,7 @@ def test_a_measured_gloo_reduce_scatter_is_used_as_measured():
     g = costs.Group(2, 1)
     assert costs.gather(1e6, g, c, reduce=True) == pytest.approx(costs.allreduce(1e6, g, c))  # the unmeasured rule
     secs = {"reduce_scatter": _times("reduce_scatter", 1e-3, 2e6, 2)}
-    m = cluster.with_links(c, {"inter": links.from_measurement(secs, ranks=2, between="nodes", backend="gloo")})
+    m = cluster.with_links(c, {"inter": costs.from_measurement(secs, ranks=2, between="nodes", backend="gloo")})
     assert costs.gather(1e6, g, m, reduce=True) == pytest.approx(1e-3 + 0.5 * 1e6 / 2e6, rel=1e-3)
 
 
@@ -211,15 +211,15 @@ def test_gpu_peak_is_the_allocators_without_the_context_and_holds_the_outputs_gr
     assert p.peak_bytes == pytest.approx(p.mem_bytes - c.device.fixed_bytes)
 
 
-def _bursting_link(burst: float, rate: float = 2.5e6, lat: float = 4e-4) -> links.Links:
+def _bursting_link(burst: float, rate: float = 2.5e6, lat: float = 4e-4) -> costs.Links:
     """A 20 Mbit/s link (every collective at ``lat`` per step) whose shaper lets ``burst`` bytes
     through at once after idle time: the probe's send after idle moves only the rest at the rate."""
     from dtrain.diag.probe import IDLE, IDLE_SIZE
 
     sizes = (64, 1 << 20, 4 << 20)
-    seconds = {kind: _times(kind, lat, rate, 2, sizes) for kind in links.SHAPES}
+    seconds = {kind: _times(kind, lat, rate, 2, sizes) for kind in costs.SHAPES}
     seconds[IDLE] = {IDLE_SIZE: lat + max(0.0, IDLE_SIZE - burst) / rate}
-    return links.from_measurement(seconds, ranks=2, between="nodes", backend="gloo")
+    return costs.from_measurement(seconds, ranks=2, between="nodes", backend="gloo")
 
 
 def test_a_log_step_costs_its_collectives_amortised_over_log_every():
