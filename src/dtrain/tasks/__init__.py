@@ -63,9 +63,6 @@ class Task:
     batch_size: int = 32
     """Default batch of one process."""
     epochs: int = 1
-    blocks: Callable[[nn.Module], list[nn.Module]] | None = None
-    """The model's repeated blocks (transformer blocks, ResNet stages): the units of activation
-    checkpointing, FSDP wrapping and pipeline splitting. None: the strategy's own default."""
 
     def __post_init__(self) -> None:
         where = f"task {self.name!r}"

@@ -51,6 +51,5 @@ def make_task(test_fraction: float = 0.2, hidden: int = 128) -> Task:
         test_set=TensorDataset(x[test], y[test]),
         optimizer="adam",
         lr=0.003,
-        batch_size=32,
         epochs=10,
     )

@@ -119,24 +119,10 @@ def gpt_blocks(model: nn.Module) -> list[nn.Module]:
 
 
 def gpt_tp_plan(model: nn.Module, tp: int) -> dict[str, object]:
-    """The tensor-parallel plan of a ``gpt`` model: Megatron-LM's split of each block (Shoeybi et
-    al., 2019) with sequence parallelism between them (Korthikanti et al., "Reducing Activation
-    Recomputation in Large Transformer Models", 2022), as torchtitan's plan for Llama.
-
-    * In each block q, k, v and the MLP's first layer split column-wise (a rank computes
-      heads/tp whole heads and 1/tp of the hidden units, with no communication), the attention
-      output and the MLP's second layer row-wise, their partial sums reduce-scattered along the
-      sequence.
-    * Between the blocks the residual stream is split along the sequence (each rank holds T/tp
-      positions), so the LayerNorms and dropouts run on 1/tp of the activations
-      (``SequenceParallel``); each block's attention and MLP all-gather their input first
-      (``PrepareModuleInput``).
-    * The token embedding is vocabulary-parallel (a rank holds vocab/tp rows; the looked-up
-      vectors are reduce-scattered along the sequence), the position embedding split by position
-      the same way, and the output head column-wise over the vocabulary: it holds the same rows as
-      the embedding, so a tied head stays tied. Its logits are gathered whole for the loss.
-
-    Only the LayerNorms' weights and the row-wise layers' biases stay whole on every rank."""
+    """Megatron-LM's split of each block with sequence parallelism between them, as torchtitan's
+    Llama plan: q, k, v and mlp.0 column-wise, the outputs row-wise and reduce-scattered along the
+    sequence; LayerNorms run on T/tp positions; the token embedding is vocabulary-parallel and the
+    head column-wise over the same rows, so a tied head stays tied (its logits gathered whole)."""
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel
 

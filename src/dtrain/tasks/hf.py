@@ -1,19 +1,8 @@
 """``--task hf:PATH``: a Hugging Face ``transformers`` causal language model from a local folder.
 
-The model is built from ``PATH/config.json`` (``AutoModelForCausalLM``), with the folder's
-safetensors weights when it has them, else transformers' random initialisation; nothing is ever
-downloaded (``dtrain.checkpoint.hf``). ``--init-from DIR`` (task option ``init_from``) then
-overwrites it with the weights of another folder of the same architecture (e.g. one that
-``dtrain ckpt export --hf`` wrote), before the layout splits it, so it works in every layout.
-
-The data are the ``lm`` task's text sources (``--data-dir``, by default the Python standard
-library's sources) in the same fixed windows, tokenised by the folder's tokenizer when it has
-one, else byte-level (each byte a token, which needs ``vocab_size >= 256``).
-
-The decoder layers (the classes the model names in ``_no_split_modules``, else its longest
-``ModuleList``) are the task's blocks: FSDP's units, activation checkpointing's and per-block
-compile's. Tensor parallelism splits Llama-style layers (``self_attn.{q,k,v,o}_proj``,
-``mlp.{gate,up,down}_proj``), Megatron-LM's way.
+Built from ``PATH/config.json`` with the folder's safetensors weights if any (nothing is ever
+downloaded); ``--init-from DIR`` loads another folder's weights before the layout splits the model.
+The data are the ``lm`` task's windows, tokenised by the folder's tokenizer, else byte-level.
 """
 
 from __future__ import annotations
@@ -128,9 +117,8 @@ def _inner(model: nn.Module) -> nn.Module:
 
 
 def hf_blocks(model: nn.Module) -> list[nn.Module]:
-    """The decoder layers: the modules of the classes the model names in ``_no_split_modules``
-    (what transformers itself keeps whole on one device, e.g. ``LlamaDecoderLayer``), outermost
-    only; without those, the items of its longest ``nn.ModuleList``."""
+    """The decoder layers (FSDP's and checkpointing's units): the outermost modules of the classes
+    in ``_no_split_modules`` (e.g. ``LlamaDecoderLayer``), else the longest ``nn.ModuleList``'s items."""
     inner = _inner(model)
     names = set(getattr(inner, "_no_split_modules", None) or ())
     found: list[nn.Module] = []
@@ -148,13 +136,8 @@ LLAMA_MLP = ("gate_proj", "up_proj", "down_proj")
 
 
 def hf_tp_plan(model: nn.Module, tp: int) -> dict[str, Any]:
-    """Tensor parallelism for Llama-style decoder layers (Llama, Mistral, Qwen2, ...): q, k, v,
-    gate and up split column-wise (a rank computes heads/tp whole heads and 1/tp of the hidden
-    units, with no communication: the attention reshapes by ``head_dim`` and infers the local
-    head count), o and down row-wise (their partial sums all-reduced), as Megatron-LM (Shoeybi et
-    al., 2019) and transformers' own ``base_model_tp_plan``. Embeddings, norms and the head stay
-    whole on every rank (their gradients agree across the TP ranks: DTensor's backward reduces
-    the input gradients of the split layers)."""
+    """Megatron-LM's split of Llama-style layers: q, k, v, gate and up column-wise (whole heads per
+    rank), o and down row-wise (partial sums all-reduced); embeddings, norms and head stay whole."""
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
     inner = _inner(model)

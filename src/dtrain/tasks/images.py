@@ -1,17 +1,9 @@
-"""Image classification: any torchvision classification model on a folder of images.
+"""Image classification: any torchvision classification model (never pretrained weights) on an
+``ImageFolder`` layout (``DIR/train/CLASS/*``, optionally ``DIR/val/CLASS/*``) with the ImageNet
+reference transforms, or on random tensors (``source=synthetic``: compute and communication alone).
 
-The folder is in torchvision's ``ImageFolder`` layout: ``DIR/train/CLASS/*.jpg|png|...`` and,
-optionally, ``DIR/val/CLASS/*`` (scored as ``test_acc``, top-1). The pipeline is the ImageNet
-reference one (pytorch/examples imagenet, torchvision's classification recipe):
-RandomResizedCrop + horizontal flip + normalize for training, Resize(size*256/224) + CenterCrop
-for evaluation. ``source=synthetic`` replaces the folder by random tensors of the same shape,
-decoded by no one (as Horovod's ``pytorch_synthetic_benchmark.py``): it measures compute and
-communication alone. No pretrained weights are ever downloaded.
-
-Random augmentation is keyed on the sample: the training sampler hands this data set
-``(run seed, epoch, index)`` and the crop and flip of that sample draw from a generator seeded
-by those three numbers. The same sample in the same epoch gets the same crop whichever worker
-reads it, so a run resumed mid-epoch (or with another worker count) sees the same batches.
+Augmentation is keyed on ``(run seed, epoch, index)``, which the training sampler hands in, so a
+sample gets the same crop whichever worker reads it and a resumed run sees the same batches.
 """
 
 from __future__ import annotations
@@ -79,12 +71,8 @@ def _torchvision() -> Any:
     return torchvision
 
 
-def classification_models(tv: Any) -> list[str]:
-    return sorted(tv.models.list_models(module=tv.models))
-
-
 def check_model(tv: Any, name: str) -> None:
-    names = classification_models(tv)
+    names = sorted(tv.models.list_models(module=tv.models))
     if name not in names:
         close = difflib.get_close_matches(name, names, n=5, cutoff=0.4)
         hint = f"closest: {', '.join(close)}" if close else f"e.g. {', '.join(names[:5])}"
@@ -104,10 +92,8 @@ def build_model(tv: Any, name: str, classes: int, size: int) -> nn.Module:
 
 
 def resnet_as_sequential(model: nn.Module) -> nn.Sequential:
-    """The same ResNet as an ``nn.Sequential`` of its children, under their own names, so the
-    pipeline strategy can cut it between stages. torchvision's ``ResNet.forward`` is exactly
-    these children in order with a flatten before ``fc``; ``Flatten`` has no state, so the
-    state dict keys (``conv1.weight``, ``layer1.0.bn1.running_mean``, ...) are unchanged."""
+    """The same ResNet as an ``nn.Sequential`` of its children (``ResNet.forward`` with a stateless
+    flatten before ``fc``: state dict keys unchanged), so the pipeline can cut it between stages."""
     names = ("conv1", "bn1", "relu", "maxpool", "layer1", "layer2", "layer3", "layer4", "avgpool")
     parts = [(n, getattr(model, n)) for n in names] + [("flatten", nn.Flatten(1)), ("fc", model.fc)]
     return nn.Sequential(OrderedDict(parts))
@@ -163,10 +149,8 @@ def _scan(tv: Any, folder: str, index: dict[str, int]) -> list[tuple[str, int]]:
 
 
 class ImageFolderSet(Dataset):
-    """(path, class) pairs, decoded with PIL and transformed on read.
-
-    ``epoch_keyed``: the training sampler hands ``(seed, epoch, index)`` keys (see the module
-    docstring); a plain ``int`` index draws from the global generator, as usual."""
+    """(path, class) pairs, decoded with PIL and transformed on read; ``epoch_keyed``: read by
+    ``(seed, epoch, index)`` keys (see the module docstring), else a plain index."""
 
     def __init__(self, samples: list[tuple[str, int]], classes: list[str], transform: Callable[[Any], torch.Tensor],
                  *, skip_bad: bool, keyed: bool) -> None:

@@ -1,15 +1,8 @@
-"""A byte-level GPT-style language model on a real text corpus that needs no download.
+"""A byte-level GPT-style language model on the bytes of ``--data-dir`` (by default the Python
+standard library's ``*.py`` sources), capped at ``max_bytes``; its last ``val_fraction`` validates.
 
-The corpus is the bytes of the files under ``--data-dir`` (one text file, or a folder read
-recursively, files in sorted order), by default the Python standard library's own ``*.py``
-source files (``sysconfig.get_paths()["stdlib"]``), capped at ``max_bytes``. The token stream is
-split once: its last ``val_fraction`` is the validation set.
-
-Samples are fixed, non-overlapping windows of ``context`` tokens (plus the next token, the
-target of the last position). Fixed windows make a sample an index like any other data set's, so
-the sharding sampler's exact resume and exact-once evaluation hold unchanged; each epoch visits
-every window once, in a new order. (Random offsets would see more distinct windows, but a
-resumed run could not replay them without the sampler knowing about offsets.)
+Samples are fixed, non-overlapping windows of ``context`` tokens, so a sample is an index like any
+other data set's and the sampler's exact resume and exact-once evaluation hold unchanged.
 """
 
 from __future__ import annotations
@@ -158,5 +151,4 @@ def causal_lm_task(*, name: str, build_model: Any, train: torch.Tensor, val: tor
         optimizer="adamw",
         lr=1e-3,
         batch_size=batch_size,
-        epochs=1,
     )

@@ -56,5 +56,4 @@ def make_task(data_dir: str | None = None) -> Task:
         optimizer="adadelta",
         lr=1.0,
         batch_size=64,
-        epochs=1,
     )

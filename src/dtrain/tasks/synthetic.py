@@ -54,8 +54,5 @@ def make_task(shape: str = "1x28x28", classes: int = 10, samples: int = 8192, mo
         build_model=build,
         train_set=TensorDataset(x[:samples], y[:samples]),
         test_set=TensorDataset(x[samples:], y[samples:]),
-        optimizer="sgd",
-        lr=0.01,
         batch_size=64,
-        epochs=1,
     )
