@@ -1,7 +1,8 @@
 """--launcher ray against a real Ray cluster: a head started here (4 CPUs, on this machine's
 address), `dtrain run` and `dtrain train` on it, a rank's worker and a rank's actor killed mid-run
 (the job restarts every rank and resumes from its checkpoint, exactly-once per the ledger), and the
-bad inputs, one line each. The launcher's own logic without a cluster: tests/logic/launch/test_ray.py."""
+bad inputs, one line each; then a cluster of two hosts of the network test bed (a head in one, a
+node joining it from the other). The launcher's own logic without a cluster: tests/logic/launch/test_ray.py."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import pytest
 
 from dtrain.data.ledger import check_ledger, render
 from tests.paths import ROOT, TESTS
-from tests.support import SRC, run_cli
+from tests.support import SRC, netbed, run_cli
 
 HAS_RAY = importlib.util.find_spec("ray") is not None
 needs_ray = pytest.mark.skipif(not HAS_RAY, reason="ray is not installed (pip install 'dtrain[ray]')")
@@ -201,3 +202,66 @@ def test_launcher_ray_without_ray_installed_is_one_line_and_dtrain_imports_witho
     assert r.returncode == 2, r.stderr
     assert r.stderr.strip().splitlines() == [
         "dtrain: error: --launcher ray needs the ray package, which is not installed here; pip install 'dtrain[ray]'."], r.stderr
+
+
+_BED = netbed.unavailable_reason()
+
+
+def _ray_node(bed, host: int, temp: str, log: str) -> subprocess.Popen:
+    """``ray start --block`` on a bed host: the head on host 0, a node joining it elsewhere (each
+    node its own temp folder: the hosts share this machine's /tmp)."""
+    ray = os.path.join(os.path.dirname(sys.executable), "ray")
+    role = (["--head", "--port", "6379", "--include-dashboard=false"] if host == 0 else ["--address", f"{bed.addresses[0]}:6379"])
+    env = {**os.environ, **RAY_ENV, "PYTHONPATH": os.pathsep.join((SRC, str(ROOT)))}
+    return bed.popen(host, [ray, "start", "--block", *role, "--node-ip-address", bed.addresses[host], "--num-cpus", "2",
+                            "--disable-usage-stats", "--temp-dir", temp], env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT)
+
+
+def _wait_for_line(path: str, text: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if os.path.exists(path) and text in open(path).read():
+            return
+        time.sleep(0.5)
+    pytest.fail(f"{text!r} not in {path} within {timeout:.0f} s:\n{open(path).read()[-2000:] if os.path.exists(path) else ''}")
+
+
+@needs_ray
+@pytest.mark.skipif(_BED is not None, reason=f"network test bed unavailable: {_BED}")
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_ray_cluster_of_two_bed_hosts_runs_a_rank_on_each_and_resumes_a_lost_rank(tmp_path):
+    import shutil
+    import tempfile
+
+    temps = [tempfile.mkdtemp(prefix="dtr", dir="/tmp") for _ in range(2)]  # short: Ray's socket paths have a length limit
+    env = {**os.environ, **RAY_ENV, "PYTHONPATH": os.pathsep.join((SRC, str(ROOT)))}
+    ck, led = tmp_path / "ck", tmp_path / "ledger"
+    try:
+        with netbed.NetBed(hosts=2) as bed:
+            logs = [str(tmp_path / f"ray{i}.log") for i in range(2)]
+            _ray_node(bed, 0, temps[0], logs[0])
+            _wait_for_line(logs[0], "Ray runtime started", 240)
+            _ray_node(bed, 1, temps[1], logs[1])
+            _wait_for_line(logs[1], "Ray runtime started", 240)
+            address = f"{bed.addresses[0]}:6379"
+            run = bed.popen(0, [sys.executable, "-m", "dtrain", "run", "--launcher", "ray", "--ray-address", address, "-n", "1",
+                                "--nnodes", "2", str(TESTS / "scripts" / "rank_host.py")], env=env, cwd=str(ROOT))
+            out, _ = run.communicate(timeout=300)
+            assert run.returncode == 0, out[-3000:]
+            # STRICT_SPREAD: one rank on each host (the bed gives host i the name n<i>); rank 0's node hosts the store.
+            for rank, name in ((0, "n0"), (1, "n1")):
+                assert f"RANK_HOST rank={rank} host={name} master={bed.addresses[0]} sum=2" in out, out[-3000:]
+            train = bed.popen(0, [sys.executable, "-m", "dtrain", "train", "--launcher", "ray", "--ray-address", address, "-n", "1",
+                                  "--nnodes", "2", "--task", "digits", "--max-steps", "12", "--checkpoint-dir", str(ck),
+                                  "--save-every", "4", "--ledger", str(led), "--log-every", "4", "--max-restarts", "1"],
+                              env={**env, "DTRAIN_FAULT_INJECT": "1:6"}, cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            out, err = train.communicate(timeout=400)
+    finally:
+        for temp in temps:
+            shutil.rmtree(temp, ignore_errors=True)
+    assert train.returncode == 0, err[-3000:]
+    assert "dtrain: worker rank 1 was killed by signal 9; restarting all 2 workers" in err and "step-00000004 at step 4" in err, err[-3000:]
+    assert json.loads(out.strip().splitlines()[-1])["world_size"] == 2
+    report = check_ledger(str(led))
+    assert report.ok and report.generations == 2 and report.steps_kept == 12 and report.steps_discarded == 2, render(report)
