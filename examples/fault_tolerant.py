@@ -8,7 +8,8 @@
 
 Each process is one replica group. A batch is this group's share of the next step; a step counts
 only when ``ctx.should_commit()`` says so (a group lost mid-step: nobody commits it, and its samples
-are trained again by the groups left).
+are trained again by the groups left). Started without --fault-tolerance (dtrain run -n 2
+examples/fault_tolerant.py), the same script is a DDP job.
 """
 
 import argparse
@@ -28,7 +29,9 @@ def digits() -> tuple[TensorDataset, TensorDataset]:
 
 
 def main(train=None, test=None, *, epochs: int = 5, ledger: str | None = None, on_commit=None) -> dict:
-    ctx = dtrain.init(fault_tolerance=True, seed=0)  # the job's Lighthouse and this group's id: from dtrain run
+    # Fault tolerant where dtrain run --fault-tolerance started this process (the job's Lighthouse and this
+    # group's id come from it); elsewhere (dtrain run -n 2) plain DDP, and should_commit() is always True.
+    ctx = dtrain.init(seed=0)
     if train is None:
         train, test = digits()
     model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
@@ -36,7 +39,7 @@ def main(train=None, test=None, *, epochs: int = 5, ledger: str | None = None, o
     loader = ctx.setup_dataloader(DataLoader(train, batch_size=32, shuffle=True), ledger=ledger)
 
     loss = torch.zeros(())
-    for epoch in range(loader.epoch, epochs):  # a group that healed from a peer starts at the peer's epoch
+    for epoch in range(loader.next_epoch, epochs):  # a group that healed from a peer starts at the peer's epoch
         for xb, yb in loader:  # each batch: the step's quorum, then this group's share of it
             optimizer.zero_grad()
             loss = torch.nn.functional.cross_entropy(model(xb), yb)
@@ -45,7 +48,7 @@ def main(train=None, test=None, *, epochs: int = 5, ledger: str | None = None, o
                 optimizer.step()
                 if on_commit is not None:
                     on_commit(loss.item())
-        print(f"epoch {epoch}: loss {loss.item():.4f}", flush=True)
+        ctx.print(f"epoch {epoch}: loss {loss.item():.4f}")
 
     accuracy = ctx.evaluate(model, test, metric=lambda out, t: (out.argmax(1) == t).float())["metric"]
     weights = b"".join(p.detach().numpy().tobytes() for p in ctx.unwrap(model).parameters())
@@ -58,4 +61,5 @@ if __name__ == "__main__":
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--ledger", default=None, help="a folder for the committed steps' samples")
     args = parser.parse_args()
-    print(main(epochs=args.epochs, ledger=args.ledger), flush=True)
+    result = main(epochs=args.epochs, ledger=args.ledger)
+    print(result, flush=True)

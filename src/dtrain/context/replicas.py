@@ -5,7 +5,7 @@ started by ``dtrain run --fault-tolerance``): the same torchft session as ``dtra
     ctx = dtrain.init(fault_tolerance=True)
     model, optimizer = ctx.setup(model, optimizer)      # what a returning group heals from
     loader = ctx.setup_dataloader(DataLoader(train_set, batch_size=32, shuffle=True))
-    for epoch in range(loader.epoch, 3):                # a group that healed starts at its peers' epoch
+    for epoch in range(loader.next_epoch, 3):                # a group that healed starts at its peers' epoch
         for x, y in loader:                              # each batch: the step's quorum, then this group's share
             optimizer.zero_grad()
             ctx.backward(loss_fn(model(x), y))
@@ -17,7 +17,7 @@ memory: the models, the optimizers and the data position) and plans the step fro
 order (``dtrain.ft.order``): this group's slice of ``participants x batch_size`` samples. Only
 ``should_commit() == True`` moves the data position, so a step that is not committed is trained
 again, by whoever is in the next quorum. ``setup_dataloader`` takes the first quorum at once, so
-``loader.epoch`` is the healed group's epoch before its loop starts.
+``loader.next_epoch`` is the healed group's epoch before its loop starts.
 """
 
 from __future__ import annotations
@@ -131,7 +131,7 @@ class Replicas:
         self.batch = loader.batch_size
         if ledger is not None:
             self.ledger = FtLedger(ledger, self.replica_id, self.order.n)
-        self.pending = self.session.quorum()  # heals a group that is behind now: loader.epoch is the job's
+        self.pending = self.session.quorum()  # heals a group that is behind now: loader.next_epoch is the job's
         if self.ledger is not None:
             self.ledger.begin(self.session.step, healed=bool(self.session.healed))
         device = self.device if move_to_device else torch.device("cpu")
@@ -179,8 +179,9 @@ class FtLoader:
         self._replicas, self.loader, self.device = replicas, loader, device
 
     @property
-    def epoch(self) -> int:
-        """The epoch the next batch belongs to (a group that healed from a peer: the peer's)."""
+    def next_epoch(self) -> int:
+        """The epoch the next pass will run (a group that healed from a peer: the peer's), as
+        ``DeviceLoader.next_epoch``."""
         order = self._replicas.order
         assert order is not None
         return order.epoch + (1 if order.n - order.pos < self._width() else 0)

@@ -104,7 +104,7 @@ def test_a_step_not_committed_is_trained_again_and_a_pass_is_the_rest_of_an_epoc
         seen.append(x.tolist())
         rep.should_commit()
     assert seen[1] == seen[2] and len(seen) == 3  # the step not committed: the same samples again
-    assert loader.epoch == 1 and rep.pending is not None  # the next pass begins from the quorum already taken
+    assert loader.next_epoch == 1 and rep.pending is not None  # the next pass begins from the quorum already taken
     quorums = rep.session.quorums
     second = [x.tolist() for (x,) in _committing(loader, rep)]
     assert len(second) == 2 and rep.session.quorums == quorums + 2  # the pending quorum is the first step's
