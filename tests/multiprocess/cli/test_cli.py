@@ -112,12 +112,15 @@ def test_missing_script():
 
 
 @pytest.mark.slow
-def test_mnist_one_epoch_two_processes_reaches_97_percent(mnist_dir):
-    r = run_cli(["train", "--task", "mnist", "--data-dir", str(mnist_dir), "-n", "2", "--epochs", "1"], timeout=600)
+def test_mnist_250_steps_on_two_processes_reaches_97_percent(mnist_dir):
+    # 250 of the epoch's 468 steps (global batch 128) reach 97.7% (200: 97.3%; torch 2.14.1, 2
+    # CPU processes), where a broken input path, loss or optimizer ends far below; the whole
+    # epoch took ~100 s of CI on 2 loaded cores and checked no more.
+    r = run_cli(["train", "--task", "mnist", "--data-dir", str(mnist_dir), "-n", "2", "--max-steps", "250"], timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     result = json.loads(r.stdout.strip().splitlines()[-1])
     assert result["test_acc"] >= 0.97, result
-    assert result["steps"] == 468 and result["world_size"] == 2
+    assert result["steps"] == 250 and result["world_size"] == 2
 
 
 @pytest.mark.parametrize("example", sorted(p.name for p in (ROOT / "examples").glob("*.py")))
