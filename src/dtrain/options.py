@@ -101,15 +101,16 @@ def _fault(var: str, text: str) -> tuple[int, int]:
     return rank, step
 
 
-def _oom(var: str, text: str) -> tuple[int, int]:
+def _oom(var: str, text: str) -> tuple[int, int, int | None]:
     rank, _, size = text.partition(":")
+    size, at, step = size.partition("@")
     units = {"": 1, "k": 2**10, "kib": 2**10, "m": 2**20, "mib": 2**20, "g": 2**30, "gib": 2**30}
     number = size.rstrip("kmgibKMGIB")
     unit = units.get(size[len(number):].lower())
-    if not rank.isdigit() or not number.isdigit() or unit is None or int(number) == 0:
-        raise ConfigError(f"{var}={text!r} is not RANK:BYTES; give e.g. {var}=1:64MiB (that rank's --micro-batch auto "
-                          "trials run out of memory above 64 MiB).")
-    return int(rank), int(number) * unit
+    if not rank.isdigit() or not number.isdigit() or unit is None or int(number) == 0 or (at and not step.isdigit()):
+        raise ConfigError(f"{var}={text!r} is not RANK:BYTES[@STEP]; give e.g. {var}=1:64MiB (that rank's --micro-batch auto "
+                          "trials run out of memory above 64 MiB) or 1:64MiB@5 (its training steps, from step 5 on).")
+    return int(rank), int(number) * unit, int(step) if at else None
 
 
 def _gpus(var: str, text: str) -> int:
@@ -188,9 +189,11 @@ class TestHooks(_Section):
     """``RANK:STEP``: that rank kills itself after that step (``dtrain.train.listeners.faults``)."""
     slow_inject: SlowInject | None = _setting("DTRAIN_SLOW_INJECT", None, SlowInject.parse, (SlowInject,))
     """``RANK:KIND[:MS]``: that rank is slowed down (``dtrain.train.observe.SlowDown``)."""
-    oom_inject: tuple[int, int] | None = _setting("DTRAIN_OOM_INJECT", None, _oom, (tuple,), lambda v: f"{v[0]}:{v[1]}")
+    oom_inject: tuple[int, int, int | None] | None = _setting(
+        "DTRAIN_OOM_INJECT", None, _oom, (tuple,), lambda v: f"{v[0]}:{v[1]}" + (f"@{v[2]}" if v[2] is not None else ""))
     """``RANK:BYTES``: that rank's ``--micro-batch auto`` trials run out of memory above BYTES
-    (``dtrain.train.microbatch.Budget``; a fake device for a CPU)."""
+    (``dtrain.train.microbatch.Budget``; a fake device for a CPU); ``RANK:BYTES@STEP``: its training
+    micro-steps from step STEP on instead (``dtrain.train.microretry``)."""
     fake_gpus: int | None = _setting("DTRAIN_FAKE_GPUS", None, _gpus, (int,))
     """``N``: ``dtrain.launch.preflight.cuda_device_count`` says N, so the checks of ranks against
     GPUs run on a machine without one."""

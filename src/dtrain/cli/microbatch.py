@@ -88,14 +88,16 @@ def refuse_layout(cfg: Any, world_size: int) -> None:
     from ..parallel import parse
 
     par = cfg.parallel
+    comm = str(par.comm) if par.comm is not None else None
     if par.layout is not None and par.layout != "auto":
         dims = parse(par.layout)
         if max(dims.dp_shard, dims.tp, dims.pp) > 1:
             raise ConfigError(f"--micro-batch auto retries a micro-step that ran out of memory, which --parallel {dims} cannot "
                               "do (its forward communicates, so a rank that failed would leave the others waiting); use "
                               "replicas alone (ddp, zero1), or set --grad-accum yourself.")
+        refuse_strategy(strategies.declared("ddp", distributed=world_size > 1), str(dims), comm)
         return
-    refuse_strategy(strategies.declared(par.strategy, distributed=world_size > 1), par.strategy)
+    refuse_strategy(strategies.declared(par.strategy, distributed=world_size > 1), par.strategy, comm)
 
 
 def _device(device: str | None) -> tuple[bool, str, float | None]:

@@ -36,6 +36,7 @@ from .listeners.ledger import LedgerListener
 from .listeners.preemption import Preemption
 from .listeners.report import LossWindow, Report
 from .microbatch import Fitter, budget_for, refuse_strategy
+from .microretry import Guard
 from .observe import Observer
 
 
@@ -140,11 +141,11 @@ def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) ->
         for x, y in loader:
             obs.slow.input()
             ctx.breakdown.got_batch()
-            k = fit.accum(x, y) if fit is not None else k  # --micro-batch auto: found on the first batch
-            for xm, ym in zip(x.chunk(k), y.chunk(k)):
-                with ctx.accumulate(model, steps=k):
-                    loss = ctx.forward_backward(model, xm, ym, task.loss_fn)  # pipeline: micro-batches through the stages
-                    state.window_loss += loss.float() / k
+            if fit is not None:  # --micro-batch auto: found on the first batch, any step retried smaller after an OOM
+                state.window_loss += fit.step(state.step, x, y, lambda xm, ym, k: _micro_step(ctx, model, task, xm, ym, k))
+            else:
+                for xm, ym in zip(x.chunk(k), y.chunk(k)):
+                    state.window_loss += _micro_step(ctx, model, task, xm, ym, k).float() / k
             optimizer.step()
             if state.step == state.start_step:  # before zero_grad: gradients and optimizer state both exist
                 _log_memory(ctx, model, optimizer)
@@ -168,12 +169,20 @@ def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) ->
     return {**_result(ctx, task, model, state, rate, report, workers, batch, t0), **(fit.record() if fit is not None else {})}
 
 
-def _fitter(ctx: Context, cfg: TrainConfig, task: Task, model: Any, optimizer: Any, batch: int) -> Fitter | None:
-    """``--micro-batch auto``'s search (``train/microbatch.py``); None without it."""
+def _micro_step(ctx: Context, model: Any, task: Task, xm: Any, ym: Any, k: int) -> torch.Tensor:
+    """Forward and backward of one of the batch's ``k`` micro-batches; its loss."""
+    with ctx.accumulate(model, steps=k):
+        return ctx.forward_backward(model, xm, ym, task.loss_fn)  # pipeline: micro-batches through the stages
+
+
+def _fitter(ctx: Context, cfg: TrainConfig, task: Task, model: Any, optimizer: Any, batch: int) -> Guard | None:
+    """``--micro-batch auto``'s search and retries (``train/microbatch.py``, ``train/microretry.py``); None without it."""
     if cfg.batch.micro is None:
         return None
-    refuse_strategy(ctx.strategy.capabilities, ctx.strategy.name)
-    return Fitter(ctx, model, optimizer, task.loss_fn, batch, cfg.batch.micro, budget_for(ctx.rank, current().testing.oom_inject))
+    refuse_strategy(ctx.strategy.capabilities, ctx.strategy.name, ctx.strategy.comm_record().get("comm"))
+    inject = current().testing.oom_inject
+    fitter = Fitter(ctx, model, optimizer, task.loss_fn, batch, cfg.batch.micro, budget_for(ctx.rank, inject))
+    return Guard(ctx, model, optimizer, fitter, budget_for(ctx.rank, inject, steps=True), inject[2] or 0 if inject else 0)
 
 
 def _setup(ctx: Context, cfg: TrainConfig, task: Task, batch: int) -> tuple[Any, Any, Any, int]:

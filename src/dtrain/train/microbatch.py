@@ -14,11 +14,13 @@ out of memory in one small all-reduce, so all ranks take the same next ``m`` (``
 until one fits, then bisect between the largest that fits and the smallest that did not, and go
 up while nothing failed). The trials commit nothing: gradients are dropped, buffers (BatchNorm
 statistics) and random states put back, and the batch they used is then trained on as usual, so
-no sample is skipped or seen twice. An out-of-memory in a later step is not retried.
+no sample is skipped or seen twice. An out-of-memory in a later step is agreed the same way and
+the step retried smaller (``train/microretry.py``).
 
 On a CPU, ``DTRAIN_OOM_INJECT=RANK:BYTES`` (``dtrain.options``) makes that rank's trials raise
 ``torch.OutOfMemoryError`` where its parameters, gradients, reserve and saved activations pass
-BYTES (``Budget``), to test the search and the agreement where no GPU runs out.
+BYTES (``Budget``), to test the search and the agreement where no GPU runs out;
+``RANK:BYTES@STEP`` does it to that rank's training micro-steps from step STEP on instead.
 """
 
 from __future__ import annotations
@@ -146,9 +148,13 @@ class Budget:
             yield
 
 
-def budget_for(rank: int, inject: tuple[int, int] | None) -> Budget | None:
-    """This rank's fake device from ``DTRAIN_OOM_INJECT``'s (rank, bytes); None elsewhere."""
-    return Budget(inject[1]) if inject is not None and inject[0] == rank else None
+def budget_for(rank: int, inject: tuple[int, int, int | None] | None, steps: bool = False) -> Budget | None:
+    """This rank's fake device from ``DTRAIN_OOM_INJECT``'s (rank, bytes, from step): for the
+    trials (``steps`` False) without a step, for the training micro-steps (``steps``) with one;
+    None elsewhere."""
+    if inject is None or inject[0] != rank or (inject[2] is not None) != steps:
+        return None
+    return Budget(inject[1])
 
 
 def refuse_accum(grad_accum: int) -> None:
@@ -158,12 +164,19 @@ def refuse_accum(grad_accum: int) -> None:
                           f"so --grad-accum {grad_accum} would be overridden; drop --grad-accum or --micro-batch auto.")
 
 
-def refuse_strategy(capabilities: Any, strategy: str) -> None:
-    """One line for a strategy whose forward or step communicates, before any trial."""
+def refuse_strategy(capabilities: Any, strategy: str, comm: str | None = None) -> None:
+    """One line for a strategy whose forward or step communicates, or a ``--comm`` method, before
+    any trial."""
     if capabilities.collective_forward or capabilities.staged_step:
+        # fsdp all-gathers each block's parameters in forward (tp exchanges activations, pp sends
+        # between stages): a rank out of memory midway leaves the others in that collective, and
+        # agreeing before each of them (a flag all-reduce per block) would cost more than it saves.
         raise ConfigError(f"--micro-batch auto retries a micro-step that ran out of memory, which strategy {strategy} cannot "
                           "do (its forward communicates, so a rank that failed would leave the others waiting); use ddp, "
                           "zero1 or single, or set --grad-accum yourself.")
+    if comm not in (None, "none"):
+        raise ConfigError(f"--micro-batch auto averages the gradients itself once every rank's micro-steps fitted, so --comm "
+                          f"{comm} would not run; drop --comm or --micro-batch auto.")
 
 
 class Fitter:

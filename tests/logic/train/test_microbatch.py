@@ -74,7 +74,8 @@ def test_the_fake_device_fails_mid_forward_above_its_budget():
     with pytest.raises(torch.OutOfMemoryError):
         with Budget(100).watch(200, ids):  # the parameters alone are over it
             pass
-    assert budget_for(1, (1, 5)).limit == 5 and budget_for(0, (1, 5)) is None and budget_for(0, None) is None
+    assert budget_for(1, (1, 5, None)).limit == 5 and budget_for(0, (1, 5, None)) is None and budget_for(0, None) is None
+    assert budget_for(1, (1, 5, 3)) is None and budget_for(1, (1, 5, 3), steps=True).limit == 5  # @STEP: the steps, not the trials
 
 
 class _Strategy:
@@ -188,10 +189,11 @@ def test_the_config_refuses_a_grad_accum_of_its_own_and_the_elastic_global_batch
 
 
 def test_the_oom_variable_is_read_with_its_units():
-    assert TestHooks.from_env({"DTRAIN_OOM_INJECT": "1:64MiB"}).oom_inject == (1, 64 * 2**20)
-    assert TestHooks.from_env({"DTRAIN_OOM_INJECT": "0:1000"}).oom_inject == (0, 1000)
-    for bad in ("x", "1:", "1:64XB", "a:5", "1:0"):
-        with pytest.raises(ConfigError, match=r"DTRAIN_OOM_INJECT=.* is not RANK:BYTES"):
+    assert TestHooks.from_env({"DTRAIN_OOM_INJECT": "1:64MiB"}).oom_inject == (1, 64 * 2**20, None)
+    assert TestHooks.from_env({"DTRAIN_OOM_INJECT": "0:1000"}).oom_inject == (0, 1000, None)
+    assert TestHooks.from_env({"DTRAIN_OOM_INJECT": "1:2k@3"}).oom_inject == (1, 2048, 3)
+    for bad in ("x", "1:", "1:64XB", "a:5", "1:0", "1:5@", "1:5@x"):
+        with pytest.raises(ConfigError, match=r"DTRAIN_OOM_INJECT=.* is not RANK:BYTES\[@STEP\]"):
             TestHooks.from_env({"DTRAIN_OOM_INJECT": bad})
 
 
@@ -201,6 +203,7 @@ def test_the_oom_variable_is_read_with_its_units():
     (["--micro-batch", "auto", "--strategy", "fsdp"], "strategy fsdp cannot do"),
     (["--micro-batch", "auto", "--strategy", "pipeline"], "strategy pipeline cannot do"),
     (["--micro-batch", "auto", "--parallel", "dp_shard=2"], "--parallel dp_shard=2 cannot do"),
+    (["--micro-batch", "auto", "-n", "2", "--comm", "fp16"], "averages the gradients itself once every rank's micro-steps fitted, so --comm fp16"),
 ])
 def test_bad_combinations_are_one_line_before_any_worker(argv, says, capsys):
     env = dict(os.environ)
