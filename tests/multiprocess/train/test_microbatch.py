@@ -93,3 +93,51 @@ def test_a_model_that_does_not_fit_one_sample_on_any_rank_is_one_line_before_tra
     assert r.returncode == 2 and "Traceback" not in r.stderr and len(errors) == 1, r.stderr[-3000:]
     assert "one sample per micro-step does not fit on cpu (out of memory on rank(s) 1)" in errors[0], errors
     assert not any('"s":' in p.read_text() for p in (tmp_path / "ledger").glob("gen*")), "a step was committed"
+
+
+STEP_BUDGET = 1_070_000
+"""Rank 1's fake device for its training steps from step 3 on (``@3``): parameters, gradients and
+SGD's momentum (1,020,024 bytes) with 16 samples' activations fit (1,061,884), 32 do not (1,095,292)."""
+
+
+def retried_and_reference(folder: str) -> dict:
+    """--micro-batch auto whose step 3 runs out of memory on rank 1, then the reference: 3 steps of
+    the whole batch, resumed from their checkpoint with --grad-accum 2 (16 per micro-step) to the end."""
+    from dtrain.train import TrainConfig, run
+    from dtrain.train.config import BatchConfig, CheckpointConfig, ObserveConfig, ScheduleConfig, TaskConfig
+    from dtrain.train.microbatch import AutoMicro
+    from dtrain.world import World, destroy_process_group, init_process_group
+
+    world = World.detect()
+    init_process_group(world)
+    out = {}
+    runs = (("auto", BatchConfig(size=32, micro=AutoMicro()), None, False),
+            ("ref", BatchConfig(size=32), 3, False), ("ref", BatchConfig(size=32, grad_accum=2), None, True))
+    try:
+        for i, (name, batch, steps, resume) in enumerate(runs):
+            cfg = TrainConfig(task=TaskConfig(name="synthetic", args=TASK), batch=batch,
+                              schedule=ScheduleConfig(epochs=1, seed=3, max_steps=steps),
+                              checkpoint=CheckpointConfig(dir=f"{folder}/{name}-ckpt", resume=resume),
+                              observe=ObserveConfig(ledger=f"{folder}/{name}-ledger", log_every=100))
+            out[f"{name}{i}"] = run(cfg, world=world)
+    finally:
+        destroy_process_group()
+    return out
+
+
+@pytest.mark.timeout(300)
+def test_a_later_steps_out_of_memory_on_one_rank_is_retried_smaller_and_trains_as_the_smaller_micro_batch(tmp_path):
+    ranks = run_distributed(retried_and_reference, str(tmp_path), world_size=2, timeout=280,
+                            env={"DTRAIN_OOM_INJECT": f"1:{STEP_BUDGET}@3"})
+    for rank, got in enumerate(ranks):
+        auto = got["auto0"]
+        assert auto["micro_batch_trials"] == [[32, True]], (rank, auto)  # the trials had no fake device
+        assert (auto["micro_batch"], auto["grad_accum"], auto["micro_batch_retries"]) == (16, 2, [[3, 32, 16]]), (rank, auto)
+        assert auto["steps"] == 8 and got["ref1"]["steps"] == 3 and got["ref2"]["steps"] == 8
+    final = {name: read_checkpoint(str(sorted((tmp_path / f"{name}-ckpt").glob("step-*"))[-1]))["objects"]["model"]
+             for name in ("auto", "ref")}
+    for key, value in final["auto"].items():
+        torch.testing.assert_close(value, final["ref"][key], rtol=1e-6, atol=1e-7, msg=key)
+    report = check_ledger(str(tmp_path / "auto-ledger"))
+    assert report.ok and [(e.seen, e.duplicated, e.missing, e.complete) for e in report.epochs] == [(512, 0, 0, True)]
+    assert report.steps_kept == 8
