@@ -214,6 +214,10 @@ class _Job:
             raise LaunchError(f"the Ray actors of this job did not start within --startup-timeout {self.spec.startup_timeout:g} s; "
                               "see `ray status` and the Ray logs of the cluster.") from None
         finally:
+            try:  # each actor kills a worker still running and removes its folder
+                self.ray.get([a.close.remote() for a in actors], timeout=10)
+            except Exception:  # noqa: BLE001 -- a lost actor cannot answer; the kill below ends the rest
+                pass
             for actor in actors:
                 self.ray.kill(actor, no_restart=True)  # its worker dies with it (PR_SET_PDEATHSIG)
 
