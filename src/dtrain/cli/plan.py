@@ -186,7 +186,7 @@ def main(args: argparse.Namespace) -> int:
         _write_chart(plan, args.chart)
     verified = _verify(args, plan, layouts, batch) if args.verify else None
     if args.json:
-        print(report.to_json(plan) if verified is None else json.dumps({**plan.as_dict(), "verify": verified}))
+        print(json.dumps(plan.as_dict() if verified is None else {**plan.as_dict(), "verify": verified}))
     else:
         report.print_table(plan, top=args.top, task_flags=_task_flags(args, batch))
         if args.chart:

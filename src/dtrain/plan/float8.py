@@ -1,17 +1,7 @@
-"""``--precision float8`` in the plan: a bf16-mixed plan whose converted linears run in float8.
-
-Which linears: those `dtrain train --precision float8` converts (``dtrain.parallel.float8.converts``,
-torchao's tensorwise recipe: the blocks' linears with both sides multiples of 16 and large enough
-to gain). Their three matmuls (forward, input gradient, weight gradient) run at the device's dense
-float8 peak, the rest of the model at its bf16 peak, both at the device's achieved fraction (the
-same fraction: nothing here is fitted to a float8 measurement). Their dynamic-scale casts are
-memory traffic at the device's bandwidth: each bf16 input and output gradient read for its amax,
-read again and written as float8 (5 bytes an element), and re-cast transposed for the weight
-gradient (3 bytes); each weight cast in forward and in backward (5 bytes each). Under FSDP
-(tensorwise) their weights are all-gathered in float8 (1 byte), the rest in the bf16 policy's 2.
-
-The float8 peaks are the vendors' data sheets (dense, no sparsity); a device without one refuses
-in one line.
+"""``--precision float8``: a bf16-mixed plan whose linears that `dtrain train` converts
+(``parallel.float8.converts``, tensorwise) run their three matmuls at the data sheet's float8 peak
+x the device's achieved fraction (not fitted), their dynamic-scale casts as memory traffic (an
+amax read, a cast read and float8 write, a transposed copy), their weights gathered in 1 byte under FSDP.
 """
 
 from __future__ import annotations
@@ -24,15 +14,11 @@ import torch
 from ..errors import ConfigError
 
 FLOAT8_TFLOPS = {"H100 SXM": 1979.0, "H200 SXM": 1979.0}
-"""Dense float8 TFLOP/s by device (NVIDIA's H100 and H200 SXM data sheets: 3,958 with sparsity; bf16
-989 dense). Devices of compute capability below 8.9 (A100, V100, P100) have no float8."""
-CAST_IN_BYTES = 5 + 3
-"""Bytes moved per element of a converted linear's input per step: amax read, cast read + float8
-write (forward); a transposed float8 copy for the weight gradient (backward)."""
+"""Dense float8 TFLOP/s (NVIDIA's data sheets); compute capability below 8.9 (A100, V100, P100) has none."""
 CAST_GRAD_BYTES = 5 + 3
-"""The same for its output gradient (backward): cast for the input gradient, transposed for the weight's."""
+"""Bytes an element of an input or output gradient moves: amax, cast (5), a transposed copy (3)."""
 CAST_WEIGHT_BYTES = 2 * 5
-"""Per weight element per step: cast in forward and again in backward."""
+"""A weight element: cast in forward and again in backward."""
 
 
 @dataclass(frozen=True)
@@ -42,7 +28,7 @@ class Float8Counts:
     fwd_flops: float
     """Forward matmul FLOPs per sample in the converted linears (backward: twice this)."""
     fwd_cast_bytes: float
-    """Per sample, the forward's casts (inputs); ``bwd_cast_bytes``: the backward's."""
+    """Per sample, the forward's casts; ``bwd_cast_bytes``: the backward's."""
     bwd_cast_bytes: float
     params: int
     """Weight elements converted."""
@@ -62,8 +48,7 @@ def float8_peak(device: Any) -> float:
 
 
 def count(task: Any, batch: int, recipe: str = "tensorwise") -> Float8Counts:
-    """The linears ``dtrain train --precision float8`` converts in ``task``'s model, counted on the
-    meta device over one batch (their input rows as the forward sees them)."""
+    """The linears ``dtrain train --precision float8`` converts in ``task``'s model, counted on meta over one batch."""
     from ..metrics.flops import _to_meta
     from ..parallel.float8 import converts
     from ..precision import Float8Config
@@ -80,8 +65,8 @@ def count(task: Any, batch: int, recipe: str = "tensorwise") -> Float8Counts:
     def seen(m: torch.nn.Linear, args: tuple, _out: Any) -> None:
         rows = args[0].numel() // m.in_features
         totals["flops"] += 2.0 * rows * m.in_features * m.out_features
-        totals["fwd"] += 5.0 * rows * m.in_features
-        totals["bwd"] += 3.0 * rows * m.in_features + CAST_GRAD_BYTES * rows * m.out_features
+        totals["fwd"] += 5.0 * rows * m.in_features  # amax read, cast read + float8 write
+        totals["bwd"] += 3.0 * rows * m.in_features + CAST_GRAD_BYTES * rows * m.out_features  # transposed; the gradient's
 
     linears = [(name, m) for name, m in model.named_modules() if name in chosen]
     handles = [m.register_forward_hook(seen) for _, m in linears]
@@ -117,8 +102,7 @@ def compute_rates(prof: Any, c: Any, s: Any) -> tuple[float, float]:
 
 
 def with_float8(plan: Any, task: Any, batch: int) -> Any:
-    """``plan`` (made under bf16-mixed, which float8 runs around) predicted again with the model's
-    float8 linears counted: the same layouts, profile and cluster."""
+    """``plan`` (made under bf16-mixed) again with the model's float8 linears counted."""
     from . import make_plan
 
     peak = float8_peak(plan.cluster.device)

@@ -1,7 +1,5 @@
-"""Step time and memory of one layout on one cluster, from a model profile: data, forward,
-backward (+ recomputation), the communication backward did not hide, the optimizer step, and what
-each layout adds. Every simplification is in ``ASSUMPTIONS``, printed with the plan.
-"""
+"""Step time and memory of one layout on one cluster, from a model profile (the phases: ``steps``).
+Every simplification is in ``ASSUMPTIONS``, printed with the plan."""
 
 from __future__ import annotations
 
@@ -33,8 +31,7 @@ ASSUMPTIONS = (
 
 
 def fsdp_param_bytes(precision: str) -> int:
-    """Bytes per parameter FSDP all-gathers under ``precision``: its mixed-precision policy gathers
-    in the 16-bit type under bf16-/fp16-mixed (``dtrain.parallel.fsdp.mixed_precision``)."""
+    """Bytes a parameter FSDP all-gathers: its mixed-precision policy gathers the 16-bit type."""
     return 2 if precision in ("bf16-mixed", "fp16-mixed") else 4
 
 
@@ -90,9 +87,7 @@ class Prediction:
 
     @property
     def peak_bytes(self) -> float:
-        """What a measured peak reports: on CPU the process's peak resident set (all of
-        ``memory``), on a GPU the allocator's peak (``torch.cuda.max_memory_allocated``: all but
-        the fixed reserve of the CUDA context)."""
+        """What a measured peak reports: a CPU's peak resident set, a GPU allocator's (no CUDA context)."""
         return self.mem_bytes - self.memory.get("fixed", 0.0)
 
     @property
@@ -110,15 +105,12 @@ class Prediction:
         return {"layout": self.layout.name, "comm": self.layout.comm, "train_args": self.layout.train_args(),
                 "step_ms": round(self.step_s * 1e3, 3), "samples_per_s": round(self.samples_per_s, 2),
                 "tokens_per_s": round(self.samples_per_s * self.tokens_per_sample, 1) if self.tokens_per_sample else None,
-                "scaling_efficiency": _round(self.scaling_efficiency(world), 4), "mem_mib_per_rank": round(self.mem_bytes / MIB, 1),
+                "scaling_efficiency": None if (eff := self.scaling_efficiency(world)) is None else round(eff, 4),
+                "mem_mib_per_rank": round(self.mem_bytes / MIB, 1),
                 "peak_mib_per_rank": round(self.peak_bytes / MIB, 1), "state_mib_per_rank": round(self.state_bytes / MIB, 2),
                 "mem_headroom_mib": round((self.capacity - self.mem_bytes) / MIB, 1), "fits": self.fits,
                 "exposed_comm_ms": ms.get("exposed_comm", 0.0), "comm_ms": round(self.comm_s * 1e3, 3), "phases_ms": ms,
                 "memory_mib": {k: round(v / MIB, 2) for k, v in self.memory.items()}, "notes": self.notes}
-
-
-def _round(x: float | None, nd: int) -> float | None:
-    return None if x is None else round(x, nd)
 
 
 def compute_rates(prof: ModelProfile, c: Cluster, s: Settings) -> tuple[float, float, float]:
@@ -168,23 +160,15 @@ def memory(prof: ModelProfile, c: Cluster, layout: Layout, s: Settings) -> dict[
         mem["gathered"] = 2 * max(g for g, _, _ in fsdp_units(prof, s)) / d.tp
     if layout.comm.startswith("powersgd"):  # error feedback: one more copy of the gradient (torch's PowerSGD state)
         mem["comm_state"] = 4 * params_rank
-    mem.update(_transient(prof, c, s, micro))
-    mem["fixed"] = c.device.fixed_bytes
+    # the step's own allocations at its peak: on a GPU the gradient of the model's output (fp32, alive with
+    # every activation as backward starts); on CPU the plain step's measured peak beyond what is modelled
     m = prof.machinery
+    if c.is_gpu and prof.out_bytes:
+        mem["transient"] = prof.out_bytes * micro
+    elif not c.is_gpu and m is not None and "plain_peak" in m.rss:
+        modelled = 4 * prof.params * (1 + OPT_STATES.get(s.optimizer, 2)) + prof.act_bytes * s.batch
+        mem["transient"] = max(0.0, m.rss["plain_peak"] - modelled)
+    mem["fixed"] = c.device.fixed_bytes
     if m is not None and not c.is_gpu:
         mem["baseline"] = m.rss.get("baseline", 0.0) + (m.rss.get("pipelining", 0.0) if d.pp > 1 else 0.0)
     return mem
-
-
-def _transient(prof: ModelProfile, c: Cluster, s: Settings, micro: float) -> dict[str, float]:
-    """What the step allocates beyond the tensors above at its peak. On CPU, measured: the plain
-    step's peak resident growth (``machinery``) beyond its modelled gradients, optimizer state and
-    activations (the loss's temporaries, the allocator's slack). On a GPU, the gradient of the
-    model's output (the loss's input, fp32), alive with every activation as backward starts."""
-    m = prof.machinery
-    if c.is_gpu:
-        return {"transient": prof.out_bytes * micro} if prof.out_bytes else {}
-    if m is None or "plain_peak" not in m.rss:
-        return {}
-    modelled = 4 * prof.params * (1 + OPT_STATES.get(s.optimizer, 2)) + prof.act_bytes * s.batch
-    return {"transient": max(0.0, m.rss["plain_peak"] - modelled)}

@@ -3,7 +3,6 @@ object, and as a chart (matplotlib, the ``plot`` extra)."""
 
 from __future__ import annotations
 
-import json
 import shlex
 import sys
 from typing import TextIO
@@ -62,14 +61,11 @@ def best_line(plan: Plan) -> str:
     return line
 
 
-BENCH_METHODS = ("ddp", "zero1", "fsdp")
-"""Layouts that are `dtrain bench` methods of the same name; the others are measured as --parallel."""
+BENCH_METHODS = ("ddp", "zero1", "fsdp")  # `dtrain bench` methods of the same name; the others run as --parallel
 
 
 def close_lines(plan: Plan, task_flags: tuple[str, ...] = ()) -> list[str]:
-    """What to do when the best is a close call (``Plan.close_to``): the layouts within the margin,
-    and the command that measures them (`dtrain bench` on one node; a short `dtrain train` of each
-    on several)."""
+    """A close call's layouts and the command that measures them (`dtrain bench`; on several nodes, `dtrain train`)."""
     best = plan.best
     close = plan.close_to(best)
     if best is None or not close:
@@ -127,13 +123,8 @@ def print_table(plan: Plan, *, top: int | None = None, out: TextIO | None = None
             print(f"  - {a}", file=out)
 
 
-def to_json(plan: Plan) -> str:
-    return json.dumps(plan.as_dict())
-
-
 def chart(plan: Plan, path: str) -> str:
-    """A bar chart of samples/s per layout (hatched: does not fit), exposed communication stacked
-    as its share; returns the path written."""
+    """A bar chart of samples/s per layout (hatched: does not fit) at ``path``."""
     try:
         import matplotlib
 
