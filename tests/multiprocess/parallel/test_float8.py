@@ -1,12 +1,13 @@
 """float8 training through torchao, emulated on the CPU (``Float8LinearConfig(emulate=True)``): the lm
-learns on 1 and 2 ranks under ddp, fsdp (tensorwise: float8 all-gathers) and TP, and a run stopped and
-resumed from its checkpoint ends bitwise equal to the uninterrupted one, on one process and under fsdp.
+learns on 1 and 2 ranks under ddp, fsdp (tensorwise: float8 all-gathers) and TP, and a run resumed from
+a checkpoint saved mid-run ends bitwise equal to the run that saved it, on one process and under fsdp.
 Real float8 kernels: tests/gpu/test_float8_gpu.py."""
 
 from __future__ import annotations
 
 import json
 import math
+import shutil
 
 import pytest
 import torch
@@ -85,21 +86,24 @@ def test_emulated_float8_learns_under_ddp_fsdp_and_tp_on_two_ranks():
 
 
 # -- through dtrain train: one process, fsdp on two; checkpoints resume bit for bit -----------------------
-def _train(*argv: str) -> dict:
+def _train(*argv: str) -> tuple[dict, str]:
     args = [a for k, v in LM.items() for a in ("--task-arg", f"{k}={v}")]
     r = run_cli(["train", "--task", "lm", *args, "--batch-size", "8", "--precision", "float8", "--float8-emulate",
                  "--log-every", "4", "--seed", "3", *argv], timeout=400)
     assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return json.loads(r.stdout.strip().splitlines()[-1]), r.stderr
 
 
 def _resumes_exactly(tmp_path, *layout: str) -> None:
+    """8 steps that also save at step 4; a new run resumed from (a copy of) that save ends on the
+    same checkpoint at step 8. (The save a run makes when --max-steps stops it is the same save:
+    tests/multiprocess/checkpoint/test_resume.py; a separate stopped run cost a third start.)"""
     whole, part = tmp_path / "whole", tmp_path / "part"
-    ref = _train(*layout, "--max-steps", "8", "--checkpoint-dir", str(whole))
+    ref, _ = _train(*layout, "--max-steps", "8", "--save-every", "4", "--checkpoint-dir", str(whole))
     assert ref["precision"] == "float8" and ref["steps"] == 8 and ref["train_loss"] < 5.3, ref
-    _train(*layout, "--max-steps", "4", "--checkpoint-dir", str(part))
-    resumed = _train(*layout, "--max-steps", "8", "--checkpoint-dir", str(part), "--resume")
-    assert resumed["steps"] == 8
+    shutil.copytree(whole / "step-00000004", part / "step-00000004")
+    resumed, err = _train(*layout, "--max-steps", "8", "--checkpoint-dir", str(part), "--resume")
+    assert resumed["steps"] == 8 and "at step 4" in err, err[-3000:]
     d = run_cli(["ckpt", "diff", str(whole), str(part)])
     assert d.returncode == 0 and "identical" in d.stdout, d.stdout[-3000:]
 
