@@ -74,12 +74,49 @@ def folders(tmp_path_factory) -> dict[str, str]:
     return {"llama": folder(root / "llama", llama_config()), "gpt2": folder(root / "gpt2", gpt2_config())}
 
 
+@pytest.fixture(scope="module")
+def single(folders):
+    """``single(kind)``: one process's run of a config (seed 0, batch 16), the reference of every
+    test here; deterministic, so it runs once per module rather than once per test."""
+    runs: dict[str, dict] = {}
+
+    def get(kind: str) -> dict:
+        if kind not in runs:
+            runs[kind] = train(folders[kind], "single", 16)
+        return runs[kind]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def sharded(tmp_path_factory, folders):
+    """``sharded(layout, world)``: the llama config trained under ``layout`` on ``world`` ranks and
+    saved (sharded), then exported with ``dtrain ckpt export --hf``: (every rank's result, the
+    checkpoint, the export). Read only by the tests, so the export test and the --init-from test
+    share fsdp's rather than each training and exporting it."""
+    runs: dict[tuple[str, int], tuple] = {}
+
+    def get(layout: str, world: int) -> tuple[list[dict], str, str]:
+        if (layout, world) not in runs:
+            root = tmp_path_factory.mktemp("sharded")
+            ckpt, out = str(root / "ckpt"), str(root / "export")
+            strategy, parallel = (layout, None) if "=" not in layout else ("auto", layout)
+            ranks = run_distributed(train, folders["llama"], strategy, 8, parallel, None, ckpt, world_size=world, timeout=400)
+            assert list((root / "ckpt").glob("step-*/sharded")), "not a sharded checkpoint"  # each rank wrote its part (DCP)
+            r = run_cli(["ckpt", "export", ckpt, "--hf", out, "--config", folders["llama"]], timeout=120)
+            assert r.returncode == 0, r.stderr[-2000:]
+            runs[layout, world] = ranks, ckpt, out
+        return runs[layout, world]
+
+    return get
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(420)  # ~110 s on 2 loaded cores
 @pytest.mark.parametrize("kind", ["llama", "gpt2"])
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
-def test_ddp_and_fsdp_match_one_process(folders, kind, strategy):
-    ref = train(folders[kind], "single", 16)
+def test_ddp_and_fsdp_match_one_process(folders, single, kind, strategy):
+    ref = single(kind)
     assert ref["losses"][-1] < ref["losses"][0] - 0.01  # it trains
     for rank in run_distributed(train, folders[kind], strategy, 8, world_size=2, timeout=300):
         assert rank["strategy"] == strategy
@@ -89,8 +126,8 @@ def test_ddp_and_fsdp_match_one_process(folders, kind, strategy):
 
 @pytest.mark.slow
 @pytest.mark.timeout(420)
-def test_llama_tp2_matches_one_process(folders):
-    ref = train(folders["llama"], "single", 16)
+def test_llama_tp2_matches_one_process(folders, single):
+    ref = single("llama")
     for rank in run_distributed(train, folders["llama"], "auto", 16, "tp=2", world_size=2, timeout=300):
         assert rank["strategy"] == "composed"
         _assert_same_losses(rank["losses"], ref["losses"])
@@ -100,15 +137,11 @@ def test_llama_tp2_matches_one_process(folders):
 @pytest.mark.slow
 @pytest.mark.timeout(900)  # 4 ranks, then 3 more runs: ~260 s on 2 loaded cores
 @pytest.mark.parametrize("layout, world", [("fsdp", 2), ("dp_shard=2,tp=2", 4)])
-def test_export_of_a_sharded_checkpoint_loads_in_transformers_and_continues_alike(tmp_path, folders, layout, world):
+def test_export_of_a_sharded_checkpoint_loads_in_transformers_and_continues_alike(folders, single, sharded, layout, world):
     from transformers import AutoModelForCausalLM
 
-    path, ckpt, out = folders["llama"], str(tmp_path / "ckpt"), str(tmp_path / "export")
-    strategy, parallel = (layout, None) if "=" not in layout else ("auto", layout)
-    ranks = run_distributed(train, path, strategy, 8, parallel, None, ckpt, world_size=world, timeout=400)
-    assert list((tmp_path / "ckpt").glob("step-*/sharded")), "not a sharded checkpoint"  # each rank wrote its part (DCP)
-    r = run_cli(["ckpt", "export", ckpt, "--hf", out, "--config", path], timeout=120)
-    assert r.returncode == 0, r.stderr[-2000:]
+    path = folders["llama"]
+    ranks, ckpt, out = sharded(layout, world)
     loaded = AutoModelForCausalLM.from_pretrained(out).eval()
     with torch.no_grad():
         theirs = loaded(probe()).logits
@@ -117,7 +150,7 @@ def test_export_of_a_sharded_checkpoint_loads_in_transformers_and_continues_alik
     # --init-from the export, continued under another layout (ddp on 2 ranks), equals continuing
     # the original checkpoint's model in one process (both with a fresh optimizer, the same data).
     original = train(path, "single", 16, resume_from=ckpt)
-    fresh = train(path, "single", 16)
+    fresh = single("llama")
     for rank in run_distributed(train, path, "ddp", 8, None, out, world_size=2, timeout=300):
         _assert_same_losses(rank["losses"], original["losses"])
     assert abs(original["losses"][0] - fresh["losses"][0]) > 1e-3  # the trained weights, not a random init
@@ -125,14 +158,12 @@ def test_export_of_a_sharded_checkpoint_loads_in_transformers_and_continues_alik
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_init_from_on_the_command_line_starts_from_the_folders_weights(tmp_path, folders):
+def test_init_from_on_the_command_line_starts_from_the_folders_weights(folders, sharded):
     import json
 
-    path, out = folders["llama"], str(tmp_path / "trained")
-    ranks = run_distributed(train, path, "fsdp", 8, None, None, str(tmp_path / "ckpt"), world_size=2, timeout=300)
+    path = folders["llama"]
+    ranks, _, out = sharded("fsdp", 2)  # the export test's fsdp checkpoint, exported
     assert ranks[0]["losses"]
-    r = run_cli(["ckpt", "export", str(tmp_path / "ckpt"), "--hf", out, "--config", path], timeout=120)
-    assert r.returncode == 0, r.stderr[-2000:]
     results = []
     for extra in ([], ["--init-from", out]):
         # lr 1e-9: the one step's loss is the loss of the weights the run started from
