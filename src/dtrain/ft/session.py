@@ -21,7 +21,7 @@ import torch
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from .._log import logger
-from ..errors import ConfigError
+from ..errors import ConfigError, DtrainError
 from .spec import FaultTolerance, FaultToleranceStopped, require_torchft
 
 CONNECT_TIMEOUT = timedelta(seconds=10)
@@ -82,6 +82,8 @@ class Session:
         try:
             self.manager.start_quorum()
             rank, participants = self.manager.participating_rank(), self.manager.num_participants()
+        except DtrainError:  # our own load_state_dict's line (a peer's state that does not fit)
+            raise
         except Exception as exc:  # torchft raises what its RPC raised: a timeout, a refused connection
             step = self.manager.current_step()
             saved = before_stop(step)
