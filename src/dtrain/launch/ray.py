@@ -177,10 +177,10 @@ class _Job:
         with self._signals():
             for attempt in range(self.spec.max_restarts + 1):
                 codes = self._attempt(attempt)
+                if self.signum:  # told to stop: the workers saved and ended (or were killed after the grace)
+                    return self._stopped()
                 if len(codes) == self.spec.world_size and all(c == 0 for c in codes.values()):
                     return 0
-                if self.signum:
-                    return self._stopped()
                 failed = {r: c for r, c in codes.items() if c != 0}
                 # The cause: a rank killed or lost (its peers then fail in a collective, with a status
                 # and a traceback of their own: they are not shown), else the lowest that exited.

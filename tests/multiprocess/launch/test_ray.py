@@ -161,6 +161,35 @@ def test_a_rank_whose_ray_actor_is_killed_9_resumes_exactly_once(ray_head, tmp_p
 
 
 @needs_ray
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_sigterm_to_the_driver_reaches_every_worker_which_saves_and_stops(ray_head, tmp_path):
+    ck, pace = tmp_path / "ck", tmp_path / "pace"
+    pace.write_text("0.02")
+    env = {**os.environ, **RAY_ENV, "PYTHONPATH": os.pathsep.join((SRC, str(ROOT)))}
+    cmd = [sys.executable, "-m", "dtrain", "train", "--launcher", "ray", "--ray-address", ray_head, "-n", "2",
+           "--task", "tests.user_task:make_paced", "--task-arg", f"pace_file={pace}", "--batch-size", "8", "--max-steps", "400",
+           "--checkpoint-dir", str(ck), "--log-every", "5"]
+    log = tmp_path / "stderr"
+    with open(log, "w") as f:
+        proc = subprocess.Popen(cmd, cwd=str(ROOT), env=env, stdout=subprocess.PIPE, stderr=f, text=True, stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 240
+        while "step 10/" not in log.read_text() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+        assert not (ck / "latest").exists(), log.read_text()[-3000:]  # no save before the signal (no --save-every)
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    err = log.read_text()
+    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
+    assert err.strip().splitlines()[-1] == "dtrain: stopped by SIGTERM.", err[-3000:]
+    assert "SIGTERM received" in err and (ck / "latest").exists(), err[-3000:]  # the workers saved at their next log interval
+
+
+@needs_ray
 @pytest.mark.timeout(300)
 def test_more_workers_than_the_cluster_has_cpus_is_one_line(ray_head, tmp_path):
     r = run_cli(["train", "--launcher", "ray", "--ray-address", ray_head, "-n", "8", "--max-steps", "1"],
