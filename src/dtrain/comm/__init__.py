@@ -13,7 +13,7 @@ from __future__ import annotations
 from torch import nn
 
 from .auto import Auto, LinkMeasurement, choose
-from .methods import AllReduce, Compressed, LocalSGD, Plain, PowerSGD
+from .methods import AllReduce, LocalSGD, PowerSGD, build
 from .spec import CHOICES, KINDS, CommSpec
 
 Method = AllReduce | PowerSGD | LocalSGD | Auto
@@ -26,10 +26,8 @@ def _hook(method, bucket):  # type: ignore[no-untyped-def]
 
 
 def bucket_mb(model: nn.Module, spec: CommSpec, cap_mb: float) -> float:
-    """DDP's bucket rule, the one place it is written: ``cap_mb`` (``bucket_cap_mb``), or one bucket
-    holding every gradient where the comm method needs it: PowerSGD (and auto, which may pick it;
-    see methods.PowerSGD). Given explicitly, that size also caps DDP's first bucket (which defaults
-    to 1 MB only when bucket_cap_mb is left unset)."""
+    """DDP's bucket rule, the one place it is written: ``cap_mb``, or one bucket holding every
+    gradient for PowerSGD (and auto, which may pick it; see methods.PowerSGD)."""
     if spec.kind not in ("powersgd", "auto"):
         return cap_mb
     nbytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
@@ -42,15 +40,11 @@ def attach(ddp: nn.parallel.DistributedDataParallel, spec: CommSpec) -> Method |
         return None
     if spec.kind == "auto":
         method: Method = Auto(spec.warmup, [p.shape for p in ddp.module.parameters() if p.requires_grad])
-    elif spec.kind in ("fp16", "bf16"):
-        method = Compressed(spec.kind)
-    elif spec.kind == "powersgd":
-        method = PowerSGD(spec.rank, spec.warmup)
     else:
-        method = LocalSGD(spec.period, spec.warmup)
+        method = build(spec.kind, rank=spec.rank, period=spec.period, warmup=spec.warmup)
     ddp.register_comm_hook(method, _hook)
     return method
 
 
-__all__ = ["CHOICES", "KINDS", "AllReduce", "Auto", "CommSpec", "Compressed", "LinkMeasurement", "LocalSGD", "Method", "Plain",
-           "PowerSGD", "attach", "bucket_mb", "choose"]
+__all__ = ["CHOICES", "KINDS", "AllReduce", "Auto", "CommSpec", "LinkMeasurement", "LocalSGD", "Method", "PowerSGD", "attach",
+           "bucket_mb", "choose"]

@@ -1,17 +1,11 @@
 """``--comm auto``: measure this link and this model during the warm-up, then pick the lightest
 method that keeps exposed communication under ~10% of a step.
 
-The warm-up is two plain all-reduce steps (DDP settles its buckets after the first; the second
-is the full gradient's all-reduce, measured), then PowerSGD at rank 4 (``PROBE``), which costs
-little on any link, while measuring. Every rank records, per step, its wall time between
-optimizer steps and how long it waited from the end of backward to the gradient's arrival. The
-rank that arrives last waits only for the wire (and, under PowerSGD, its own compression), so
-per step ``min over ranks of wait`` is the communication time, and ``max over ranks of (wall -
-wait)`` the compute time of the slowest rank. A few one-element all-reduces give the latency;
-bandwidth follows. bf16 and local SGD are predicted from their bytes; PowerSGD at other ranks
-from the measured rank-4 steps, scaled by bytes (so its compression's compute counts too).
-
-Only the two plain steps cost a full all-reduce: on a slow link each is what ``auto`` is there to avoid.
+The warm-up is two plain all-reduce steps (the second measured), then PowerSGD at rank ``PROBE``,
+cheap on any link. The rank that arrives last waits only for the wire, so per step the minimum
+wait over ranks is the communication and the maximum of (wall - wait) the slowest rank's compute;
+one-element all-reduces give the latency. Other methods are predicted from their bytes (PowerSGD
+at other ranks scaled from the measured rank-``PROBE`` steps).
 """
 
 from __future__ import annotations
@@ -199,8 +193,7 @@ class Auto:
             self._probe = methods.PowerSGD(PROBE, warmup=_PLAIN)
             return
         self.iter = int(shared["iter"])
-        if shared["choice"] is not None:
-            self._adopt(shared["choice"], shared["report"], keep_probe=False)
-            if isinstance(self.method, methods.PowerSGD):
-                self.method._fresh_ddp = True  # resumed into a new DDP (see PowerSGD.communicate)
-            self.method.load_state_dict({"shared": shared["method"], "local": state["local"]["method"]}, same_ranks=same_ranks)
+        self._adopt(shared["choice"], shared["report"], keep_probe=False)
+        if isinstance(self.method, methods.PowerSGD):
+            self.method._fresh_ddp = True  # resumed into a new DDP (see PowerSGD.communicate)
+        self.method.load_state_dict({"shared": shared["method"], "local": state["local"]["method"]}, same_ranks=same_ranks)

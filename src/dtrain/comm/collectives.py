@@ -1,7 +1,6 @@
 """Labelled collectives: every collective dtrain issues goes through one ``Collectives``, which
-records it for the stall watchdog (``Tracker``) and, in debug mode, checks it against the other
-ranks first (``diag.checker``). Mechanisms that communicate (checkpoints, the pipeline strategy,
-the checker) take this object, not the whole ``Context``.
+records it for the stall watchdog and, in debug mode, checks it against the other ranks first;
+mechanisms that communicate take this object, not the whole ``Context``.
 
     coll = Collectives(world, Tracker(), debug=False)
     coll.all_reduce(loss, op="mean")
@@ -32,22 +31,17 @@ def check_tensor(what: str, tensor: Any) -> None:
 
 
 class Collectives(WorldView):
-    """This rank's collectives over the world's default process group, each recorded and
-    (``debug``) checked. With one process every call returns its input (or ``[input]``). The
-    operations are ``Context``'s (its methods say what each does); each is collective: call on
-    every rank."""
+    """This rank's collectives over the default group, each recorded and (``debug``) checked: the
+    ``Context``'s operations, each collective (call on every rank); with one process, the input."""
 
     def __init__(self, world: World, tracker: Tracker, *, debug: bool = False) -> None:
         self.world = world
-        self.tracker = tracker
-        """Heartbeat and recent collectives of this rank (read by the stall watchdog)."""
-        self.debug = debug
-        """Check every collective across ranks before issuing it (``dtrain.init(debug=True)``)."""
+        self.tracker = tracker  # heartbeat and recent collectives, read by the stall watchdog
+        self.debug = debug  # check every collective across ranks before issuing it
 
     @contextlib.contextmanager
     def labelled(self, op: str, *tensors: Any) -> Iterator[None]:
-        """Record (for the watchdog) and, in debug mode, check a collective before the block
-        issues it. Collective in debug mode: call on every rank."""
+        """Record (for the watchdog) and, in debug mode, check a collective before the block issues it."""
         call = self.tracker.enter(op, *tensors)
         try:
             if self.debug:

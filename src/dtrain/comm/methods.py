@@ -1,11 +1,7 @@
-"""The communication methods behind ``--comm``: torch's DDP communication hooks and model
-averager, wrapped so that each keeps its state (error feedback, step counters) in a
-``state_dict`` a checkpoint can hold.
-
-Each method has ``communicate(bucket)`` (the DDP comm hook's body), ``after_step(optimizer)``
-(called after every optimizer step) and ``state_dict()``/``load_state_dict()``. The state dict
-splits into ``shared`` (the same on every rank) and ``local`` (this rank's, e.g. PowerSGD's
-error feedback), so a resume on another world size keeps what still applies.
+"""The methods behind ``--comm``: torch's DDP comm hooks and model averager, each with
+``communicate(bucket)``, ``after_step(optimizer)`` and a state dict split into ``shared`` (equal on
+every rank) and ``local`` (e.g. PowerSGD's error feedback), so a resume on another world size
+keeps what still applies.
 """
 
 from __future__ import annotations
@@ -54,21 +50,10 @@ class AllReduce:
         self.steps = int(state["shared"]["steps"])
 
 
-Plain = AllReduce
-"""All-reduce every step (``AllReduce("none")``)."""
-Compressed = AllReduce
-"""All-reduce in 16 bits (``AllReduce("fp16")``, ``AllReduce("bf16")``)."""
-
-
 class PowerSGD:
-    """torch's per-layer PowerSGD hook (Vogels et al., 2019, arXiv:1905.13727) with error
-    feedback and warm start, after ``warmup`` plain steps.
-
-    Needs DDP to hold all gradients in ONE bucket: with torch 2.13 on gloo, the per-layer hook
-    failed after a few dozen steps ("Received data size doesn't match expected size") whenever
-    DDP had several buckets; the strategy sizes the bucket for that. (The batched hook fails an
-    assertion in its orthogonalisation on the MNIST ConvNet, so it is not used.)
-    """
+    """torch's per-layer PowerSGD hook (Vogels et al., 2019) with error feedback and warm start,
+    after ``warmup`` plain steps. Needs ONE DDP bucket (``bucket_mb``): on gloo the hook fails
+    ("Received data size doesn't match expected size") with several."""
 
     def __init__(self, rank: int, warmup: int) -> None:
         self.state = PowerSGDState(
@@ -135,13 +120,8 @@ def powersgd_numel(shapes: list[torch.Size], rank: int) -> tuple[int, int]:
 
 
 class LocalSGD:
-    """Post-local SGD (Lin et al., 2020, arXiv:1808.07217): ``warmup`` steps of plain DDP, then
-    each rank steps on its own gradients and the parameters are averaged every ``period`` steps
-    by torch's ``PeriodicModelAverager``.
-
-    torch's own ``PostLocalSGDState(subgroup=None)`` refuses to run without CUDA, so the hook
-    here is the same idea in two lines: all-reduce during the warm-up, no communication after.
-    """
+    """Post-local SGD (Lin et al., 2020): ``warmup`` plain steps, then local steps with parameters
+    averaged every ``period`` by torch's ``PeriodicModelAverager`` (torch's own hook needs CUDA)."""
 
     def __init__(self, period: int, warmup: int) -> None:
         self.period = period
