@@ -113,7 +113,8 @@ def receive(cfg: Any, spec: LaunchSpec) -> Any:
     where, planner = f"{spec.addr}:{spec.port}", _planner(spec)
     me = "this node" if spec.elastic else f"node {spec.node_rank}"
     # the planner plans before its store opens (tens of seconds on a CPU): a refused connection is waited out
-    wait_for_master(spec.addr, spec.port, timeout_s=spec.startup_timeout, me=me, what=planner)
+    wait_for_master(spec.addr, spec.port, timeout_s=spec.startup_timeout, me=me, what=planner,
+                    waiting=f"{planner} may still be planning (--parallel auto profiles the model first), or not started")
     store = connect_store(spec.addr, spec.port)
     try:
         pick = wait_for_pick(store, spec.rdzv_id, timeout_s=spec.startup_timeout, where=where, planner=planner)

@@ -49,7 +49,8 @@ class Notes:
 
 
 def wait_for_master(addr: str, port: int, *, timeout_s: float, me: str = "this node", what: str = "node 0",
-                    fix: str = "start node 0 (--node-rank 0) there with the same --master-addr and --master-port") -> None:
+                    fix: str = "start node 0 (--node-rank 0) there with the same --master-addr and --master-port",
+                    waiting: str = "not started yet, or a wrong --master-addr/--master-port?") -> None:
     """Return once ``addr:port`` accepts a TCP connection. Refused connections, and no reply (the
     host may be starting), are waited out up to ``timeout_s``; ``UNREACHABLE_S`` of no reply, or no
     route in this node's table, end the wait sooner. Each ends in one line naming ``me``, ``what``
@@ -73,7 +74,7 @@ def wait_for_master(addr: str, port: int, *, timeout_s: float, me: str = "this n
             raise LaunchError(f"{where}: {refusal(error)} for {seen['silent']:.0f} s; {check}.")
         if notes.due(elapsed):
             logger.info(f"{me}: waiting for {what} at {addr}:{port} ({elapsed:.0f} s of {timeout_s:g} s): "
-                        f"{refusal(error)}; not started yet, or a wrong --master-addr/--master-port?")
+                        f"{refusal(error)}; {waiting}")
 
     error = wait_for_listener(addr, port, timeout_s, on_wait)
     if error is not None:  # a name that does not resolve (no other error gets here)

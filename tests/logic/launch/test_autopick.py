@@ -127,3 +127,14 @@ def test_an_elastic_jobs_first_node_plans_for_max_and_a_joiner_takes_the_pick(ca
     assert got["cfg"].parallel.strategy == "fsdp", got
     assert ("dtrain: --parallel auto: the first node's pick for 3 nodes x 1 process (world 3): fsdp; kept at every size "
             "the job runs at; this node trains it.") in capsys.readouterr().err
+
+
+def test_node_1_waiting_for_a_planning_node_0_says_it_may_still_be_planning(monkeypatch, caplog):
+    from dtrain.launch import preflight
+    monkeypatch.setattr(preflight, "FIRST_NOTE_S", 0.2)
+    port = free_port()  # nothing listens: node 0 is still profiling the model
+    with caplog.at_level("INFO", logger="dtrain"), pytest.raises(DtrainError):
+        autopick.receive(_cfg(layout="auto"), _spec(1, port))
+    notes = [r.getMessage() for r in caplog.records if "waiting for node 0" in r.getMessage()]
+    assert notes and "node 0 may still be planning (--parallel auto profiles the model first)" in notes[0], notes
+    assert "wrong --master-addr" not in notes[0]
