@@ -25,10 +25,10 @@ OPT_LEVELS = ("O0", "O1", "O2")
 
 
 class _State:
-    def __init__(self) -> None:
-        self.precision: dtrain.Precision | None = None
-        self.scaler: torch.amp.GradScaler | None = None
-        self.optimizers: list[torch.optim.Optimizer] = []
+    """What ``initialize`` set up, for ``scale_loss``, the patched steps and the state dicts."""
+
+    precision: dtrain.Precision | None = None
+    scaler: torch.amp.GradScaler | None = None
 
 
 _state = _State()
@@ -70,7 +70,6 @@ def initialize(
     precision = dtrain.Precision.resolve(preset, device)
     _state.precision = precision
     _state.scaler = _make_scaler(precision, loss_scale, device)
-    _state.optimizers = list(opt_list)
     if precision.autocast_dtype is not None:
         for m in model_list:
             m.forward = functools.partial(_autocast_forward, m.forward, precision)  # type: ignore[method-assign]

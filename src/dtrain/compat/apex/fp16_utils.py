@@ -37,9 +37,8 @@ class _ToHalf(nn.Module):
 
 class FP16_Optimizer:  # noqa: N801 - apex's name
     """Wraps an optimizer over fp16 parameters: it steps fp32 master copies and copies them back.
-
-    ``backward(loss)`` scales the loss; ``step()`` unscales, skips the step on overflow (dynamic
-    scaling halves the scale then, and doubles it after ``scale_window`` clean steps)."""
+    ``step()`` skips a step on overflow (dynamic scaling halves the scale then, and doubles it
+    after ``scale_window`` clean steps)."""
 
     def __init__(self, init_optimizer: torch.optim.Optimizer, static_loss_scale: float = 1.0,
                  dynamic_loss_scale: bool = False, dynamic_loss_args: dict | None = None, verbose: bool = False) -> None:

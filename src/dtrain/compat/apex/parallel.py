@@ -62,10 +62,8 @@ class DistributedDataParallel(nn.parallel.DistributedDataParallel):
 
 
 def convert_syncbn_model(module: nn.Module, process_group: Any = None, channel_last: bool = False) -> nn.Module:
-    """Replace every BatchNorm by SyncBatchNorm (batch statistics computed over all ranks).
-
-    torch's SyncBatchNorm runs only on GPUs; on CPU the BatchNorm layers stay per-rank and a
-    note says so."""
+    """Replace every BatchNorm by SyncBatchNorm (batch statistics over all ranks); on CPU, where
+    torch's SyncBatchNorm does not run, they stay per rank and a note says so."""
     if not torch.cuda.is_available():
         note_once("convert_syncbn_model: SyncBatchNorm needs a GPU in torch; on CPU BatchNorm statistics stay per rank.")
         return module

@@ -5,14 +5,9 @@ after changing one line::
 
     import horovod.torch as hvd        ->   import dtrain.compat.horovod as hvd
 
-Everything of ``horovod.torch`` that runs without MPI is here: init/shutdown (and init again),
-ranks and sizes, the collectives (allreduce, allgather, broadcast, alltoall, reducescatter; in
-place, ``*_async`` with ``poll``/``synchronize``, grouped, differentiable), every reduce op
-(Average, Sum, Adasum, Min, Max, Product) with prescale/postscale, every dtype, process sets,
-``barrier``, ``join``, object collectives, ``DistributedOptimizer`` and the compressors, and
-Horovod Elastic (``hvd.elastic``: on torch's elastic agent, see its docstring). Ranks that submit
-different shapes, dtypes or roots all raise ``HorovodInternalError``-derived errors instead of
-hanging. Not here: the timeline, MPI, CCL (raise naming themselves).
+Everything of ``horovod.torch`` that runs without MPI is here (docs/compat.md lists it), and
+Horovod Elastic (``hvd.elastic``). Ranks that submit different shapes, dtypes or roots all raise
+``HorovodInternalError``-derived errors instead of hanging. Not here: the timeline, MPI, CCL.
 """
 
 from __future__ import annotations
@@ -85,40 +80,23 @@ __version__ = "0.28.1+dtrain"  # the Horovod API level this follows
 SyncBatchNorm = torch.nn.SyncBatchNorm
 
 
-def mpi_threads_supported() -> bool:
+def _no() -> bool:
+    """MPI, CCL, DDL and ROCm builds: none of them here."""
     return False
 
 
-def mpi_enabled() -> bool:
-    return False
-
-
-def mpi_built() -> bool:
-    return False
-
-
-def gloo_enabled() -> bool:
-    return dist.is_gloo_available()
+mpi_threads_supported = mpi_enabled = mpi_built = ccl_built = ddl_built = rocm_built = _no
 
 
 def gloo_built() -> bool:
     return dist.is_gloo_available()
 
 
-def ccl_built() -> bool:
-    return False
-
-
-def ddl_built() -> bool:
-    return False
+gloo_enabled = gloo_built
 
 
 def cuda_built() -> bool:
     return torch.cuda.is_available()
-
-
-def rocm_built() -> bool:
-    return False
 
 
 def nccl_built() -> int:

@@ -60,9 +60,7 @@ def _timeout() -> timedelta:
 
 
 def init(comm: Any = None, process_sets: Any = None) -> None:
-    """Join the job's process group (rank and size come from ``dtrain run``, torchrun or SLURM).
-
-    Collective: call on every rank."""
+    """Join the job's process group (rank and size from ``dtrain run``, torchrun or SLURM). Collective."""
     if comm is not None:
         _unsupported("init(comm=...) (MPI communicators)")
     if _State.active:

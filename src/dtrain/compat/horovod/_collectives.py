@@ -1,9 +1,5 @@
-"""The collectives themselves, as run on the engine thread: negotiate, then move the bytes.
-
-Each body takes a ``ProcessSet`` and returns the result tensor. Every dtype travels: those gloo
-cannot reduce (int16, bool; bfloat16 on CPU) are reduced in a wider type, and gathers and
-broadcasts move raw bytes, so any dtype works there.
-"""
+"""The collectives themselves, as run on the engine thread: negotiate, then move the bytes. Every
+dtype travels: those gloo cannot reduce are reduced in a wider type; gathers move raw bytes."""
 
 from __future__ import annotations
 

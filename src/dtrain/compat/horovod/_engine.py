@@ -1,11 +1,7 @@
-"""The background thread that runs Horovod's collectives, one at a time, in the order each rank
-submitted them, and the handles its async API returns.
-
-Why a thread: Horovod's ``*_async`` calls return at once and ``poll``/``synchronize`` ask later;
-``join`` needs a rank that stopped submitting work to keep answering the others. Every operation
-starts with a small ``all_gather`` of its description (kind, dtype, shape, root, op): ranks that
-disagree all raise the same error instead of handing gloo mismatched buffers (which aborts the
-process or hangs), and a rank that has joined learns what to contribute.
+"""The background thread that runs Horovod's collectives one at a time, in submission order, and
+the handles its async API returns (a thread: ``*_async`` returns at once, and a rank in ``join``
+keeps answering the others). Every operation starts with an ``all_gather`` of its description,
+so ranks that disagree all raise the same error instead of hanging gloo.
 """
 
 from __future__ import annotations
@@ -45,9 +41,8 @@ class HostsUpdatedInterrupt(RuntimeError):
 
 
 def as_horovod_error(exc: BaseException) -> BaseException:
-    """What a failed operation raises on the caller's thread: our own errors (and ValueError,
-    which Horovod raises for bad arguments) as they are; anything else, e.g. gloo's error when a
-    peer died, as ``HorovodInternalError`` (Horovod's type for a failed collective)."""
+    """What a failed operation raises on the caller's thread: our own errors and ValueError as
+    they are; anything else (gloo's error when a peer died) as ``HorovodInternalError``."""
     if isinstance(exc, (HorovodInternalError, ValueError, DtrainError)):
         return exc
     error = HorovodInternalError(f"{type(exc).__name__}: {exc}")

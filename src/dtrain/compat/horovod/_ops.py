@@ -47,6 +47,12 @@ def _submit(fn, name: str | None) -> Handle:
     return _basics.engine().submit(fn, name)
 
 
+def _into(t: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """``value`` written into ``t`` (an in-place operation's result), outside autograd."""
+    with torch.no_grad():
+        return t.copy_(value)
+
+
 def poll(handle: Handle) -> bool:
     """True once the operation behind ``handle`` has finished (never blocks)."""
     return handle.done.is_set()
@@ -72,9 +78,9 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
 
     def body() -> torch.Tensor:
         with torch.no_grad():
-            if not C.allreduce_in_place(t, o, prescale_factor, postscale_factor, ps):
-                t.copy_(C.allreduce_body(t, o, prescale_factor, postscale_factor, ps))
-        return t
+            if C.allreduce_in_place(t, o, prescale_factor, postscale_factor, ps):
+                return t
+        return _into(t, C.allreduce_body(t, o, prescale_factor, postscale_factor, ps))
 
     return _submit(body, name)
 
@@ -122,14 +128,7 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                              process_set=None) -> Handle:
     ts, o, ps = [_tensor("hvd.grouped_allreduce_", t) for t in tensors], _op(average, op), _basics.resolve(process_set)
-
-    def body() -> list[torch.Tensor]:
-        with torch.no_grad():
-            for t in ts:
-                t.copy_(C.allreduce_body(t, o, prescale_factor, postscale_factor, ps))
-        return ts
-
-    return _submit(body, name)
+    return _submit(lambda: [_into(t, C.allreduce_body(t, o, prescale_factor, postscale_factor, ps)) for t in ts], name)
 
 
 def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
@@ -227,13 +226,7 @@ def broadcast_async(tensor, root_rank, name=None, process_set=None) -> Handle:
 def broadcast_async_(tensor, root_rank, name=None, process_set=None) -> Handle:
     t, ps = _tensor("hvd.broadcast_async_", tensor), _basics.resolve(process_set)
     root = _root(root_rank, ps)
-
-    def body() -> torch.Tensor:
-        with torch.no_grad():
-            t.copy_(C.broadcast_body(t, root, ps))
-        return t
-
-    return _submit(body, name)
+    return _submit(lambda: _into(t, C.broadcast_body(t, root, ps)), name)
 
 
 def broadcast_(tensor, root_rank, name=None, process_set=None) -> torch.Tensor:

@@ -67,10 +67,8 @@ class _DistributedMixin:
         return ps.ranks is None or (ps.included() and ps.size() > 1)
 
     def synchronize(self) -> None:
-        """Wait for every gradient's all-reduce (those backward did not start are started here,
-        a gradient this rank's graph did not produce as zeros) and write the results into ``.grad``.
-
-        Collective: call on every rank of the optimizer's process set."""
+        """Wait for every gradient's all-reduce (starting those backward did not, as zeros where
+        this rank's graph made none) and write the results into ``.grad``. Collective over the set."""
         if self._fusion is not None:
             self._fusion.flush()
         self._synchronized = True
@@ -158,9 +156,7 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
 # -- broadcasts -----------------------------------------------------------------------------
 def broadcast_parameters(params: Any, root_rank: int, process_set: Any = None) -> None:
     """Copy ``root_rank``'s tensors to every rank, in place. ``params`` is a ``state_dict()`` or
-    an iterable of ``(name, tensor)`` such as ``model.named_parameters()``.
-
-    Collective: call on every rank."""
+    an iterable of ``(name, tensor)`` such as ``model.named_parameters()``. Collective."""
     items = sorted(params.items()) if isinstance(params, dict) else list(params)
     handles = [ops.broadcast_async_(t.data if isinstance(t, nn.Parameter) else t, root_rank, process_set=process_set)
                for _, t in items if torch.is_tensor(t)]
@@ -169,11 +165,8 @@ def broadcast_parameters(params: Any, root_rank: int, process_set: Any = None) -
 
 
 def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int, process_set: Any = None) -> None:
-    """Give every rank ``root_rank``'s optimizer state (hyper-parameters and buffers). An
-    optimizer that has not stepped gets its state made first by a step on zero gradients (the
-    parameters are put back afterwards), as Horovod does.
-
-    Collective: call on every rank."""
+    """Give every rank ``root_rank``'s optimizer state. Collective. An optimizer that has not
+    stepped gets its state made first by a step on zero gradients (parameters put back), as Horovod does."""
     if not optimizer.state_dict()["state"]:
         params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
         saved = [p.detach().clone() for p in params]

@@ -1,14 +1,10 @@
 """Horovod Elastic (``hvd.elastic``) on torch's elastic agent: ``run``, ``TorchState``,
 ``ElasticSampler`` (docs/compat.md says how recovery differs from Horovod's).
 
-torch's agent has no survivors: on a failure, or a node joining or leaving, it restarts every
-worker, and c10d cannot rebuild the default process group inside a process anyway. So every
-commit is also written to the node's disk (commits.py), ``run`` starts each (re)started worker
-from the newest commit any node holds (that node's rank loads it, the reset callbacks run, and
-``sync()`` gives it to every rank), and a failed collective (``HorovodInternalError``) ends this
-worker after its last commit is on disk, for the agent to restart. The agent's stop signal is held
-until the next ``commit()``, where ``check_host_updates()`` stops every rank together. Without
-``dtrain run`` (no launcher to restart workers) commits stay in memory, as Horovod's.
+torch's agent restarts every worker on a failure or a change of nodes, so every commit is also
+written to the node's disk (commits.py), ``run`` starts each worker from the newest commit any
+node holds, and a failed collective ends this worker once its last commit is on disk. The agent's
+stop signal is held until the next ``commit()``. Without ``dtrain run`` commits stay in memory.
 """
 
 from __future__ import annotations
@@ -37,11 +33,9 @@ RESTART_EXIT = 75
 
 
 def run(func: Callable[..., Any]) -> Callable[..., Any]:
-    """Decorator for the elastic training function ``func(state, ...)``: starts (or, in a
-    restarted worker, resumes) from the newest commit, synchronised over every rank, and stops
-    this worker for a restart when a peer fails or the launcher asks workers to stop.
-
-    Collective: every rank calls the decorated function."""
+    """Decorator for the elastic training function ``func(state, ...)``, called on every rank:
+    starts (or resumes) from the newest commit, synchronised over every rank, and stops this
+    worker for a restart when a peer fails or the launcher asks workers to stop."""
 
     @functools.wraps(func)
     def wrapper(state: State, *args: Any, **kwargs: Any) -> Any:

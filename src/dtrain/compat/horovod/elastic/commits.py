@@ -1,16 +1,7 @@
-"""Durable copies of the last committed state: what lets a restarted worker resume.
-
-Under torch's elastic agent there are no surviving workers to keep a commit in memory (see
-``__init__``), so each commit is also written to disk, on every node, in the launcher's private
-folder (``$DTRAIN_LAUNCH_DIR``: one per ``dtrain run`` on each node, as long-lived as the job,
-never shared with another job, removed when the launcher exits).
-
-Cost: ``commit()`` copies the state into host memory (as Horovod's does); a background thread
-writes the newest copy (``torch.save`` to a temporary name, then an atomic rename), so a commit
-never waits for the disk and a kill never leaves half a file. When commits come faster than the
-disk, the writer skips to the newest one; the file is at most one write behind the last commit.
-One process per node writes (local rank 0); every rank of the node reads the same file.
-"""
+"""Durable copies of the last committed state: what lets a restarted worker resume (torch's agent
+keeps no surviving workers). Local rank 0 of each node writes the newest commit into the
+launcher's private folder (``$DTRAIN_LAUNCH_DIR``) from a background thread, atomically, skipping
+to the newest when commits come faster than the disk; every rank of the node reads it."""
 
 from __future__ import annotations
 

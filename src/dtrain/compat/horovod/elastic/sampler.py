@@ -1,15 +1,9 @@
 """``hvd.elastic.ElasticSampler``: this rank's share of the samples an epoch has not yet
 processed, re-split over the world size after every reset.
 
-Built on dtrain's resumable ``ShardSampler`` (src/dtrain/data/sampler.py): one permutation per
-epoch from ``seed + epoch``, the same on every rank, and rank r takes r, r+W, r+2W, ... of it,
-starting ``processed_num`` samples in. Because of that interleaving, after k steps of batch B on
-W ranks the processed samples are exactly the first k*W*B of the permutation, whatever W was:
-a count is the whole state (Horovod 0.28's ``processed_num``), so a state committed on one rank
-is right for every rank and survives a change of world size.
-
-What differs from Horovod: the permutation is torch's ``randperm`` (dtrain's sampler), not
-``random.Random(seed).shuffle``, so the order of the samples is not Horovod's.
+On dtrain's ``ShardSampler``: rank r takes r, r+W, ... of one permutation per epoch, so the
+processed samples are always the first ``processed_num`` of it, whatever W was, and that count is
+the whole state. The permutation is torch's ``randperm``, so the order is not Horovod's.
 """
 
 from __future__ import annotations

@@ -1,15 +1,7 @@
 """``hvd.elastic.State``, ``ObjectState`` and ``TorchState``: what a Horovod Elastic script
-commits, restores and synchronises.
-
-The contract is Horovod's (horovod/common/elastic.py, horovod/torch/elastic/state.py):
-``commit()`` = ``save()`` + ``check_host_updates()``; ``restore()`` rolls back to the last
-``save()``; ``sync()`` gives every rank rank 0's state; ``register_reset_callbacks`` runs after
-a reset. Models, optimizers and ``ElasticSampler`` objects passed as keyword arguments get a
-handler each; every other keyword is a plain attribute.
-
-What dtrain adds: each ``save()`` is also handed to the node's ``CommitStore`` (commits.py), so
-that workers the launcher restarts resume from the last commit, and ``check_host_updates()``
-learns of a coming restart from the stop signal the elastic agent sends (see ``__init__``).
+commits, restores and synchronises, with Horovod's contract (``commit()`` = ``save()`` +
+``check_host_updates()``). dtrain adds: each commit also goes to the node's ``CommitStore``, and
+``check_host_updates()`` learns of a coming restart from the agent's stop signal.
 """
 
 from __future__ import annotations
