@@ -5,10 +5,9 @@ its ranks for real on this machine's device, with torch's fake process group for
                                world_size=512, local_size=8))
     rec["peak_mib"], rec["fits"], rec["collectives"]
 
-The rank runs `dtrain train`'s own program (``rank.run_rank``: ``dtrain.init``, ``ctx.setup``
-through the one apply path, forward, backward, optimizer) on a model built on the meta device, so
-only its own shard is ever allocated. Its memory and collectives are recorded as a real run's
-would be (``track``), and `dtrain plan`'s memory prediction is set beside them (``report``).
+The rank runs `dtrain train`'s own program (``rank.run_rank``) on a model built on the meta device,
+so only its own shard is allocated; its memory and collectives are recorded (``track``) beside
+`dtrain plan`'s prediction (``report``).
 """
 
 from __future__ import annotations

@@ -42,11 +42,8 @@ def fake_group(world: World) -> Iterator[None]:
 
 
 def fake_ddp_hook(model: nn.Module) -> None:
-    """Under the fake group, give DDP an all-reduce hook that hands its bucket back itself. DDP's
-    built-in hook reads the all-reduce's result from the work's future, which the fake group
-    leaves empty (torch/csrc/distributed/c10d/comm.cpp: "expected the hook result is either a
-    Tensor or a TensorList found None"). The hook does what the built-in one does (divide by the
-    group's size, one all-reduce of the bucket in place), so memory and collectives stay the same."""
+    """Under the fake group, give DDP an all-reduce hook that returns its bucket itself: the
+    built-in one reads the result from the work's future, which the fake group leaves empty."""
     from torch.nn.parallel import DistributedDataParallel
 
     from ..context.step import inner_module

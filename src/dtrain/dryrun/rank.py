@@ -2,13 +2,10 @@
 through ``ctx.setup`` (the one apply path), a few steps of forward, backward and optimizer, with
 this rank's memory and collectives recorded (``track``).
 
-``materialize="meta"`` (the dry run) builds the model on the meta device and gives memory only
-to what this rank keeps: a sharded or split model after the apply path (FSDP2 and DTensor
-accept meta parameters; ``to_empty`` then allocates the local shards), a whole replica before it.
-Its values are stand-ins (normal(0, 0.02) matrices, LayerNorm-like ones and zeros): a dry run
-checks memory and communication, not learning. ``materialize="eager"`` builds it as `dtrain
-train` does (the task's own initialisation, on the CPU first): the real run a dry run is
-compared with.
+``materialize="meta"`` (the dry run) builds the model on the meta device and allocates only what
+this rank keeps (after the apply path where it shards or splits), filled with stand-in values: a
+dry run checks memory and communication, not learning. ``materialize="eager"`` builds it as
+`dtrain train` does: the real run a dry run is compared with.
 """
 
 from __future__ import annotations
@@ -60,21 +57,14 @@ class RankRun:
 
 
 class KeepMeta(TorchFunctionMode):
-    """``tensor.to(device)`` of a meta tensor leaves it on meta: the apply path moves the model to
-    the device before sharding it (``model.to(device)``), which a meta model cannot do and needs
-    not: ``fully_shard`` and ``parallelize_module`` take meta parameters as they are."""
+    """``tensor.to(device)`` of a meta tensor leaves it on meta: the apply path's ``model.to(device)``
+    before sharding cannot move a meta model, and ``fully_shard`` takes meta parameters as they are."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         if func in (torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.cpu) and args and isinstance(args[0], torch.Tensor) \
                 and args[0].is_meta:
             return args[0]
         return func(*args, **(kwargs or {}))
-
-
-def whole_replica(ctx: Context) -> bool:
-    """Whether this rank holds the whole model (every layout without dp_shard or tp)."""
-    dims = ctx.strategy.layout(ctx.world)
-    return dims.dp_shard == 1 and dims.tp == 1 and ctx.strategy.fsdp is None
 
 
 @torch.no_grad()
@@ -117,7 +107,8 @@ def build(ctx: Context, task: Task, cfg: DryRunConfig, materialize: str) -> tupl
         return ctx.setup(model, optimizer, blocks=blocks(model))
     with torch.device("meta"):
         model = task.new_model()
-    if whole_replica(ctx):
+    dims = ctx.strategy.layout(ctx.world)
+    if dims.dp_shard == 1 and dims.tp == 1 and ctx.strategy.fsdp is None:  # a whole replica: allocate it as it is
         stand_in_values(model, ctx.device)
         wrapped = ctx.setup(model, blocks=blocks(model))
     else:
@@ -128,7 +119,7 @@ def build(ctx: Context, task: Task, cfg: DryRunConfig, materialize: str) -> tupl
     return wrapped, ctx.setup_optimizer(optimizer, wrapped)
 
 
-def first_batch(task: Task, batch: int, world_size: int) -> tuple[Any, Any]:
+def first_batch(task: Task, batch: int) -> tuple[Any, Any]:
     loader = DataLoader(task.train_set, batch_size=batch, shuffle=False, drop_last=True)
     try:
         return next(iter(loader))
@@ -176,8 +167,8 @@ def _steps(ctx: Context, cfg: DryRunConfig, task: Task, batch: int, materialize:
     with log.span() as setup, log:
         model, optimizer = build(ctx, task, cfg, materialize)
     fake_ddp_hook(model)
-    _check_shards(ctx, model)
-    x, y = (t.to(ctx.device) for t in first_batch(task, batch, ctx.world.size))
+    params_local, empty_params = _check_shards(ctx, model)
+    x, y = (t.to(ctx.device) for t in first_batch(task, batch))
     k = cfg.batch.grad_accum
     cuda = ctx.device.type == "cuda"
     memory = TensorMemory()
@@ -185,10 +176,10 @@ def _steps(ctx: Context, cfg: DryRunConfig, task: Task, batch: int, materialize:
         torch.cuda.synchronize(ctx.device)
         torch.cuda.reset_peak_memory_stats(ctx.device)
     memory.hold(_held(model, optimizer))
-    run = RankRun(peak_bytes=0, peak_kind="cuda_max_allocated" if cuda else "tensors", state={}, setup=setup, batch=batch)
-    run.params_local, run.empty_params = _locals(model)
+    run = RankRun(peak_bytes=0, peak_kind="cuda_max_allocated" if cuda else "tensors", state={}, setup=setup, batch=batch,
+                  params_local=params_local, empty_params=empty_params)
     model.train()
-    with _tracking(memory, not cuda), log:
+    with memory if not cuda else contextlib.nullcontext(), log:
         for step in range(cfg.steps):
             with log.span() as calls:
                 loss = torch.zeros((), device=ctx.device)
@@ -212,25 +203,21 @@ def _steps(ctx: Context, cfg: DryRunConfig, task: Task, batch: int, materialize:
     return run
 
 
-def _locals(model: nn.Module) -> tuple[int, list[str]]:
-    """Elements of this rank's parameter shards, and the parameters it holds none of."""
+def _check_shards(ctx: Context, model: nn.Module) -> tuple[int, list[str]]:
+    """Elements of this rank's parameter shards, and the parameters it holds none of; a rank that
+    holds no element of any parameter cannot train: one line naming the sizes."""
     total, empty = 0, []
     for name, p in model.named_parameters():
         n = (p.to_local() if hasattr(p, "to_local") else p).numel()
         total += n
         if n == 0 and p.numel() > 0:
             empty.append(name)
-    return total, empty
-
-
-def _check_shards(ctx: Context, model: nn.Module) -> None:
-    """A rank that holds no element of any parameter cannot train: one line naming the sizes."""
-    total, empty = _locals(model)
     if total == 0:
         biggest = max((p.shape[0] for p in model.parameters() if p.dim()), default=0)
         raise ConfigError(f"rank {ctx.rank} of {ctx.world_size} holds no element of any parameter: the model's largest "
                           f"first dimension is {biggest}, fewer rows than ranks shard it; use at most {biggest} sharding "
                           "ranks (dp_shard x tp), or check rank 0.")
+    return total, empty
 
 
 def _held(model: nn.Module, optimizer: Any) -> Iterator[torch.Tensor]:
@@ -242,12 +229,3 @@ def _held(model: nn.Module, optimizer: Any) -> Iterator[torch.Tensor]:
     yield from (p.grad for p in model.parameters() if p.grad is not None)
     for state in inner_optimizer(optimizer).state.values():
         yield from (v for v in state.values() if torch.is_tensor(v))
-
-
-@contextlib.contextmanager
-def _tracking(memory: TensorMemory, on: bool) -> Iterator[None]:
-    if not on:
-        yield
-        return
-    with memory:
-        yield

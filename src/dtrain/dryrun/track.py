@@ -1,15 +1,10 @@
 """What one rank's steps hold and send, counted the same way in a dry run and in a real run:
 
-* ``TensorMemory``: the bytes of live tensor storages on this rank and their peak, for the CPU
-  (a GPU has ``torch.cuda.max_memory_allocated``). Like torch's own
-  ``torch.distributed._tools.mem_tracker.MemTracker``, whose mechanism it follows: a dispatch
-  mode sees every storage an op creates, a weak reference says when it is freed, and
-  ``UntypedStorage.resize_`` (how FSDP2 frees and re-allocates its all-gathered parameters;
-  no dispatch mode sees it) is wrapped. MemTracker itself refuses a second iteration without a
-  reset and keeps per-module statistics we do not need.
-* ``CollectiveLog``: each collective this rank issues, by kind, mesh dimension and bytes: the
-  c10d ops (``dist.all_gather_into_tensor``, DDP's all-reduce) and the functional ones
-  (DTensor's redistributions under tensor parallelism), seen by a dispatch mode.
+* ``TensorMemory``: live tensor storages' bytes and their peak on a CPU, by torch's MemTracker
+  mechanism (a dispatch mode sees each new storage, a weak reference its end, and the wrapped
+  ``UntypedStorage.resize_`` FSDP2's re-allocations), without its one-iteration limit.
+* ``CollectiveLog``: each collective, by kind, mesh dimension and bytes, c10d and functional
+  ops alike (DTensor's redistributions), seen by a dispatch mode.
 """
 
 from __future__ import annotations
@@ -56,9 +51,6 @@ class TensorMemory(TorchDispatchMode):
             if torch.is_tensor(t):
                 for st in _storages(t):
                     self._add(st)
-
-    def reset_peak(self) -> None:
-        self.peak = self.live
 
     def _add(self, st: torch.UntypedStorage) -> None:
         if st in self._sizes:

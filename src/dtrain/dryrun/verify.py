@@ -1,9 +1,7 @@
 """`dtrain plan --verify`: the plan's memory for a layout beside a dry run of that layout (rank 0 of
 the planned world, run for real on this machine's device: ``dry_run``), so a pick is checked before
-the cluster is booked. The dry run measures what the plan models as tensors (parameters, gradients,
-optimizer state, activations, FSDP's gathered units); the plan's other terms (a GPU's CUDA context,
-a CPU worker's interpreter and libraries) are added to the measured peak for ``fits``, as the plan
-adds them to its own.
+the cluster is booked. The plan's terms that are not tensors (CUDA context, a worker's interpreter)
+are added to the measured peak for ``fits``, as the plan adds them to its own.
 """
 
 from __future__ import annotations
