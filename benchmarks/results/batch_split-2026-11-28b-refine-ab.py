@@ -21,6 +21,8 @@ try:
                 rec = b._run(args, q, world=2, slow=slow, split="speed")
                 row = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), "round": rnd, "slow_rank": slow,
                        "code": side, **rec, "loadavg_before": l0, "loadavg_after": b._load()}
-                print(json.dumps(row), flush=True); out.write(json.dumps(row) + "\n"); out.flush()
+                print(json.dumps(row), flush=True)
+                out.write(json.dumps(row) + "\n")
+                out.flush()
 finally:
     q.close()
