@@ -1,9 +1,6 @@
-"""Strategies: how a model and its optimizer are spread over the ranks.
-
-One module per method, each small: a ``ParallelDims`` preset of the world and its way of
-replicating, all going through the one apply path (``dtrain.parallel.apply``); ``build(name)``
-(or ``build(parallel=...)`` for a layout as given) is the only way to get one, so no code outside
-this package branches on a strategy's name.
+"""Strategies: how a model and its optimizer are spread over the ranks. One module per method, each
+a ``ParallelDims`` preset through the one apply path; ``build`` is the only way to get one, so no
+code outside this package branches on a strategy's name.
 """
 
 from __future__ import annotations
@@ -63,10 +60,8 @@ def resolve_name(name: str, *, distributed: bool) -> str:
 
 def build(name: str | Strategy, *, comm: CommSpec | None = None, distributed: bool = True,
           parallel: str | dict | ParallelDims | None = None, **options: Any) -> Strategy:
-    """Build the strategy called ``name`` (``auto`` resolved by ``distributed``) with its options;
-    ConfigError lists what exists. ``parallel``: a layout as given (``name`` auto or composed),
-    each of its dimensions run its usual way. ``comm`` (``--comm``) goes through ``comm_options``,
-    which asks the strategy as built (a layout of replicas alone takes it, as ddp does)."""
+    """The strategy called ``name`` (``auto`` resolved by ``distributed``) with its options, or the
+    layout ``parallel`` (``name`` auto or composed); ``comm`` goes where ``comm_options`` says."""
     if parallel is not None:
         if not isinstance(name, str) or name not in ("auto", "composed"):
             raise ConfigError(f"parallel={resolve(parallel)} and strategy={name!r} both say how to split the ranks; drop one "
@@ -84,9 +79,8 @@ def build(name: str | Strategy, *, comm: CommSpec | None = None, distributed: bo
 
 
 def preset(name: str, size: int, local_size: int) -> ParallelDims:
-    """The layout the strategy called ``name`` takes on ``size`` processes, ``local_size`` of them a
-    node (ddp: ``dp_replicate=size``; fsdp: ``dp_shard=size``; hsdp: a node's processes shard, nodes
-    replicate): the registry's one map from a name to its preset, read by the plan and the CLI."""
+    """The layout the strategy called ``name`` takes on ``size`` processes, ``local_size`` a node:
+    the registry's one map from a name to its preset, read by the plan and the CLI."""
     from ..world import World
 
     return build(name, distributed=size > 1).layout(World(size=size, local_size=local_size))
@@ -108,8 +102,7 @@ def _make(name: str, factory: Callable[..., Strategy], options: dict[str, Any]) 
 
 
 def option_names(factory: Callable[..., Strategy]) -> list[str]:
-    """The options a strategy's factory takes: its keyword parameters and its config class's
-    fields (read for the message of an unknown option; the call itself decides)."""
+    """A factory's keyword parameters and its config class's fields (for an unknown option's message)."""
     target = factory.__init__ if isinstance(factory, type) else factory
     try:
         params = inspect.signature(factory).parameters
@@ -124,9 +117,8 @@ def option_names(factory: Callable[..., Strategy]) -> list[str]:
 
 
 def comm_options(strategy: str | Strategy, comm: CommSpec | None, *, distributed: bool) -> dict[str, CommSpec]:
-    """The strategy options that carry ``--comm``: the one place its rule lives. A method other
-    than ``none`` goes to a strategy whose capabilities support it, has no effect with one
-    process (a note), and is a ConfigError on any other strategy."""
+    """The strategy options that carry ``--comm``, the one place its rule lives: a method goes to a
+    strategy that supports it, is a note with one process, and a ConfigError elsewhere."""
     if comm is None or comm.kind == "none":
         return {}
     if isinstance(strategy, str):

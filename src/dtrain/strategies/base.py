@@ -1,5 +1,4 @@
-"""What every strategy provides (``Strategy``, ``Capabilities``), and the steps strategies share
-(plain functions)."""
+"""What every strategy provides (``Strategy``, ``Capabilities``), and the steps strategies share."""
 
 from __future__ import annotations
 
@@ -48,15 +47,10 @@ class Capabilities:
 class Strategy(abc.ABC):
     """How a model and its optimizer are spread over ranks: the contract every strategy meets.
 
-    A strategy subclasses this and declares ``name``, ``capabilities`` and its layout on a world
-    (``layout``: a ``ParallelDims`` preset, e.g. ddp's ``dp_replicate=N``); every strategy then
-    goes through the same apply path (``dtrain.parallel.apply.parallelize``: pipeline cut, TP,
-    activation checkpointing, compile, the data-parallel wrap), in which it supplies its small
-    pieces: ``replicate`` (its way of replicating), ``fsdp`` (how it shards), ``pipeline`` (its
-    stages), ``tp_plan``. Every other hook has a default that fits a strategy without that
-    feature (no communication state, no sharding, one replica per rank). Callers use the hooks
-    and ``capabilities`` only, never ``getattr`` or the strategy's name. (A subclass is the
-    contract, not a way to reuse another strategy: shared steps are plain functions.)
+    A strategy declares ``name``, ``capabilities`` and ``layout`` (a ``ParallelDims`` preset) and
+    supplies its pieces of the one apply path (``replicate``, ``fsdp``, ``pipeline``, ``tp_plan``);
+    every other hook defaults to a strategy without that feature. Callers use the hooks and
+    ``capabilities`` only, never ``getattr`` or the name; shared steps are plain functions.
     """
 
     name: str = ""
@@ -83,19 +77,13 @@ class Strategy(abc.ABC):
         return ParallelDims(dp_replicate=world.size)
 
     def setup_model(self, model: nn.Module, world: World, blocks: list[nn.Module] | None = None) -> nn.Module:
-        """Move ``model`` to the world's device and parallelise it for this strategy's layout,
-        through the one apply path (``ctx.setup`` adds activation checkpointing and compile).
-        ``blocks``: the model's repeated blocks (fsdp units, pipeline cut points).
-
-        Collective: call on every rank."""
+        """``model`` on the world's device, parallelised for this layout through the one apply path
+        (``blocks``: fsdp units, pipeline cut points). Collective: call on every rank."""
         return parallelize(model, self, world, blocks=blocks or ())
 
     def replicate(self, model: nn.Module, world: World, place: Placement) -> nn.Module:
-        """This strategy's way of replicating ``model`` over the layout's ``dp_replicate`` ranks
-        (``place.group("dp_replicate")``), the data-parallel wrap where it does not shard; with one
-        replica, the model on the device. By default: the model on the device, no communication.
-
-        Collective where a strategy communicates: call on every rank."""
+        """This strategy's way of replicating ``model`` over ``dp_replicate`` where it does not shard
+        (default: the model on the device). Collective where it communicates: call on every rank."""
         return model.to(world.device)
 
     def placed(self, place: Placement) -> None:
@@ -108,13 +96,13 @@ class Strategy(abc.ABC):
         return optimizer
 
     def unwrap(self, model: nn.Module) -> nn.Module:
-        """The user's own module inside whatever wrapper ``setup_model`` added."""
-        return unwrap_module(model)
+        """The user's own module inside the wrappers that keep it in ``.module`` (DDP, DataParallel)."""
+        while isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
+            model = model.module
+        return model
 
     def data_parallel(self, world: World) -> tuple[int, int]:
-        """(rank, size) for sharding the data, from the layout: ranks that differ only in their
-        TP rank or pipeline stage read the same batches (pipeline alone: one replica, every rank
-        reads the same)."""
+        """(rank, size) for sharding the data: ranks that differ only in TP rank or stage read the same."""
         dims = self.layout(world)
         return dims.dp_rank(world.rank), dims.dp
 
@@ -126,30 +114,24 @@ class Strategy(abc.ABC):
     def forward_backward(self, model: nn.Module, inputs: torch.Tensor, target: torch.Tensor,
                          loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], *,
                          accumulation_steps: int, precision: Precision, collectives: Collectives) -> torch.Tensor:
-        """The whole step of a ``staged_step`` strategy (forward and backward through every
-        stage); returns the mean loss on every rank. Only called when ``capabilities.staged_step``.
-
+        """The whole step of a ``staged_step`` strategy; the mean loss on every rank.
         Collective: call on every rank with the same batch."""
         raise NotImplementedError(f"strategy {self.name!r} has no staged step (capabilities.staged_step is False)")
 
     def forward_only(self, model: nn.Module, inputs: torch.Tensor) -> torch.Tensor | None:
-        """The model's output for evaluation; None on ranks whose output is not scored (pipeline's
-        earlier stages hold none; under TP only the first rank of each TP group scores, as its
-        peers compute the same). Collective for staged and composed strategies: call on every rank."""
+        """The model's output for evaluation; None on ranks whose output is not scored (earlier
+        pipeline stages, TP peers). Collective for staged and composed strategies: call on every rank."""
         return model(inputs)
 
     def clip_grad_norm_(self, parameters: Iterable[nn.Parameter], max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
         """Clip by the norm over every rank's gradients; returns the norm before clipping.
-
         Collective under sharded and staged strategies: call on every rank."""
         norm = torch.nn.utils.clip_grad_norm_(list(parameters), max_norm, norm_type=norm_type)
         # Sharded gradients (fsdp: DTensors) give a DTensor norm, already over all shards.
         return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 
     def after_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        """Called after each real optimizer step (local SGD averages parameters here).
-
-        Collective where a strategy does something here: called on every rank."""
+        """After each real optimizer step (local SGD averages here); collective where it does anything."""
 
     # -- checkpoints and records -----------------------------------------------------------------
     def state_dict(self) -> dict[str, Any] | None:
@@ -160,9 +142,7 @@ class Strategy(abc.ABC):
         """Restore what ``state_dict`` returned on this rank."""
 
     def prepare_checkpoint(self, objects: dict[str, Any]) -> None:
-        """Before a checkpoint's state dicts are taken (zero1: gather the optimizer state on rank 0).
-
-        Collective: called on every rank."""
+        """Before a checkpoint's state dicts are taken (zero1 gathers on rank 0); called on every rank."""
 
     def comm_record(self) -> dict[str, Any]:
         """Fields for result records about how gradients travelled (ddp: ``comm``, ``comm_choice``)."""
@@ -206,10 +186,3 @@ class ForwardingOptimizer(torch.optim.Optimizer):
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.optimizer.zero_grad(set_to_none=set_to_none)
-
-
-def unwrap_module(model: nn.Module) -> nn.Module:
-    """Peel wrappers that keep the user's module in ``.module`` (DDP, DataParallel)."""
-    while isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
-        model = model.module
-    return model

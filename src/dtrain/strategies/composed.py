@@ -1,9 +1,6 @@
-"""A layout as given (``dtrain.init(parallel=...)``, ``--parallel dp_shard=2,tp=2``): the same
-strategy as the named presets (``LayoutStrategy``), with each dimension's usual way: DDP (with
-``--comm``) for replicas alone, ``fully_shard`` for ``dp_shard`` (HSDP with ``dp_replicate``),
-FSDP2's ``replicate`` for replicas of TP-split layers or of pipeline stages, a pipeline schedule
-for ``pp``, the task's plan for ``tp``. A layout of one way is thus the named strategy itself:
-``dp_replicate=N`` is ddp's layout with ddp's way, ``pp=N`` pipeline's, ``dp_shard=N`` fsdp's.
+"""A layout as given (``--parallel dp_shard=2,tp=2``): the named presets' ``LayoutStrategy``, each
+dimension run its usual way, so a layout of one way is the named strategy itself (``dp_shard=N``
+is fsdp, ``pp=N`` pipeline, ``dp_replicate=N`` ddp).
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""torch's DistributedDataParallel: one process per device, gradients all-reduced in buckets
-while the backward pass runs; ``comm=`` swaps the all-reduce for a method of ``dtrain.comm``
-(compression, PowerSGD, local SGD, auto).
-
-``ddp`` is the layout ``dp_replicate`` = every process, replicated by ``DDPReplicas`` (the same
-piece replicates a ``--parallel`` layout of replicas alone; zero1 holds one too).
+"""torch's DistributedDataParallel, its all-reduce swappable for a ``dtrain.comm`` method (``comm=``):
+the layout ``dp_replicate`` = every process, replicated by ``DDPReplicas`` (which also serves a
+``--parallel`` layout of replicas alone, and zero1).
 """
 
 from __future__ import annotations
@@ -45,9 +42,7 @@ class DDPConfig:
 
 
 class DDPReplicas:
-    """Replication by ``DistributedDataParallel`` over a group of replicas, with the ``--comm``
-    method attached to it and its state (a component: the strategies that replicate this way
-    hold one)."""
+    """Replication by DDP over a group of replicas, with the ``--comm`` method and its state."""
 
     def __init__(self, config: DDPConfig) -> None:
         self.config = config
@@ -95,10 +90,7 @@ class DDPReplicas:
             self.comm.after_step(optimizer)
 
     def payload_bytes(self, model: nn.Module) -> int:
-        """Bytes one rank hands to collectives per step as the ``--comm`` method sends them,
-        amortised: every trainable gradient (none, and auto until it has chosen); half of them
-        (fp16, bf16); PowerSGD's P and Q and the gradients it leaves whole; local SGD's
-        parameters once every H steps."""
+        """Bytes one rank hands to collectives per step (amortised) as the ``--comm`` method sends them."""
         params = [p for p in model.parameters() if p.requires_grad]
         full = sum(p.numel() * p.element_size() for p in params)
         spec = self.config.comm

@@ -1,9 +1,5 @@
-"""torch's ``nn.DataParallel``: one process drives every visible GPU from threads.
-
-Kept for comparison with the seed project. DDP is preferred: DataParallel runs one Python
-interpreter (one GIL) for all devices, copies the model to every device at every step and
-gathers outputs on the first device, so it scales poorly beyond two GPUs and not at all
-across machines. Without a GPU (or with one) it is a plain single process.
+"""torch's ``nn.DataParallel``: one process drives every visible GPU from threads (one GIL, the
+model copied every step), for comparison; ddp is preferred. Without two GPUs, a single process.
 """
 
 from __future__ import annotations

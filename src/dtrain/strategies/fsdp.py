@@ -1,16 +1,8 @@
-"""Fully sharded data parallel with torch's ``fully_shard`` (FSDP2): parameters, gradients and
-optimizer state sharded over ranks (ZeRO stage 3; Zhao et al., "PyTorch FSDP", VLDB 2023).
+"""Fully sharded data parallel with torch's ``fully_shard`` (FSDP2; ZeRO stage 3).
 
-Each wrapped unit's parameters become DTensors holding 1/N of every tensor (dim 0). Before a
-unit's forward its parameters are all-gathered, and freed again after it; its gradients are
-reduce-scattered in backward. ``fully_shard`` registers new (DTensor) parameters, so the
-optimizer, built on the model's parameters before ``ctx.setup``, has its parameter groups
-pointed at the new ones (``Placement.fit_optimizer``); its state then covers the shards only.
-
-``fsdp`` is the layout ``dp_shard`` = every process. ``hsdp`` is the same on a 2-D mesh (Hybrid
-Sharded DP), the layout ``dp_replicate x dp_shard``: sharded over the ranks of a node (or
-``shard_size`` ranks), replicated across them (gradients reduce-scattered within a group, then
-all-reduced across). Both go through the one apply path (``dtrain.parallel.apply.apply_fsdp``).
+``fsdp`` is the layout ``dp_shard`` = every process; ``hsdp`` the layout ``dp_replicate x dp_shard``:
+sharded over the ranks of a node (or ``shard_size`` ranks), replicated across them. Both go
+through the one apply path (``dtrain.parallel.apply.apply_fsdp``).
 """
 
 from __future__ import annotations
@@ -20,7 +12,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..parallel.dims import ParallelDims
-from ..parallel.fsdp import FSDPConfig, apply_fully_shard, parse_wrap, units
+from ..parallel.fsdp import FSDPConfig
 from ..world import World
 from . import register
 from .layout import SHARDS, LayoutStrategy
@@ -67,4 +59,4 @@ def hsdp(config: FSDPConfig | None = None, **options: Any) -> LayoutStrategy:
                           alone="hsdp with one process: nothing to shard; running the model as it is.")
 
 
-__all__ = ["FSDPConfig", "apply_fully_shard", "fsdp", "hsdp", "hybrid", "parse_wrap", "shards", "units"]
+__all__ = ["FSDPConfig", "fsdp", "hsdp", "hybrid", "shards"]

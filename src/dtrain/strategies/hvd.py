@@ -1,13 +1,6 @@
-"""Horovod's method on torch.distributed: the optimizer all-reduces gradients.
-
-Gradients are fused into fixed buckets, last layers first (Horovod's "tensor fusion", planned
-once as DDP's buckets are); a bucket is handed to an asynchronous all-reduce as soon as backward
-has accumulated all its gradients (``register_post_accumulate_grad_hook``), and ``step()`` waits
-for the buckets, writes the averaged gradients back and steps. No process of its own, no MPI: the collectives are
-torch.distributed's, on the process group ``dtrain.init`` joined.
-
-The ``hvd`` strategy uses ``GradientAllReduceOptimizer`` behind ``ctx.setup``;
-``dtrain.compat.horovod``'s ``DistributedOptimizer`` shares its ``GradientFusion``.
+"""Horovod's method on torch.distributed: the optimizer all-reduces gradients, fused into fixed
+buckets (last layers first) each sent as soon as backward has produced it; ``step()`` waits for
+them. ``dtrain.compat.horovod``'s ``DistributedOptimizer`` shares ``GradientFusion``.
 """
 
 from __future__ import annotations
@@ -88,11 +81,9 @@ class _Bucket:
 
 
 class GradientFusion:
-    """Horovod's tensor fusion with overlap: fixed buckets of ``params`` (``plan``) whose gradients
-    ``launch(flat)`` sends (asynchronously) once backward has produced all of a bucket's
-    (``passes`` times), strictly in bucket order, so every rank issues the same collectives in
-    the same order; ``finish(flat, sent)`` waits for one and returns the reduced flat buffer.
-    Used by this strategy's optimizer and by ``dtrain.compat.horovod.DistributedOptimizer``."""
+    """Horovod's tensor fusion with overlap: ``launch(flat)`` sends a bucket once backward has
+    produced all its gradients (``passes`` times), strictly in bucket order so every rank issues the
+    same collectives; ``finish(flat, sent)`` waits for one and returns the reduced buffer."""
 
     def __init__(self, params: list[nn.Parameter], passes: int, launch: Callable[[torch.Tensor], Any],
                  finish: Callable[[torch.Tensor, Any], torch.Tensor], *, first: int, cap: int) -> None:
@@ -249,9 +240,8 @@ class GradientAllReduceOptimizer(ForwardingOptimizer):
 
 
 def match_names(named: list[tuple[str, nn.Parameter]], params: list[nn.Parameter]) -> tuple[dict[nn.Parameter, str], list[str], int]:
-    """``named_parameters`` matched to an optimizer's parameters: {parameter: name}, the names given
-    more than once, and how many of ``params`` have no name. The callers raise their own errors on
-    the last two: this strategy a ConfigError, ``dtrain.compat.horovod`` the ValueError Horovod raises."""
+    """{parameter: name}, the names given twice, and how many of ``params`` have none (each caller
+    raises its own error: this strategy a ConfigError, ``dtrain.compat.horovod`` Horovod's ValueError)."""
     names = [n for n, _ in named]
     dupes = sorted({n for n in names if names.count(n) > 1})
     by_param = {p: n for n, p in named}

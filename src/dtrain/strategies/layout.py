@@ -1,12 +1,9 @@
 """A layout run with each dimension's usual way: the strategy behind ``ddp``, ``fsdp``, ``hsdp``,
 ``pipeline`` (each a ``ParallelDims`` preset of the world) and every ``--parallel`` layout.
 
-The apply path (``dtrain.parallel.apply.parallelize``) does the layout's steps; what stays here
-is what comes after, decided by the layout too: replication by DDP with ``--comm`` (``ddp``: a
-``DDPReplicas``), or by FSDP2's ``replicate`` under TP or pipeline stages; the staged step and
-evaluation through this rank's pipeline; clipping by the norm over every piece; the
-communication state of ``--comm``. Capabilities are declared per way (``REPLICAS``, ``SHARDS``,
-``STAGES``, ``SPLITS``); a layout declares those of the ways it uses.
+The apply path does the layout's steps; what stays here comes after: replication (DDP with
+``--comm``, or FSDP2's ``replicate`` under TP or stages), the staged step and evaluation, clipping
+over every piece. Capabilities are declared per way; a layout declares those of the ways it uses.
 """
 
 from __future__ import annotations
@@ -14,7 +11,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import fields
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -33,6 +30,7 @@ from .base import Capabilities, Strategy
 
 if TYPE_CHECKING:
     from ..comm.collectives import Collectives
+    from .ddp import DDPReplicas  # ddp.py imports this module
 
 REPLICAS = Capabilities(supports_comm=True)
 """DDP's replicas: ``--comm`` methods replace its gradient all-reduce."""
@@ -51,24 +49,6 @@ def combined(*declared: Capabilities) -> Capabilities:
     return Capabilities(**{f.name: any(getattr(c, f.name) for c in declared) for f in fields(Capabilities)})
 
 
-class Replicas(Protocol):
-    """The DDP piece a layout replicates with (``dtrain.strategies.ddp.DDPReplicas``)."""
-
-    config: Any
-
-    def wrap(self, model: nn.Module, world: World, group: Any = None) -> nn.Module: ...
-
-    def register_optimizer(self, optimizer: torch.optim.Optimizer) -> None: ...
-
-    def after_step(self, optimizer: torch.optim.Optimizer) -> None: ...
-
-    def record(self) -> dict: ...
-
-    def state_dict(self) -> dict: ...
-
-    def load_state_dict(self, state: dict) -> None: ...
-
-
 class LayoutStrategy(Strategy):
     """The layout ``preset(world)`` with its ways: ``ddp`` (replicas by DDP, with ``--comm``),
     ``fsdp`` (shards, ``hybrid``: HSDP), ``pipeline`` (stages), ``tp_plan`` (TP)."""
@@ -77,7 +57,7 @@ class LayoutStrategy(Strategy):
     capabilities = SPLITS  # a composed layout's; each instance declares its own ways'
 
     def __init__(self, name: str, preset: Callable[[World], ParallelDims], *, capabilities: Capabilities,
-                 ddp: Replicas | None = None, fsdp: FSDPConfig | None = None, hybrid: bool = False,
+                 ddp: DDPReplicas | None = None, fsdp: FSDPConfig | None = None, hybrid: bool = False,
                  pipeline: PipelineConfig | None = None, tp_plan: Callable[[nn.Module, int], dict] | None = None,
                  alone: str | None = None) -> None:
         self.name, self.capabilities, self._preset = name, capabilities, preset
@@ -129,10 +109,7 @@ class LayoutStrategy(Strategy):
                          accumulation_steps: int, precision: Precision, collectives: Collectives) -> torch.Tensor:
         """The step through this rank's pipeline (its data-parallel rank's batch); the mean loss
         on every rank of the pipeline. Collective: call on every rank."""
-        pipe = self._pipe()
-        if pipe is None:
-            return super().forward_backward(model, inputs, target, loss_fn, accumulation_steps=accumulation_steps,
-                                            precision=precision, collectives=collectives)
+        pipe = self._pipe() or super()
         return pipe.forward_backward(model, inputs, target, loss_fn, accumulation_steps=accumulation_steps,
                                      precision=precision, collectives=collectives)
 
@@ -173,12 +150,9 @@ class LayoutStrategy(Strategy):
             self._ddp.load_state_dict(state)
 
     def comm_payload_bytes(self, model: nn.Module) -> int | None:
-        """Per step: unknown (None) with TP or stages (activations, whose size depends on the
-        batch); FSDP over every rank: the unsharded parameters all-gathered for forward (and
-        again for backward when resharded after forward), in the mixed-precision policy's
-        parameter dtype, and the gradients reduce-scattered in its reduce dtype;
-        else one all-reduce of the gradients, as its ``--comm`` method sends them
-        (``DDPReplicas.payload_bytes``)."""
+        """Per step: None with TP or stages (activations depend on the batch); FSDP over every rank:
+        the parameters all-gathered (twice when resharded after forward) in the policy's dtype and
+        the gradients reduce-scattered in its reduce dtype; else as ``--comm`` sends them."""
         dims = self.placement.dims if self.placement is not None else ParallelDims()
         if self.pipeline is not None or dims.tp > 1 or dims.pp > 1:
             return None

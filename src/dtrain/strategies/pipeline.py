@@ -1,16 +1,7 @@
-"""Pipeline model parallelism with ``torch.distributed.pipelining``: an ``nn.Sequential`` cut
-into one stage per rank; each batch is split into micro-batches that flow through the stages
-(GPipe, Huang et al. 2019; or 1F1B, Narayanan et al., "PipeDream", 2019).
-
-``pipeline`` is the layout ``pp`` = every process, through the one apply path (its cut is
-``dtrain.parallel.apply.apply_pp``). Every rank holds only its stage's layers, their gradients
-and their optimizer state. There is no data parallelism: all ranks see the same batch (the first
-stage reads its inputs, the last its targets), so ``ctx.setup_dataloader`` does not shard the data
-under this strategy.
-
-The training step goes through ``ctx.forward_backward(model, inputs, target, loss_fn)``: a
-plain ``model(x)`` would run this rank's stage alone. The loss lives on the last stage and is
-broadcast, so every rank returns the same value.
+"""Pipeline model parallelism with ``torch.distributed.pipelining`` (GPipe or 1F1B schedules):
+the layout ``pp`` = every process, an ``nn.Sequential`` cut into one stage per rank. All ranks see
+the same batch, and the step goes through ``ctx.forward_backward`` (``model(x)`` would run one
+stage); the last stage's loss is broadcast to every rank.
 """
 
 from __future__ import annotations

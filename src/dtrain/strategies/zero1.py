@@ -1,14 +1,6 @@
-"""ZeRO stage 1: DDP for gradients, optimizer state sharded over ranks.
-
-The user's optimizer is rebuilt as torch's ``ZeroRedundancyOptimizer`` of the same class and
-settings: each rank keeps the state (e.g. Adam's two moments) of only its share of the
-parameters, steps those, and broadcasts the updated values to the others (Rajbhandari et al.,
-"ZeRO", 2020, stage P_os). Parameters and gradients stay whole on every rank.
-
-Checkpoints: ``prepare_checkpoint`` (called by the checkpoint manager on every rank) gathers the
-whole optimizer state on rank 0 with ``consolidate_state_dict``, so a zero1 checkpoint is an
-ordinary full-state checkpoint, loadable by ddp or single on any number of processes; loading
-one, each rank keeps the state of its own partition.
+"""ZeRO stage 1: DDP for gradients; the optimizer rebuilt as torch's ``ZeroRedundancyOptimizer``,
+each rank keeping and stepping the state of its share of the parameters. ``prepare_checkpoint``
+gathers the whole state on rank 0, so a zero1 checkpoint loads under any strategy and world size.
 """
 
 from __future__ import annotations
