@@ -1,11 +1,6 @@
-"""Tasks: a model, its data sets, its loss and its metric, as one value.
-
-Built-ins: ``digits`` (scikit-learn's bundled handwritten digits; needs no files), ``images``
-(a torchvision model on an image folder, or on synthetic images), ``lm`` (a GPT-style byte-level
-language model on text files, by default the Python standard library's sources), ``mnist`` (the
-IDX files from ``--data-dir``) and ``synthetic`` (random tensors, for throughput). A
-user's own task is ``MODULE:FUNCTION``: a function returning a ``Task`` (or a dict of its
-fields); it may take ``data_dir`` and any ``--task-arg KEY=VALUE`` as keyword arguments.
+"""Tasks: a model, its data sets, its loss and its metric, as one value: the built-ins (``BUILTIN``,
+one module each), ``hf:PATH``, or a user's ``MODULE:FUNCTION`` returning a ``Task`` (or a dict of
+its fields), which may take ``data_dir`` and any ``--task-arg KEY=VALUE`` as keyword arguments.
 """
 
 from __future__ import annotations

@@ -15,10 +15,8 @@ from .models import mlp
 
 
 def load_arrays() -> tuple[np.ndarray, np.ndarray]:
-    """The 1,797 digits as (pixels 0-16 as float64, n x 64; labels as int64), read as scikit-learn's
-    ``load_digits`` reads them, from the file scikit-learn ships, without importing scikit-learn (an
-    import of ~1.4 s in each process, the launching one included, against 0.03 s for the file).
-    Falls back to ``load_digits`` where the file is not where it has been since scikit-learn 0.x."""
+    """The 1,797 digits (pixels 0-16 as float64, n x 64; labels int64) from the file scikit-learn ships,
+    without importing it (~1.4 s in each process); else through ``load_digits``."""
     spec = importlib.util.find_spec("sklearn")  # finds the package without running it
     if spec is None or spec.origin is None:
         raise ConfigError("task 'digits' needs scikit-learn; install it with: pip install 'dtrain[digits]'.")

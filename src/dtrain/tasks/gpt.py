@@ -1,10 +1,6 @@
-"""A GPT-style decoder (as nanoGPT's ``model.py``): token and position embeddings, pre-LayerNorm
-blocks of causal self-attention and an MLP, a final LayerNorm and a head tied to the token
-embedding (Radford et al., "Language Models are Unsupervised Multitask Learners", 2019).
-
-The model is an ``nn.Sequential`` of ``Embedding``, ``Block`` x layers, ``Head`` so that the
-pipeline strategy can cut it between blocks; its blocks are the units of FSDP wrapping and of
-activation checkpointing (``gpt_blocks``).
+"""A GPT-2-style decoder (as nanoGPT's ``model.py``), an ``nn.Sequential`` of ``Embedding``,
+``Block`` x layers and ``Head`` so that a pipeline can cut it between blocks; its blocks are the
+units of FSDP wrapping and of activation checkpointing (``gpt_blocks``).
 """
 
 from __future__ import annotations

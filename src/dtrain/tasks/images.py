@@ -109,16 +109,6 @@ def resnet_stages(model: nn.Module) -> list[nn.Module]:
     return [model.layer1, model.layer2, model.layer3, model.layer4]
 
 
-def train_transform(tv: Any, size: int) -> Callable[[Any], torch.Tensor]:
-    t = tv.transforms
-    return t.Compose([t.RandomResizedCrop(size), t.RandomHorizontalFlip(), t.ToTensor(), t.Normalize(MEAN, STD)])
-
-
-def eval_transform(tv: Any, size: int) -> Callable[[Any], torch.Tensor]:
-    t = tv.transforms
-    return t.Compose([t.Resize(int(size * 256 / 224)), t.CenterCrop(size), t.ToTensor(), t.Normalize(MEAN, STD)])
-
-
 def folder_sets(tv: Any, data_dir: str | None, size: int, skip_bad: bool) -> tuple[ImageFolderSet, ImageFolderSet | None]:
     if not data_dir:
         raise ConfigError("task 'images' needs --data-dir DIR holding DIR/train/CLASS/*.jpg (or --task-arg source=synthetic).")
@@ -129,7 +119,9 @@ def folder_sets(tv: Any, data_dir: str | None, size: int, skip_bad: bool) -> tup
     if not classes:
         raise DataError(f"task 'images': {train_dir!r} has no class sub-folders; put each class's images in train/CLASS/.")
     index = {c: i for i, c in enumerate(classes)}
-    train = ImageFolderSet(_scan(tv, train_dir, index), classes, train_transform(tv, size), skip_bad=skip_bad, keyed=True)
+    t = tv.transforms
+    augment = t.Compose([t.RandomResizedCrop(size), t.RandomHorizontalFlip(), t.ToTensor(), t.Normalize(MEAN, STD)])
+    train = ImageFolderSet(_scan(tv, train_dir, index), classes, augment, skip_bad=skip_bad, keyed=True)
     train.sample_bytes = 3 * size * size * 4  # one decoded float image: sizes the prefetch (dtrain.data.plan)
     val_dir = os.path.join(data_dir, "val")
     if not os.path.isdir(val_dir):
@@ -138,7 +130,8 @@ def folder_sets(tv: Any, data_dir: str | None, size: int, skip_bad: bool) -> tup
     if extra:
         raise DataError(f"task 'images': val/ has classes that train/ lacks: {', '.join(extra[:5])}; give both the same class folders.")
     val_index = {c: i for c, i in index.items() if os.path.isdir(os.path.join(val_dir, c))}
-    return train, ImageFolderSet(_scan(tv, val_dir, val_index), classes, eval_transform(tv, size), skip_bad=skip_bad, keyed=False)
+    center = t.Compose([t.Resize(int(size * 256 / 224)), t.CenterCrop(size), t.ToTensor(), t.Normalize(MEAN, STD)])
+    return train, ImageFolderSet(_scan(tv, val_dir, val_index), classes, center, skip_bad=skip_bad, keyed=False)
 
 
 def _scan(tv: Any, folder: str, index: dict[str, int]) -> list[tuple[str, int]]:
