@@ -204,22 +204,18 @@ def build(settings: dict[str, Any], base_device: Device | None = None) -> Cluste
     else:
         source = {"device": f"preset {kind}" if kind in DEVICES else "cpu"}
     device = base_device or device_named(kind)
-    dev_changes: dict[str, Any] = {}
+    changes: dict[str, Any] = {}
     if "peak_tflops" in s:
-        rate = float(s["peak_tflops"]) * 1e12
-        dev_changes["peak_flops"] = dict.fromkeys(device.peak_flops, rate)
-        source["peak_tflops"] = "given"
+        changes["peak_flops"], source["peak_tflops"] = dict.fromkeys(device.peak_flops, float(s["peak_tflops"]) * 1e12), "given"
     if "memory_gib" in s:
-        dev_changes["memory_bytes"] = float(s["memory_gib"]) * GIB
+        changes["memory_bytes"] = float(s["memory_gib"]) * GIB
     if "mem_bw_gbytes_per_s" in s:
-        dev_changes["mem_bw"] = float(s["mem_bw_gbytes_per_s"]) * GB
+        changes["mem_bw"] = float(s["mem_bw_gbytes_per_s"]) * GB
     if "achieved_fraction" in s:
-        frac = float(s["achieved_fraction"])
-        if not 0 < frac <= 1:
+        if not 0 < (frac := float(s["achieved_fraction"])) <= 1:
             raise ConfigError(f"--mfu {frac} must be a fraction of the peak in (0, 1]; e.g. --mfu 0.4.")
-        dev_changes["achieved"] = frac
-        source["achieved_fraction"] = "given"
-    device = replace(device, **dev_changes)
+        changes["achieved"], source["achieved_fraction"] = frac, "given"
+    device = replace(device, **changes)
     # CPU processes talk through gloo over TCP: a few hundred microseconds a message, locally ~1 GB/s
     links = dict(LINKS.get(kind, {"intra_bw": 1 * GB, "inter_bw": 0.125 * GB, "intra_lat": 200e-6, "inter_lat": 250e-6}))
     source["links"] = f"preset {kind}" if kind in LINKS else "defaults (gloo: 1 GB/s, 200 us inside a node; 1 Gbit/s, 250 us between; measure with `dtrain doctor`)"

@@ -211,8 +211,7 @@ class Group:
     nodes: int
     per_node: int
     sharing: int = 1
-    """Groups like it that send through the same node's NICs at once (hsdp's replicas, the dp
-    groups of a tp x dp layout): each gets 1/sharing of the node's bandwidth between nodes."""
+    """Groups like it sending through the same node's NICs at once (hsdp's replicas, tp x dp's dp groups)."""
 
     @property
     def size(self) -> int:
@@ -277,9 +276,7 @@ def _reduce_is_allreduce(group: Group, c: Cluster) -> bool:
 
 
 def broadcast(nbytes: float, group: Group, c: Cluster, *, messages: int = 1) -> float:
-    """Seconds for broadcasts of ``nbytes`` in all to ``group``, one after another, paying the
-    link's latency ``messages`` times (queued broadcasts issued before any is waited for: one per
-    sending rank)."""
+    """Seconds for broadcasts of ``nbytes`` in all to ``group``, queued: the latency paid ``messages`` times."""
     if group.size <= 1 or nbytes <= 0:
         return 0.0
     f = c.figure("broadcast", group.nodes > 1, group.sharing)

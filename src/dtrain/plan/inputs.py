@@ -1,7 +1,5 @@
-"""What a user hands `dtrain plan` about the machines (flags, a ``--cluster`` file, a ``--links``
-file), checked once where it enters (types, finite numbers in a wide range, small regular text
-files), each mistake one ``ConfigError`` line: what, the value, the fix.
-"""
+"""What a user hands `dtrain plan` about the machines (flags, a ``--cluster`` or ``--links`` file),
+checked where it enters: each mistake one ``ConfigError`` line (what, the value, the fix)."""
 
 from __future__ import annotations
 
@@ -14,11 +12,9 @@ from typing import Any
 
 from ..errors import ConfigError
 
-MAX_WORLD = 1 << 18
-"""Processes a plan is for (262,144: beyond the largest clusters; the model enumerates ranks)."""
+MAX_WORLD = 1 << 18  # processes (262,144): beyond the largest clusters
 MAX_PROCS_PER_NODE = 1024
-MAX_FILE_BYTES = 1 << 20
-"""A cluster or links file is a few hundred bytes."""
+MAX_FILE_BYTES = 1 << 20  # a cluster or links file is a few hundred bytes
 
 
 @dataclass(frozen=True)
@@ -93,8 +89,7 @@ def check(b: Bound, value: Any, what: str, fix: str, *, flag: bool = False) -> A
 
 
 def cluster_settings(raw: dict[Any, Any], where: str | None = None) -> dict[str, Any]:
-    """``raw`` checked: a ``--cluster`` file's (``where`` names it) or the flags' (``where`` None:
-    named by their flags; None values, flags not given, left out)."""
+    """``raw`` checked: a ``--cluster`` file's (``where``) or the flags' (``where`` None; None values left out)."""
     unknown = sorted(shown(k) for k in raw if k not in SETTINGS)
     if unknown:
         raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(SETTINGS)}.")
@@ -118,8 +113,7 @@ def world(nodes: int, procs_per_node: int) -> int:
 
 
 def read_text(what: str, path: str, fix: str, limit: int = MAX_FILE_BYTES) -> str:
-    """The text of ``path``, a small regular UTF-8 file; a FIFO, a device or a folder is refused
-    without blocking (opened non-blocking, checked before any read)."""
+    """The text of ``path``, a small regular UTF-8 file; a FIFO, device or folder refused without blocking."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except (OSError, ValueError) as exc:

@@ -1,6 +1,4 @@
-"""The layouts a plan compares: each one a value `dtrain train` takes as it is (a strategy name or
-a ``--parallel`` string) with a ``--comm`` method.
-"""
+"""The layouts a plan compares: each a strategy name or ``--parallel`` string with a ``--comm`` method."""
 
 from __future__ import annotations
 
@@ -15,8 +13,7 @@ COMMS = ("none", "bf16", "powersgd:2", "localsgd:16")
 @dataclass(frozen=True)
 class Layout:
     name: str
-    """As `dtrain train` takes it: a strategy name (``ddp``, ``zero1``, ``fsdp``, ``hsdp``,
-    ``single``) or a ``--parallel`` string (``dp_shard=4,tp=2``)."""
+    """As `dtrain train` takes it: ``ddp``, ``zero1``, ``fsdp``, ``hsdp``, ``single`` or ``dp_shard=4,tp=2``."""
     dims: ParallelDims
     zero1: bool = False
     comm: str = "none"
@@ -33,13 +30,11 @@ class Layout:
         return self.name if self.comm == "none" else f"{self.name} --comm {self.comm}"
 
 
-NAMED = ("ddp", "zero1", "fsdp", "hsdp")
-"""The strategies the plan compares by name (each at its registry preset)."""
+NAMED = ("ddp", "zero1", "fsdp", "hsdp")  # compared by name, each at its registry preset
 
 
 def named(name: str, world: int, procs_per_node: int, comms: tuple[str, ...] = ("none",)) -> list[Layout]:
-    """The strategy ``name`` at its preset (``strategies.preset``): one layout per comm method
-    where the strategy takes ``--comm`` (ddp), else one."""
+    """The strategy ``name`` at its preset, once per comm method where it takes ``--comm`` (ddp)."""
     from .. import strategies
 
     dims = strategies.preset(name, world, procs_per_node)
