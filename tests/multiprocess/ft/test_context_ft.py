@@ -15,6 +15,8 @@ from dtrain.ft.ledger import check_ft_ledger
 from tests.paths import ROOT
 from tests.support.procs import LaunchedJob
 
+from .test_fault_tolerance import _cmdline
+
 pytest.importorskip("torchft")
 
 SCRIPT = str(ROOT / "tests" / "scripts" / "ft_loop.py")
@@ -34,7 +36,7 @@ def _commits(path):
 
 
 def _group_processes(job):
-    return [p for p in job.descendants() if SCRIPT in p.cmdline()]
+    return [p for p in job.descendants() if SCRIPT in _cmdline(p)]
 
 
 @pytest.mark.timeout(400)

@@ -12,6 +12,7 @@ import shutil
 import signal
 import time
 
+import psutil
 import pytest
 import torch
 
@@ -34,6 +35,15 @@ def _records(path):
             except ValueError:
                 pass  # a line being written
     return out
+
+
+def _cmdline(process):
+    """A job's process's command line; "" for one that has ended (``descendants`` remembers every
+    process it saw, short-lived helpers too)."""
+    try:
+        return " ".join(process.cmdline())
+    except psutil.NoSuchProcess:
+        return ""
 
 
 def _result(job):
@@ -185,8 +195,7 @@ def test_the_launcher_restarts_a_killed_group_which_heals(tmp_path):
     with LaunchedJob(args, out_dir=_mkdir(tmp_path / "out")) as job:
         job.wait_for(lambda: {r["replica"] for r in _records(metrics)[-6:] if r["participants"] == 2} == {"0-0", "0-1"},
                      timeout=180)
-        victim = next(p for p in job.descendants() if "spawn_main" in " ".join(p.cmdline()) and p.name() != "resource_tracker"
-                      and "resource_tracker" not in " ".join(p.cmdline()))
+        victim = next(p for p in job.descendants() if "spawn_main" in _cmdline(p) and "resource_tracker" not in _cmdline(p))
         victim.kill()
         killed_at = time.time()
         job.wait_for(lambda: sum(r["participants"] == 2 and r["time"] > killed_at + 1 for r in _records(metrics)) >= 4,
