@@ -1,10 +1,7 @@
-"""Timing steps on this machine: the plain step on the device at hand (``measure``), and each
-layout's own machinery on this CPU (``Machinery``): the step run plainly and under each layout's
-wrapping, as `dtrain train` builds it, in a fresh process of a world of one, where every collective
-is a local no-op, so what a layout adds is its CPU work (DDP's reducer, PowerSGD, FSDP's hooks,
-DTensor, a schedule's bookkeeping). The kinds run in turn, round after round (medians kept); the
-same process reports a worker's memory: before any model, with pipelining imported, at the peak.
-"""
+"""Timing steps here: the plain step on the device at hand (``measure``), and each layout's own
+machinery on this CPU (``measure_layouts``): the step under each layout's wrapping in a fresh process
+of a world of one, where every collective is a no-op, so what a layout adds is its CPU work; the
+same process reports a worker's memory (before any model, with pipelining imported, at the peak)."""
 
 from __future__ import annotations
 
