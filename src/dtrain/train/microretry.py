@@ -62,8 +62,9 @@ class Guard:
         failed_at: list[tuple[int, list[int]]] = []
         while True:
             kept = _Kept(self.model, self.ctx.device)
-            loss, status, error = self._try(step, x, y, k, micro)
-            flags = status if status is not None else self._agree(0.0 if error is None else 2.0)
+            loss, flags, mine, error = self._try(step, x, y, k, micro)
+            if flags is None:  # the flag goes with the first bucket of gradients: one collective, not two
+                flags = self._agree(mine) if self._each() else average_gradients(self.ctx, self.model, mine)
             if error is not None:
                 raise error
             broken = _where(flags, 2)
@@ -78,7 +79,8 @@ class Guard:
             k = self._smaller(step, k, failed_at)
         if failed_at:
             self._log(step, failed_at, k)
-        average_gradients(self.ctx, self.model)
+        if self._each():  # the flag went alone: the gradients still to average
+            average_gradients(self.ctx, self.model)
         return loss
 
     def record(self) -> dict[str, Any]:
@@ -91,15 +93,21 @@ class Guard:
         return out
 
     # -- one try -------------------------------------------------------------------------------
-    def _try(self, step: int, x: Any, y: Any, k: int, micro: Micro) -> tuple[torch.Tensor, torch.Tensor | None, Exception | None]:
-        """(the loss, the agreed flags when a peer's failure was seen before the end, this rank's
-        error other than out-of-memory)."""
+    def _each(self) -> bool:
+        """True where the wrapper broadcasts buffers at the start of each forward (DDP with
+        BatchNorm): a rank that failed must not be waited for there, so the flag is agreed before
+        each micro-step after the first, and alone."""
         from ..context.step import inner_module
 
-        inner = inner_module(self.model)
-        # DDP broadcasts buffers at the start of each forward: a rank that failed must not be
-        # waited for there, so the flag is agreed before each micro-step after the first.
-        each = bool(getattr(inner, "will_sync_module_buffers", lambda: False)())
+        return bool(getattr(inner_module(self.model), "will_sync_module_buffers", lambda: False)())
+
+    def _try(self, step: int, x: Any, y: Any, k: int,
+             micro: Micro) -> tuple[torch.Tensor, torch.Tensor | None, float, Exception | None]:
+        """(the loss, the flags when they were agreed already, this rank's status (0: fine, 1: out
+        of memory, 2: another error), that other error)."""
+        from ..context.step import inner_module
+
+        inner, each = inner_module(self.model), self._each()
         loss = torch.zeros((), device=self.ctx.device)
         watch = self.budget if self.budget is not None and step >= self.from_step else None
         try:
@@ -110,12 +118,12 @@ class Guard:
                     with self._watched(watch):
                         loss += micro(xm, ym, k).float() / k
         except _PeerFailed:
-            return loss, flags, None
+            return loss, flags, 0.0, None
         except torch.OutOfMemoryError:  # the frames that held the activations are gone with the exception
-            return loss, self._agree(1.0), None
+            return loss, None, 1.0, None
         except Exception as exc:  # noqa: BLE001 - agreed first (in step), raised there
-            return loss, None, exc
-        return loss, None, None
+            return loss, None, 2.0, exc
+        return loss, None, 0.0, None
 
     @contextlib.contextmanager
     def _watched(self, budget: Budget | None) -> Iterator[None]:
@@ -169,11 +177,14 @@ class Guard:
                         f"per micro-step x {k} accumulated = batch {self.fitter.batch}/process, kept from now on (tried {tried})")
 
 
-def average_gradients(ctx: Any, model: Any) -> None:
+def average_gradients(ctx: Any, model: Any, mine: float | None = None) -> torch.Tensor | None:
     """Every gradient averaged over the ranks, in buckets of ``BUCKET_BYTES`` (a parameter
-    without one gets zeros, so every rank sends the same). Collective."""
+    without one gets zeros, so every rank sends the same). With ``mine`` (this rank's status),
+    every rank's status travels with the first bucket and comes back (summed: each rank's at its
+    index); when any is not 0 the gradients are left as they were, for the caller to drop.
+    Collective."""
     if not ctx.world.distributed:
-        return
+        return None if mine is None else torch.tensor([mine])
     params = [p for p in model.parameters() if p.requires_grad]
     for p in params:
         if p.grad is None:
@@ -187,11 +198,26 @@ def average_gradients(ctx: Any, model: Any) -> None:
             size = 0
         buckets[-1].append(g)
         size += nbytes
-    for bucket in buckets:
-        if bucket:
+    flags = None
+    if mine is not None:
+        exact = buckets[0] and buckets[0][0].dtype in (torch.float32, torch.float64)  # small integers, summed exactly
+        own = torch.zeros(ctx.world_size, dtype=buckets[0][0].dtype if exact else torch.float32, device=ctx.device)
+        own[ctx.rank] = mine
+        if not exact:
+            flags = ctx.all_reduce(own, op="sum").cpu()
+            if flags.any():
+                return flags
+    for i, bucket in enumerate(b for b in buckets if b):
+        if i == 0 and mine is not None and flags is None:
+            flat = ctx.all_reduce(torch.cat([own, _flatten_dense_tensors(bucket)]), op="sum")
+            flags, flat = flat[:ctx.world_size].cpu(), flat[ctx.world_size:].div_(ctx.world_size)
+            if flags.any():
+                return flags
+        else:
             flat = ctx.all_reduce(_flatten_dense_tensors(bucket), op="mean")
-            for grad, averaged in zip(bucket, _unflatten_dense_tensors(flat, bucket)):
-                grad.copy_(averaged)
+        for grad, averaged in zip(bucket, _unflatten_dense_tensors(flat, bucket)):
+            grad.copy_(averaged)
+    return flags
 
 
 class _Kept:

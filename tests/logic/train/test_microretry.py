@@ -33,13 +33,16 @@ class _Peer:
         self.strategy, self.limit, self.m = _Strategy(), limit, 0
         self.world = type("W", (), {"distributed": True})()
         self._step = type("S", (), {"micro_step": 0})()
-        self.flags = 0
+        self.flags = self.means = 0
         self.peer_error = False
 
     def all_reduce(self, t, op="mean"):
-        if op == "sum":  # a flag: the peer's status at the try's micro-batch
+        if op == "sum":  # the flags (the peer's status at the try's micro-batch), maybe with gradients (the peer's equal)
             self.flags += 1
-            return t + torch.tensor([0.0, 2.0 if self.peer_error else float(self.m > self.limit)])
+            peer = t.clone()
+            peer[:2] = torch.tensor([0.0, 2.0 if self.peer_error else float(self.m > self.limit)])
+            return t + peer
+        self.means += op == "mean"
         return t  # min of equal proposals; the mean of equal gradients
 
 
@@ -109,8 +112,10 @@ def test_a_peer_out_of_memory_at_a_later_step_is_retried_smaller_and_leaves_a_cl
     assert len(line) == 1 and "step 1 ran out of memory, micro-batch 32 -> 8" in line[0], line
     assert "32 (out of memory on rank 1), 16 (out of memory on rank 1)" in line[0], line
     seen[:] = []
+    flags, means = ctx.flags, ctx.means
     guard.step(2, x, y, _micro(ctx, model, seen))
     assert seen == [8, 8, 8, 8]  # kept from now on
+    assert (ctx.flags - flags, ctx.means - means) == (1, 0)  # one collective a step: the flag with the gradients
 
 
 def test_this_ranks_own_out_of_memory_from_a_step_on_is_retried():
