@@ -1,28 +1,12 @@
 """Each parallelism as one short function, applied by ``parallelize`` in one fixed order for
-every strategy, named or a ``--parallel`` layout:
+every strategy, named or a ``--parallel`` layout (docs/parallelism.md): ``apply_pp`` (this rank's
+stage; every later step applies to it alone), ``apply_float8`` (before TP, which a later swap of
+its linears would undo), ``apply_tp``, ``apply_ac``, ``apply_compile`` per block, ``apply_dp``
+(``apply_fsdp`` where the strategy shards, else ``Strategy.replicate``), then compile of the whole.
 
-1. ``apply_pp``: pipeline split (``pp``, or a staged strategy on one process): this rank keeps
-   its stage's layers, and every later step applies to that stage alone,
-2. ``apply_float8``: the blocks' linears to torchao's float8 ones (``--precision float8``), before
-   TP as torchtitan's model converters and torchao do (swapping a linear after TP drops TP's hooks),
-3. ``apply_tp``: tensor parallelism (the task's plan, through ``parallelize_module``),
-4. ``apply_ac``: activation checkpointing of each block,
-5. ``apply_compile``: ``torch.compile`` of each block,
-6. ``apply_dp``, the data-parallel wrap, as the layout says: ``apply_fsdp`` (``fully_shard`` over
-   ``dp_shard``; HSDP over (``dp_replicate``, ``dp_shard``)) where the strategy shards, else the
-   strategy's own way of replicating over ``dp_replicate`` (``Strategy.replicate``: DDP with
-   ``--comm``, DDP and a sharded optimizer, Horovod's hooks, ``nn.DataParallel``; ``apply_ddp``,
-   FSDP2's ``replicate``, under TP or pipeline stages),
-7. ``torch.compile`` of the whole wrapped model when no blocks were compiled.
-
-The order is torchtitan's (its pipeline split, then ``parallelize_llama``): the pipeline cut
-first, so each stage is parallelised on its own; TP rewrites the layers' parameters into
-DTensors, so checkpointing recomputes and compile traces the split layers, and FSDP, last,
-shards what TP left on each rank over the data-parallel ranks (a 2-D DTensor). A sharded or
-replicated stage works inside a pipeline schedule because torch's ``PipelineStage`` drives
-FSDP2's (and ``replicate``'s) gradient sync itself: held back on every micro-batch's backward,
-reduced once after the last (``torch/distributed/pipelining/stage.py``,
-``backward_maybe_with_nosync`` and ``perform_reduce_grad``).
+The order is torchtitan's: TP turns parameters into DTensors that checkpointing recomputes and
+compile traces, and FSDP, last, shards what TP left (a 2-D DTensor). A sharded or replicated stage
+works in a pipeline schedule because torch's ``PipelineStage`` drives FSDP2's gradient sync itself.
 """
 
 from __future__ import annotations
@@ -115,8 +99,9 @@ def apply_ac(blocks: Sequence[nn.Module]) -> int:
 
 
 def apply_compile(blocks: Sequence[nn.Module]) -> None:
-    """``torch.compile`` each block in place (``dtrain.parallel.transforms``)."""
-    transforms.compile_blocks(blocks)
+    """``torch.compile`` each block in place (``Module.compile``: parameter names unchanged)."""
+    for block in blocks:
+        block.compile()
 
 
 def apply_fsdp(model: nn.Module, dp_mesh: Any, device: torch.device, blocks: Sequence[nn.Module] | None,
@@ -132,10 +117,8 @@ def apply_fsdp(model: nn.Module, dp_mesh: Any, device: torch.device, blocks: Seq
 
 
 def apply_ddp(model: nn.Module, dp_mesh: Any, device: torch.device) -> nn.Module:
-    """Replicate over ``dp_mesh``: gradients all-reduced in backward. torch's
-    ``DistributedDataParallel`` takes no DTensor parameters, so with TP this is FSDP2's
-    ``replicate`` (DDP built on fully_shard's machinery), which composes with TP's DTensors;
-    parameters then stay whole on every data-parallel rank, as under DDP."""
+    """Replicate over ``dp_mesh`` with FSDP2's ``replicate``: torch's DDP takes no DTensor
+    parameters (TP's); parameters stay whole on every data-parallel rank, as under DDP."""
     from torch.distributed._composable.replicate_with_fsdp import replicate
 
     model = model.to(device)
@@ -145,12 +128,9 @@ def apply_ddp(model: nn.Module, dp_mesh: Any, device: torch.device) -> nn.Module
 
 def apply_dp(model: nn.Module, strategy: Wrapping, place: Placement, blocks: Sequence[nn.Module],
              param_dtype: torch.dtype | None = None) -> nn.Module:
-    """The data-parallel wrap the layout decides: ``fully_shard`` over ``dp_shard`` (over
-    (dp_replicate, dp_shard), HSDP, when the shards are replicated too, or the strategy is
-    ``hybrid``: hsdp with groups of one), with the strategy's ``fsdp`` settings; else the
-    strategy's own way of replicating over ``dp_replicate`` (on one replica: the model on the
-    device). Sharded, parameters are gathered in ``param_dtype`` (recorded on ``place``).
-    Collective: call on every rank."""
+    """``fully_shard`` over ``dp_shard`` (HSDP over (dp_replicate, dp_shard) when the shards are
+    replicated too or the strategy is ``hybrid``), gathering in ``param_dtype``; else the
+    strategy's own way of replicating over ``dp_replicate``. Collective: call on every rank."""
     world = place.world
     if shards(strategy, place):
         hybrid = strategy.hybrid or place.dims.dp_replicate > 1
@@ -170,15 +150,10 @@ class Wrapping(Protocol):
 
     name: str
     pipeline: PipelineConfig | None
-    """Cut the model into the layout's pipeline stages, with these settings (None: no stages)."""
     fsdp: FSDPConfig | None
-    """How to shard over ``dp_shard`` (None: the defaults; set: shard even where ``dp_shard`` is 1,
-    with ``hybrid``)."""
     hybrid: bool
-    """Shard within groups and replicate across them (HSDP) even where the layout has one group."""
     tp_plan: Callable[[nn.Module, int], dict[str, Any]] | None
     placement: Placement | None
-    """Where the last ``parallelize`` placed this rank (its mesh is reused by the next)."""
 
     @property
     def capabilities(self) -> Any: ...
@@ -192,14 +167,10 @@ class Wrapping(Protocol):
 
 def parallelize(model: nn.Module, strategy: Wrapping, world: Any, *, blocks: Sequence[nn.Module] = (),
                 activation_checkpointing: bool = False, compile: bool = False, precision: Precision | None = None) -> nn.Module:
-    """The one order every strategy and every layout goes through: the pipeline cut, float8, TP,
-    activation checkpointing and compile of each block where compile goes per block
-    (``transforms.compile_per_block``: sharded parameters, pipeline stages, activation
-    checkpointing), the data-parallel wrap, then compile of the whole wrapped model otherwise
-    (as torch's documentation does for DDP: the compiled DDP module splits its graph at bucket
-    boundaries, DDPOptimizer). Under a mixed ``precision`` a sharded model gathers its parameters
-    in the 16-bit type (``fsdp.mixed_precision``). The strategy keeps the placement
-    (``strategy.placed``). Collective: call on every rank."""
+    """The one order every strategy and layout goes through (the module docstring); compile goes per
+    block where ``transforms.compile_per_block`` says, else on the whole wrapped model (as torch
+    does for DDP). A mixed ``precision`` gathers sharded parameters in its 16-bit type; the
+    strategy keeps the placement. Collective: call on every rank."""
     dims = strategy.layout(world)
     place = strategy.placement.again(dims, world) if strategy.placement is not None else Placement(dims, world)
     blocks = list(blocks)

@@ -1,12 +1,9 @@
 """Gradient clipping by the global norm over every parallel dimension, in one all-reduce.
 
-``torch.nn.utils.clip_grad_norm_`` cannot take the gradients of a composed model: TP's layers
-hold DTensors on the ``tp`` mesh, FSDP's on ``(dp_shard, tp)`` or ``dp_shard`` alone, and
-replicated layers plain tensors, and ``_foreach_norm`` refuses such a mix ("got mixed
-torch.Tensor and DTensor"). Here every rank sums |g|^p over its local pieces, each divided by
-how many ranks hold that same piece, and one all-reduce over the world adds them up. Under
-pipeline parallelism a parameter lives on the ranks of its stage only (``holders``: the world
-over ``pp``), and the stages' parameters are disjoint, so the same sum covers every stage.
+``torch.nn.utils.clip_grad_norm_`` refuses a mix of DTensors on several meshes and plain tensors
+(a composed model). Here every rank sums |g|^p over its local pieces, each divided by how many
+ranks hold that same piece, and one all-reduce adds them up; pipeline stages hold disjoint
+parameters, so the same sum covers every stage.
 """
 
 from __future__ import annotations
@@ -40,12 +37,9 @@ def _local(grad: torch.Tensor) -> torch.Tensor:
 
 
 def settle_grads(parameters: Iterable[torch.Tensor]) -> list[torch.Tensor]:
-    """Every gradient laid out as its parameter (returned in order). Under sequence parallelism
-    a LayerNorm's weight is whole on every TP rank but each rank saw only its part of the
-    sequence, so its gradient is a Partial DTensor (a sum still to be taken over the TP ranks);
-    FSDP2 redistributes such gradients itself, plain TP leaves them to the optimizer's DTensor
-    ops. Redistributing here (an all-reduce over the TP ranks) gives the norm and the clipped
-    gradient their true values. Collective over each parameter's mesh: call on every rank."""
+    """Every gradient laid out as its parameter (returned in order): under sequence parallelism a
+    LayerNorm's gradient is a Partial DTensor (a sum over the TP ranks still to take), which plain
+    TP leaves to the optimizer; the norm needs its true value. Collective: call on every rank."""
     grads = []
     for p in parameters:
         g = p.grad
@@ -91,15 +85,12 @@ def clip_stages_(parameters: Iterable[torch.Tensor], max_norm: float, norm_type:
     ranks in one all-reduce. Collective: call on every rank."""
     params = [p for p in parameters if p.grad is not None]
     local = torch.nn.utils.get_total_norm([p.grad for p in params], norm_type)
-    if distributed:
-        if norm_type == float("inf"):
-            dist.all_reduce(local, op=dist.ReduceOp.MAX)
-            total = local
-        else:
-            powered = local.double() ** norm_type
-            dist.all_reduce(powered, op=dist.ReduceOp.SUM)
-            total = (powered ** (1.0 / norm_type)).to(local.dtype)
-    else:
-        total = local
+    total = local
+    if distributed and norm_type == float("inf"):
+        dist.all_reduce(total, op=dist.ReduceOp.MAX)
+    elif distributed:
+        powered = local.double() ** norm_type
+        dist.all_reduce(powered, op=dist.ReduceOp.SUM)
+        total = (powered ** (1.0 / norm_type)).to(local.dtype)
     torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
     return total

@@ -1,9 +1,5 @@
-"""Switches for convolutional nets: channels-last memory format and SyncBatchNorm.
-
-Applied by ``ctx.setup(model, ..., channels_last=True, sync_bn=True)`` before the strategy
-wraps the model, in this order: SyncBatchNorm (a module swap that keeps the same Parameter
-objects, so an optimizer built before still holds them), then the memory format (an in-place
-change of each parameter's layout), then the strategy's wrapper.
+"""Switches for convolutional nets, applied by ``ctx.setup`` before the strategy wraps the model:
+SyncBatchNorm (a module swap keeping the Parameter objects an optimizer holds), then channels-last.
 """
 
 from __future__ import annotations
@@ -19,10 +15,7 @@ from ..world import World
 
 
 def apply_sync_bn(model: nn.Module, world: World, data_parallel_size: int) -> nn.Module:
-    """BatchNorm layers whose batch statistics are computed over every rank's batch.
-
-    On CPU torch's SyncBatchNorm does not run (it needs a GPU), so the statistics stay per
-    rank and this says so once; with one process there is nothing to share."""
+    """BatchNorm statistics over every rank's batch (on a GPU: torch's SyncBatchNorm needs one)."""
     if not any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()):
         note_once("--sync-bn: the model has no BatchNorm layer; nothing to synchronise.")
         return model

@@ -1,9 +1,6 @@
 """How the ranks are split: one value (as torchtitan's ``ParallelDims``) that builds the one
-``DeviceMesh`` every parallelism uses.
-
-The mesh's dimensions, outermost first, are ``pp, dp_replicate, dp_shard, tp``: tensor-parallel
-ranks are neighbours (on a GPU machine, the GPUs of one node, where the per-layer all-reduces
-are cheapest), pipeline stages are the farthest apart (they exchange only activations).
+``DeviceMesh``, outermost first ``pp, dp_replicate, dp_shard, tp``: TP ranks are neighbours (a
+node's GPUs, where per-layer all-reduces are cheapest), stages the farthest apart.
 """
 
 from __future__ import annotations
@@ -59,7 +56,9 @@ class ParallelDims:
         if self.world_size == world_size:
             return
         terms = " x ".join(f"{n}={getattr(self, n)}" for n in ("dp_replicate", "dp_shard", "tp", "pp") if getattr(self, n) > 1) or "1"
-        fix = _suggest(self, world_size)
+        others = self.tp * self.pp * self.dp_replicate  # the data-parallel degree that fits the rest, when one does
+        fix = (f" (e.g. dp_shard={world_size // others} with the rest as given)" if world_size % others == 0
+               else f", or start {self.world_size} processes")
         raise ConfigError(f"--parallel {self}: {terms} = {self.world_size} processes, but the job has {world_size}; "
                           f"make the product {world_size}{fix}.")
 
@@ -89,14 +88,6 @@ class ParallelDims:
             shape = "x".join(str(n) for n in self.shape())
             raise ConfigError(f"--parallel {self}: torch cannot build a {shape} device mesh on backend {backend or device_type} "
                               f"({first}); use a layout of fewer dimensions (e.g. --strategy fsdp).") from None
-
-
-def _suggest(dims: ParallelDims, world_size: int) -> str:
-    """`` (e.g. dp_shard=4)``: the data-parallel degree that fits the rest, when one does."""
-    others = dims.tp * dims.pp * dims.dp_replicate
-    if world_size % others == 0:
-        return f" (e.g. dp_shard={world_size // others} with the rest as given)"
-    return f", or start {dims.world_size} processes"
 
 
 def parse(text: str) -> ParallelDims:

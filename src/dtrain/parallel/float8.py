@@ -2,19 +2,11 @@
 torchao's ``Float8Linear`` (their matmuls in float8 with dynamic scales, the rest of the model in
 bf16 autocast or FSDP's bf16 policy), as torchtitan's float8 converter does.
 
-Which linears (``converts``): those inside the task's blocks (without blocks: every linear but the
-model's last, its output head: the logits' precision matters most and torchtitan skips it too), whose
-sides are both multiples of 16 (``torch._scaled_mm`` requires it), and, on real float8, large
-enough to gain: a float8 matmul pays two casts of its inputs (and a scale's reduction) that only a
-large matmul repays. The size rule is torchao's own, from its H100 measurements
-(torchao/float8/README.md, "performance"; ``_auto_filter_for_recipe``): tensorwise skips a linear with
-in_features <= 4096 and out_features <= 1024; rowwise one with out_features <= 2048, in_features
-<= 1024, or both <= (4096 out, 2048 in). Emulated float8 (tests) gains nothing anywhere, so every
-linear the other rules allow is converted there.
-
-Under FSDP, tensorwise all-gathers the weights in float8 (``enable_fsdp_float8_all_gather``: a
-quarter of fp32's bytes), and their scales are computed for all weights in one all-reduce after
-each optimizer step (``precompute_float8_dynamic_scale_for_fsdp``, ``after_step``).
+Which linears (``converts``): those inside the task's blocks (without blocks, all but the output
+head, as torchtitan), with both sides multiples of 16 (``torch._scaled_mm``), and, on real float8,
+large enough that the matmul repays the casts of its inputs: torchao's own size rule from its H100
+measurements (``_auto_filter_for_recipe``). Under FSDP, tensorwise all-gathers the weights in
+float8, their scales computed in one all-reduce after each optimizer step (``after_step``).
 """
 
 from __future__ import annotations

@@ -105,12 +105,9 @@ DEFAULT_WRAP = "size:1000000"
 
 
 def mixed_precision(param_dtype: torch.dtype | None, config: FSDPConfig) -> Any:
-    """``fully_shard``'s ``MixedPrecisionPolicy``: parameters gathered in ``param_dtype`` (the
-    precision's 16-bit type under bf16-/fp16-mixed; None: as they are, fp32), gradients reduced
-    in ``config.reduce_dtype``. The sharded parameters the optimizer steps stay fp32 (the master
-    weights); only the gathered copies are 16-bit, so each unit's all-gather moves half the bytes
-    and its forward and backward run in ``param_dtype`` without autocast's per-op casts (as
-    torchtitan: ``torchtitan/distributed/utils.py``, ``maybe_enable_amp``)."""
+    """``fully_shard``'s ``MixedPrecisionPolicy``: parameters gathered in ``param_dtype`` (None: as
+    they are), gradients reduced in ``config.reduce_dtype``; the sharded master weights stay fp32,
+    so an all-gather moves half the bytes and no per-op autocast casts run (as torchtitan)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
     reduce = REDUCE_DTYPES[config.reduce_dtype]

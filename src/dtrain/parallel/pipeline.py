@@ -1,7 +1,7 @@
 """Cutting an ``nn.Sequential`` into pipeline stages: where the cuts go (between the model's
 blocks, at named split points, or balanced by parameter count), this rank's stage under the
-layers' original names, and the optimizer trimmed to it. Used by the pipeline strategy (one
-pipeline over the world) and by ``apply_pp`` (one per data-parallel coordinate of a mesh).
+layers' original names. Used by ``apply_pp`` (one pipeline over the world, or one per
+data-parallel coordinate of a mesh).
 """
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
-import torch
 from torch import nn
 
 from ..errors import ConfigError
@@ -100,15 +99,6 @@ def split_stage(model: nn.Module, index: int, count: int, config: PipelineConfig
     children = list(model.named_children())
     _check_untied(children, bounds)
     return nn.Sequential(OrderedDict(children[start:end]))
-
-
-def keep_params(optimizer: torch.optim.Optimizer, mine: set[int], name: str) -> torch.optim.Optimizer:
-    """Drop from ``optimizer`` (built on the whole model) the parameters of other stages."""
-    if any(optimizer.state.values()):
-        raise ConfigError(f"{name}: the {type(optimizer).__name__} already holds state; build it fresh, call ctx.setup, then load a checkpoint.")
-    for group in optimizer.param_groups:
-        group["params"] = [p for p in group["params"] if id(p) in mine]
-    return optimizer
 
 
 def _check_untied(children: list[tuple[str, nn.Module]], bounds: list[tuple[int, int]]) -> None:

@@ -1,7 +1,5 @@
-"""Where this rank sits in a layout, and what ``dtrain.parallel.apply.parallelize`` made of the
-model there: the layout on this world, its one ``DeviceMesh``, this rank's pipeline stage, and
-the parameters the apply path replaced. The strategy keeps it (``Strategy.placed``) for the
-hooks that come after setup: the optimizer, the staged step, evaluation, clipping.
+"""Where this rank sits in a layout and what the apply path made of the model there (mesh, stage,
+replaced parameters), kept by the strategy for the hooks after setup.
 """
 
 from __future__ import annotations
@@ -15,7 +13,6 @@ from torch import nn
 from ..errors import ConfigError
 from ..world import World
 from .dims import ParallelDims
-from .pipeline import keep_params
 from .stages import Pipe
 
 
@@ -79,13 +76,12 @@ class Placement:
         """The optimizer, built on the whole model, as this rank's part needs it: only this stage's
         parameters (pp), pointed at the DTensors TP and FSDP put in place of the ones it was built
         on (torch's FSDP2 expects the optimizer built after ``fully_shard``)."""
-        if self.stage_params is not None:
-            optimizer = keep_params(optimizer, self.stage_params, name)
-        if not self.replaced:
+        mine = self.stage_params
+        if mine is None and not self.replaced:
             return optimizer
         if any(optimizer.state.values()):
             raise ConfigError(f"{name}: the {type(optimizer).__name__} already holds state; build it fresh, "
                               "call ctx.setup, then load a checkpoint.")
         for group in optimizer.param_groups:
-            group["params"] = [self.replaced.get(id(p), p) for p in group["params"]]
+            group["params"] = [self.replaced.get(id(p), p) for p in group["params"] if mine is None or id(p) in mine]
         return optimizer

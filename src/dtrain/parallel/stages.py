@@ -1,10 +1,6 @@
 """One pipeline as a rank sees it: which stage it runs, the ranks of the other stages, and the
-two passes through the stages -- the training step (a ``torch.distributed.pipelining``
-schedule) and evaluation's forward-only pass.
-
-Built by the apply path's pipeline cut (``apply.apply_pp``) for any layout with stages: one
-pipeline over the whole world (``pipeline``, ``pp=N``), or one per data-parallel coordinate (the
-ranks along the mesh's ``pp`` dimension, ``--parallel pp=P,...``).
+two passes through the stages: the training step (a ``torch.distributed.pipelining`` schedule)
+and evaluation's forward-only pass. Built by ``apply.apply_pp``.
 """
 
 from __future__ import annotations
