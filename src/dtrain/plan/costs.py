@@ -6,20 +6,18 @@ shards between nodes over the node's NICs together, all-gather inside each node.
 
 A collective of B bytes on n ranks costs ``steps(n) x latency + volume(n) x B / bandwidth``
 (``SHAPES``). Measured on n0 ranks, the latency is the smallest size's time over steps(n0), the
-bandwidth the extra bytes over the extra time between the two largest sizes.
+bandwidth the extra bytes over the extra time between the two largest sizes. ``c`` below is a
+``cluster.Cluster``, not imported: cluster.py imports this module.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import ConfigError
 from . import inputs
-
-if TYPE_CHECKING:
-    from .cluster import Cluster
 
 SHAPES = {
     "all_reduce": (lambda n: 2 * (n - 1), lambda n: 2 * (n - 1) / n),
@@ -235,13 +233,13 @@ def tree_allreduce(nbytes: float, n: int, bw: float, lat: float) -> float:
     return 2 * math.ceil(math.log2(n)) * lat + 2 * nbytes / bw
 
 
-def _flat(kind: str, nbytes: float, n: int, c: Cluster, crossing: bool, sharing: int = 1) -> float:
+def _flat(kind: str, nbytes: float, n: int, c: Any, crossing: bool, sharing: int = 1) -> float:
     f = c.figure(kind, crossing, sharing)
     t = f.seconds(kind, nbytes, n, c.backend)
     return min(t, tree_allreduce(nbytes, n, f.bw, f.lat)) if kind == "all_reduce" and c.tree else t
 
 
-def allreduce(nbytes: float, group: Group, c: Cluster) -> float:
+def allreduce(nbytes: float, group: Group, c: Any) -> float:
     """Seconds for an all-reduce of ``nbytes`` on ``group``."""
     if group.size <= 1 or nbytes <= 0:
         return 0.0
@@ -255,7 +253,7 @@ def allreduce(nbytes: float, group: Group, c: Cluster) -> float:
     return intra + inter
 
 
-def gather(nbytes: float, group: Group, c: Cluster, *, reduce: bool = False) -> float:
+def gather(nbytes: float, group: Group, c: Any, *, reduce: bool = False) -> float:
     """Seconds for an all-gather (``reduce``: a reduce-scatter) whose full result is ``nbytes``."""
     if group.size <= 1 or nbytes <= 0:
         return 0.0
@@ -269,13 +267,13 @@ def gather(nbytes: float, group: Group, c: Cluster, *, reduce: bool = False) -> 
     return inter if group.per_node == 1 else inter + _flat(kind, nbytes, group.per_node, c, False)
 
 
-def _reduce_is_allreduce(group: Group, c: Cluster) -> bool:
+def _reduce_is_allreduce(group: Group, c: Any) -> bool:
     """torch's gloo backend has no reduce-scatter of its own: it all-reduces (unless one was measured)."""
     measured = c.links.get("inter" if group.nodes > 1 else "intra")
     return c.backend == "gloo" and (measured is None or "reduce_scatter" not in measured.figures)
 
 
-def broadcast(nbytes: float, group: Group, c: Cluster, *, messages: int = 1) -> float:
+def broadcast(nbytes: float, group: Group, c: Any, *, messages: int = 1) -> float:
     """Seconds for broadcasts of ``nbytes`` in all to ``group``, queued: the latency paid ``messages`` times."""
     if group.size <= 1 or nbytes <= 0:
         return 0.0
@@ -284,7 +282,7 @@ def broadcast(nbytes: float, group: Group, c: Cluster, *, messages: int = 1) -> 
     return f.seconds("broadcast", nbytes, group.size, c.backend) + (max(1, messages) - 1) * steps(group.size) * f.lat
 
 
-def p2p(nbytes: float, group: Group, c: Cluster) -> float:
+def p2p(nbytes: float, group: Group, c: Any) -> float:
     """One send from a rank to its neighbour in ``group`` (pipeline stages)."""
     if nbytes <= 0:
         return 0.0
