@@ -4,9 +4,9 @@ retried with a smaller micro-batch and more accumulation, the batch kept, the jo
 A later step can need more memory than the first (a longer sequence, a fragmented allocator), so
 every step of a ``--micro-batch auto`` run is *guarded*: its micro-steps keep their gradients
 local (the strategy's ``no_sync``: no collective runs inside backward, so a rank that fails midway
-leaves no all-reduce half done), then every rank says whether it ran out of memory in one small
-all-reduce of a flag. All fine: the gradients are averaged over the ranks (``average_gradients``,
-in buckets) and the optimizer steps as usual. Out of memory on any rank: nothing has stepped;
+leaves no all-reduce half done), then every rank says whether it ran out of memory in a flag sent
+with the first bucket of gradients (``average_gradients``: one collective, as DDP's). All fine: the
+gradients are averaged over the ranks and the optimizer steps as usual. Out of memory on any rank: nothing has stepped;
 every rank drops the try's gradients, puts back its buffers (BatchNorm statistics) and random
 states, frees the allocator's cache, and runs the same batch again with the next micro-batch down
 (half or less), kept for the rest of the run. The price: gradients travel after backward, not
