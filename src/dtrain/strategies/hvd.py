@@ -159,12 +159,10 @@ class GradientFusion:
                         p.grad.copy_(reduced[at: at + n].view_as(p.grad))
                     at += n
                 bucket.launched = None
-                bucket.ready.clear()
         for p in sparse:
             p.grad = p.grad.to_sparse()
         self._next = 0
-        for p in self._passes:
-            self._passes[p] = 0
+        self.discard()
 
 
 class GradientAllReduceOptimizer(ForwardingOptimizer):
