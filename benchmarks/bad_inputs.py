@@ -539,6 +539,8 @@ LATEST_CASES = [
     Case("train-micro-batch-auto-elastic-global", [*S, "--micro-batch", "auto", "--nnodes", "1:2", "--master-addr",
                                                    "127.0.0.1", "--elastic-batch", "global", "--checkpoint-dir", "ck"]),
     Case("api-oom-inject-malformed", py="import os\nos.environ['DTRAIN_OOM_INJECT'] = '1:64XB'\ndtrain.init('single')"),
+    Case("api-oom-inject-bad-step", py="import os\nos.environ['DTRAIN_OOM_INJECT'] = '1:64MiB@x'\ndtrain.init('single')"),
+    Case("train-micro-batch-auto-comm", [*S, "-n", "2", "--micro-batch", "auto", "--comm", "powersgd"]),
     # --batch-split (issue 54, item 1)
     Case("train-batch-split-zero-share", ["train", "--batch-split", "64,0"]),
     Case("train-batch-split-unknown", ["train", "--batch-split", "fast"]),
@@ -563,8 +565,32 @@ LATEST_CASES = [
     Case("train-ft-fsdp", ["train", "--fault-tolerance", "--strategy", "fsdp"]),
     Case("train-ft-elastic-nnodes", ["train", "--fault-tolerance", "--nnodes", "1:2"]),
     Case("train-ft-nnodes-no-master", ["train", "--fault-tolerance", "--nnodes", "2"]),
-    Case("train-ft-grad-accum", ["train", "--fault-tolerance", "--grad-accum", "2", "--batch-size", "8"]),
+    Case("train-ft-elastic-batch-global", ["train", "--fault-tolerance", "--elastic-batch", "global"]),
+    Case("train-ft-micro-batch-auto", ["train", "--fault-tolerance", "--micro-batch", "auto"]),
+    Case("run-ft-min-0", ["run", "--fault-tolerance", "min=0", "ok.py"]),
+    Case("run-ft-lighthouse-port", ["run", "--fault-tolerance", "--lighthouse", "127.0.0.1:99999", "ok.py"]),
+    Case("run-ft-nnodes-no-master", ["run", "--fault-tolerance", "--nnodes", "2", "ok.py"]),
+    Case("api-init-ft-no-job", py="dtrain.init(fault_tolerance=True)"),
+    Case("api-init-ft-bad-type", py="dtrain.init(fault_tolerance=1)"),
+    Case("api-init-ft-fsdp", py="dtrain.init(strategy='fsdp', fault_tolerance='min=1')"),
+    Case("api-ledger-without-ft", py=CTX + "ctx.setup_dataloader(torch.utils.data.DataLoader(torch.utils.data.TensorDataset("
+         "torch.zeros(4, 1)), batch_size=2), ledger='l')"),
     Case("train-ft-lighthouse-unreachable", ["train", "--fault-tolerance", "--lighthouse", "127.0.0.1:1"], fast=False),
+    # --parallel auto on several nodes (issue 54, item 3)
+    Case("train-auto-elastic-no-ckpt", [*S, "--parallel", "auto", "--nnodes", "1:2", "--master-addr", "127.0.0.1"]),
+    Case("train-auto-node1-no-pick", py="from dtrain.launch import autopick, store as st\nfrom dtrain.launch.spec import "
+         "LaunchSpec\nfrom dtrain.train.config import TrainConfig, TaskConfig, ParallelConfig\ns, port = st.host_store("
+         "'127.0.0.1', 0)\nautopick.receive(TrainConfig(task=TaskConfig(name='digits'), parallel=ParallelConfig(layout="
+         "'auto')), LaunchSpec(nproc=1, nnodes=2, node_rank=1, master_addr='127.0.0.1', master_port=port, "
+         "startup_timeout=1))", fast=False),
+    # --launcher ray (issue 56, item 3)
+    Case("ray-no-cluster", ["train", "--launcher", "ray", "--ray-address", "127.0.0.1:9", "-n", "2"]),
+    Case("ray-address-form", ["train", "--launcher", "ray", "--ray-address", "nonsense", "-n", "2"]),
+    Case("ray-address-without-ray-launcher", ["train", "--ray-address", "10.0.0.1:6379", "-n", "2"]),
+    Case("ray-master-addr", ["run", "--launcher", "ray", "--master-addr", "10.0.0.1", "-n", "2", "train.py"]),
+    Case("ray-elastic", ["train", "--launcher", "ray", "--nnodes", "1:2", "--master-addr", "10.0.0.1"]),
+    Case("ray-not-installed", py="import sys; sys.modules['ray'] = None; from dtrain.cli import main; "
+         "sys.exit(main(['train', '--launcher', 'ray', '-n', '2']))"),
     # Hugging Face models (issue 56)
     Case("train-hf-missing-folder", ["train", "--task", "hf:nosuchdir"]),
     Case("train-hf-hub-name", ["train", "--task", "hf:meta-llama/Llama-3.2-1B"]),
