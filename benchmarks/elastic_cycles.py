@@ -35,9 +35,10 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "src"))
 sys.path.insert(0, ROOT)  # tests.support: the harness that only tests and benchmarks use
 
-from dtrain.data.ledger import check_ledger  # noqa: E402
 from tests.support.elastic import BedJob  # noqa: E402
 from tests.support.netbed import NetBed, unavailable_reason  # noqa: E402
+
+from dtrain.data.ledger import check_ledger  # noqa: E402
 
 SAVE_EVERY = 5
 

@@ -25,10 +25,11 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "src"))
 sys.path.insert(0, ROOT)  # tests.support: the harness that only tests and benchmarks use
 
-from dtrain.data.ledger import check_ledger  # noqa: E402
 from tests.support.elastic import BedJob  # noqa: E402
 from tests.support.netbed import NetBed  # noqa: E402
 from tests.support.nodeloss import next_commit_after  # noqa: E402
+
+from dtrain.data.ledger import check_ledger  # noqa: E402
 
 
 def _command(data_dir: str, work: str, master: str, port: int, extra: list[str]) -> list[str]:

@@ -30,7 +30,6 @@ from .base import Capabilities, Strategy
 
 if TYPE_CHECKING:
     from ..comm.collectives import Collectives
-    from .ddp import DDPReplicas  # ddp.py imports this module
 
 REPLICAS = Capabilities(supports_comm=True)
 """DDP's replicas: ``--comm`` methods replace its gradient all-reduce."""
@@ -57,7 +56,7 @@ class LayoutStrategy(Strategy):
     capabilities = SPLITS  # a composed layout's; each instance declares its own ways'
 
     def __init__(self, name: str, preset: Callable[[World], ParallelDims], *, capabilities: Capabilities,
-                 ddp: DDPReplicas | None = None, fsdp: FSDPConfig | None = None, hybrid: bool = False,
+                 ddp: Any = None, fsdp: FSDPConfig | None = None, hybrid: bool = False,
                  pipeline: PipelineConfig | None = None, tp_plan: Callable[[nn.Module, int], dict] | None = None,
                  alone: str | None = None) -> None:
         self.name, self.capabilities, self._preset = name, capabilities, preset
