@@ -62,7 +62,7 @@ def test_uneven_shares_give_the_even_update(tmp_path, even, strategy, extra):
 
 def test_speed_split_exactly_once_and_resumed(tmp_path, even):
     """Rank 1 sleeps in each forward: the split measured after warm-up moves samples to rank 0,
-    and the second point (the sleep does not shrink with the batch) moves more; the run stops at
+    and the second point (the sleep does not shrink with the batch) moves more or keeps it; the run stops at
     step 12 and resumes with the checkpoint's split (not measured again); the ledger counts every
     sample of the epoch once; the parameters are the even split's."""
     ledger, slow = tmp_path / "ledger", {"DTRAIN_SLOW_INJECT": "1:compute:30"}
@@ -70,8 +70,11 @@ def test_speed_split_exactly_once_and_resumed(tmp_path, even):
                    env=slow)
     assert "batch split: measured after warm-up at step 5: shares 32/32 -> " in first
     measured = first.split("batch split: measured after warm-up at step 5: shares 32/32 -> ")[1].split()[0]
-    refined = first.split("batch split: refined with a second point at step 12: shares ")[1].split()[2]
-    assert int(refined.split("/")[0]) > int(measured.split("/")[0])
+    # the second point moves more samples to rank 0, or keeps the split where that gains too little (rank 1 may
+    # already be at the floor of 2; the fit itself is tests/logic/train's)
+    after = first.split("batch split: refined with a second point at step 12: shares ")[1].split()
+    refined = after[1] if after[0] == "stay" else after[2]
+    assert (after[0] == "stay" and refined == measured) or int(refined.split("/")[0]) > int(measured.split("/")[0]), after
     second = _train(tmp_path, "--batch-split", "speed", "--ledger", str(ledger), "--resume", env=slow)
     assert "measured after warm-up" not in second and "refined" not in second
     shares = refined
