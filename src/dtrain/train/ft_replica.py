@@ -80,7 +80,9 @@ def replica_main(cfg: TrainConfig, ft: FaultTolerance, replica_id: str, lighthou
     except DtrainError as exc:
         print(f"dtrain: error: replica group {replica_id}: {exc}", file=sys.stderr, flush=True)
         sys.exit(exc.exit_code)
-    print(json.dumps(result), flush=True)
+    # one write, newline included: the groups share the launcher's stdout, and print's two writes interleave
+    sys.stdout.write(json.dumps(result) + "\n")
+    sys.stdout.flush()
     if result["left"]:
         sys.exit(LEFT_EXIT)  # not a failure, and not the job's end: its launcher does not restart it
 
