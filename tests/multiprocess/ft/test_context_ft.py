@@ -16,23 +16,11 @@ from tests.paths import ROOT
 from tests.support.procs import LaunchedJob
 
 from .test_fault_tolerance import _cmdline
+from .test_fault_tolerance import _records as _commits
 
 pytest.importorskip("torchft")
 
 SCRIPT = str(ROOT / "tests" / "scripts" / "ft_loop.py")
-
-
-def _commits(path):
-    if not os.path.exists(path):
-        return []
-    out = []
-    with open(path) as f:
-        for line in f:
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                pass  # a line being written
-    return out
 
 
 def _group_processes(job):
