@@ -3,8 +3,9 @@ it changes some prediction by more than 5% on one of the reference clusters.)
 
 For each term, every candidate layout of a few models is predicted on each reference cluster with
 the term and without it (the term switched off by patching the plan's function in this process),
-and the largest change of a predicted step time is printed, with whether the pick changed. A
-calculation: no GPU, no network, a few seconds.
+and the largest change of a predicted step time is printed (``mem``: of memory per rank), with whether
+the pick changed. A calculation: no GPU, no network, a few seconds. Terms removed for moving no
+prediction by 5%: benchmarks/results/52-plan-terms-2026-11-29.md.
 
     PYTHONPATH=src python3 benchmarks/plan_terms.py
 """
@@ -19,7 +20,7 @@ from unittest import mock
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src"))
 
-from dtrain.plan import Settings, cluster, costs, make_plan, steps  # noqa: E402
+from dtrain.plan import Settings, cluster, costs, make_plan, model, steps  # noqa: E402
 from dtrain.plan.machinery import (  # noqa: E402
     Machinery,
     Phases,
@@ -55,6 +56,11 @@ def cpu_measured(prof, batch: int):
         "plain": ph(0.19e-3, 0.25e-3, 0.43e-3), "ddp:none": ph(0.29e-3, 0.45e-3, 0.43e-3), "ddp:bf16": ph(0.3e-3, 0.55e-3, 0.43e-3),
         "ddp:powersgd:2": ph(0.3e-3, 1.7e-3, 0.43e-3), "ddp:localsgd:16": ph(0.2e-3, 0.3e-3, 0.48e-3),
         "zero1": ph(0.3e-3, 0.4e-3, 3.2e-3), "fsdp": ph(2.0e-3, 3.5e-3, 1.2e-3)})
+    # as `dtrain plan` measured lm-1g on this machine (benchmarks/results/31-plan/bed-run34-raw.jsonl): a pipeline's
+    # micro-batch and its one-stage schedule over the plain step, a worker's memory before its model
+    fb = ph(0.19e-3, 0.25e-3, 0.0).total / (17.323 + 22.193)
+    m.steps.update(micro=Phases(5.333 * fb, 7.232 * fb, 0.0), pp=Phases(51.387 * fb, 0.0, 0.43e-3 * k * 4.708 / 5.199))
+    m = replace(m, rss={"baseline": 677.1 * 2**20})
     t = Timing(batch=batch, fwd_s=prof.fwd_flops * batch / 0.5e12, bwd_s=2 * prof.fwd_flops * batch / 0.5e12, opt_s=0.43e-3 * k,
                threads=1, device="cpu")
     return replace(prof, timing=t, machinery=m)
@@ -78,6 +84,8 @@ TERMS = {
     "DDP's buckets overlapping backward": lambda: mock.patch.object(
         steps, "ddp_sync", lambda n, r, w, g, c, b, _d=steps.ddp_sync: _d(n, r, 0.0, g, c, b)),
     "layouts' own CPU cost (measured)": "machinery",
+    "pipeline: measured micro-batches and schedule": "no-pp-steps",
+    "optimizer step, memory-bound (GPU presets)": lambda: mock.patch.dict(model.OPT_BYTES_TOUCHED, {"adamw": 0}),
 }
 
 
@@ -89,6 +97,9 @@ def plans(name: str, spec: dict, term) -> list:
             prof = cpu_measured(prof, batch)
             if term == "machinery":
                 prof = replace(prof, machinery=None)
+            elif term == "no-pp-steps":
+                prof = replace(prof, machinery=replace(prof.machinery, steps={
+                    k: v for k, v in prof.machinery.steps.items() if k not in ("micro", "pp")}))
         precision = "bf16-mixed" if c.is_gpu else "fp32"
         s = Settings(batch=batch, precision=precision, param_comm_bytes=2 if c.is_gpu else 4, optimizer="adamw")
         ctx = term() if callable(term) else contextlib.nullcontext()
@@ -103,12 +114,14 @@ def main() -> int:
     for term, patch in TERMS.items():
         cells = []
         for name, spec in CLUSTERS.items():
-            worst, picks = 0.0, 0
+            worst, mem, picks = 0.0, 0.0, 0
             for with_it, without in zip(base[name], plans(name, spec, patch)):
-                by = {(p.layout.name, p.layout.comm): p.step_s for p in without.predictions}
-                worst = max([worst] + [abs(by[(p.layout.name, p.layout.comm)] / p.step_s - 1) for p in with_it.predictions])
+                by = {(p.layout.name, p.layout.comm): p for p in without.predictions}
+                for p in with_it.predictions:
+                    q = by[(p.layout.name, p.layout.comm)]
+                    worst, mem = max(worst, abs(q.step_s / p.step_s - 1)), max(mem, abs(q.mem_bytes / p.mem_bytes - 1))
                 picks += (with_it.best and without.best and with_it.best.layout != without.best.layout) or 0
-            cells.append(f"{worst:>18.1%}{' pick' + str(picks) if picks else '':>8s}")
+            cells.append(f"{worst:>9.1%}{f' mem {mem:.1%}' if mem > 0 else '':>11s}{' pick' + str(picks) if picks else '':>6s}")
         print(f"{term:48s} " + " ".join(cells))
     return 0
 

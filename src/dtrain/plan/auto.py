@@ -1,12 +1,6 @@
-"""``dtrain train --parallel auto``: the plan's pick for the world at hand.
-
-The launching process profiles the task here (as ``dtrain plan`` does, with a shorter budget for
-each layout's own CPU cost), predicts every layout that runs on this node's processes, and trains
-with the fastest that fits and averages the exact gradients every step (``Plan.best_exact``:
-compression and local SGD change the update, which a user opts into with ``--comm``). On several
-nodes node 0 plans for the whole world and hands its pick to the others (launch/autopick.py): each
-node planning on its own could pick another layout.
-"""
+"""``dtrain train --parallel auto``: the launching process profiles the task and trains the plan's fastest
+layout that fits and averages the exact gradients (``Plan.best_exact``); on several nodes node 0 plans for the
+whole world and hands its pick to the others (launch/autopick.py), so every node trains the same layout."""
 
 from __future__ import annotations
 
@@ -40,10 +34,8 @@ def refuse(cfg: Any, *, nnodes: int, elastic: bool, launches: bool) -> None:
 
 
 def resolve(cfg: Any, world_size: int, nproc: int, device: str | None, *, nnodes: int = 1, every_size: bool = False) -> Any:
-    """``cfg`` (a TrainConfig with ``parallel.layout == "auto"``) with the plan's pick for
-    ``world_size`` processes, ``nproc`` on each of ``nnodes`` nodes like this one (``every_size``:
-    among the layouts that run at any number of nodes, for an elastic job); prints one line naming
-    the pick and the runner-up."""
+    """``cfg`` with the plan's pick for ``nnodes`` x ``nproc`` processes (``every_size``: among the layouts that
+    run at any number of nodes, for an elastic job); prints one line naming the pick and the runner-up."""
     from ..data.loader import usable_cores
     from ..precision import auto_name
     from ..tasks import load_task
@@ -77,9 +69,7 @@ def resolve(cfg: Any, world_size: int, nproc: int, device: str | None, *, nnodes
 
 
 def pick_line(plan: Any, pick: Any) -> str:
-    """The one line ``--parallel auto`` prints: the pick, the runner-up, and whether the two are a
-    close call (``Plan.close_to``: within the plan's own error, so `dtrain plan` names the bench
-    that orders them)."""
+    """The one line ``--parallel auto`` prints: the pick, the runner-up, and whether it is a close call."""
     rest = [p for p in plan.predictions if p.fits and p.layout.comm == "none" and p is not pick]
     runner = f"; next: {rest[0].layout.label()} at {rest[0].step_s * 1e3:.1f} ms" if rest else ""
     close = plan.close_to(pick, exact=True)

@@ -77,12 +77,10 @@ class Cluster:
     """Collectives measured ``intra`` (a node's processes) and ``inter`` (nodes), replacing the figures above."""
 
     def __post_init__(self) -> None:
-        for name in ("nodes", "procs_per_node"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"cluster {name} must be >= 1, got {getattr(self, name)}.")
-        for name in ("intra_bw", "inter_bw"):
-            if not getattr(self, name) > 0:
-                raise ConfigError(f"cluster {name} must be > 0 bytes/s, got {getattr(self, name)}.")
+        for name in ("nodes", "procs_per_node", "intra_bw", "inter_bw"):
+            value, bw = getattr(self, name), name.endswith("_bw")
+            if not (value > 0 if bw else value >= 1):
+                raise ConfigError(f"cluster {name} must be {'> 0 bytes/s' if bw else '>= 1'}, got {value}.")
 
     @property
     def world_size(self) -> int:
@@ -219,13 +217,11 @@ def build(settings: dict[str, Any], base_device: Device | None = None) -> Cluste
     # CPU processes talk through gloo over TCP: a few hundred microseconds a message, locally ~1 GB/s
     links = dict(LINKS.get(kind, {"intra_bw": 1 * GB, "inter_bw": 0.125 * GB, "intra_lat": 200e-6, "inter_lat": 250e-6}))
     source["links"] = f"preset {kind}" if kind in LINKS else "defaults (gloo: 1 GB/s, 200 us inside a node; 1 Gbit/s, 250 us between; measure with `dtrain doctor`)"
-    for key, scale in (("intra_gbit", "intra_bw"), ("inter_gbit", "inter_bw")):
+    for key, name, unit in (("intra_gbit", "intra_bw", 1e9 / 8), ("inter_gbit", "inter_bw", 1e9 / 8),
+                            ("intra_latency_us", "intra_lat", 1e-6), ("inter_latency_us", "inter_lat", 1e-6)):
         if key in s:
-            links[scale] = float(s[key]) * 1e9 / 8
-            source[scale] = "given"
-    for key, name in (("intra_latency_us", "intra_lat"), ("inter_latency_us", "inter_lat")):
-        if key in s:
-            links[name] = float(s[key]) * 1e-6
+            links[name] = float(s[key]) * unit
+            source.update({name: "given"} if name.endswith("_bw") else {})
     tree = bool(s.get("tree", kind in LINKS))
     return Cluster(nodes=int(s.get("nodes", 1)), procs_per_node=int(s.get("procs_per_node", 1)), device=device,
                    tree=tree, source=source, **links)

@@ -1,14 +1,7 @@
-"""What a collective costs on a group of ranks: per collective a latency per algorithm step and a
-bandwidth (``Figure``), from a preset or measured between real processes (``Links``); ring and tree
-algorithms (Thakur, Rabenseifner & Gropp 2005; NCCL picks the cheaper, as the model does where the
-cluster has ``tree``); hierarchical across nodes: reduce-scatter inside each node, all-reduce the
-shards between nodes over the node's NICs together, all-gather inside each node.
-
-A collective of B bytes on n ranks costs ``steps(n) x latency + volume(n) x B / bandwidth``
-(``SHAPES``). Measured on n0 ranks, the latency is the smallest size's time over steps(n0), the
-bandwidth the extra bytes over the extra time between the two largest sizes. ``c`` below is a
-``cluster.Cluster``, not imported: cluster.py imports this module.
-"""
+"""What a collective costs on a group of ranks: ``steps(n) x latency + volume(n) x bytes / bandwidth``
+(``SHAPES``; a ``Figure`` from a preset or measured between real processes, ``Links``). Ring and tree
+all-reduce (Thakur, Rabenseifner & Gropp 2005; NCCL picks the cheaper); across nodes hierarchical:
+reduce-scatter in each node, all-reduce the shards between nodes over its NICs, all-gather in each node."""
 
 from __future__ import annotations
 
@@ -37,35 +30,20 @@ def shape(kind: str, backend: str = "gloo") -> tuple:
 
 @dataclass(frozen=True)
 class Figure:
-    """One collective's ``lat`` seconds a step and ``bw`` bytes/s; ``by_size``: each measured size's own
-    rate (bytes, bytes/s), ascending (small messages seldom reach a link's full rate)."""
+    """One collective's ``lat`` seconds a step and ``bw`` bytes/s."""
 
     lat: float
     bw: float
-    by_size: tuple[tuple[float, float], ...] = ()
 
     def seconds(self, kind: str, nbytes: float, n: int, backend: str = "gloo") -> float:
         if n <= 1 or nbytes <= 0:
             return 0.0
         steps, volume = shape(kind, backend)
-        return steps(n) * self.lat + volume(n) * self.transfer(nbytes)
-
-    def transfer(self, nbytes: float) -> float:
-        """Seconds a unit of volume of ``nbytes`` takes beyond the latency (``by_size`` interpolated)."""
-        pts = self.by_size
-        if not pts:
-            return nbytes / self.bw
-        if nbytes <= pts[0][0]:
-            return nbytes / pts[0][1]
-        for (s0, b0), (s1, b1) in zip(pts, pts[1:]):
-            if nbytes <= s1:
-                return nbytes / (b0 + (b1 - b0) * (nbytes - s0) / (s1 - s0))
-        big, rate = pts[-1]
-        return big / rate + (nbytes - big) / self.bw
+        return steps(n) * self.lat + volume(n) * nbytes / self.bw
 
     def shared(self, k: float) -> Figure:
         """With ``k`` groups sending through the same NICs at once."""
-        return Figure(self.lat, self.bw / k, tuple((b, r / k) for b, r in self.by_size))
+        return Figure(self.lat, self.bw / k)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -85,8 +63,7 @@ class Links:
 
     def describe(self) -> dict[str, Any]:
         return {"between": self.between, "ranks": self.ranks, "backend": self.backend, "device": self.device, "load": self.load,
-                "figures": {k: {"latency_us": round(f.lat * 1e6, 1), "gbit_per_s": round(f.bw * 8 / 1e9, 4),
-                                "gbit_per_s_by_size": {str(int(b)): round(r * 8 / 1e9, 4) for b, r in f.by_size}}
+                "figures": {k: {"latency_us": round(f.lat * 1e6, 1), "gbit_per_s": round(f.bw * 8 / 1e9, 4)}
                             for k, f in self.figures.items()}}
 
     def as_record(self) -> dict[str, Any]:
@@ -96,7 +73,8 @@ class Links:
 
 
 def fit(kind: str, seconds: dict[int, float], n: int, backend: str = "gloo") -> Figure:
-    """A ``Figure`` from one collective's median times by size on ``n`` ranks."""
+    """A ``Figure`` from one collective's median times by size on ``n`` ranks: the latency the smallest
+    size's time over its steps, the bandwidth the two largest sizes' extra bytes over their extra time."""
     sizes = sorted(seconds)
     if n < 2 or len(sizes) < 2:
         raise ConfigError(f"links: {kind} needs times at >= 2 sizes between >= 2 ranks, got {len(sizes)} size(s) on {n}.")
@@ -107,11 +85,7 @@ def fit(kind: str, seconds: dict[int, float], n: int, backend: str = "gloo") -> 
     if extra <= 0:  # noise swamped the difference: take the largest size's own time beyond the latency
         extra = max(seconds[big] - steps(n) * lat, 1e-9)
         mid = 0
-    bw = volume(n) * (big - mid) / extra
-    # each size above the smallest at its own rate (its time beyond the latency), where that is above noise
-    by_size = tuple((b, volume(n) * b / (seconds[b] - steps(n) * lat)) for b in sizes[1:]
-                    if seconds[b] > 1.05 * steps(n) * lat)
-    return Figure(lat=lat, bw=bw, by_size=by_size)
+    return Figure(lat=lat, bw=volume(n) * (big - mid) / extra)
 
 
 def from_measurement(seconds: dict[str, dict[int, float]], *, ranks: int, between: str, backend: str,
@@ -227,6 +201,7 @@ def group_of(size: int, stride: int, procs_per_node: int) -> Group:
     return Group(nodes, per_node, max(1, procs_per_node // per_node) if nodes > 1 else 1)
 
 
+# below, ``c`` is a cluster.Cluster (not imported: cluster.py imports this module)
 def tree_allreduce(nbytes: float, n: int, bw: float, lat: float) -> float:
     if n <= 1 or nbytes <= 0:
         return 0.0

@@ -1,7 +1,7 @@
 """Timing steps here: the plain step on the device at hand (``measure``), and each layout's own
 machinery on this CPU (``measure_layouts``): the step under each layout's wrapping in a fresh process
 of a world of one, where every collective is a no-op, so what a layout adds is its CPU work; the
-same process reports a worker's memory (before any model, with pipelining imported, at the peak)."""
+same process reports a worker's memory (before any model, at the peak)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -66,7 +66,7 @@ def _clock(gpu: bool) -> tuple[Callable[[], Any], Callable[[Any], None], Callabl
 
 def timed_step(model: nn.Module, opt: Any, task: Any, x: Any, y: Any, cast: Callable, after: Callable[[], None] | None = None,
                gpu: bool = False) -> Runner:
-    """A runner of one step on (x, y) returning its forward, backward, optimizer (with ``after``) seconds.
+    """A runner of one step on (x, y) returning its forward, backward, optimizer (with ``after``; none: ``opt`` None) seconds.
     ``gpu``: on CUDA events with one wait, at the step's end, so the host queues ahead as in training."""
     mark, wait, between = _clock(gpu)
 
@@ -77,10 +77,13 @@ def timed_step(model: nn.Module, opt: Any, task: Any, x: Any, y: Any, cast: Call
         t1 = mark()
         loss.backward()
         t2 = mark()
-        opt.step()
-        if after is not None:
-            after()
-        opt.zero_grad(set_to_none=True)
+        if opt is None:  # a pipeline's micro-batch: forward and backward only
+            model.zero_grad(set_to_none=True)
+        else:
+            opt.step()
+            if after is not None:
+                after()
+            opt.zero_grad(set_to_none=True)
         t3 = mark()
         wait(t3)
         return between(t0, t1), between(t1, t2), between(t2, t3)
@@ -111,20 +114,18 @@ def measure(task: Any, x: Any, y: Any, *, optimizer: str, lr: float, autocast_dt
         kind = "cuda" if gpu else "cpu"
         cast = (lambda: torch.autocast(kind, dtype=autocast_dtype)) if autocast_dtype is not None else NoCast
         run = timed_step(model, opt, task, x, y, cast, gpu=gpu)
-        fwd, bwd, step = [], [], []
-        warm = WARMUP_GPU if gpu else 2
-        start = time.perf_counter()
+        runs, warm, start = [], WARMUP_GPU if gpu else 2, time.perf_counter()
         for i in range(repeats + warm):
             if i >= warm + 5 and time.perf_counter() - start > budget_s:
                 break
-            f_s, b_s, o_s = run()
-            if i >= warm:
-                fwd.append(f_s), bwd.append(b_s), step.append(o_s)
+            got = run()
+            runs += [got] if i >= warm else []
     finally:
         torch.set_num_threads(old)
     batch = len(y) if hasattr(y, "__len__") else 1
-    return Timing(batch=batch, fwd_s=statistics.median(fwd), bwd_s=statistics.median(bwd), opt_s=statistics.median(step),
-                  threads=threads, device=device, data_s=0.0 if gpu else data_time(task, batch), checkpointed=checkpointed)
+    fwd, bwd, opt_s = (statistics.median(r[i] for r in runs) for i in range(3))
+    return Timing(batch=batch, fwd_s=fwd, bwd_s=bwd, opt_s=opt_s, threads=threads, device=device,
+                  data_s=0.0 if gpu else data_time(task, batch), checkpointed=checkpointed)
 
 
 def data_time(task: Any, batch: int) -> float:
@@ -137,8 +138,7 @@ def data_time(task: Any, batch: int) -> float:
     return statistics.median(data)
 
 
-@dataclass(frozen=True)
-class Phases:
+class Phases(NamedTuple):
     """Median seconds of one step's phases."""
 
     forward: float
@@ -147,7 +147,7 @@ class Phases:
 
     @property
     def total(self) -> float:
-        return self.forward + self.backward + self.optimizer
+        return sum(self)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -159,27 +159,19 @@ class Machinery:
     steps: dict[str, Phases]
     """By kind: ``plain``, ``micro`` (one micro-batch, no optimizer), ``ddp:<comm>``, ``zero1``, ``fsdp``,
     ``tp``, ``pp`` (the step through a one-stage schedule)."""
-    average_s: float | None = None
-    """Local SGD's averaging of every parameter, once."""
     rounds: int = 0
     rss: dict[str, float] = field(default_factory=dict)
-    """Bytes: ``baseline`` (a worker before its model), ``pipelining`` (what importing it adds),
-    ``plain_peak`` (the plain steps' peak above the baseline)."""
+    """Bytes: ``baseline`` (a worker before its model), ``plain_peak`` (the plain steps' peak above it)."""
     threads: int = 1
 
     def extra(self, kind: str) -> Phases:
         """What ``kind`` adds to the plain step, per phase (0 where noise made it negative)."""
-        base, got = self.steps["plain"], self.steps.get(kind)
-        if got is None:
-            return Phases(0.0, 0.0, 0.0)
-        return Phases(max(0.0, got.forward - base.forward), max(0.0, got.backward - base.backward),
-                      max(0.0, got.optimizer - base.optimizer))
+        got = self.steps.get(kind, self.steps["plain"])
+        return Phases(*(max(0.0, g - b) for g, b in zip(got, self.steps["plain"])))
 
     def describe(self) -> dict[str, Any]:
         return {"rounds": self.rounds, "threads": self.threads, "batch": self.batch, "microbatches": self.microbatches,
-                "steps_ms": {k: {"forward": round(v.forward * 1e3, 3), "backward": round(v.backward * 1e3, 3),
-                                 "optimizer": round(v.optimizer * 1e3, 3)} for k, v in self.steps.items()},
-                "average_ms": None if self.average_s is None else round(self.average_s * 1e3, 3),
+                "steps_ms": {k: {n: round(t * 1e3, 3) for n, t in v._asdict().items()} for k, v in self.steps.items()},
                 "rss_mib": {k: round(v / MIB, 1) for k, v in self.rss.items()}}
 
 
@@ -215,7 +207,7 @@ def measure_layouts(task_spec: tuple[str, str | None, dict[str, str]], *, batch:
             "microbatches": microbatches, "schedule": schedule, "threads": threads, "budget_s": budget_s}
     raw = run_distributed(body, spec, world_size=1, timeout=120 + 4 * budget_s, env={"OMP_NUM_THREADS": str(threads)})[0]
     return Machinery(batch=batch, microbatches=microbatches, steps={k: Phases(*v) for k, v in raw["steps"].items()},
-                     average_s=raw["average_s"], rounds=raw["rounds"], rss=raw["rss"], threads=threads)
+                     rounds=raw["rounds"], rss=raw["rss"], threads=threads)
 
 
 def body(spec: dict[str, Any]) -> dict[str, Any]:
@@ -225,7 +217,7 @@ def body(spec: dict[str, Any]) -> dict[str, Any]:
     from ..tasks import load_task
     from ..train import loop  # noqa: F401 - a worker's imports, for its baseline memory
     from .profile import count
-    
+
     torch.set_num_threads(spec["threads"])
     dist.init_process_group("gloo")
     name, data_dir, options = spec["task"]
@@ -233,10 +225,6 @@ def body(spec: dict[str, Any]) -> dict[str, Any]:
     x, y = sample_batch(task, spec["batch"])
     count(task.build_model, x, y, task.loss_fn, blocks=task.blocks, autocast_dtype=None)  # as a worker counts its FLOPs
     rss = {"baseline": _status("VmRSS")}
-    if "pp" in spec["kinds"]:
-        __import__("torch.distributed.pipelining")  # what a pipeline's worker imports besides
-
-        rss["pipelining"] = max(0.0, _status("VmRSS") - rss["baseline"])
     runners = {"plain": build_runner("plain", task, x, y, spec)} | {k: build_runner(k, task, x, y, spec) for k in spec["kinds"]}
     peak_known = _reset_peak()
     before = _status("VmRSS")
@@ -245,9 +233,8 @@ def body(spec: dict[str, Any]) -> dict[str, Any]:
     if peak_known:
         rss["plain_peak"] = max(0.0, _status("VmHWM") - before)
     steps, rounds = _rounds(runners, spec["budget_s"])
-    average = _average_s(task) if any(k.startswith("ddp:localsgd") for k in spec["kinds"]) else None
     dist.destroy_process_group()
-    return {"steps": steps, "rounds": rounds, "average_s": average, "rss": rss}
+    return {"steps": steps, "rounds": rounds, "rss": rss}
 
 
 MAX_ROUNDS = 60  # within the budget: enough to meet a shared machine's slower moments
@@ -266,22 +253,6 @@ def _rounds(runners: dict[str, Callable[[], tuple[float, float, float]]], budget
             times[k].append(runners[k]())
         rounds += 1
     return {k: tuple(statistics.median(t[i] for t in v) for i in range(3)) for k, v in times.items()}, rounds
-
-
-def _average_s(task: Any) -> float:
-    """Median seconds of one averaging of every parameter (local SGD's, every H steps)."""
-    from torch.distributed.algorithms.model_averaging.utils import average_parameters_or_parameter_groups
-
-    torch.manual_seed(0)
-    params = [p for p in task.new_model().parameters() if p.requires_grad]
-    for p in params:  # torch averages only parameters that have a gradient
-        p.grad = torch.zeros_like(p)
-    times = []
-    for _ in range(7):
-        t0 = time.perf_counter()
-        average_parameters_or_parameter_groups(params, None)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times[2:])
 
 
 def _status(key: str) -> float:
@@ -309,8 +280,9 @@ def build_runner(kind: str, task: Any, x: Any, y: Any, spec: dict[str, Any]) -> 
     torch.manual_seed(0)
     model = task.new_model()
     opt = lambda m: make_optimizer(spec["optimizer"], m.parameters(), task.lr)  # noqa: E731
-    if kind == "micro":
-        return _micro(model, task, x, y, spec, cast)
+    if kind == "micro":  # one micro-batch: a pipeline stage's slot
+        size = max(1, spec["batch"] // spec["microbatches"])
+        return timed_step(model, None, task, x[:size], y[:size], cast)
     if kind == "pp":
         return _pipeline(model, opt(model), task, x, y, spec, cast)
     if kind.startswith("ddp:") or kind == "zero1":
@@ -348,23 +320,6 @@ def _ddp(model: nn.Module, kind: str, task: Any, x: Any, y: Any, spec: dict[str,
     if kind == "zero1":
         opt = shard_optimizer(opt)
     return timed_step(ddp, opt, task, x, y, cast, (lambda: method.after_step(opt)) if method is not None else None)
-
-
-def _micro(model: nn.Module, task: Any, x: Any, y: Any, spec: dict[str, Any], cast: Callable) -> Runner:
-    """Forward and backward of one micro-batch (a pipeline stage's slot)."""
-    size = max(1, spec["batch"] // spec["microbatches"])
-    xm, ym = x[:size], y[:size]
-
-    def run() -> tuple[float, float, float]:
-        t0 = time.perf_counter()
-        with cast():
-            loss = task.loss_fn(model(xm), ym)
-        t1 = time.perf_counter()
-        loss.backward()
-        t2 = time.perf_counter()
-        model.zero_grad(set_to_none=True)
-        return t1 - t0, t2 - t1, 0.0
-    return run
 
 
 def _pipeline(model: nn.Module, opt: Any, task: Any, x: Any, y: Any, spec: dict[str, Any], cast: Callable) -> Runner:

@@ -170,5 +170,5 @@ def memory(prof: ModelProfile, c: Cluster, layout: Layout, s: Settings) -> dict[
         mem["transient"] = max(0.0, m.rss["plain_peak"] - modelled)
     mem["fixed"] = c.device.fixed_bytes
     if m is not None and not c.is_gpu:
-        mem["baseline"] = m.rss.get("baseline", 0.0) + (m.rss.get("pipelining", 0.0) if d.pp > 1 else 0.0)
+        mem["baseline"] = m.rss.get("baseline", 0.0)
     return mem
