@@ -58,7 +58,7 @@ def with_proposal(cfg: Any, world_size: int, device: str | None, capacity_bytes:
     layout = Layout("zero1" if zero1 else "ddp" if world_size > 1 else "single",
                     ParallelDims(dp_replicate=world_size) if world_size > 1 else ParallelDims(), zero1=zero1)
     # Memory alone is asked: the model counted on the meta device, no step timed (plan_task would time one).
-    prof = profile_task(task, batch=batch, precision=precision, optimizer=cfg.optim.name or task.optimizer, timed=False, gpu=gpu)
+    prof = profile_task(task, batch=batch, precision=precision, gpu=gpu)
     cluster, predictions = build(settings), {}
     if not gpu and capacity_bytes is None:  # the node's processes share its memory
         cluster = dataclasses.replace(cluster, device=dataclasses.replace(cluster.device, memory_bytes=cluster.device.memory_bytes / local_size))

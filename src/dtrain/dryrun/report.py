@@ -41,8 +41,7 @@ def predicted(task: Task, cfg: DryRunConfig, run: RankRun, device: torch.device,
     precision = cfg.runtime.precision if cfg.runtime.precision != "auto" else "fp32"
     optimizer = cfg.optim.name or task.optimizer
     try:
-        prof = profile_task(task, batch=run.batch, precision=precision, optimizer=optimizer, timed=False,
-                            gpu=device.type == "cuda")
+        prof = profile_task(task, batch=run.batch, precision=precision, gpu=device.type == "cuda")
     except ConfigError:
         return None
     dev = cpu_device(None, capacity) if device.type != "cuda" else local_gpu()[0]

@@ -83,7 +83,7 @@ def plan_task(task: Any, cluster: Cluster, *, batch: int, precision: str = "fp32
 
     tp_ok, pp_ok = task.tp_plan is not None, not _tied(task)
     optimizer = optimizer or task.optimizer
-    prof = profile_task(task, batch=batch, precision=precision, optimizer=optimizer, timed=False, gpu=cluster.is_gpu)
+    prof = profile_task(task, batch=batch, precision=precision, gpu=cluster.is_gpu)
     layouts = _layouts(prof, cluster, comms, tp_ok, pp_ok) if layouts is None else layouts
     if not cluster.is_gpu:  # this machine's CPU: the profile's achieved rate is the device's
         mach = None if task_spec is None else machinery.measure_layouts(

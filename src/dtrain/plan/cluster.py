@@ -105,9 +105,6 @@ class Cluster:
             f = Figure(self.intra_lat, self.intra_bw)
         return f.shared(sharing) if crossing and sharing > 1 else f
 
-    def with_world(self, nodes: int, procs_per_node: int) -> Cluster:
-        return replace(self, nodes=nodes, procs_per_node=procs_per_node)
-
     def describe(self) -> dict[str, Any]:
         d = self.device
         return {"nodes": self.nodes, "procs_per_node": self.procs_per_node, "device": d.name,
@@ -171,8 +168,6 @@ def device_named(kind: str) -> Device:
     key = kind.lower()
     if key == "cpu":
         return cpu_device()
-    if key == "cuda":
-        return local_gpu()[0]
     if key not in DEVICES:
         raise ConfigError(f"unknown --device {kind!r}; choose one of: {', '.join([*DEVICES, 'cuda', 'cpu'])}, "
                           "or give --peak-tflops and --mem-gib.")
@@ -188,20 +183,19 @@ def load_file(path: str) -> dict[str, Any]:
     return inputs.cluster_settings(data, what)
 
 
-def build(settings: dict[str, Any], base_device: Device | None = None) -> Cluster:
+def build(settings: dict[str, Any]) -> Cluster:
     """A Cluster from ``inputs.SETTINGS`` keys (None skipped); a preset's links fill what is not given."""
     s = {k: v for k, v in settings.items() if v is not None}
     kind = str(s.get("device", "cpu")).lower()
-    if kind == "cuda" and base_device is None:
+    if kind == "cuda":
         if "achieved_fraction" in s:
             raise ConfigError(f"--mfu {s['achieved_fraction']} with --device cuda: the plan measures this GPU's step; "
                               "leave out --mfu, or name the GPU kind (e.g. --device h100) to plan from FLOPs x --mfu.")
-        base_device, preset = local_gpu()
+        device, preset = local_gpu()
         source = {"device": "this GPU, profiled" + (f" (data sheet and links: preset {preset})" if preset else "")}
         kind = preset or "cuda"
     else:
-        source = {"device": f"preset {kind}" if kind in DEVICES else "cpu"}
-    device = base_device or device_named(kind)
+        device, source = device_named(kind), {"device": f"preset {kind}" if kind in DEVICES else "cpu"}
     changes: dict[str, Any] = {}
     if "peak_tflops" in s:
         changes["peak_flops"], source["peak_tflops"] = dict.fromkeys(device.peak_flops, float(s["peak_tflops"]) * 1e12), "given"

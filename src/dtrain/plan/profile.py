@@ -192,9 +192,8 @@ def count(build: Callable[[], nn.Module], x: Any, y: Any, loss_fn: Callable, *, 
             "matrices": tuple((p.shape[0], p.numel() // p.shape[0]) for p in params if p.dim() >= 2)}
 
 
-def profile_task(task: Any, *, batch: int, precision: str = "fp32", optimizer: str | None = None,
-                 timed: bool = True, threads: int = 1, machinery: Machinery | None = None, gpu: bool = False) -> ModelProfile:
-    """Count one batch of ``task`` on the meta device (as a GPU runs it with ``gpu``); ``timed``: time it here."""
+def profile_task(task: Any, *, batch: int, precision: str = "fp32", gpu: bool = False) -> ModelProfile:
+    """Count one batch of ``task`` on the meta device (as a GPU runs it with ``gpu``); ``add_timing`` times it."""
     dtype = {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16}.get(precision)
     x, y = sample_batch(task, batch)
     try:
@@ -206,10 +205,9 @@ def profile_task(task: Any, *, batch: int, precision: str = "fp32", optimizer: s
                          act_bytes=b.get("saved", 0) / batch, out_bytes=b.get("out", 0) / batch) for b in c["blocks"])
     notes = ("FLOPs and activations counted on the meta device (FlopCounterMode, saved-tensor hooks)",)
     bwd_ratio = c["bwd"] / c["fwd"] if c["fwd"] else 2.0
-    prof = ModelProfile(name=task.name, params=c["params"], fwd_flops=c["fwd"] / batch, act_bytes=c["act"] / batch,
+    return ModelProfile(name=task.name, params=c["params"], fwd_flops=c["fwd"] / batch, act_bytes=c["act"] / batch,
                         blocks=blocks, matrices=c["matrices"], out_bytes=c["out"] / batch, tensors=c["tensors"],
                         tokens_per_sample=task.tokens_per_sample, bwd_ratio=bwd_ratio, precision=precision, notes=notes)
-    return add_timing(prof, task, batch=batch, optimizer=optimizer, threads=threads, machinery=machinery) if timed else prof
 
 
 def add_timing(prof: ModelProfile, task: Any, *, batch: int, optimizer: str | None = None, threads: int = 1,

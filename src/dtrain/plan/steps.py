@@ -148,8 +148,7 @@ def measured_extra(prof: ModelProfile, layout: Layout) -> tuple[float, float, fl
         return 0.0, 0.0, 0.0
     from .machinery import kinds_of
 
-    extras = [m.extra(kind) for kind in kinds_of(layout)]
-    return (sum(e.forward for e in extras), sum(e.backward for e in extras), sum(e.optimizer for e in extras))
+    return tuple(sum(phase) for phase in zip((0.0, 0.0, 0.0), *(m.extra(kind) for kind in kinds_of(layout))))
 
 
 def pipeline_compute(prof: ModelProfile, layout: Layout, s: Any, f_share: float) -> tuple[float, float] | None:

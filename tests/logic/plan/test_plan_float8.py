@@ -5,6 +5,7 @@ float8 all-gathers under FSDP, bf16 reduce-scatters; devices without float8 refu
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -52,8 +53,8 @@ def test_converted_matmuls_run_at_the_float8_peak_and_casts_at_the_memory_bandwi
     assert fwd == pytest.approx(4e9 / r16 + 6e9 / r8 + (1e6 + weights) / bw)
     assert bwd == pytest.approx((20e9 - 12e9) / r16 + 12e9 / r8 + (3e6 + weights) / bw)
     lay = Layout("fsdp", ParallelDims(dp_shard=8))
-    bf16 = predict(toy(None), c.with_world(1, 8), lay, Settings(batch=4, precision="bf16-mixed", param_comm_bytes=2))
-    fp8 = predict(toy(f8), c.with_world(1, 8), lay, Settings(batch=4, precision="float8", param_comm_bytes=2))
+    bf16 = predict(toy(None), replace(c, nodes=1, procs_per_node=8), lay, Settings(batch=4, precision="bf16-mixed", param_comm_bytes=2))
+    fp8 = predict(toy(f8), replace(c, nodes=1, procs_per_node=8), lay, Settings(batch=4, precision="float8", param_comm_bytes=2))
     assert fp8.step_s < bf16.step_s
     a100 = cluster.build({"device": "a100"})
     with pytest.raises(Exception, match="has no float8 rate"):
