@@ -100,8 +100,7 @@ def print_table(plan: Plan, *, top: int | None = None, out: TextIO | None = None
         from rich.table import Table
     except ImportError:
         Console = None
-    for line in summary(plan):
-        print(line, file=out)
+    print(*summary(plan), sep="\n", file=out)
     if Console is not None and out is sys.stdout:
         table = Table(show_edge=False)
         for col in COLUMNS:
@@ -111,16 +110,11 @@ def print_table(plan: Plan, *, top: int | None = None, out: TextIO | None = None
         Console(width=max(120, len(COLUMNS) * 14)).print(table)
     else:
         widths = [max(len(c), *(len(r[i]) for r in body)) if body else len(c) for i, c in enumerate(COLUMNS)]
-        print("  ".join(c.ljust(w) for c, w in zip(COLUMNS, widths)), file=out)
-        for r in body:
-            print("  ".join(v.ljust(w) for v, w in zip(r, widths)), file=out)
-    print(best_line(plan), file=out)
-    for line in close_lines(plan, task_flags):
-        print(line, file=out)
+        print(*("  ".join(v.ljust(w) for v, w in zip(r, widths)) for r in [COLUMNS, *body]), sep="\n", file=out)
+    print(best_line(plan), *close_lines(plan, task_flags), sep="\n", file=out)
     if assumptions:
-        print("assumptions (dtrain plan --json lists them too):", file=out)
-        for a in plan.as_dict()["assumptions"]:
-            print(f"  - {a}", file=out)
+        print("assumptions (dtrain plan --json lists them too):", *(f"  - {a}" for a in plan.as_dict()["assumptions"]),
+              sep="\n", file=out)
 
 
 def chart(plan: Plan, path: str) -> str:
