@@ -5,17 +5,22 @@ models the user's cluster.
 The bed's hosts are network namespaces of one machine: every host's processes share its cores
 (``on_bed``: a plan's compute phases slowed by the processes each core serves). Its gloo ZeRO
 broadcasts between hosts run two trees at a time (``queued_broadcasts``), as measured by
-benchmarks/zero1_broadcasts.py.
+benchmarks/zero1_broadcasts.py. Its shaper (tbf) passes a short transfer faster than a long one
+(``SizedFigure``: each measured size at its own rate); `python3 benchmarks/plan_bed.py plan ...` is
+`dtrain plan` with measured links read that way (plan_validation.py runs it).
 """
 
 from __future__ import annotations
 
 import math
+import sys
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import dataclass
 
+from dtrain.plan import costs
 from dtrain.plan.cluster import Cluster
-from dtrain.plan.costs import Group, broadcast, shape
+from dtrain.plan.costs import Figure, Group, broadcast, shape
 
 COMPUTE = ("data", "forward", "backward", "optimizer", "bubble")
 """The phases of a plan's step that the bed's shared cores slow (the rest is the link's)."""
@@ -37,6 +42,49 @@ def on_bed(row: dict, processes: int, cores: int, threads: int = 1) -> dict:
     step = sum(phases.values())
     return {**row, "phases_ms": phases, "step_ms": step, "samples_per_s": row["samples_per_s"] * row["step_ms"] / step,
             "bed_slowdown": k}
+
+
+@dataclass(frozen=True)
+class SizedFigure(Figure):
+    """A measured link whose rate depends on the size (the bed's shaper: 20 Mbit/s took 1 MiB at
+    18.5 Mbit/s, 4 MiB at 15, and DDP's 548 KB all-reduce 231 ms where one rate put it at 314, bed
+    run 8): ``by_size`` holds each measured size's own rate (bytes, bytes/s), ascending."""
+
+    by_size: tuple[tuple[float, float], ...] = ()
+
+    def seconds(self, kind: str, nbytes: float, n: int, backend: str = "gloo") -> float:
+        if n <= 1 or nbytes <= 0:
+            return 0.0
+        steps, volume = shape(kind, backend)
+        return steps(n) * self.lat + volume(n) * transfer(self, nbytes)
+
+    def shared(self, k: float) -> SizedFigure:
+        return SizedFigure(self.lat, self.bw / k, tuple((b, r / k) for b, r in self.by_size))
+
+
+def transfer(f: Figure, nbytes: float) -> float:
+    """Seconds a unit of volume of ``nbytes`` takes beyond the latency: ``by_size``'s rates interpolated,
+    the marginal rate beyond the largest size (a ``Figure`` without them: its bandwidth)."""
+    pts = getattr(f, "by_size", ())
+    if not pts:
+        return nbytes / f.bw
+    if nbytes <= pts[0][0]:
+        return nbytes / pts[0][1]
+    for (s0, b0), (s1, b1) in zip(pts, pts[1:]):
+        if nbytes <= s1:
+            return nbytes / (b0 + (b1 - b0) * (nbytes - s0) / (s1 - s0))
+    big, rate = pts[-1]
+    return big / rate + (nbytes - big) / f.bw
+
+
+def sized_fit(kind: str, seconds: dict[int, float], n: int, backend: str = "gloo", _fit=costs.fit) -> SizedFigure:
+    """``costs.fit``, plus each size above the smallest at its own rate (its time beyond the latency)
+    where that is above noise."""
+    f = _fit(kind, seconds, n, backend)
+    steps, volume = shape(kind, backend)
+    by_size = tuple((b, volume(n) * b / (seconds[b] - steps(n) * f.lat)) for b in sorted(seconds)[1:]
+                    if seconds[b] > 1.05 * steps(n) * f.lat)
+    return SizedFigure(f.lat, f.bw, by_size)
 
 
 def zero_partition(sizes: Sequence[float], n: int) -> list[list[float]]:
@@ -106,7 +154,7 @@ def queued_broadcasts(sends: Sequence[tuple[int, float]], group: Group, c: Clust
     f = c.figure("broadcast", True, group.sharing)
     steps, _ = shape("broadcast", c.backend)
     busy = _play_trees(sends, n, group.per_node)
-    by_bytes = max(1, messages) * steps(n) * f.lat + (f.transfer(busy) if busy > 0 else 0.0)
+    by_bytes = max(1, messages) * steps(n) * f.lat + (transfer(f, busy) if busy > 0 else 0.0)
     trees = sum(1 for _, b in sends if b > 0)
     return max(by_bytes, math.ceil(trees / GLOO_THREADS) * steps(n) * f.lat)
 
@@ -143,3 +191,12 @@ def _play_trees(sends: Sequence[tuple[int, float]], n: int, per_node: int) -> fl
             left[e] = 0.0 if more <= 1e-9 * (1 + dt) else more
         active = [(left, after) for left, after in active if any(v > 0 for v in left.values())]
     return t
+
+
+if __name__ == "__main__":  # `dtrain plan` with the bed's measured links read size by size
+    from unittest import mock
+
+    from dtrain.cli import main
+
+    with mock.patch.object(costs, "fit", sized_fit):
+        sys.exit(main(sys.argv[1:]))

@@ -6,7 +6,8 @@ Per group (task x hosts x link), on one bed:
    group's shaped link (the plan's link figures, measured, not given);
 2. `dtrain plan --json --links` of the whole group (its profile: the plain step and each layout's
    own CPU cost in a world of one, a worker's memory): the plan's pick, as a user gets it, with the
-   bed's shared cores modelled here (``plan_bed.on_bed``: the plan itself models the user's cluster);
+   bed's shared cores and its shaper's per-size link rates modelled here (``plan_bed.on_bed``, run
+   through ``plan_bed.py plan``: the plan itself models the user's cluster);
 3. each configuration, ``--repeats`` times in alternating order: `dtrain plan` of that
    configuration alone right before its `dtrain train` run, so the profile sees the load the run
    sees (this machine is shared: its speed changes by 2x within minutes), then the run; medians
@@ -130,7 +131,7 @@ def measure_links(bed: NetBed, hosts: int, port: int, path: str) -> dict:
 def plan(group: Group, links: str, cores: int, profile_s: float) -> tuple[dict, dict]:
     layouts = ";".join(dict.fromkeys(lay for lay, _ in group.configs))
     comms = ",".join(dict.fromkeys(c for _, c in group.configs))
-    cmd = [sys.executable, "-m", "dtrain", "plan", "--json", *task_flags(group.task, group.args, group.batch), "--nnodes", str(group.hosts),
+    cmd = [sys.executable, os.path.join(HERE, "plan_bed.py"), "plan", "--json", *task_flags(group.task, group.args, group.batch), "--nnodes", str(group.hosts),
            "-n", "1", "--inter-gbit", str(group.rate / 1000), "--links", links, "--profile-threads", "1",
            "--profile-seconds", str(profile_s), "--layouts", layouts, "--comm-methods", comms, "--log-every", str(EVERY)]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=_env())
