@@ -76,10 +76,6 @@ def planned_nodes(spec: LaunchSpec) -> int:
     return spec.max_nodes or spec.nnodes
 
 
-def _planner(spec: LaunchSpec) -> str:
-    return "the first node" if spec.elastic else "node 0"
-
-
 def post(spec: LaunchSpec, cfg: Any) -> LaunchSpec:
     """``spec`` with node 0's pick (``cfg`` as the plan resolved it) among the values its store opens with."""
     if planned_nodes(spec) == 1:
@@ -110,7 +106,7 @@ def wait_for_pick(store: Any, run_id: str, *, timeout_s: float, where: str, plan
 
 def receive(cfg: Any, spec: LaunchSpec) -> Any:
     """``cfg`` with node 0's pick, read from its rendezvous store (a node other than 0)."""
-    where, planner = f"{spec.addr}:{spec.port}", _planner(spec)
+    where, planner = f"{spec.addr}:{spec.port}", "the first node" if spec.elastic else "node 0"
     me = "this node" if spec.elastic else f"node {spec.node_rank}"
     # the planner plans before its store opens (tens of seconds on a CPU): a refused connection is waited out
     wait_for_master(spec.addr, spec.port, timeout_s=spec.startup_timeout, me=me, what=planner,

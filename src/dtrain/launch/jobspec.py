@@ -318,12 +318,13 @@ def split_words(what: str, text: str) -> tuple[str, ...]:
                           f"{listed}.") from None
 
 
-def with_overrides(job: JobSpec, **values: Any) -> JobSpec:
+def with_overrides(job: JobSpec | None, **values: Any) -> JobSpec:
     """``job`` with the given fields replaced (None: keep); section fields as ``slurm_partition=``, ``k8s_image=``;
-    ``nodes`` may be ``"MIN:MAX"``."""
+    ``nodes`` may be ``"MIN:MAX"``. ``job`` None: a job of the given fields alone (no job file)."""
     top = {k: v for k, v in values.items() if v is not None and not k.startswith(("slurm_", "k8s_"))}
     if "nodes" in top:
         top["nodes"], top["max_nodes"] = parse_nodes(top["nodes"], "--nodes")
+    job = job if job is not None else JobSpec(**top)
     slurm = {k[6:]: v for k, v in values.items() if v is not None and k.startswith("slurm_")}
     k8s = {k[4:]: v for k, v in values.items() if v is not None and k.startswith("k8s_")}
     return replace(job, **top, slurm=replace(job.slurm, **slurm), k8s=replace(job.k8s, **k8s))

@@ -14,6 +14,7 @@ forward signals, a ``stop`` marker once it was told to stop, and ``error-*.json`
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import gc
 import json
@@ -46,21 +47,23 @@ def run_worker(fn: Callable[..., Any], *args: Any) -> Any:
         result = fn(*args)
     except SystemExit as exc:
         if stop_signal() and exc.code not in (0, None):
-            _quiet_exit(128 + stop_signal())
+            exit_now(128 + stop_signal())
         _settle_backend_threads()
         raise
     except BaseException as exc:  # noqa: BLE001 -- every way out is handled below
         if stop_signal():
             # Told to stop: whatever this raised (KeyboardInterrupt, a peer's closed socket
             # inside a collective) is a consequence of stopping, not an error to show.
-            _quiet_exit(128 + stop_signal())
+            exit_now(128 + stop_signal())
         if isinstance(exc, DtrainError):
             _report(exc, user_error=True)
-            _quiet_exit(exc.exit_code)
+            exit_now(exc.exit_code)
         _report(exc, user_error=False)
-        _quiet_exit(1)
+        exit_now(1)
     _settle_backend_threads()
-    _skip_final_gc()
+    # The work is done: spare the interpreter's exit a full collection of the heap (seconds of CPU).
+    gc.disable()
+    gc.freeze()
     return result
 
 
@@ -71,13 +74,6 @@ def _settle_backend_threads() -> None:
         from ..world.group import settle_backend_threads
 
         settle_backend_threads()
-
-
-def _skip_final_gc() -> None:
-    """The work is done: spare the interpreter's exit a full collection of the whole heap (it
-    took seconds of CPU in a worker of ``dtrain train``, between the result and the exit)."""
-    gc.disable()
-    gc.freeze()
 
 
 def stop_signal() -> int:
@@ -100,7 +96,7 @@ def bind_to_launcher() -> None:
         return
     bound = _set_pdeathsig(signal.SIGKILL)
     if not pid_alive(launcher) or (launch_dir and os.path.exists(os.path.join(launch_dir, STOP_MARKER))):
-        _quiet_exit(128 + signal.SIGTERM)  # launcher gone (before prctl) or stopping: do no work
+        exit_now(128 + signal.SIGTERM)  # launcher gone (before prctl) or stopping: do no work
     if not bound or os.getppid() != launcher:
         threading.Thread(target=_watch_launcher, args=(launcher,), name="dtrain-launcher-watch", daemon=True).start()
     if launch_dir:
@@ -109,17 +105,11 @@ def bind_to_launcher() -> None:
 
 
 def own_session() -> None:
-    """Put a launched worker in a session of its own, as torchrun's workers are (its agent starts
-    each with ``start_new_session``; torch's agent does not for a function entry point such as
-    ``dtrain train``'s, nor does ``torch.multiprocessing.spawn``).
-
-    Why it matters: Linux's scheduler autogroups (``kernel.sched_autogroup_enabled``, on by
-    default in most distributions) share the CPU between sessions first, then between the
-    processes of a session. Workers left in the launcher's session share one session's share,
-    where torchrun's get one each, so on a machine that other sessions also load they ran
-    slower than plain torchrun's (benchmarks/README.md). Stop signals still arrive:
-    the launcher forwards them to every worker (supervise.py); the worker still dies with its
-    launcher (PR_SET_PDEATHSIG and the watch thread do not depend on the session)."""
+    """Put a launched worker in a session of its own, as torchrun's workers are (torch's agent
+    does not for a function entry point, nor does ``torch.multiprocessing.spawn``): Linux's
+    scheduler autogroups share the CPU between sessions first, so workers left in the launcher's
+    session would share one session's share. Stop signals are forwarded by the launcher
+    (supervise.py) and PR_SET_PDEATHSIG does not depend on the session."""
     if not launch_link().launcher_pid or not hasattr(os, "setsid"):
         return
     if SlurmTasks.job_id():
@@ -171,14 +161,9 @@ def exit_now(code: int) -> None:
     a failed or interrupted collective only add warnings and can hang. A function worker that
     returns instead waits for torch's agent to read its return value (see ``train.loop``)."""
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(OSError, ValueError):
             stream.flush()
-        except (OSError, ValueError):
-            pass
     os._exit(code)
-
-
-_quiet_exit = exit_now
 
 
 def _report(exc: BaseException, *, user_error: bool) -> None:

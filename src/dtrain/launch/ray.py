@@ -108,18 +108,13 @@ def _check_reachable(address: str) -> None:
                           f"(`ray start --head --port {port}`) or give the address `ray start --head` printed.") from None
 
 
-def _wants_gpus(ray: Any) -> bool:
-    """One GPU per rank where the cluster has GPUs, unless this process was told to see none
-    (``CUDA_VISIBLE_DEVICES=``, dtrain's way to train on the CPU on a GPU machine)."""
-    return ray.cluster_resources().get("GPU", 0) > 0 and os.environ.get("CUDA_VISIBLE_DEVICES") != ""
-
-
 @contextlib.contextmanager
 def _placement(ray: Any, spec: LaunchSpec) -> Iterator[tuple[Any, bool]]:
     """A placement group of one bundle per node, ready (or one ConfigError line saying why not)."""
     from ray.util.placement_group import placement_group, remove_placement_group
 
-    gpus = _wants_gpus(ray)
+    # One GPU per rank where the cluster has GPUs, unless told to see none (CUDA_VISIBLE_DEVICES=: the CPU).
+    gpus = ray.cluster_resources().get("GPU", 0) > 0 and os.environ.get("CUDA_VISIBLE_DEVICES") != ""
     bundle = {"CPU": float(spec.nproc), **({"GPU": float(spec.nproc)} if gpus else {})}
     _check_capacity(ray, spec, bundle)
     pg = placement_group([dict(bundle) for _ in range(spec.nnodes)], strategy="STRICT_SPREAD" if spec.nnodes > 1 else "PACK")
@@ -214,10 +209,10 @@ class _Job:
             raise LaunchError(f"the Ray actors of this job did not start within --startup-timeout {self.spec.startup_timeout:g} s; "
                               "see `ray status` and the Ray logs of the cluster.") from None
         finally:
-            try:  # each actor kills a worker still running and removes its folder
+            # Each actor kills a worker still running and removes its folder; a lost actor cannot
+            # answer, and the kill below ends the rest.
+            with contextlib.suppress(Exception):
                 self.ray.get([a.close.remote() for a in actors], timeout=10)
-            except Exception:  # noqa: BLE001 -- a lost actor cannot answer; the kill below ends the rest
-                pass
             for actor in actors:
                 self.ray.kill(actor, no_restart=True)  # its worker dies with it (PR_SET_PDEATHSIG)
 

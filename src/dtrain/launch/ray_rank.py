@@ -14,6 +14,7 @@ This module imports without Ray: the driver wraps the class with ``ray.remote`` 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import shutil
@@ -106,10 +107,8 @@ class RankActor:
     def signal(self, signum: int) -> None:
         """Forward a stop signal (the driver's SIGTERM: ``dtrain train`` saves and stops)."""
         if self.proc is not None and self.proc.poll() is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(self.proc.pid, signum)
-            except ProcessLookupError:
-                pass
 
     def close(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -19,6 +19,7 @@ processes) are never touched.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -54,7 +55,8 @@ class StallReaper(DaemonThread):
                     self._kill(pid)
             if not doomed and os.path.exists(marker):
                 doomed, deadline = self.workers(), time.monotonic() + GRACE_S
-                _remove(marker)
+                with contextlib.suppress(OSError):
+                    os.remove(marker)
             if doomed and time.monotonic() >= deadline:
                 alive = set(self.workers())
                 for pid in doomed:
@@ -92,10 +94,3 @@ def stopped_with_sigterm_pending(pid: int) -> bool:
         except ValueError:
             continue
     return bool(pending & _SIGTERM_BIT)
-
-
-def _remove(path: str) -> None:
-    try:
-        os.remove(path)
-    except OSError:
-        pass

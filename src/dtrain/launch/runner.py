@@ -79,7 +79,11 @@ def _rendezvous(spec: LaunchSpec) -> Iterator[int]:
         # first round's rank-0 address on the other nodes, and a join after a loss then waited 60 s
         # for keys nobody could see (torch 2.14, two launchers on one host).
         membership.posted = spec.store_values  # the host's store opens in torch's agent (membership._c10d_backend)
-        with _elastic_id(f"{spec.rdzv_id}@{spec.addr}:{spec.port}"), _env_default("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1"):
+        # The workers get the job's `run id@endpoint` unless the user set one: the checkpoint lock keys on
+        # it (rank 0 may move to another node), and dtrain train resumes in every attempt by it.
+        run_id = f"{spec.rdzv_id}@{spec.addr}:{spec.port}"
+        given = contextlib.nullcontext() if launch_link().elastic is not None else handed_over(link={"elastic": run_id})
+        with given, _env_default("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1"):
             yield spec.port
         return
     if spec.node_rank != 0:
@@ -245,27 +249,12 @@ def _agent(spec: LaunchSpec) -> Iterator[None]:
         launcher.LocalElasticAgent = torch_agent
 
 
-def _elastic_id(run: str) -> contextlib.AbstractContextManager:
-    """Hand the workers of an elastic job (``--nnodes MIN:MAX``) its ``run id@endpoint``, unless
-    the user set one. Its checkpoint lock keys on it (rank 0 may move to another node), and
-    ``dtrain train`` resumes from its checkpoint folder in every attempt (a joining node's agent
-    starts at restart 0)."""
-    if launch_link().elastic is not None:
-        return contextlib.nullcontext()
-    return handed_over(link={"elastic": run})
-
-
 def _rdzv_options(spec: LaunchSpec, port: int) -> dict[str, Any]:
     if spec.elastic:
-        # torch's dynamic rendezvous: the agent on the node whose address is the endpoint hosts
-        # the store (the others connect); nodes may leave and join between MIN and MAX.
-        # Who hosts is decided here, not by torch's guess from host names: two launchers on one
-        # host (or a host name that resolves to the endpoint) would both guess "host", and the
-        # second one's store take half of the connections.
-        # torch's c10d handler, created where the launcher can make a stopped node leave (membership.py).
-        # local_addr: what this node tells the others (its node entry, and MASTER_ADDR when its
-        # agent is rank 0); without it torch tells them socket.getfqdn(), which on many hosts
-        # resolves to 127.0.x.1, where no worker of another node can reach it.
+        # torch's c10d rendezvous through membership's handler (a stopped node leaves). Who hosts
+        # is decided here (is_host), not guessed by torch from host names: two launchers on one
+        # host would both guess "host". local_addr: what this node tells the others; torch's
+        # default, socket.getfqdn(), often resolves to 127.0.x.1.
         return {"run_id": spec.rdzv_id, "rdzv_backend": membership.register(), "rdzv_endpoint": f"{spec.addr}:{port}",
                 "local_addr": advertised_address(spec.addr, spec.local_addr),
                 "rdzv_configs": {"join_timeout": int(spec.join_timeout), "last_call_timeout": int(spec.last_call_s),

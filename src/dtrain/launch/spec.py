@@ -104,9 +104,7 @@ class LaunchSpec:
     def port(self) -> int:
         if self.master_port is not None:
             return self.master_port
-        if self.elastic:
-            return DEFAULT_MULTINODE_PORT
-        return 0 if self.nnodes == 1 else DEFAULT_MULTINODE_PORT
+        return 0 if self.nnodes == 1 and not self.elastic else DEFAULT_MULTINODE_PORT
 
     @property
     def needs_launch(self) -> bool:
