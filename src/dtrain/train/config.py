@@ -64,8 +64,7 @@ class BatchConfig:
             if self.global_batch:
                 raise ConfigError("--micro-batch auto and --elastic-batch global both choose the accumulation; drop one.")
             refuse_accum(self.grad_accum)
-        if self.num_workers is not None and self.num_workers < 0:
-            raise ConfigError(f"--num-workers must be >= 0, got {self.num_workers}.")
+        _at_least(0, num_workers=self.num_workers)
         if self.size is not None:
             check_accum(self.size, self.grad_accum)
         SplitSpec.parse(self.split)
@@ -122,8 +121,7 @@ class CheckpointConfig:
             raise ConfigError("--async-save needs --checkpoint-dir, the folder to write checkpoints to (without it nothing is saved).")
         if self.resume and not self.dir:
             raise ConfigError("--resume needs --checkpoint-dir, the folder holding the checkpoints to resume from.")
-        if self.keep < 1:
-            raise ConfigError(f"--keep must be >= 1, got {self.keep}.")
+        _at_least(1, keep=self.keep)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 from ..errors import ConfigError
 
-BATCH_SEMANTICS = ("per-process", "global")
-
 
 def global_batch(batch: int, nproc: int, min_nodes: int, max_nodes: int) -> int:
     """The fixed global batch of ``--elastic-batch global``; fails unless every world size divides it."""

@@ -199,12 +199,15 @@ class Fitter:
             t0 = time.perf_counter()
             start = self._agreed(self.auto.proposal or self.batch)
             self.search = Search(self.batch, start)
-            with _kept(self.model, self.ctx.device):
+            kept = Kept(self.model, self.ctx.device)
+            try:
                 m = settle(self.search, lambda m: self._trial(x, y, m))
+            finally:
+                kept.restore()
             self.seconds = time.perf_counter() - t0
             if m is None:
                 raise ConfigError(f"--micro-batch auto: one sample per micro-step does not fit on {self.ctx.device} "
-                                  f"(out of memory on rank(s) {_ranks(self.failed_on.get(1, []))}); the model alone is too "
+                                  f"(out of memory on rank(s) {listed(self.failed_on.get(1, []))}); the model alone is too "
                                   "large for it: shard it (--strategy fsdp), use a smaller model, or a larger device.")
             self.accumulation = self.batch // m
             if self.ctx.is_main:
@@ -215,7 +218,7 @@ class Fitter:
         """What the search found and what it tried, in one line."""
         assert self.search is not None and self.search.best is not None
         m = self.search.best
-        tried = ", ".join(f"{s} ({'fits' if ok else 'out of memory on rank ' + _ranks(self.failed_on[s])})"
+        tried = ", ".join(f"{s} ({'fits' if ok else 'out of memory on rank ' + listed(self.failed_on[s])})"
                           for s, ok in self.search.tried)
         note = f"; {self.auto.note}" if self.auto.note else ""
         return (f"--micro-batch auto: {m} sample(s) per micro-step x {self.batch // m} accumulated = batch {self.batch}/process "
@@ -255,7 +258,7 @@ class Fitter:
             raise error
         broken = [r for r in range(self.ctx.world_size) if failed[r] > 1]
         if broken:
-            raise ConfigError(f"--micro-batch auto: the trial of {m} sample(s) per micro-step failed on rank(s) {_ranks(broken)} "
+            raise ConfigError(f"--micro-batch auto: the trial of {m} sample(s) per micro-step failed on rank(s) {listed(broken)} "
                               "with an error other than out-of-memory (that rank's error says which).")
         self.failed_on[m] = [r for r in range(self.ctx.world_size) if failed[r] > 0]
         return not self.failed_on[m]
@@ -275,23 +278,24 @@ class Fitter:
             del held
 
 
-@contextlib.contextmanager
-def _kept(model: Any, device: torch.device) -> Iterator[None]:
-    """Put back what the trials' forwards change: buffers (BatchNorm's running statistics) and the
-    random states (dropout), so the first real step is the one a run without the search takes."""
-    buffers = [(b, b.detach().clone()) for b in model.buffers()]
-    cpu = torch.get_rng_state()
-    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
-    try:
-        yield
-    finally:
+class Kept:
+    """What trial forwards change, put back by ``restore``: buffers (BatchNorm's running statistics)
+    and the random states (dropout), so the step that follows is the one a run without them takes."""
+
+    def __init__(self, model: Any, device: torch.device) -> None:
+        self.buffers = [(b, b.detach().clone()) for b in model.buffers()]
+        self.device = device
+        self.cpu = torch.get_rng_state()
+        self.cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+
+    def restore(self) -> None:
         with torch.no_grad():
-            for b, saved in buffers:
+            for b, saved in self.buffers:
                 b.copy_(saved)
-        torch.set_rng_state(cpu)
-        if cuda is not None:
-            torch.cuda.set_rng_state(cuda, device)
+        torch.set_rng_state(self.cpu)
+        if self.cuda is not None:
+            torch.cuda.set_rng_state(self.cuda, self.device)
 
 
-def _ranks(ranks: list[int]) -> str:
+def listed(ranks: list[int]) -> str:
     return ", ".join(map(str, ranks)) or "none"

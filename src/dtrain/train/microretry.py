@@ -28,7 +28,7 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from .._log import logger
 from ..errors import ConfigError
-from .microbatch import Budget, Fitter, divisors
+from .microbatch import Budget, Fitter, Kept, divisors, listed
 
 BUCKET_BYTES = 25 * 2**20
 """Gradients averaged per all-reduce (DDP's default bucket): a bounded extra copy of them at a time."""
@@ -61,7 +61,7 @@ class Guard:
         k = self.fitter.accum(x, y)  # the first batch: the search
         failed_at: list[tuple[int, list[int]]] = []
         while True:
-            kept = _Kept(self.model, self.ctx.device)
+            kept = Kept(self.model, self.ctx.device)
             loss, flags, mine, error = self._try(step, x, y, k, micro)
             if flags is None:  # the flag goes with the first bucket of gradients: one collective, not two
                 flags = self._agree(mine) if self._each() else average_gradients(self.ctx, self.model, mine)
@@ -69,7 +69,7 @@ class Guard:
                 raise error
             broken = _where(flags, 2)
             if broken:
-                raise ConfigError(f"--micro-batch auto: step {step} failed on rank(s) {_ranks(broken)} with an error other than "
+                raise ConfigError(f"--micro-batch auto: step {step} failed on rank(s) {listed(broken)} with an error other than "
                                   "out-of-memory (that rank's error says which).")
             out = _where(flags, 1)
             if not out:
@@ -146,7 +146,7 @@ class Guard:
         return self.ctx.all_reduce(flags.to(self.ctx.device), op="sum").cpu()
 
     # -- after an out-of-memory ----------------------------------------------------------------
-    def _drop(self, kept: _Kept) -> None:
+    def _drop(self, kept: Kept) -> None:
         """Forget the failed try: its gradients, the accumulation window it opened, what its
         forwards changed; the cached blocks go back to the device before the retry."""
         for p in self.model.parameters():
@@ -162,7 +162,7 @@ class Guard:
         batch, m = self.fitter.batch, self.fitter.batch // k
         if m == 1:
             raise ConfigError(f"--micro-batch auto: step {step} ran out of memory on {self.ctx.device} even at one sample per "
-                              f"micro-step (rank(s) {_ranks(failed_at[-1][1])}); the model alone is too large for it: shard it "
+                              f"micro-step (rank(s) {listed(failed_at[-1][1])}); the model alone is too large for it: shard it "
                               "(--strategy fsdp), use a smaller model, or a larger device.")
         smaller = max(d for d in divisors(batch) if d <= m // 2)
         self.fitter.accumulation = batch // smaller
@@ -172,7 +172,7 @@ class Guard:
         old, new = failed_at[0][0], self.fitter.batch // k
         self.retries.append((step, old, new))
         if self.ctx.is_main:
-            tried = ", ".join(f"{m} (out of memory on rank {_ranks(r)})" for m, r in failed_at)
+            tried = ", ".join(f"{m} (out of memory on rank {listed(r)})" for m, r in failed_at)
             logger.info(f"--micro-batch auto: step {step} ran out of memory, micro-batch {old} -> {new}: retried with {new} sample(s) "
                         f"per micro-step x {k} accumulated = batch {self.fitter.batch}/process, kept from now on (tried {tried})")
 
@@ -220,28 +220,5 @@ def average_gradients(ctx: Any, model: Any, mine: float | None = None) -> torch.
     return flags
 
 
-class _Kept:
-    """The buffers (BatchNorm's running statistics) and random states (dropout) before a try, put
-    back after a failed one, so the retry is the step a run at the smaller micro-batch takes."""
-
-    def __init__(self, model: Any, device: torch.device) -> None:
-        self.buffers = [(b, b.detach().clone()) for b in model.buffers()]
-        self.device = device
-        self.cpu = torch.get_rng_state()
-        self.cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
-
-    def restore(self) -> None:
-        with torch.no_grad():
-            for b, saved in self.buffers:
-                b.copy_(saved)
-        torch.set_rng_state(self.cpu)
-        if self.cuda is not None:
-            torch.cuda.set_rng_state(self.cuda, self.device)
-
-
 def _where(flags: torch.Tensor, *codes: int) -> list[int]:
     return [r for r in range(len(flags)) if int(flags[r]) in codes]
-
-
-def _ranks(ranks: list[int]) -> str:
-    return ", ".join(map(str, ranks)) or "none"

@@ -40,8 +40,7 @@ class Observer:
         self.slow.attach(model)
         self.bd: StepBreakdown = ctx.breakdown
         self.bd.enabled = enabled
-        hosts = host_names(ctx.gather_object((socket.gethostname(), ctx.world.node_rank)))  # collective, once
-        self.hosts = hosts
+        self.hosts = host_names(ctx.gather_object((socket.gethostname(), ctx.world.node_rank)))  # collective, once
         self.tracer: Tracer | None = None
         self.last_step = first_step
         if trace and not trace_fits(parse_steps(trace), first_step, total, is_main=ctx.is_main):
@@ -52,7 +51,7 @@ class Observer:
             self.bd.listeners.append(self.tracer.on_step)
         # On every rank: each one then decides alike, from the same gathered figures, when to
         # probe the links (a collective); rank 0 alone reports.
-        self.detector = StragglerDetector(stragglers, hosts)
+        self.detector = StragglerDetector(stragglers, self.hosts)
         if ctx.strategy.capabilities.staged_step and ctx.world.distributed and enabled and ctx.is_main:
             logger.info("stragglers are not named under a pipeline: a stage's own time is not told apart from its waits "
                         "for the other stages (the breakdown's forward, backward and comm are null there)")
@@ -206,11 +205,9 @@ class SlowDown:
             self._thread.start()
 
     def _hog(self) -> None:
-        # Pure Python, as a busy helper thread of a training script would be (logging, parsing):
-        # it takes a core, and the interpreter every switch interval (sys.getswitchinterval,
-        # 5 ms), so this rank's forward and optimizer step, which need the interpreter, slow
-        # down and the other ranks' do not. (A thread of matrix products releases the GIL and,
-        # on a machine whose ranks share cores, slows every rank alike.)
+        # Pure Python, as a busy helper thread of a training script would be: it holds the GIL
+        # each switch interval, so this rank alone slows down (matrix products would release
+        # the GIL and, on shared cores, slow every rank alike).
         x = 0
         while not self._stop.is_set():
             for i in range(10_000):
