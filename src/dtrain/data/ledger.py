@@ -53,7 +53,7 @@ class SampleLedger:
         gen = None
         if self.ctx.is_main:
             os.makedirs(self.folder, exist_ok=True)
-            gen = newest_generation(self.folder) + 1
+            gen = max((int(m.group(1)) for name in _listdir(self.folder) if (m := _FILE.match(name))), default=0) + 1
         self.generation = gen = self.ctx.broadcast_object(gen)
         os.makedirs(self.folder, exist_ok=True)
         path = os.path.join(self.folder, f"gen{gen:05d}-rank{self.ctx.rank:05d}.jsonl")
@@ -76,12 +76,6 @@ class SampleLedger:
         if self._file is not None:
             self._file.close()
             self._file = None
-
-
-def newest_generation(folder: str) -> int:
-    """The highest generation number in ``folder``'s ledger files (0 when there is none)."""
-    gens = [int(m.group(1)) for name in _listdir(folder) if (m := _FILE.match(name))]
-    return max(gens, default=0)
 
 
 def _listdir(folder: str) -> list[str]:

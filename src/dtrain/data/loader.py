@@ -61,16 +61,10 @@ def usable_cores() -> int:
 
 
 def default_num_workers(dataset: Dataset, local_size: int, cpus: int | None = None) -> int:
-    """DataLoader workers per process when none are asked for.
-
-    None (0) for a data set already in memory (a ``TensorDataset``, or one declaring
-    ``in_memory = True``): a worker would only add a copy through shared memory. Otherwise the
-    cores this process may use (its CPU affinity, which respects taskset and cgroup cpusets),
-    split among the ``local_size`` training processes of this node, less one core for each
-    training process itself (its forward, backward and gradient communication), at most 8
-    (beyond that one process's decode rarely scales, and each worker holds a copy of the data
-    set's index and ``prefetch_factor`` batches); 0 when that leaves less than one core.
-    """
+    """DataLoader workers per process when none are asked for: 0 for a data set already in
+    memory (``TensorDataset``, ``in_memory = True``; a worker would only add a copy); else the
+    usable cores split among the ``local_size`` processes of this node, less one for each
+    process's own compute, at most 8 (decode rarely scales further; each worker holds copies)."""
     if isinstance(dataset, TensorDataset) or getattr(dataset, "in_memory", False):
         return 0
     if cpus is None:
@@ -87,11 +81,9 @@ def loader_options(num_workers: int, device: torch.device, prefetch_factor: int 
     options: dict[str, Any] = {"num_workers": num_workers, "pin_memory": device.type == "cuda"}
     if num_workers > 0:
         options.update(persistent_workers=True, prefetch_factor=prefetch_factor)
-        # A process started by multiprocessing's spawn (dtrain run's default launcher) inherits
-        # "spawn" as its start method (multiprocessing.spawn.prepare), so each DataLoader worker
-        # would import torch, torchvision and the task again: a 25 s first batch with 2 workers
-        # per rank, measured on a busy 2-core machine, against 0.2 s forked. On Linux, fork, as
-        # a torchrun-started process gets by default.
+        # A spawned process (dtrain run's launchers) inherits "spawn" as its start method, so each
+        # worker would import torch and the task again (seconds before the first batch); on Linux,
+        # fork, as a torchrun-started process gets by default.
         if sys.platform.startswith("linux") and "fork" in mp.get_all_start_methods():
             options["multiprocessing_context"] = "fork"
     return options

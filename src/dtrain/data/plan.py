@@ -8,8 +8,7 @@ pinned memory and batches in flight (``dtrain train`` and ``dtrain bench`` at th
   (``default_num_workers``).
 - On a GPU, the training process mostly waits for the device, so decoding gets every core of
   the process's share but one, and at least one worker whenever the process has a core: with
-  0 workers every batch is decoded and collated between steps on the main thread (issue 28: a
-  ResNet-50 waited for data 40% of each step on an H100).
+  0 workers every batch is decoded and collated between steps on the main thread.
 - Batches in flight per worker (``prefetch_factor``): 4 with one or two workers (a burst of slow
   images does not empty the queue), else torch's 2; fewer when they would hold more than
   ``PREFETCH_BUDGET_BYTES`` of host memory.
