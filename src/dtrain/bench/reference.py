@@ -43,9 +43,9 @@ def main(argv: list[str] | None = None) -> None:
     local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     workers = args.num_workers if args.num_workers is not None else default_num_workers(task.train_set, local)
     loader = DataLoader(task.train_set, batch_size=batch, sampler=sampler, drop_last=True, **loader_options(workers, device))
-    rec = Recorder(rank=rank, world_size=world, method=args.method, batch_size=batch, device=str(device))
-    rec.metric_name, rec.tokens_per_sample = task.metric_name, task.tokens_per_sample
-    rec.train_samples = len(task.train_set)
+    rec = Recorder(rank=rank, world_size=world, method=args.method, batch_size=batch, device=str(device),
+                   metric_name=task.metric_name, tokens_per_sample=task.tokens_per_sample,
+                   train_samples=len(task.train_set))
     epoch = 0
 
     def batches():

@@ -14,6 +14,7 @@ from dtrain.data.plan import plan_input
 from dtrain.errors import DtrainError
 from dtrain.tasks import load_task, make_optimizer
 from dtrain.train.listeners import LoopState
+from dtrain.train.observe import comm_bytes_per_step
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -48,10 +49,9 @@ def measure(ctx: dtrain.Context, task, args) -> Recorder:
     batches = forever(loader)
     inner = optimizer.optimizer
     synchronize = getattr(inner, "synchronize", None)  # hvd: gradients are waited for here
-    rec = Recorder(rank=ctx.rank, world_size=ctx.world_size, method=args.method, batch_size=batch, device=str(ctx.device))
-    rec.metric_name, rec.tokens_per_sample = task.metric_name, task.tokens_per_sample
-    rec.train_samples = len(task.train_set)
-    rec.replicas = ctx.data_parallel_size
+    rec = Recorder(rank=ctx.rank, world_size=ctx.world_size, method=args.method, batch_size=batch, device=str(ctx.device),
+                   metric_name=task.metric_name, tokens_per_sample=task.tokens_per_sample,
+                   train_samples=len(task.train_set), replicas=ctx.data_parallel_size)
     model.train()
 
     def step(measured: bool) -> None:
@@ -130,14 +130,10 @@ def _batch_split(ctx: dtrain.Context, loader, task, batch: int):
 
 
 def _comm_bytes(ctx: dtrain.Context, model, inner, steps: int) -> float | None:
-    if not ctx.world.distributed:
-        return 0.0
     counted = getattr(inner, "bytes_communicated", None)  # hvd counts what it hands to all-reduce
-    if counted is not None:
+    if counted is not None and ctx.world.distributed:
         return counted / steps
-    # The strategy's own count: one all-reduce of the gradients by default; zero1 and fsdp differ.
-    value = ctx.strategy.comm_payload_bytes(ctx.unwrap(model))
-    return None if value is None else float(value)
+    return comm_bytes_per_step(ctx, model)  # the strategy's own count, as dtrain train records it
 
 
 if __name__ == "__main__":
