@@ -47,15 +47,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def config_from_args(args: argparse.Namespace) -> BenchConfig:
     if args.nproc is None:
         args.nproc = DEFAULT_NPROC
-    for flag in ("nproc", "steps", "repeats", "rounds"):
-        if getattr(args, flag) < 1:
-            raise ConfigError(f"--{flag} must be >= 1, got {getattr(args, flag)}.")
-    if args.num_workers is not None and args.num_workers < 0:
-        raise ConfigError(f"--num-workers must be >= 0, got {args.num_workers}.")
-    if args.warmup < 0:
-        raise ConfigError(f"--warmup must be >= 0, got {args.warmup}.")
-    if args.batch_size is not None and args.batch_size < 1:
-        raise ConfigError(f"--batch-size must be >= 1, got {args.batch_size}.")
+    for flag, low in (("nproc", 1), ("steps", 1), ("repeats", 1), ("rounds", 1), ("num_workers", 0), ("warmup", 0),
+                      ("batch_size", 1)):
+        value = getattr(args, flag)
+        if value is not None and value < low:
+            raise ConfigError(f"--{flag.replace('_', '-')} must be >= {low}, got {value}.")
     if args.device is not None:
         check_device(args.device)
     check.seconds("--timeout", args.timeout)

@@ -13,7 +13,6 @@ from .._log import configure_cli_logging, logger
 from ..checkpoint import list_checkpoints, lock, read_checkpoint, resolve, verify
 from ..checkpoint.validate import read_latest_name, state_problem
 from ..errors import CheckpointError, ConfigError
-from . import ckpt_export
 
 
 def _logged(func):
@@ -51,7 +50,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     led = cmds.add_parser("ledger", help="per epoch, the samples a --ledger run trained on: seen, duplicated, missing; exit 1 unless exactly once")
     led.add_argument("dir", help="the folder given to --ledger")
     led.set_defaults(func=_logged(cmd_ledger))
-    ckpt_export.add_parser(cmds, _logged)
+    exp = cmds.add_parser("export", help="write an hf:PATH run's checkpoint as a Hugging Face folder (config.json + safetensors)",
+                          description="`dtrain ckpt export CHECKPOINT --hf DIR --config PATH`: a checkpoint of `dtrain train "
+                          "--task hf:PATH`\n(any layout, sharded included) as a folder transformers loads "
+                          "(`AutoModelForCausalLM.from_pretrained(DIR)`).")
+    exp.add_argument("path", help="a checkpoint, or a checkpoint directory (its latest)")
+    exp.add_argument("--hf", required=True, metavar="DIR", help="the folder to write (must not exist)")
+    exp.add_argument("--config", required=True, metavar="PATH",
+                     help="the model's folder the run trained (the PATH of --task hf:PATH): its config.json and tokenizer files are copied")
+    exp.set_defaults(func=_logged(cmd_export))
 
 
 def _human(n: int) -> str:
@@ -206,3 +213,12 @@ def cmd_ledger(args: argparse.Namespace) -> int:
     report = check_ledger(args.dir)
     print(render(report))
     return 0 if report.ok else 1
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from ..checkpoint.hf_export import export
+
+    done = export(args.path, args.config, args.hf)
+    tok = f", tokenizer {', '.join(done.tokenizer_files)}" if done.tokenizer_files else ", no tokenizer files"
+    print(f"wrote {done.path}: {done.tensors} tensors of {done.checkpoint}, config of {args.config}{tok}")
+    return 0

@@ -16,17 +16,11 @@ def add_parallel_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--parallel", default=None, metavar="LAYOUT", help=HELP)
 
 
-def check_layout(text: str | None, world_size: int) -> None:
-    """One line, before any worker starts, for a layout that cannot run on ``world_size``
-    (`dtrain train` checks its own, with --strategy, in ``dtrain.train.config.ParallelConfig``)."""
-    if text is None:
-        return
-    parse(text).check_world(world_size)
-
-
 def export_parallel(args: argparse.Namespace, world_size: int) -> None:
-    """`dtrain run`: check the layout here, then hand it to the workers."""
+    """`dtrain run`: check the layout against ``world_size`` here (one line before any worker
+    starts; `dtrain train` checks its own in ``ParallelConfig``), then hand it to the workers."""
     if getattr(args, "parallel", None) is None:
         return
-    check_layout(args.parallel, world_size)
-    hand_over(layout={"parallel": str(parse(args.parallel))})
+    dims = parse(args.parallel)
+    dims.check_world(world_size)
+    hand_over(layout={"parallel": str(dims)})

@@ -122,11 +122,6 @@ def _warn_foreign(what: str, got, clu) -> None:
               f"(`dtrain doctor --links-out FILE` there) or leave them out.", file=sys.stderr, flush=True)
 
 
-def _positive(name: str, value: int | None) -> None:
-    if value is not None:
-        check.integer(name, value, minimum=1)
-
-
 def main(args: argparse.Namespace) -> int:
     from ..data.loader import usable_cores
     from ..plan import make_plan, plan_task, report
@@ -138,7 +133,8 @@ def main(args: argparse.Namespace) -> int:
     for name, value in (("--batch-size", args.batch_size), ("--grad-accum", args.grad_accum),
                         ("--microbatches", args.microbatches), ("--profile-threads", args.profile_threads), ("--top", args.top),
                         ("--log-every", args.log_every)):
-        _positive(name, value)
+        if value is not None:
+            check.integer(name, value, minimum=1)
     if args.batch_size is not None:
         _batch_bound(args.batch_size)
     check.seconds("--profile-seconds", args.profile_seconds)

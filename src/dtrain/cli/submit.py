@@ -82,10 +82,7 @@ def build_job(args: argparse.Namespace) -> tuple[jobspec.JobSpec, str]:
         env={**(base.env if base else {}), **env} if env else None,
         slurm_partition=args.partition, k8s_image=args.image,
     )
-    top = {k: v for k, v in overrides.items() if v is not None and not k.startswith(("slurm_", "k8s_"))}
-    if "nodes" in top:
-        top["nodes"], top["max_nodes"] = jobspec.parse_nodes(top["nodes"], "--nodes")
-    job = jobspec.with_overrides(base or jobspec.JobSpec(**top), **overrides)
+    job = jobspec.with_overrides(base, **overrides)
     return job, job_file or ""
 
 
