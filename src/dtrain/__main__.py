@@ -14,9 +14,8 @@ from .cli import main  # noqa: E402 -- after the environment above
 def _leave(code: int) -> None:
     """Exit after a process that trained in a process group (srun or torchrun tasks): Python's exit
     hooks run (the checkpoint folder's lock is released), then the process leaves without the
-    interpreter's finalization, where the groups dtrain keeps until the end (world/group.py) were
-    destroyed and once aborted a finished srun task ("terminate called without an active
-    exception", exit 134, CI of stop 36)."""
+    interpreter's finalization, where destroying the groups dtrain keeps (world/group.py) can
+    abort a finished task ("terminate called without an active exception")."""
     import atexit
 
     run_hooks = getattr(atexit, "_run_exitfuncs", None)

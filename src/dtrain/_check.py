@@ -7,6 +7,7 @@ argparse types, the config dataclasses' ``__post_init__`` and the public API sha
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import re
@@ -128,17 +129,14 @@ def write_probe(folder: str) -> str | None:
     except OSError as exc:
         return exc.strerror or type(exc).__name__
     os.close(fd)
-    try:
+    with contextlib.suppress(OSError):
         os.unlink(name)
-    except OSError:
-        pass
     return None
 
 
 def make_dir(what: str, folder: str, flag: str, error: type[Exception] = ConfigError) -> str:
     """Create the folder ``flag`` names (``what``: how errors name it) and check that files can
-    be created in it: one line now, before any work, rather than a traceback after training
-    started. The check ``--checkpoint-dir`` has always had; every output folder uses it."""
+    be created in it: one line now, before any work, rather than a traceback after training started."""
     if not isinstance(folder, str) or not folder:
         raise error(f"{flag} needs a folder path, got {folder!r}.")
     if os.path.exists(folder) and not os.path.isdir(folder):

@@ -142,10 +142,9 @@ def scaler_skips_itself(optimizer: torch.optim.Optimizer) -> torch.optim.Optimiz
     A fused optimizer tells the scaler it handles overflow in its kernel
     (``_step_supports_amp_scaling``), so the scaler hands it the inf flag instead of skipping the
     step. Fused SGD's kernel then leaves the weights alone but creates its momentum buffers
-    uninitialised (seen with torch 2.11 on an H200 and 2.14 on CPU: fp16-mixed trained the
-    synthetic task to a NaN loss by step 10, the first steps' routine overflows). With the flag
-    cleared, the scaler unscales, skips an overflowed step and calls the fused kernel only on finite
-    gradients, as for any other optimizer. Fused Adam, AdamW and Adagrad honour the flag and keep it.
+    uninitialised (fp16-mixed then reaches a NaN loss after the first steps' routine overflows).
+    With the flag cleared, the scaler skips an overflowed step and calls the fused kernel only on
+    finite gradients, as for any other optimizer. Fused Adam, AdamW and Adagrad honour the flag.
     Follows wrappers' ``.optimizer`` to the torch optimizer; returns ``optimizer``."""
     inner = optimizer
     while not isinstance(inner, torch.optim.SGD) and isinstance(getattr(inner, "optimizer", None), torch.optim.Optimizer):
@@ -153,7 +152,6 @@ def scaler_skips_itself(optimizer: torch.optim.Optimizer) -> torch.optim.Optimiz
     if isinstance(inner, torch.optim.SGD) and inner.defaults.get("fused") and getattr(inner, "_step_supports_amp_scaling", False):
         inner._step_supports_amp_scaling = False
     return optimizer
-
 
 
 def check_float8_device(device: torch.device) -> None:
