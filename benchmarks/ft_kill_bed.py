@@ -103,6 +103,7 @@ class Run:
             killed = host.kill()
             return killed, {"save_found": found, "save_cut": host.saving()}  # the .tmp-step-* folder left behind
         elif moment == "heal":
+            poll_until(host.in_namespace, 30)
             base, share = host.rx_bytes(), self.rng.uniform(0.1, 0.8)
             want = share * self.a.pad_mb * 2**20
             found = poll_until(lambda: host.rx_bytes() - base >= want or bool(self.mine(self.name, host.started)), 240)
@@ -192,10 +193,13 @@ def summary(rows: list[dict]) -> dict:
         values = [r[key] for r in of if r.get(key) is not None]
         return {"median": round(statistics.median(values), 3), "max": max(values), "n": len(values)} if values else None
 
-    by_moment = {m: {"kills": len(of), "gap_s": spread("gap_s", of), "lost": sum(r["lost"] for r in of)}
+    by_moment = {m: {"kills": len(of), "gap_s": spread("gap_s", [r for r in of if r["step_at_kill"] is not None]),
+                     "lost": sum(r["lost"] for r in of)}
                  for m in MOMENTS if (of := [r for r in rows if r["moment"] == m])}
     equal = [r["state_equal"] for r in rows if r.get("state_equal") is not None]
-    return {"gap_s": spread("gap_s", rows), "stall_s": spread("stall_s", rows), "back_s": spread("back_s", rows),
+    running = [r for r in rows if r["step_at_kill"] is not None]  # else h0 had no step yet: its next is its first
+    return {"gap_s": spread("gap_s", running), "first_step_after_a_kill_before_any_s": spread("gap_s", [r for r in rows if r not in running]),
+            "stall_s": spread("stall_s", rows), "back_s": spread("back_s", rows),
             "join_s": spread("join_s", rows), "lost": sum(r["lost"] for r in rows), "by_moment": by_moment,
             "state_equal_after_back": f"{sum(equal)}/{len(equal)}"}
 

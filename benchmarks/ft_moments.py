@@ -73,7 +73,17 @@ class Host:
         self.bed.kill_host(self.index)
         return killed
 
+    def in_namespace(self) -> bool:
+        """Whether the started program runs in the host's namespace yet (`ip netns exec` enters it,
+        then execs it: until then /proc/PID/net shows the machine's own)."""
+        try:
+            return os.stat(f"/proc/{self.pid}/ns/net").st_ino == os.stat(f"/run/netns/{self.bed.namespaces[self.index]}").st_ino
+        except OSError:
+            return False
+
     def _proc_net(self, name: str) -> list[str]:
+        if not self.in_namespace():
+            return []
         try:
             with open(f"/proc/{self.pid}/net/{name}") as f:
                 return f.read().splitlines()
