@@ -13,7 +13,8 @@ from .common import parse_nnodes
 def add_ft_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("fault tolerance (torchft; pip install 'dtrain[ft]')")
     g.add_argument("--fault-tolerance", nargs="?", const="", default=None, metavar="min=M,...",
-                   help="per-step fault tolerance: replica groups (one process each; --nproc N per node) that go on when "
+                   help="per-step fault tolerance: replica groups (one process each, --nproc N per node; with --strategy fsdp "
+                        "one group of the node's N processes) that go on when "
                         "one is lost and heal one that comes back from a live peer; min=M: the fewest replica groups that "
                         "may step (default 1); also heartbeat=S, join=S, timeout=S, step-timeout=S (docs/fault-tolerance.md)")
     g.add_argument("--lighthouse", default=None, metavar="HOST:PORT",
@@ -29,7 +30,8 @@ def start(cfg: TrainConfig, args: argparse.Namespace) -> int:
 
     ft = FaultTolerance.parse(args.fault_tolerance)
     check(cfg, args.elastic_batch)
-    return _start(ft, TrainGroups(cfg, ft), args)
+    size = (args.nproc or 1) if cfg.parallel.strategy == "fsdp" else 1  # fsdp: the node's processes are one group
+    return _start(ft, TrainGroups(cfg, ft, size), args)
 
 
 def start_script(args: argparse.Namespace) -> int:

@@ -1,8 +1,9 @@
 """Start a fault-tolerant job on this node: the Lighthouse (on the first node, unless
-``--lighthouse`` names one), then one process per replica group, each restarted up to
-``--max-restarts`` times when it dies (it heals from a live peer when it is back).
+``--lighthouse`` names one), then the replica groups, each restarted up to ``--max-restarts``
+times when it dies (it heals from a live peer when it is back).
 
-Replica groups: one process each for now (``--nproc N``: N replica groups on this node). Their
+Replica groups: one process each (``--nproc N``: N replica groups on this node), or one group of
+the node's N processes (``Groups.size``: ``--strategy fsdp`` shards the model over them). Their
 ids are stable across restarts (``{node}`` or ``{node}-{i}``, or ``--replica-id``'s), so a
 restarted group finds its checkpoint folder and its ledger name. What a group's process runs is
 the caller's (``Groups``): ``dtrain train``'s loop, or a user's script (``ScriptGroups``).
@@ -29,7 +30,10 @@ RESTART_DELAY_S = 1.0
 
 
 class Groups(Protocol):
-    """What one replica group's process runs."""
+    """What one replica group's processes run."""
+
+    size: int
+    """Processes per replica group."""
 
     def spawn(self, replica_id: str, lighthouse: str, host: str, threads: int | None) -> Any:
         """Start a group's process: an object with ``exitcode``, ``terminate()`` and ``join(timeout)``."""
@@ -58,11 +62,15 @@ def start(ft: FaultTolerance, groups: Groups, *, nproc: int, nnodes: int, node_r
             lighthouse = f"http://{master_addr}:{DEFAULT_LIGHTHOUSE_PORT}"
     host = reach(lighthouse)
     base = replica_id if replica_id is not None else str(node_rank)
-    ids = [base] if nproc == 1 else [f"{base}-{i}" for i in range(nproc)]
+    count = max(1, nproc // groups.size)
+    ids = [base] if count == 1 else [f"{base}-{i}" for i in range(count)]
     try:
         if server is None and nproc == 1:  # a replica group started by hand or by its scheduler: this process
             return groups.run_here(ids[0], lighthouse, host)
-        return _supervise(groups, ids, lighthouse, host, max_restarts)
+        # torchrun's rule (and dtrain's launcher's): one intra-op thread per process when several share
+        # the node, unless the user chose; N groups x all cores each made a step 20x slower here.
+        threads = None if nproc == 1 or "OMP_NUM_THREADS" in os.environ else 1
+        return _supervise(groups, ids, lighthouse, host, max_restarts, threads)
     finally:
         if server is not None:
             server.shutdown()
@@ -86,12 +94,8 @@ def _lighthouse(ft: FaultTolerance, *, port: int) -> Any:
                           "free the port, or give a running one with --lighthouse HOST:PORT.") from None
 
 
-def _supervise(groups: Groups, ids: list[str], lighthouse: str, host: str, max_restarts: int) -> int:
-    """Start one process per replica group; restart one that dies (up to ``max_restarts`` times in all)."""
-    # torchrun's rule (and dtrain's launcher's): one intra-op thread per process when several share
-    # the node, unless the user chose; N groups x all cores each made a step 20x slower here.
-    threads = None if len(ids) == 1 or "OMP_NUM_THREADS" in os.environ else 1
-
+def _supervise(groups: Groups, ids: list[str], lighthouse: str, host: str, max_restarts: int, threads: int | None) -> int:
+    """Start each replica group's processes; restart a group that dies (up to ``max_restarts`` times in all)."""
     def launch(rid: str) -> Any:
         return groups.spawn(rid, lighthouse, host, threads)
 
@@ -141,6 +145,8 @@ def _supervise(groups: Groups, ids: list[str], lighthouse: str, host: str, max_r
 class ScriptGroups:
     """Replica groups that run a user's script (``dtrain run --fault-tolerance``): each learns its
     part from ``DTRAIN_FT*`` (``dtrain.init`` reads them; ``FaultToleranceLink``)."""
+
+    size = 1
 
     def __init__(self, ft: FaultTolerance, script: str, args: list[str]) -> None:
         self.ft, self.command = ft, [sys.executable, script, *args]

@@ -41,7 +41,10 @@ class Session:
     """A replica group's torchft Manager (see the module's docstring)."""
 
     def __init__(self, ft: FaultTolerance, *, replica_id: str, lighthouse: str, host: str,
-                 state_dict: Callable[[], dict[str, Any]], load_state_dict: Callable[[dict[str, Any]], None]) -> None:
+                 state_dict: Callable[[], dict[str, Any]], load_state_dict: Callable[[dict[str, Any]], None],
+                 group: tuple[int, int, int] | None = None) -> None:
+        """``group``: (this process's rank in its replica group, the group's size, the port of the
+        group's store at ``host``; ``dtrain.ft.group``); None: a group of this one process."""
         require_torchft()
         from torch.distributed import TCPStore
         from torchft import Manager, ProcessGroupGloo
@@ -51,13 +54,16 @@ class Session:
         """The steps this group healed to from a peer (step 0: the initial sync of a fresh job)."""
         self._load = load_state_dict
         step_timeout = timedelta(seconds=ft.step_timeout_s)
-        self._store = TCPStore(host, 0, is_master=True, wait_for_workers=False)  # this group's own store
+        rank, size, port = group or (0, 1, 0)
+        if group is None:
+            self._store = TCPStore(host, 0, is_master=True, wait_for_workers=False)  # this group's own store
+            port = self._store.port
         try:
             self.manager: Any = Manager(
                 pg=ProcessGroupGloo(timeout=step_timeout), load_state_dict=self._healed, state_dict=state_dict,
                 min_replica_size=ft.min_replicas,
                 # the quorum (and any healing) before the step: the step's samples depend on it
-                use_async_quorum=False, rank=0, world_size=1, store_addr=host, store_port=self._store.port,
+                use_async_quorum=False, rank=rank, world_size=size, store_addr=host, store_port=port,
                 lighthouse_addr=lighthouse, replica_id=replica_id, hostname=host, timeout=step_timeout,
                 quorum_timeout=timedelta(seconds=ft.quorum_timeout_s), connect_timeout=CONNECT_TIMEOUT,
                 checkpoint_transport=_transport(host, step_timeout))
@@ -120,7 +126,52 @@ def snapshot(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     place (BatchNorm's running statistics and batch count): a healing peer read them one batch
     ahead (resnet18: num_batches_tracked 7 against 6). Parameters and the optimizer's state only
     change after the vote, which waits for the healing peer."""
-    return {k: v.detach().clone() for k, v in module.state_dict().items()}
+    return {k: _local(v).detach().clone() for k, v in module.state_dict().items()}
+
+
+def load_snapshot(module: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """A peer's ``snapshot`` into ``module``. A sharded module (FSDP) takes it shard by shard: the
+    peer is the other group's process of the same rank, which holds the same slices."""
+    own = module.state_dict()
+    if not any(_local(v) is not v for v in own.values()):
+        module.load_state_dict(state)
+        return
+    if own.keys() != state.keys():
+        raise ConfigError(f"a peer's model state has other entries than this model ({sorted(set(own) ^ set(state))[:4]}); "
+                          "start every replica group with the same task and model.")
+    with torch.no_grad():
+        for key, value in own.items():
+            _local(value).copy_(state[key])
+
+
+def optimizer_snapshot(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """``optimizer.state_dict()`` with each sharded tensor (a DTensor under FSDP) as this process's shard."""
+    state = optimizer.state_dict()
+    return {**state, "state": {i: {k: _local(v) for k, v in s.items()} for i, s in state["state"].items()}}
+
+
+def load_optimizer_snapshot(optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    """A peer's ``optimizer_snapshot``: loaded, then each shard made a DTensor again like its parameter
+    (the optimizer's step on a sharded parameter takes sharded state)."""
+    optimizer.load_state_dict(state)
+    while isinstance(getattr(optimizer, "optimizer", None), torch.optim.Optimizer):
+        optimizer = optimizer.optimizer  # dtrain's forwarding wrappers
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if _local(p) is p:
+                continue
+            from torch.distributed.tensor import DTensor
+
+            per_param = optimizer.state.get(p, {})
+            for key, value in per_param.items():
+                if isinstance(value, torch.Tensor) and _local(value) is value and value.dim() and value.shape == _local(p).shape:
+                    per_param[key] = DTensor.from_local(value, p.device_mesh, p.placements, run_check=False,
+                                                        shape=p.shape, stride=p.stride())
+
+
+def _local(t: Any) -> Any:
+    """This process's shard of a DTensor (the same memory); anything else as it is."""
+    return getattr(t, "_local_tensor", t)
 
 
 def average_gradients(manager: Any, params: Iterable[torch.nn.Parameter], buffers: Iterable[torch.Tensor] = ()) -> None:
@@ -136,7 +187,9 @@ def average_gradients(manager: Any, params: Iterable[torch.nn.Parameter], buffer
     for p in params:
         if p.grad is None:  # unused this step: every group must still send the same buffer
             p.grad = torch.zeros_like(p)
-    grads = [p.grad for p in params] + [b for b in buffers if b.is_floating_point()]
+    # A sharded gradient (FSDP inside the group): this process's shard, already averaged over its
+    # group; it is averaged with the other groups' same shard (their process of the same rank).
+    grads = [_local(p.grad) for p in params] + [_local(b) for b in buffers if b.is_floating_point()]
     flat = _flatten_dense_tensors(grads)
     manager.allreduce(flat).wait()
     for grad, averaged in zip(grads, _unflatten_dense_tensors(flat, grads)):

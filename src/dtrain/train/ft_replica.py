@@ -1,4 +1,5 @@
-"""One replica group of a fault-tolerant job (one process for now), on torchft.
+"""One replica group of a fault-tolerant job, on torchft: one process, or (``--strategy fsdp``)
+the node's processes with the model sharded over them (``dtrain.ft.group``).
 
 Each step: a quorum from the Lighthouse (torchft's Manager; a replica group that is behind heals
 from a live peer's memory before the step), this group's slice of the global order
@@ -26,9 +27,10 @@ from .._log import configure_cli_logging, logger
 from ..context import preempt
 from ..context.startup import init
 from ..errors import ConfigError, DtrainError
+from ..ft.group import GroupLink, GroupProcs
 from ..ft.ledger import FtLedger
 from ..ft.order import GlobalOrder, StepPlan
-from ..ft.session import Session, quiet_torchft, snapshot
+from ..ft.session import Session, load_optimizer_snapshot, load_snapshot, optimizer_snapshot, quiet_torchft, snapshot
 from ..ft.spec import LEFT_EXIT, FaultTolerance, require_torchft
 from ..metrics import JsonlSink
 from ..tasks import load_task, make_optimizer
@@ -38,77 +40,97 @@ from .config import TrainConfig
 
 def check(cfg: TrainConfig, elastic_batch: str = "per-process") -> None:
     """What ``--fault-tolerance`` does not combine with yet: one line, before any process starts."""
-    if cfg.parallel.layout or cfg.parallel.strategy not in ("auto", "single", "ddp"):
-        raise ConfigError(f"--fault-tolerance replicates the model across replica groups of one process each, got "
+    if cfg.parallel.layout or cfg.parallel.strategy not in ("auto", "single", "ddp", "fsdp"):
+        raise ConfigError(f"--fault-tolerance replicates the model across replica groups, got "
                           f"--strategy {cfg.parallel.strategy}{' --parallel ' + cfg.parallel.layout if cfg.parallel.layout else ''}; "
-                          "drop it (sharding inside a replica group is not supported yet).")
+                          "use --strategy fsdp to shard it over a group's processes, or drop it "
+                          "(tensor, pipeline and hsdp layouts inside a replica group are not supported yet).")
     if cfg.batch.global_batch or cfg.batch.micro is not None or elastic_batch != "per-process":
         raise ConfigError("--fault-tolerance keeps each replica group's --batch-size (the global batch follows the quorum); "
                           "--elastic-batch global and --micro-batch auto are not supported with it yet (--grad-accum K is).")
 
 
 class TrainGroups:
-    """Replica groups that run ``dtrain train``'s loop (``dtrain.ft.launch.Groups``)."""
+    """Replica groups that run ``dtrain train``'s loop (``dtrain.ft.launch.Groups``); ``size``
+    processes each (``--strategy fsdp``: the node's ``--nproc``, the model sharded over them)."""
 
-    def __init__(self, cfg: TrainConfig, ft: FaultTolerance) -> None:
-        self.cfg, self.ft = cfg, ft
+    def __init__(self, cfg: TrainConfig, ft: FaultTolerance, size: int = 1) -> None:
+        self.cfg, self.ft, self.size = cfg, ft, size
 
     def spawn(self, replica_id: str, lighthouse: str, host: str, threads: int | None) -> Any:
-        proc = mp.get_context("spawn").Process(target=_replica_process, args=(threads, self.cfg, self.ft, replica_id, lighthouse, host),
-                                               name=f"dtrain-replica-{replica_id}")
-        proc.start()
-        return proc
+        def start(link: GroupLink | None) -> Any:
+            name = f"dtrain-replica-{replica_id}" + (f"-rank{link.rank}" if link is not None else "")
+            proc = mp.get_context("spawn").Process(target=_replica_process, name=name,
+                                                   args=(threads, link, self.cfg, self.ft, replica_id, lighthouse, host))
+            proc.start()
+            return proc
+
+        return GroupProcs(start, self.size, host) if self.size > 1 else start(None)
 
     def run_here(self, replica_id: str, lighthouse: str, host: str) -> int:
         replica_main(self.cfg, self.ft, replica_id, lighthouse, host)
         return 0
 
 
-def _replica_process(threads: int | None, *args: Any) -> None:
+def _replica_process(threads: int | None, link: GroupLink | None, *args: Any) -> None:
     if threads is not None:
         os.environ["OMP_NUM_THREADS"] = str(threads)  # for what this process starts
         torch.set_num_threads(threads)
-    replica_main(*args)
+    if link is not None:
+        os.environ.update(link.env())  # this process's world: its replica group (read by World.detect)
+    replica_main(*args, in_group=link is not None)
 
 
-def replica_main(cfg: TrainConfig, ft: FaultTolerance, replica_id: str, lighthouse: str, host: str) -> None:
-    """Entry point of one replica group's process: train, print its result line, or one line and exit status."""
+def replica_main(cfg: TrainConfig, ft: FaultTolerance, replica_id: str, lighthouse: str, host: str, *, in_group: bool = False) -> None:
+    """Entry point of one replica group's process: train, print its result line (the group's rank 0),
+    or one line and exit status."""
     quiet_torchft()
     configure_cli_logging(0)
     try:
-        result = run_replica(cfg, ft, replica_id=replica_id, lighthouse=lighthouse, host=host)
+        result = run_replica(cfg, ft, replica_id=replica_id, lighthouse=lighthouse, host=host, in_group=in_group)
     except DtrainError as exc:
         print(f"dtrain: error: replica group {replica_id}: {exc}", file=sys.stderr, flush=True)
         sys.exit(exc.exit_code)
-    # one write, newline included: the groups share the launcher's stdout, and print's two writes interleave
-    sys.stdout.write(json.dumps(result) + "\n")
-    sys.stdout.flush()
+    if result["rank"] == 0:
+        # one write, newline included: the groups share the launcher's stdout, and print's two writes interleave
+        sys.stdout.write(json.dumps({k: v for k, v in result.items() if k != "rank"}) + "\n")
+        sys.stdout.flush()
     if result["left"]:
         sys.exit(LEFT_EXIT)  # not a failure, and not the job's end: its launcher does not restart it
 
 
-def run_replica(cfg: TrainConfig, ft: FaultTolerance, *, replica_id: str, lighthouse: str, host: str) -> dict[str, Any]:
+def run_replica(cfg: TrainConfig, ft: FaultTolerance, *, replica_id: str, lighthouse: str, host: str,
+                in_group: bool = False) -> dict[str, Any]:
     """Train ``cfg`` as replica group ``replica_id`` of the job whose Lighthouse is ``lighthouse``;
-    ``host``: the address peers reach this process at. Returns the result record."""
+    ``host``: the address peers reach this process at; ``in_group``: this process is one of its
+    group's (``dtrain.ft.group``; its environment says which). Returns the result record."""
     t0 = time.perf_counter()
     require_torchft()
     preempt.install()  # SIGTERM/SIGUSR1 only set a flag: the loop leaves at the next step boundary
     task = load_task(cfg.task.name, data_dir=cfg.task.data_dir, options=cfg.task.args)
     world = World.detect(device=cfg.runtime.device)
-    if world.distributed:
-        raise ConfigError(f"--fault-tolerance runs each replica group as one process for now, got {world.size} processes "
-                          "in this group; start one process per replica group (--nproc N gives N replica groups).")
-    ctx = init(strategy="single", precision=cfg.runtime.precision_spec(), seed=cfg.schedule.seed, world=world)
+    if world.distributed and not in_group:
+        raise ConfigError(f"--fault-tolerance starts the processes of each replica group itself, got {world.size} processes "
+                          "from another launcher; run dtrain train --fault-tolerance directly (--nproc N: N replica groups, "
+                          "or with --strategy fsdp one group of N processes).")
+    strategy, options = ("fsdp", cfg.parallel.strategy_options) if cfg.parallel.strategy == "fsdp" else ("single", {})
+    ctx = init(strategy=strategy, precision=cfg.runtime.precision_spec(), seed=cfg.schedule.seed, world=world, **options)
     try:
-        return _Replica(ctx, cfg, ft, task, replica_id).train(lighthouse, host, t0)
+        group = (world.rank, world.size, world.master_port) if in_group else None
+        return _Replica(ctx, cfg, ft, task, replica_id, group).train(lighthouse, host, t0)
     finally:
         ctx.close()
 
 
 class _Replica:
-    def __init__(self, ctx: Any, cfg: TrainConfig, ft: FaultTolerance, task: Any, replica_id: str) -> None:
+    def __init__(self, ctx: Any, cfg: TrainConfig, ft: FaultTolerance, task: Any, replica_id: str,
+                 group: tuple[int, int, int] | None = None) -> None:
         self.ctx, self.cfg, self.ft, self.task, self.replica_id = ctx, cfg, ft, task, replica_id
+        self.group = group
+        self.rank, self.size = group[:2] if group is not None else (0, 1)
+        """This process's rank in its replica group, and the group's processes (FSDP's shards)."""
         self.batch = cfg.batch.size or task.batch_size
+        """One process's batch; the group's share of a step is ``size`` of them."""
         model = task.new_model()
         optimizer = make_optimizer(cfg.optim.name or task.optimizer, model.parameters(), cfg.optim.lr or task.lr, device=ctx.device)
         self.model, self.optimizer = ctx.setup(model, optimizer)
@@ -121,12 +143,13 @@ class _Replica:
         self.session: Any = None
 
     # -- the state a returning replica group heals from (torchft's checkpoint transport) --
+    # (under FSDP: this process's shards; the peer it heals from is the other group's same rank)
     def state_dict(self) -> dict[str, Any]:
-        return {"model": snapshot(self.model), "optimizer": self.optimizer.state_dict(), "order": self.order.state_dict()}
+        return {"model": snapshot(self.model), "optimizer": optimizer_snapshot(self.optimizer), "order": self.order.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        load_snapshot(self.model, state["model"])
+        load_optimizer_snapshot(self.optimizer, state["optimizer"])
         self.order.load_state_dict(state["order"])
 
     def _objects(self) -> dict[str, Any]:
@@ -146,7 +169,7 @@ class _Replica:
 
     def train(self, lighthouse: str, host: str, t0: float) -> dict[str, Any]:
         self.session = Session(self.ft, replica_id=self.replica_id, lighthouse=lighthouse, host=host,
-                               state_dict=self.state_dict, load_state_dict=self.load_state_dict)
+                               state_dict=self.state_dict, load_state_dict=self.load_state_dict, group=self.group)
         self.manager = self.session.manager
         self._joined_at: float | None = time.perf_counter()  # until the first commit: how long joining took
         try:
@@ -163,18 +186,19 @@ class _Replica:
     def _loop(self, t0: float) -> dict[str, Any]:
         cfg, manager = self.cfg, self.manager
         seen = cfg.observe
-        ledger = FtLedger(seen.ledger, self.replica_id, self.order.n) if seen.ledger else None
-        sink = JsonlSink(seen.metrics_file) if seen.metrics_file else None
+        main = self.rank == 0  # one writer per group: its processes commit the same steps
+        ledger = FtLedger(seen.ledger, self.replica_id, self.order.n) if seen.ledger and main else None
+        sink = JsonlSink(seen.metrics_file) if seen.metrics_file and main else None
         stats = {"not_committed": 0, "participants": set()}
         loss = torch.zeros(())
         first, plan = True, None
-        while not preempt.received():  # a stop signal: leave between steps, the others' next quorum goes on without us
+        while not self._stop_signal():  # a stop signal: leave between steps, the others' next quorum goes on without us
             self.optimizer.zero_grad(set_to_none=True)
             rank, participants = self.session.quorum(self._stop_saved)
             if first and ledger is not None:
                 ledger.begin(manager.current_step(), healed=bool(self.session.healed))
             first = False
-            plan = self.order.plan(rank, participants, self.batch)
+            plan = self.order.plan(rank, participants, self.batch * self.size)
             if plan.done or (cfg.schedule.max_steps is not None and manager.current_step() >= cfg.schedule.max_steps):
                 break
             loss = self._forward_backward(plan)
@@ -185,17 +209,27 @@ class _Replica:
             self.order.commit(plan)
             stats["participants"].add(participants)
             self._committed(plan, participants, loss, ledger, sink, t0)
-        step, left = manager.current_step(), preempt.received()
+        step, left = manager.current_step(), self._stop_signal()
         if ledger is not None:
             if not left:  # the last plan's leftovers: the epoch's end (after a leave, the job goes on)
                 ledger.end(step, plan)
             ledger.close()
         self.save(step)
-        if left:
+        if left and self.rank == 0:
             saved = f"; saved step {step} to {self.ckpt.folder}" if self.ckpt is not None else ""
             logger.warning(f"replica group {self.replica_id}: {signal.Signals(left).name} received; left the job after "
                            f"step {step}{saved} (the other groups go on)")
-        return {**self._result(step, loss, stats, t0), "left": signal.Signals(left).name if left else None}
+        return {**self._result(step, loss, stats, t0), "left": signal.Signals(left).name if left else None, "rank": self.rank}
+
+    def _stop_signal(self) -> int:
+        """The stop signal this process received (0: none), agreed by the group's processes: they
+        leave at the same step boundary, or the one that stays would wait for the others' quorum."""
+        left = int(preempt.received() or 0)
+        if self.size == 1:
+            return left
+        flag = torch.tensor([left])
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+        return int(flag.item())
 
     def _committed(self, plan: StepPlan, participants: int, loss: torch.Tensor, ledger: FtLedger | None, sink: Any,
                    t0: float) -> None:
@@ -205,9 +239,9 @@ class _Replica:
             ledger.commit(step, plan)
         if sink is not None and step % cfg.observe.log_every == 0:
             sink.write({"step": step, "epoch": plan.epoch, "train_loss": round(loss.item(), 6), "replica": self.replica_id,
-                        "participants": participants, "global_batch": participants * self.batch,
+                        "participants": participants, "global_batch": participants * self.batch * self.size,
                         "wall_s": round(time.perf_counter() - t0, 3), "time": round(time.time(), 3)})
-        if self._joined_at is not None:
+        if self._joined_at is not None and self.rank == 0:
             healed = self.session.healed
             healed = f", healed from a peer to step {healed[-1]}" if healed else ""
             logger.info(f"replica group {self.replica_id}: committed step {step} with {participants} group(s){healed}, "
@@ -217,9 +251,11 @@ class _Replica:
             self.save(step)
 
     def _forward_backward(self, plan: StepPlan) -> torch.Tensor:
-        """This group's share of the step: ``--grad-accum K`` micro-batches (each loss over K, so the
-        gradient is the mean over the share), then one all-reduce over the quorum."""
-        x, y = default_collate([self.task.train_set[i] for i in plan.mine])
+        """This process's part of its group's share of the step: ``--grad-accum K`` micro-batches (each
+        loss over K, so the gradient is the mean over the share; FSDP averages it over the group's
+        processes), then one all-reduce over the quorum."""
+        mine = plan.mine[self.rank * self.batch:(self.rank + 1) * self.batch]
+        x, y = default_collate([self.task.train_set[i] for i in mine])
         x, y = x.to(self.ctx.device), y.to(self.ctx.device)
         k = self.cfg.batch.grad_accum
         loss = torch.zeros((), device=self.ctx.device)
@@ -240,8 +276,8 @@ class _Replica:
             "task": task.name, "replica": self.replica_id, "steps": step, "train_loss": round(float(loss), 6),
             task.metric_name: round(score, 6) if score is not None else None,
             "fault_tolerance": {
-                "min_replicas": self.ft.min_replicas, "batch_rule": "per-replica",
-                "batch_per_replica": self.batch, "participants_min": sizes[0] if sizes else None,
+                "min_replicas": self.ft.min_replicas, "batch_rule": "per-replica", "processes_per_replica": self.size,
+                "batch_per_replica": self.batch * self.size, "participants_min": sizes[0] if sizes else None,
                 "participants_max": sizes[-1] if sizes else None, "steps_not_committed": stats["not_committed"],
                 "healed_at_steps": self.session.healed, "epoch": self.order.epoch,
             },

@@ -121,7 +121,8 @@ def test_a_restart_from_disk_drops_the_steps_it_redoes(tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (["--fault-tolerance", "min=0"], "--fault-tolerance min must be >= 1, got 0"),
-    (["--fault-tolerance", "--strategy", "fsdp"], "sharding inside a replica group is not supported yet"),
+    (["--fault-tolerance", "--strategy", "hsdp"], "tensor, pipeline and hsdp layouts inside a replica group are not supported yet"),
+    (["--fault-tolerance", "--parallel", "dp_shard=2,tp=2"], "use --strategy fsdp to shard it over a group's processes"),
     (["--fault-tolerance", "--nnodes", "1:2"], "replica groups come and go without a rendezvous"),
     (["--fault-tolerance", "--lighthouse", "nohost"], "--lighthouse 'nohost' is not HOST:PORT"),
     (["--fault-tolerance", "--elastic-batch", "global"], "--elastic-batch global and --micro-batch auto are not supported"),
@@ -152,6 +153,7 @@ def _share_gradients(grad_accum):
     rep.cfg = types.SimpleNamespace(batch=BatchConfig(size=8, grad_accum=grad_accum))
     rep.task = types.SimpleNamespace(train_set=data, loss_fn=torch.nn.functional.cross_entropy)
     rep.model = torch.nn.Linear(3, 2)
+    rep.rank, rep.batch = 0, 8  # a group of one process
     rep.session = types.SimpleNamespace(average_gradients=lambda params, buffers=(): None)
     forwards = []
     rep.model.register_forward_hook(lambda *_: forwards.append(1))
