@@ -200,3 +200,28 @@ def test_a_chart_in_a_folder_still_to_make_is_written(folder, capsys):
     code, out, err = _run([*H100, "--chart", "new/sub/plan.png"], capsys)
     assert code == 0, err
     assert (folder / "new" / "sub" / "plan.png").stat().st_size > 0 and "chart: new/sub/plan.png" in out
+
+
+# Moved from tests/multiprocess/plan/test_plan_cli.py, where each ran as a subprocess (an interpreter start):
+# `dtrain plan` of digits on this machine, refused before any process starts.
+@pytest.mark.parametrize("args, message", [
+    (["--device", "h1000"], "unknown --device 'h1000'"),
+    (["--nnodes", "1:3"], "fixed number of nodes"),
+    (["--layouts", "dp_shard=3"], "make the product 2"),
+    (["--comm-methods", "zip"], "unknown --comm"),
+    (["--mfu", "2"], "fraction of the peak"),
+    (["--batch-size", "10", "--grad-accum", "3"], "not divisible by --grad-accum 3"),
+    (["--links", "/nonexistent/links.json"], "--links '/nonexistent/links.json' cannot be read"),
+    (["--profile-seconds", "0"], "--profile-seconds must be > 0"),
+])
+def test_plan_bad_input_is_one_line_and_status_2(args, message, capsys):
+    code, out, err = _run(["plan", "--task", "digits", "-n", "2", *args], capsys)
+    assert code == 2, (out, err)
+    assert message in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_doctor_links_out_needs_the_probe(folder, capsys):
+    code, _, err = _run(["doctor", "--links-out", "links.json", "--no-probe"], capsys)
+    assert code == 2 and "--links-out measures in the probe" in err
+    assert len(err.strip().splitlines()) == 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 
 import pytest
 import torch
@@ -245,3 +246,36 @@ def test_breakdown_on_a_gpu_times_phases_with_cuda_events():
     assert bd._pending and all(laps[-1][2] is not None for laps in bd._pending)  # events, not yet read
     w = bd.window()
     assert w["steps"] == 4 and w["median_ms"]["backward"] > 0 and w["median_ms"]["forward"] > 0
+
+
+# In-process through dtrain.cli.main (as subprocesses in tests/multiprocess/train/test_observe.py they
+# cost an interpreter start each): refused before any process starts.
+def _cli(argv: list[str], capsys) -> tuple[int, str]:
+    from dtrain.cli import main as cli_main
+
+    env = dict(os.environ)
+    try:
+        code = cli_main(argv)
+    except SystemExit as exc:  # argparse's usage errors
+        code = exc.code
+    finally:
+        os.environ.clear()
+        os.environ.update(env)  # the CLI hands flags to workers through the environment
+    return code, capsys.readouterr().err
+
+
+def test_report_of_a_folder_without_metrics_is_one_line(tmp_path, capsys):
+    code, err = _cli(["report", str(tmp_path)], capsys)
+    assert code == 2 and err.strip() == (
+        f"dtrain: error: dtrain report: no metrics records (*.jsonl) in {tmp_path}; train with --metrics-file {tmp_path}/metrics.jsonl.")
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--straggler-threshold", "1"], "dtrain: error: --straggler-threshold must be > 1 (a ratio to the median step), got 1.0; e.g. 1.3."),
+    (["--straggler-window", "0"], "dtrain: error: --straggler-window must be >= 1 step, got 0."),
+    (["--trace", "9:3"], "dtrain: error: --trace 9:3 needs 1 <= START < END; e.g. --trace 20:25 for steps 20 to 24."),
+    (["--trace", "2:4", "--no-breakdown"], "dtrain: error: --trace draws the breakdown's spans; drop --no-breakdown."),
+])
+def test_bad_observe_flags_are_one_line(argv, expected, capsys):
+    code, err = _cli(["train", "--max-steps", "2", *argv], capsys)
+    assert code == 2 and err.strip() == expected, err
