@@ -118,18 +118,6 @@ def test_ranks_with_different_torch_versions_fail_at_init():
     assert time.monotonic() - t0 < 30
 
 
-def test_port_in_use_fails_fast():
-    with socket.socket() as busy:
-        busy.bind(("127.0.0.1", 0))
-        busy.listen(1)
-        port = busy.getsockname()[1]
-        t0 = time.monotonic()
-        r = run_cli(["run", "-n", "2", "--master-port", str(port), str(ALLREDUCE)], timeout=60)
-    assert time.monotonic() - t0 < 30
-    assert r.returncode == 2, r.stderr
-    assert f"--master-port {port} is already in use on 127.0.0.1; choose another port" in r.stderr
-
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
