@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -49,17 +50,31 @@ def _assert_close(a: dict, b: dict, tol: float = 1e-5) -> None:
         assert diff <= tol, f"{k}: max |diff| {diff:.3g} > {tol}"
 
 
-def test_ddp_two_ranks_equal_one_process_with_double_batch():
+@pytest.fixture(scope="module")
+def runs() -> list[dict]:
+    """The runs of the tests below on 2 ranks in one spawn: starting the processes is most of each
+    run's time on 2 cores."""
+    return run_distributed(_shared_group_runs, world_size=2, timeout=200)
+
+
+def _shared_group_runs() -> dict:
+    holder = dtrain.init(seed=0)  # holds the group for the runs below (torch cannot build a second default group)
+    try:
+        return {"whole": train_steps(8, 1), "micro": train_steps(8, 4), "calls": count_allreduces_per_micro_step(),
+                "eval": evaluate_index_set(EVAL_SAMPLES)}
+    finally:
+        holder.close()
+
+
+def test_ddp_two_ranks_equal_one_process_with_double_batch(runs):
     reference = train_steps(batch=16)  # one process, batch 2B, in this process
-    ranks = run_distributed(train_steps, 8, world_size=2, timeout=120)
+    ranks = [r["whole"] for r in runs]
     _assert_close(ranks[0], ranks[1], tol=0.0)  # ranks hold identical weights
     _assert_close(ranks[0], reference)
 
 
-def test_four_micro_batches_equal_one_batch():
-    whole = run_distributed(train_steps, 8, 1, world_size=2, timeout=120)
-    micro = run_distributed(train_steps, 8, 4, world_size=2, timeout=120)
-    _assert_close(micro[0], whole[0])
+def test_four_micro_batches_equal_one_batch(runs):
+    _assert_close(runs[0]["micro"], runs[0]["whole"])
 
 
 def count_allreduces_per_micro_step() -> list[int]:
@@ -85,8 +100,8 @@ def count_allreduces_per_micro_step() -> list[int]:
     return seen
 
 
-def test_non_boundary_micro_steps_do_not_communicate():
-    seen = run_distributed(count_allreduces_per_micro_step, world_size=2, timeout=120)[0]
+def test_non_boundary_micro_steps_do_not_communicate(runs):
+    seen = runs[0]["calls"]
     assert seen[:3] == [0, 0, 0], f"gradient all-reduce on a non-boundary micro-step: {seen}"
     assert seen[3] >= 1, "no all-reduce on the boundary micro-step"
 
@@ -113,9 +128,12 @@ def evaluate_index_set(n: int) -> dict:
     return out
 
 
-def test_evaluation_counts_every_sample_exactly_once():
-    n = 11  # not divisible by the world size
-    for result in run_distributed(evaluate_index_set, n, world_size=2, timeout=120):
+EVAL_SAMPLES = 11  # not divisible by the world size
+
+
+def test_evaluation_counts_every_sample_exactly_once(runs):
+    n = EVAL_SAMPLES
+    for result in (r["eval"] for r in runs):
         assert result["count"] == n
         assert result["metric"] * n == sum(2.0**i for i in range(n))
 
