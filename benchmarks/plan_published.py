@@ -31,9 +31,18 @@ from dtrain.parallel.dims import ParallelDims  # noqa: E402
 from dtrain.plan import Settings, cluster, predict  # noqa: E402
 from dtrain.plan.float8 import Float8Counts  # noqa: E402
 from dtrain.plan.layouts import Layout  # noqa: E402
-from dtrain.plan.profile import from_counts, transformer  # noqa: E402
+from dtrain.plan.profile import Block, ModelProfile, transformer  # noqa: E402
 
 GB, GIB = 1e9, 2**30
+
+
+def from_counts(name: str, *, params: int, fwd_flops: float, act_bytes: float, layers: int = 0,
+                out_bytes: float = 0.0) -> ModelProfile:
+    """A model given by its totals (a CNN's published parameters and FLOPs), in ``layers`` equal blocks."""
+    blocks = tuple(Block(params=params // layers, fwd_flops=fwd_flops / layers, act_bytes=act_bytes / layers,
+                         out_bytes=act_bytes / layers / 10) for _ in range(layers)) if layers else ()
+    return ModelProfile(name=name, params=params, fwd_flops=fwd_flops, act_bytes=act_bytes, blocks=blocks,
+                        out_bytes=out_bytes, notes=("written as data: " + name,))
 
 # Llama 3.1 8B (torchtitan's llama3 "8B" flavour at commit 9dec370: dim 4096, 32 layers, 32 heads,
 # 8 KV heads, ffn 14336 = 1024-multiple of 1.3 x 2/3 x 4 x 4096, vocabulary 128256, untied),

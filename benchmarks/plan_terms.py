@@ -20,13 +20,15 @@ from unittest import mock
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src"))
 
+from plan_published import from_counts  # noqa: E402 - a model given by its totals
+
 from dtrain.plan import Settings, cluster, costs, make_plan, model, steps  # noqa: E402
 from dtrain.plan.machinery import (  # noqa: E402
     Machinery,
     Phases,
     Timing,  # noqa: E402
 )
-from dtrain.plan.profile import from_counts, transformer  # noqa: E402
+from dtrain.plan.profile import transformer  # noqa: E402
 
 CLUSTERS = {
     "4 x 8 H100, NVLink + 8x400G IB": {"device": "h100", "nodes": 4, "procs_per_node": 8},

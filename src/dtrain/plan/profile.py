@@ -253,11 +253,3 @@ def transformer(name: str, *, layers: int, width: int, ffn: int, heads: int, kv_
                         tensors=layers * (len(per_layer_mats) + 2) + (2 if tied else 3),
                         precision="bf16-mixed", notes=("written as data: " + name,))
 
-
-def from_counts(name: str, *, params: int, fwd_flops: float, act_bytes: float, layers: int = 0,
-                out_bytes: float = 0.0) -> ModelProfile:
-    """A model given by its totals (a CNN's published parameters and FLOPs), in ``layers`` equal blocks."""
-    blocks = tuple(Block(params=params // layers, fwd_flops=fwd_flops / layers, act_bytes=act_bytes / layers,
-                         out_bytes=act_bytes / layers / 10) for _ in range(layers)) if layers else ()
-    return ModelProfile(name=name, params=params, fwd_flops=fwd_flops, act_bytes=act_bytes, blocks=blocks,
-                        out_bytes=out_bytes, notes=("written as data: " + name,))
