@@ -107,31 +107,27 @@ def build_causal_lm(what: str, path: str, config: Any, *, weights: bool) -> nn.M
     return model
 
 
-def load_weights_into(what: str, model: nn.Module, path: str) -> None:
-    """Overwrite ``model`` (a transformers model) with the weights of the folder ``path``, which
-    must describe the same architecture (every name and shape)."""
-    check_folder(what, path)
-    if not has_weights(path):
-        raise ConfigError(f"{what}: {path} has no model.safetensors; give a folder with weights (e.g. one `dtrain ckpt export --hf` wrote).")
-    source = build_causal_lm(what, path, load_config(what, path), weights=True)
-    fit(what, model, source.state_dict(), path)
-
-
 def fit(what: str, model: nn.Module, state: dict[str, torch.Tensor], source: str) -> None:
     """``model.load_state_dict(state)``, strict by name and shape except for names tied to a
     weight ``state`` has (a head tied to the embedding is saved once)."""
-    own = model.state_dict()
-    tied = _tied_names(model)
-    missing = [k for k in own if k not in state and not any(o in state for o in tied.get(k, ()))]
-    unexpected = [k for k in state if k not in own]
-    shapes = [k for k in state if k in own and tuple(state[k].shape) != tuple(own[k].shape)]
+    check_fit(what, {k: tuple(v.shape) for k, v in model.state_dict().items()}, {k: tuple(v.shape) for k, v in state.items()},
+              _tied_names(model), source)
+    model.load_state_dict(state, strict=False)  # strict but for the tied names checked above
+
+
+def check_fit(what: str, own: dict[str, tuple[int, ...]], theirs: dict[str, tuple[int, ...]], tied: dict[str, list[str]],
+              source: str) -> None:
+    """The shapes ``theirs`` (by name) fit the model's ``own`` (whole shapes): every name, no other,
+    each of the same shape, but for a name whose tied names (``tied``) ``theirs`` has; else one line."""
+    missing = [k for k in own if k not in theirs and not any(o in theirs for o in tied.get(k, ()))]
+    unexpected = [k for k in theirs if k not in own]
+    shapes = [k for k in theirs if k in own and tuple(theirs[k]) != tuple(own[k])]
     if missing or unexpected or shapes:
         detail = (f"missing {missing[0]}" if missing else f"unexpected {unexpected[0]}" if unexpected else
-                  f"{shapes[0]} is {tuple(state[shapes[0]].shape)}, the model's {tuple(own[shapes[0]].shape)}")
+                  f"{shapes[0]} is {tuple(theirs[shapes[0]])}, the model's {tuple(own[shapes[0]])}")
         raise CheckpointError(f"{what}: the weights of {source} do not fit the model of the config ({detail}; "
                               f"{len(missing)} missing, {len(unexpected)} unexpected, {len(shapes)} of another shape); "
                               "give the config the weights were trained with.")
-    model.load_state_dict(state, strict=False)  # strict but for the tied names checked above
 
 
 def _tied_names(model: nn.Module) -> dict[str, list[str]]:

@@ -114,6 +114,9 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         if not args.task.startswith("hf:"):
             raise ConfigError(f"--init-from {args.init_from} needs --task hf:PATH (a transformers model's folder), not --task {args.task}; "
                               "to continue a dtrain run, use --checkpoint-dir with --resume.")
+        if args.fault_tolerance is not None:  # its replica groups do not call Task.load_weights yet
+            raise ConfigError(f"--init-from {args.init_from} does not combine with --fault-tolerance yet; "
+                              "start without it, or without --fault-tolerance.")
         task_args["init_from"] = args.init_from
     schedule = ScheduleConfig(epochs=args.epochs, max_steps=args.max_steps, seed=args.seed)
     batch = BatchConfig(size=args.batch_size, grad_accum=args.grad_accum, num_workers=args.num_workers,

@@ -26,9 +26,10 @@ class CausalLM(nn.Module):
     """A transformers causal LM whose forward maps token ids (B, T) to logits (B, T, V), as every
     dtrain task's model maps inputs to outputs. Its parameters are the model's, under ``hf.``."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, init_from: str = "") -> None:
         super().__init__()
         self.hf = model
+        self.init_from = init_from  # a folder whose weights load_init reads once the layout split the model
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         # No key/value cache: training sees each window once.
@@ -60,13 +61,28 @@ def make_task(path: str, data_dir: str | None = None, context: int = 0, max_byte
                 f"{len(train):,} training and {len(val):,} validation tokens ({source})")
 
     def build() -> nn.Module:
-        model = folder.build_causal_lm(what, path, config, weights=True)
-        if init_from:
-            folder.load_weights_into(f"--init-from {init_from}", model, init_from)
-        return CausalLM(model)
+        # --init-from's weights are not read here: every rank would read them whole; load_init
+        # reads each rank's shards after the layout split the model
+        return CausalLM(folder.build_causal_lm(what, path, config, weights=not init_from), init_from=init_from)
 
     return causal_lm_task(name=f"hf:{path}", build_model=build, train=train, val=val, context=context, blocks=hf_blocks,
-                          tp_plan=hf_tp_plan, batch_size=8)
+                          tp_plan=hf_tp_plan, batch_size=8, load_weights=load_init if init_from else None)
+
+
+def load_init(model: nn.Module) -> None:
+    """``--init-from DIR``'s weights into the set-up model (any layout), each rank reading the
+    rows and columns of its own shards only (``checkpoint.hf_shards``). Not collective."""
+    from ..checkpoint import hf_shards
+
+    root = hf_shards.model_module(model)
+    causal = next((m for m in root.modules() if isinstance(m, CausalLM)), None)
+    if causal is None or not causal.init_from:
+        return
+    what = f"--init-from {causal.init_from}"
+    read = hf_shards.read_into(what, causal, causal.init_from, prefix="hf.")
+    logger.info(f"{what}: {read.tensors} tensors, this rank read {read.bytes_read / 2**20:,.1f} of their "
+                f"{read.bytes_total / 2**20:,.1f} MiB (its shards)")
+    causal.init_from = ""
 
 
 def _context(what: str, config: Any, context: int) -> int:

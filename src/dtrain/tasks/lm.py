@@ -134,7 +134,7 @@ def make_task(data_dir: str | None = None, layers: int = 4, heads: int = 4, widt
 
 
 def causal_lm_task(*, name: str, build_model: Any, train: torch.Tensor, val: torch.Tensor, context: int, blocks: Any,
-                   tp_plan: Any, batch_size: int) -> Task:
+                   tp_plan: Any, batch_size: int, load_weights: Any = None) -> Task:
     """A next-token task over windows of ``context`` tokens: the lm task's and every hf:PATH model's."""
     return Task(
         name=name,
@@ -148,6 +148,7 @@ def causal_lm_task(*, name: str, build_model: Any, train: torch.Tensor, val: tor
         tokens_per_sample=context,
         blocks=blocks,
         tp_plan=tp_plan,
+        load_weights=load_weights,
         optimizer="adamw",
         lr=1e-3,
         batch_size=batch_size,

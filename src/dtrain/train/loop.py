@@ -195,6 +195,8 @@ def _setup(ctx: Context, cfg: TrainConfig, task: Task, batch: int) -> tuple[Any,
     channels_last = run.channels_last or (run.fast and auto_channels_last(model, ctx.device, ctx.strategy))
     model, optimizer = ctx.setup(model, optimizer, channels_last=channels_last, sync_bn=run.sync_bn,
                                  blocks=task.blocks(model) if task.blocks else None)
+    if task.load_weights is not None:  # after the split: each rank reads only its shards (hf:PATH --init-from)
+        task.load_weights(model)
     plan = plan_input(task.train_set, local_size=ctx.world.local_size, device=ctx.device, batch_size=batch, workers=cfg.batch.num_workers)
     workers = plan.workers
     loader = ctx.setup_dataloader(DataLoader(task.train_set, batch_size=batch, shuffle=True, drop_last=True,

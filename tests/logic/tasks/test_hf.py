@@ -185,10 +185,100 @@ def test_export_loads_in_transformers_with_the_same_logits(tmp_path, kind):
         fresh = load_task(f"hf:{path}", options=TINY).new_model().eval()(x)
     assert (ours - theirs).abs().max().item() <= 1e-6
     assert (ours - fresh).abs().max().item() > 1e-3  # trained weights, not the config's random init
-    # --init-from reads it back into a fresh model of the config
-    again = load_task(f"hf:{path}", options={**TINY, "init_from": str(out)}).new_model().eval()
+    # --init-from reads it back into a fresh model of the config (after setup: here unsplit)
+    task = load_task(f"hf:{path}", options={**TINY, "init_from": str(out)})
+    again = task.new_model().eval()
+    task.load_weights(again)
     with torch.no_grad():
         assert torch.equal(again(x), theirs)
+
+
+def reads_of(patch) -> list[tuple[str, int]]:
+    """Every tensor read through safetensors' ``safe_open`` from now on: (name, bytes).
+    ``patch``: ``monkeypatch.setattr``, or ``setattr`` in a rank's own process."""
+    import safetensors
+
+    reads: list[tuple[str, int]] = []
+    real = safetensors.safe_open
+
+    class Slice:
+        def __init__(self, inner, name):
+            self.inner, self.name = inner, name
+
+        def __getitem__(self, index):
+            t = self.inner[index]
+            reads.append((self.name, t.numel() * t.element_size()))
+            return t
+
+        def __getattr__(self, attr):
+            return getattr(self.inner, attr)
+
+    class Handle:
+        def __init__(self, *args, **kw):
+            self.inner = real(*args, **kw)
+
+        def __enter__(self):
+            self.inner.__enter__()
+            return self
+
+        def __exit__(self, *exc):
+            return self.inner.__exit__(*exc)
+
+        def get_slice(self, name):
+            return Slice(self.inner.get_slice(name), name)
+
+        def get_tensor(self, name):
+            t = self.inner.get_tensor(name)
+            reads.append((name, t.numel() * t.element_size()))
+            return t
+
+        def __getattr__(self, attr):
+            return getattr(self.inner, attr)
+
+    patch(safetensors, "safe_open", Handle)
+    return reads
+
+
+@pytest.mark.parametrize("tied, shard", [(False, None), (True, "20KB")])
+def test_init_from_unsplit_reads_every_tensor_once_and_equals_the_folder(tmp_path, monkeypatch, tied, shard):
+    from safetensors.torch import load_file
+
+    config = llama_config(tie_word_embeddings=tied)
+    src = tmp_path / "w"
+    torch.manual_seed(1)
+    kw = {"max_shard_size": shard} if shard else {}
+    AutoModelForCausalLM.from_config(config).save_pretrained(str(src), **kw)  # tied: the head is saved once
+    files = sorted(src.glob("*.safetensors"))
+    assert (len(files) == 1) == (shard is None), files  # 20KB: several files and an index
+    saved = {k: v for f in files for k, v in load_file(str(f)).items()}
+    path = folder(tmp_path / "cfg", config)
+    task = load_task(f"hf:{path}", options={**TINY, "init_from": str(src)})
+    model = task.new_model()
+    reads = reads_of(monkeypatch.setattr)
+    task.load_weights(model)
+    assert sorted(n for n, _ in reads) == sorted(saved)  # each tensor once (a tied one too)
+    assert sum(b for _, b in reads) == sum(v.numel() * v.element_size() for v in saved.values())
+    own = model.hf.state_dict()
+    for name, value in saved.items():
+        assert torch.equal(own[name], value), name
+    if tied:
+        assert "lm_head.weight" not in saved and model.hf.lm_head.weight is model.hf.model.embed_tokens.weight
+    assert model.init_from == ""  # read once
+    task.load_weights(model)
+    assert len(reads) == len(saved)
+
+
+def test_init_from_weights_of_another_shape_and_with_fault_tolerance_are_one_line(tmp_path, llama, capsys):
+    wider = folder(tmp_path / "wider", llama_config(hidden_size=64), weights=True)
+    task = load_task(f"hf:{llama}", options={**TINY, "init_from": wider})
+    with pytest.raises(CheckpointError, match=r"--init-from .*wider: the weights of .* do not fit the model of the config "
+                                              r"\(\S+ is \(256, 64\), the model's \(256, 32\); 0 missing, 0 unexpected, 21 of another shape\)"):
+        task.load_weights(task.new_model())
+    assert load_task(f"hf:{llama}", options=TINY).load_weights is None
+    args = ["train", "--task", f"hf:{llama}", "--init-from", wider, "--fault-tolerance"]
+    assert cli_main(args) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "does not combine with --fault-tolerance yet" in lines[0], lines
 
 
 def test_export_refuses_an_existing_target_and_a_checkpoint_of_another_task(tmp_path, llama):
