@@ -71,29 +71,43 @@ def _assert_close(a: dict, b: dict, tol: float) -> None:
         assert diff <= tol, f"{k}: max |diff| {diff:.3g} > {tol}"
 
 
+@pytest.fixture(scope="module")
+def runs() -> list[dict]:
+    """The runs the tests below compare, on 2 ranks in one spawn: starting the processes is most of
+    each run's time on 2 cores (8 spawns took ~4x one)."""
+    return run_distributed(_every_run, world_size=2, timeout=240)
+
+
+def _every_run() -> dict:
+    holder = dtrain.init("ddp", seed=0)  # holds the group for the runs below (torch cannot build a second default group)
+    try:
+        return {"ddp1": ctx_steps("ddp", 1), "ddp2": ctx_steps("ddp", 2), "hvd2": ctx_steps("hvd", 2),
+                "horovod1": horovod_steps(1), "horovod2": horovod_steps(2), "horovod1-fp16": horovod_steps(1, "fp16"),
+                "collectives": horovod_collectives()}
+    finally:
+        holder.close()
+
+
 @pytest.mark.parametrize("bpps", [1, 2])
-def test_horovod_optimizer_matches_ddp(bpps):
-    ddp = run_distributed(ctx_steps, "ddp", bpps, world_size=2, timeout=120)
-    hvd = run_distributed(horovod_steps, bpps, world_size=2, timeout=120)
+def test_horovod_optimizer_matches_ddp(runs, bpps):
+    hvd = [r[f"horovod{bpps}"] for r in runs]
     _assert_close(hvd[0], hvd[1], tol=0.0)
     # Same sums in a different order (fused buffers vs DDP buckets): float32 rounding only.
-    _assert_close(hvd[0], ddp[0], tol=1e-5)
+    _assert_close(hvd[0], runs[0][f"ddp{bpps}"], tol=1e-5)
 
 
-def test_hvd_strategy_matches_ddp_with_accumulation():
-    ddp = run_distributed(ctx_steps, "ddp", 2, world_size=2, timeout=120)
-    hvd = run_distributed(ctx_steps, "hvd", 2, world_size=2, timeout=120)
+def test_hvd_strategy_matches_ddp_with_accumulation(runs):
+    hvd = [r["hvd2"] for r in runs]
     _assert_close(hvd[0], hvd[1], tol=0.0)
-    _assert_close(hvd[0], ddp[0], tol=1e-5)
+    _assert_close(hvd[0], runs[0]["ddp2"], tol=1e-5)
 
 
-def test_horovod_fp16_compression_is_close_to_exact():
-    exact = run_distributed(horovod_steps, 1, "none", world_size=2, timeout=120)
-    fp16 = run_distributed(horovod_steps, 1, "fp16", world_size=2, timeout=120)
+def test_horovod_fp16_compression_is_close_to_exact(runs):
+    fp16 = [r["horovod1-fp16"] for r in runs]
     _assert_close(fp16[0], fp16[1], tol=0.0)
     # fp16 keeps ~3 significant digits of each gradient; after 6 small SGD steps the weights
     # differ from the exact run by far less than their scale (~0.3).
-    _assert_close(fp16[0], exact[0], tol=2e-3)
+    _assert_close(fp16[0], runs[0]["horovod1"], tol=2e-3)
 
 
 def horovod_collectives() -> dict:
@@ -121,8 +135,8 @@ def horovod_collectives() -> dict:
     return out
 
 
-def test_horovod_collectives():
-    res = run_distributed(horovod_collectives, world_size=2, timeout=120)
+def test_horovod_collectives(runs):
+    res = [r["collectives"] for r in runs]
     for r, out in enumerate(res):
         assert (out["rank"], out["size"], out["local_rank"], out["local_size"]) == (r, 2, r, 2)
         assert torch.equal(out["avg"], torch.tensor([1.5, 10.0]))
