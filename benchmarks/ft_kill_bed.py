@@ -8,8 +8,10 @@ heal (while it receives a peer's state after a restart), startup (after a start,
 quorum; the first kill, when its moment is startup, lands in the job's own start-up). Below, h1 is
 the last host.
 
-Per kill (as benchmarks/ft_kill.py): gap_s (kill -> h0's next committed step), stall_s (h0's wall_s
-between its last step before and its first after), lost (committed steps h0 took again: its next
+Per kill (as benchmarks/ft_kill.py): gap_s (kill -> h0's next committed step; a step whose vote was
+in before the kill may land just after it), outage_s (the longest time between two of h0's committed
+steps, of those within 10 s after the kill), stall_s (h0's wall_s between its last step before and its
+first after), lost (committed steps h0 took again: its next
 step minus one, below its last), back_s (restart -> h1's first committed step, after healing from
 a peer over the bed's network; only where the next kill does not land in that start), state_equal
 (h1's model and optimizer against h0's at the first step both saved after h1 was back), and the
@@ -39,7 +41,7 @@ sys.path.insert(0, HERE)
 
 import torch  # noqa: E402
 from ft_kill import MARGIN, MAX_STEPS, final_models_equal, join_s  # noqa: E402
-from ft_moments import MOMENTS, Host, Tail, poll_until, states_equal  # noqa: E402
+from ft_moments import MOMENTS, Host, Tail, add_outages, poll_until, states_equal  # noqa: E402
 from tests.support.netbed import NetBed, unavailable_reason  # noqa: E402
 
 from dtrain.ft.ledger import check_ft_ledger  # noqa: E402
@@ -113,7 +115,9 @@ class Run:
             return killed, {**evidence, "heal_found": found and not committed, "victim_committed": committed}
         elif moment == "startup":
             est = statistics.median(self.connect_s) if self.connect_s else 4.0
-            time.sleep(max(0.0, host.started + self.rng.uniform(0.1, 0.95) * est - time.time()))
+            until = host.started + self.rng.uniform(0.1, 0.95) * est
+            # at the drawn moment, or as the host reaches the Lighthouse (its start may be slower this time)
+            poll_until(lambda: time.time() >= until or host.connected(*lh) or bool(self.mine(self.name, host.started)), 300, 0.01)
             evidence = {"after_start_s": round(time.time() - host.started, 2), "lighthouse_connected": host.connected(*lh),
                         "victim_committed": bool(self.mine(self.name, host.started))}
             return host.kill(), evidence
@@ -126,7 +130,7 @@ class Run:
         self.wait(lambda: bool(self.mine("h0", killed)), 180, f"kill {i}: h0's next step")
         after = self.mine("h0", killed)[0]
         last = before[-1]["step"] if before else None
-        row = {"kill": i, "moment": moment, **evidence, "gap_s": round(after["time"] - killed, 3),
+        row = {"kill": i, "moment": moment, **evidence, "killed_at": round(killed, 3), "gap_s": round(after["time"] - killed, 3),
                "stall_s": round(after["wall_s"] - before[-1]["wall_s"], 3) if before else None,
                "step_at_kill": last, "next_step": after["step"], "lost": max(0, (last or 0) + 1 - after["step"]),
                "participants_after": after["participants"], "load1": round(os.getloadavg()[0], 2)}
@@ -177,6 +181,7 @@ def run(a: argparse.Namespace) -> dict:
         with open(f"{tmp}/h{r}.txt") as f:
             results += [json.loads(line) for line in f if line.startswith("{")]
     report, disagree = check_ft_ledger(f"{tmp}/ledger")
+    add_outages(rows, Tail(f"{tmp}/metrics.jsonl")())
     return {
         "date": time.strftime("%Y-%m-%d"), "machine": f"{os.cpu_count()} cores; NetBed {a.hosts} hosts, shared host name {a.shared_name!r}",
         "torch": torch.__version__, "command": " ".join(["python3", "benchmarks/ft_kill_bed.py", *sys.argv[1:]]),
@@ -200,7 +205,7 @@ def summary(rows: list[dict]) -> dict:
     running = [r for r in rows if r["step_at_kill"] is not None]  # else h0 had no step yet: its next is its first
     return {"gap_s": spread("gap_s", running), "first_step_after_a_kill_before_any_s": spread("gap_s", [r for r in rows if r not in running]),
             "stall_s": spread("stall_s", rows), "back_s": spread("back_s", rows),
-            "join_s": spread("join_s", rows), "lost": sum(r["lost"] for r in rows), "by_moment": by_moment,
+            "outage_s": spread("outage_s", running), "join_s": spread("join_s", rows), "lost": sum(r["lost"] for r in rows), "by_moment": by_moment,
             "state_equal_after_back": f"{sum(equal)}/{len(equal)}"}
 
 
