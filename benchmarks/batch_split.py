@@ -61,17 +61,21 @@ STEP_LINE = re.compile(r"\bstep (\d+)/\d+")
 class Quota:
     """A cgroup v1 cpu group with a CFS quota (percent of one core); removed on exit."""
 
-    def __init__(self, percent: int, tag: str = "", shares: int = 1024) -> None:
+    def __init__(self, percent: int, tag: str = "", shares: int = 1024, period_ms: int = 100) -> None:
         self.path = CPU_CGROUP / f"dtrain-bench-{os.getpid()}{tag}"
         self.path.mkdir(exist_ok=True)
-        (self.path / "cpu.cfs_period_us").write_text("100000")
+        # A quota is a budget per period: a rank that waits in the all-reduce saves it and then
+        # computes at the core's full speed until it is spent. With 100 ms periods and ~200 ms
+        # steps a rank given fewer samples ran faster per sample; a short period slows it evenly.
+        self.period_us = period_ms * 1000
+        (self.path / "cpu.cfs_period_us").write_text(str(self.period_us))
         # The group's weight against the machine's other processes (1024 each): at a load of 10-30 a
         # group of weight 1024 got ~20% of a core, below a 60% or 42% quota, which then never bound.
         (self.path / "cpu.shares").write_text(str(shares))
         self.set(percent)
 
     def set(self, percent: int) -> None:
-        (self.path / "cpu.cfs_quota_us").write_text(str(percent * 1000))
+        (self.path / "cpu.cfs_quota_us").write_text(str(percent * self.period_us // 100))
 
     def add(self, pid: int) -> None:
         (self.path / "cgroup.procs").write_text(str(pid))
@@ -94,6 +98,7 @@ def _free_port() -> int:
 def _train_args(args: argparse.Namespace, *, world: int, split: str, seed: int) -> list[str]:
     length = ["--epochs", str(args.epochs)] if args.epochs else ["--max-steps", str(args.steps)]
     extra = [x for kv in args.task_arg for x in ("--task-arg", kv)]
+    extra += ["--batch-size", str(args.batch_size)] if args.batch_size else []  # the last --batch-size wins
     out = ["-m", "dtrain", "train", *TASKS[args.task], *extra, *length, "--warmup-steps", str(args.warmup), "--log-every",
            str(args.log_every or args.steps), "--num-workers", "0", "--seed", str(seed)]
     return out + (["--batch-split", split] if world > 1 else [])
@@ -231,6 +236,7 @@ def _args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--task", default="lm", choices=sorted(TASKS))
     ap.add_argument("--task-arg", action="append", default=[], metavar="KEY=VALUE", help="more --task-arg for every run")
+    ap.add_argument("--batch-size", type=int, default=None, help="samples per rank (default 16): more compute per all-reduce")
     ap.add_argument("--rounds", type=int, default=None, help="default 3 (or one per --seeds)")
     ap.add_argument("--steps", type=int, default=80)
     ap.add_argument("--epochs", type=int, default=None, help="train this many epochs instead of --steps; rows keep val_loss")
@@ -248,6 +254,7 @@ def _args() -> argparse.Namespace:
     ap.add_argument("--ledger", action="store_true", help="bed: record the samples ledger and check it (dtrain ckpt ledger)")
     ap.add_argument("--cpu-shares", type=int, default=1024,
                     help="the quota groups' cpu.shares (1024: a process's weight); more lets the quota, not the load, bind")
+    ap.add_argument("--period-ms", type=int, default=100, help="the quota's CFS period (the quota is a share of it)")
     ap.add_argument("--alone", action="store_true", help="also each rank's own rate, one process on its core under its quota")
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--out", default=None)
@@ -265,8 +272,8 @@ def _args() -> argparse.Namespace:
 def main() -> None:
     args = _args()
     out = open(args.out, "a") if args.out else None
-    quotas = ([Quota(q, f"-h{h}", args.cpu_shares) for h, q in enumerate(args.quotas)] if args.hosts
-              else [Quota(args.quota, shares=args.cpu_shares)])
+    quotas = ([Quota(q, f"-h{h}", args.cpu_shares, args.period_ms) for h, q in enumerate(args.quotas)] if args.hosts
+              else [Quota(args.quota, shares=args.cpu_shares, period_ms=args.period_ms)])
     rows: list[dict] = []
     try:
         for rnd in range(args.rounds):
@@ -276,7 +283,7 @@ def main() -> None:
                 load0, t0 = _load(), time.time()
                 rec = call()
                 row = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), "task": args.task,
-                       "round": rnd, **what, "quota_percent": args.quotas if args.hosts else args.quota,
+                       "round": rnd, **what, "batch_per_rank": args.batch_size or 16, "period_ms": args.period_ms, "quota_percent": args.quotas if args.hosts else args.quota,
                        **({"cores": args.cores} if args.hosts else {}), **rec,
                        "wall_s": round(time.time() - t0, 1), "loadavg_before": load0, "loadavg_after": _load()}
                 rows.append(row)
