@@ -165,7 +165,8 @@ class _Replica:
         meta = self.ckpt.resume(**self._objects())
         if meta is not None:
             self.manager.load_state_dict(meta["extra"]["torchft"])
-            logger.info(f"replica group {self.replica_id}: resumed from {meta['path']} at step {meta['step']}")
+            if self.rank == 0:  # one line per group
+                logger.info(f"replica group {self.replica_id}: resumed from {meta['path']} at step {meta['step']}")
 
     def train(self, lighthouse: str, host: str, t0: float) -> dict[str, Any]:
         self.session = Session(self.ft, replica_id=self.replica_id, lighthouse=lighthouse, host=host,
