@@ -10,7 +10,7 @@ the last host.
 
 Per kill (as benchmarks/ft_kill.py): gap_s (kill -> h0's next committed step; a step whose vote was
 in before the kill may land just after it), outage_s (the longest time between two of h0's committed
-steps, of those within 10 s after the kill), stall_s (h0's wall_s between its last step before and its
+steps: the wait that spans the kill, and those starting up to 10 s after it), stall_s (h0's wall_s between its last step before and its
 first after), lost (committed steps h0 took again: its next
 step minus one, below its last), back_s (restart -> h1's first committed step, after healing from
 a peer over the bed's network; only where the next kill does not land in that start), state_equal

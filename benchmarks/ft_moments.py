@@ -115,7 +115,7 @@ class Host:
 
 def add_outages(rows: list[dict], records: list[dict], survivor: str = "h0", within: float = 10.0) -> None:
     """Each kill's ``outage_s``: the longest wait between two of the survivor's consecutive committed
-    steps, of the steps committed up to ``within`` s after the kill (``gap_s`` can be a step whose
+    steps, the wait that spans the kill and those that start up to ``within`` s after it (``gap_s`` can be a step whose
     vote was in before the kill, written just after it; the step after that one waits for the quorum)."""
     times = sorted(r["time"] for r in records if r["replica"] == survivor)
     for row in rows:
@@ -123,7 +123,7 @@ def add_outages(rows: list[dict], records: list[dict], survivor: str = "h0", wit
         if killed is None:  # older rows: the kill was gap_s before the survivor's next step
             killed = next((r["time"] for r in records if r["replica"] == survivor and r["step"] == row["next_step"]), None)
             killed = None if killed is None else killed - row["gap_s"]
-        waits = [b - a for a, b in zip(times, times[1:]) if killed is not None and killed < b <= killed + within]
+        waits = [b - a for a, b in zip(times, times[1:]) if killed is not None and b > killed and a <= killed + within]
         row["outage_s"] = round(max(waits), 3) if waits and row.get("step_at_kill") is not None else None
 
 
