@@ -88,15 +88,24 @@ def _run(task_spec: tuple[str, dict], strategy: str, precision: str, **options: 
 
 
 def _sides(task_spec: tuple[str, dict]) -> dict:
-    """ddp under bf16 autocast, fsdp under bf16's policy, fsdp in fp32 and fsdp with bf16 gradients, in one process
-    group (starting processes is the slow part on 2 cores)."""
+    """ddp under bf16 autocast, fsdp under bf16's policy, fsdp in fp32 and fsdp with bf16 gradients."""
+    return {"ddp": _run(task_spec, "ddp", "bf16-mixed"), "fsdp": _run(task_spec, "fsdp", "bf16-mixed"),
+            "fsdp32": _run(task_spec, "fsdp", "fp32"),
+            "fsdp-bf16-reduce": _run(task_spec, "fsdp", "bf16-mixed", reduce_dtype="bf16")}
+
+
+def _every_run() -> dict:
+    """Every run of this file's tests in one process group (starting processes is the slow part on 2 cores)."""
     ctx = dtrain.init("ddp", seed=0)  # holds the group for the runs below
     try:
-        return {"ddp": _run(task_spec, "ddp", "bf16-mixed"), "fsdp": _run(task_spec, "fsdp", "bf16-mixed"),
-                "fsdp32": _run(task_spec, "fsdp", "fp32"),
-                "fsdp-bf16-reduce": _run(task_spec, "fsdp", "bf16-mixed", reduce_dtype="bf16")}
+        return {"lm": _sides(LM), "images": _sides(IMAGES), "fp16-overflow": _fp16_overflow_on_one_rank()}
     finally:
         ctx.close()
+
+
+@pytest.fixture(scope="module")
+def runs() -> list[dict]:
+    return run_distributed(_every_run, world_size=2, timeout=560)
 
 
 def _assert_parity(got: dict, ref: dict) -> None:
@@ -107,9 +116,9 @@ def _assert_parity(got: dict, ref: dict) -> None:
         assert diff <= TOL, f"{k}: max |diff| {diff:.3g} > {TOL}"
 
 
-@pytest.mark.timeout(400)
-def test_lm_fsdp_bf16_policy_matches_ddp_and_gathers_half_the_bytes():
-    for side in run_distributed(_sides, LM, world_size=2, timeout=380):
+@pytest.mark.timeout(600)
+def test_lm_fsdp_bf16_policy_matches_ddp_and_gathers_half_the_bytes(runs):
+    for side in (rank["lm"] for rank in runs):
         ddp, fsdp, fp32, reduce16 = side["ddp"], side["fsdp"], side["fsdp32"], side["fsdp-bf16-reduce"]
         _assert_parity(fsdp, ddp)
         assert ddp["autocast"] == [True] and fsdp["autocast"] == [False]  # the policy casts; autocast is off
@@ -124,9 +133,9 @@ def test_lm_fsdp_bf16_policy_matches_ddp_and_gathers_half_the_bytes():
         assert fsdp["gather"] <= STEPS * 2 * 2 * fsdp["params"] * 1.01  # the counted bytes are those (+ padding)
 
 
-@pytest.mark.timeout(400)
-def test_images_fsdp_bf16_policy_matches_ddp_with_batchnorm_kept_fp32():
-    for side in run_distributed(_sides, IMAGES, world_size=2, timeout=380):
+@pytest.mark.timeout(600)
+def test_images_fsdp_bf16_policy_matches_ddp_with_batchnorm_kept_fp32(runs):
+    for side in (rank["images"] for rank in runs):
         ddp, fsdp, fp32 = side["ddp"], side["fsdp"], side["fsdp32"]
         _assert_parity(fsdp, ddp)
         assert fsdp["autocast"] == [False] and fsdp["param_dtypes"] == ["torch.float32"]
@@ -171,9 +180,9 @@ def _fp16_overflow_on_one_rank() -> dict:
         ctx.close()
 
 
-@pytest.mark.timeout(300)
-def test_fp16_overflow_on_one_shard_skips_the_step_on_every_rank():
-    for r in run_distributed(_fp16_overflow_on_one_rank, world_size=2, timeout=280):
+@pytest.mark.timeout(600)
+def test_fp16_overflow_on_one_shard_skips_the_step_on_every_rank(runs):
+    for r in (rank["fp16-overflow"] for rank in runs):
         # torch's own GradScaler: DTensor runs its inf check on each shard and all-reduces the flag
         # (one all-reduce, measured with CommDebugMode), so no ShardedGradScaler is needed.
         assert r["scaler"] == "GradScaler"
