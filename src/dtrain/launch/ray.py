@@ -28,6 +28,7 @@ from typing import Any
 
 from ..errors import ConfigError, LaunchError
 from ..options import LAUNCH_DIR_ENV
+from ..world.netif import is_loopback
 from .local import worker_env
 from .ray_rank import FUNCTION_ENTRY, RankActor
 from .runner import _report_failure
@@ -104,8 +105,13 @@ def _check_reachable(address: str) -> None:
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=5).close()
     except OSError as exc:
+        # A head whose host name resolves to 127.0.0.1 (many VMs) and no route out registers and
+        # listens on loopback only (`ray start --head` prints "Local node IP: 127.0.0.1"): refused here.
+        loopback = "" if is_loopback(host.strip("[]")) else (
+            f" (a head that printed 'Local node IP: 127.0.0.1' listens on loopback only: start it with "
+            f"`ray start --head --node-ip-address {host}`)")
         raise ConfigError(f"no Ray cluster reachable at --ray-address {address} ({exc.strerror or exc}); start its head "
-                          f"(`ray start --head --port {port}`) or give the address `ray start --head` printed.") from None
+                          f"(`ray start --head --port {port}`) or give the address `ray start --head` printed{loopback}.") from None
 
 
 @contextlib.contextmanager

@@ -68,6 +68,20 @@ def test_nobody_listening_at_the_address_is_refused_at_once():
         rl._check_reachable(address)  # Ray's own discovery / client: nothing to probe here
 
 
+def test_a_refused_remote_address_names_a_head_listening_on_loopback_only(monkeypatch):
+    # A head on a host whose name resolves to 127.0.0.1 registers 127.0.0.1 and refuses the other hosts.
+    def refused(address, timeout=None):
+        raise ConnectionRefusedError(111, "Connection refused")
+
+    monkeypatch.setattr(rl.socket, "create_connection", refused)
+    with pytest.raises(ConfigError) as info:
+        rl._check_reachable("10.0.0.1:6379")
+    assert str(info.value) == (
+        "no Ray cluster reachable at --ray-address 10.0.0.1:6379 (Connection refused); start its head (`ray start --head "
+        "--port 6379`) or give the address `ray start --head` printed (a head that printed 'Local node IP: 127.0.0.1' "
+        "listens on loopback only: start it with `ray start --head --node-ip-address 10.0.0.1`).")
+
+
 class _FakeRay:
     def __init__(self, *nodes: dict[str, float]) -> None:
         self._nodes = [{"Alive": True, "Resources": r} for r in nodes] + [{"Alive": False, "Resources": {"CPU": 64.0}}]
