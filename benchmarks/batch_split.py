@@ -96,11 +96,11 @@ def _free_port() -> int:
 
 
 def _train_args(args: argparse.Namespace, *, world: int, split: str, seed: int) -> list[str]:
-    length = ["--epochs", str(args.epochs)] if args.epochs else ["--max-steps", str(args.steps)]
+    length = (["--epochs", str(args.epochs)] if args.epochs else []) + (["--max-steps", str(args.steps)] if args.steps else [])
     extra = [x for kv in args.task_arg for x in ("--task-arg", kv)]
     extra += ["--batch-size", str(args.batch_size)] if args.batch_size else []  # the last --batch-size wins
     out = ["-m", "dtrain", "train", *TASKS[args.task], *extra, *length, "--warmup-steps", str(args.warmup), "--log-every",
-           str(args.log_every or args.steps), "--num-workers", "0", "--seed", str(seed)]
+           str(args.log_every or args.steps or 1000), "--num-workers", "0", "--seed", str(seed)]
     return out + (["--batch-split", split] if world > 1 else [])
 
 
@@ -239,7 +239,7 @@ def _args() -> argparse.Namespace:
     ap.add_argument("--batch-size", type=int, default=None, help="samples per rank (default 16): more compute per all-reduce")
     ap.add_argument("--rounds", type=int, default=None, help="default 3 (or one per --seeds)")
     ap.add_argument("--steps", type=int, default=80)
-    ap.add_argument("--epochs", type=int, default=None, help="train this many epochs instead of --steps; rows keep val_loss")
+    ap.add_argument("--epochs", type=int, default=None, help="epochs to train (--steps 0: all of them; default: the task's)")
     ap.add_argument("--seeds", default="0", help="--seed of the rounds' runs, round r takes the r-th (cycling)")
     ap.add_argument("--warmup", type=int, default=15, help="steps left out of the rate (the split is measured after them)")
     ap.add_argument("--log-every", type=int, default=None, help="default: --steps (one line); --change reads rank 0's log")
