@@ -190,6 +190,21 @@ def test_sigterm_to_the_driver_reaches_every_worker_which_saves_and_stops(ray_he
 
 
 @needs_ray
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_frozen_rank_ends_the_job_with_the_stall_line_and_its_status(ray_head, tmp_path):
+    # Rank 1 stops itself (SIGSTOP) at step 5: its watchdog is frozen too; rank 0's reports the
+    # stall and exits 124, and the driver then kills every rank's actor (the stopped worker with
+    # it: the launcher's stall reaper has no part under Ray).
+    r = run_cli(["run", "--launcher", "ray", "--ray-address", ray_head, "-n", "2", "--stall-timeout", "5",
+                 "--run-dir", str(tmp_path), str(TESTS / "scripts" / "freeze.py")], cwd=str(ROOT), timeout=240, env=RAY_ENV)
+    assert r.returncode == 124, r.stderr[-3000:]
+    assert "rank 1 did not answer" in r.stderr, r.stderr[-3000:]
+    assert r.stderr.strip().splitlines()[-1] == (
+        "dtrain: error: worker rank 0 was stopped by the stall watchdog (status 124); see the stall report above."), r.stderr[-3000:]
+
+
+@needs_ray
 @pytest.mark.timeout(300)
 def test_more_workers_than_the_cluster_has_cpus_is_one_line(ray_head, tmp_path):
     r = run_cli(["train", "--launcher", "ray", "--ray-address", ray_head, "-n", "8", "--max-steps", "1"],
