@@ -18,6 +18,9 @@ PROBE = str(TESTS / "scripts" / "world_probe.py")
 DTRAIN = f"{sys.executable} -m dtrain"
 
 pytestmark = pytest.mark.timeout(400)
+#: digits after 200 steps of 2 x 32 samples: 0.950 in `dtrain train -n 2 --max-steps 200` here
+#: (torch 2.14.1); untrained, ~0.1 (10 classes). The margin is for another order of samples.
+DIGITS_ACC = 0.90
 
 
 def _submit(cluster, tmp_path: Path, name: str, args: list[str], *, wait: bool = True, timeout: float = 300):
@@ -56,16 +59,18 @@ def _srun(cluster, args: list[str], timeout: float = 180) -> subprocess.Complete
 
 
 @pytest.mark.slow
-def test_mnist_two_nodes_one_process_each_via_submit(slurm_cluster, tmp_path, mnist_dir):
-    r, job_id, log = _submit(slurm_cluster, tmp_path, "mnist", [
+def test_digits_two_nodes_one_process_each_via_submit(slurm_cluster, tmp_path):
+    # digits, not MNIST: the point is a submitted 2-node job that trains as one (MNIST's own
+    # accuracy is tests/multiprocess/cli/test_cli.py's); MNIST's 200 steps took ~75 s of CI.
+    r, job_id, log = _submit(slurm_cluster, tmp_path, "digits", [
         "--nodes", "2", "--procs-per-node", "1", "--",
-        "dtrain", "train", "--task", "mnist", "--data-dir", str(mnist_dir), "--max-steps", "200", "--log-every", "50"])
+        "dtrain", "train", "--task", "digits", "--max-steps", "200", "--log-every", "50"])
     text = log.read_text()
     assert r.returncode == 0, text[-3000:]
-    assert "--ntasks-per-node=1" in (tmp_path / "mnist.sbatch").read_text()
+    assert "--ntasks-per-node=1" in (tmp_path / "digits.sbatch").read_text()
     result = json.loads(text.strip().splitlines()[-1])
-    assert (result["task"], result["world_size"], result["steps"]) == ("mnist", 2, 200)
-    assert result["test_acc"] >= 0.95, result
+    assert (result["task"], result["world_size"], result["steps"]) == ("digits", 2, 200)
+    assert result["test_acc"] >= DIGITS_ACC, result
 
 
 def test_one_task_per_node_layout(slurm_cluster):
