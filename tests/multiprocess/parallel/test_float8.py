@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader
 import dtrain
 from dtrain.precision import Precision
 from dtrain.tasks import load_task
-from tests.support import run_cli, run_distributed
+from tests.support import run_ckpt, run_cli, run_distributed
 
 LM = {"layers": "2", "heads": "4", "width": "32", "context": "16", "max_bytes": "40000"}
 STEPS = 12
@@ -104,8 +104,8 @@ def _resumes_exactly(tmp_path, *layout: str) -> None:
     shutil.copytree(whole / "step-00000004", part / "step-00000004")
     resumed, err = _train(*layout, "--max-steps", "8", "--checkpoint-dir", str(part), "--resume")
     assert resumed["steps"] == 8 and "at step 4" in err, err[-3000:]
-    d = run_cli(["ckpt", "diff", str(whole), str(part)])
-    assert d.returncode == 0 and "identical" in d.stdout, d.stdout[-3000:]
+    code, out = run_ckpt("diff", whole, part)
+    assert code == 0 and "identical" in out, out[-3000:]
 
 
 @pytest.mark.timeout(900)
