@@ -8,7 +8,10 @@
 
 Each process is one replica group. A batch is this group's share of the next step; a step counts
 only when ``ctx.should_commit()`` says so (a group lost mid-step: nobody commits it, and its samples
-are trained again by the groups left). Started without --fault-tolerance (dtrain run -n 2
+are trained again by the groups left). With --accumulate K a step is K batches (ctx.accumulate): one
+quorum and one vote per step. SIGTERM to a group's process is a clean leave: the step in flight
+finishes, the loop ends, and ctx.close() exits with status 143 (save before it), so the launcher does
+not restart the group while the others go on. Started without --fault-tolerance (dtrain run -n 2
 examples/fault_tolerant.py), the same script is a DDP job.
 """
 
@@ -28,7 +31,7 @@ def digits() -> tuple[TensorDataset, TensorDataset]:
     return TensorDataset(x[:1400], y[:1400]), TensorDataset(x[1400:], y[1400:])
 
 
-def main(train=None, test=None, *, epochs: int = 5, ledger: str | None = None, on_commit=None) -> dict:
+def main(train=None, test=None, *, epochs: int = 5, ledger: str | None = None, accumulate: int = 1, on_commit=None) -> dict:
     # Fault tolerant where dtrain run --fault-tolerance started this process (the job's Lighthouse and this
     # group's id come from it); elsewhere (dtrain run -n 2) plain DDP, and should_commit() is always True.
     ctx = dtrain.init(seed=0)
@@ -42,8 +45,9 @@ def main(train=None, test=None, *, epochs: int = 5, ledger: str | None = None, o
     for epoch in range(loader.next_epoch, epochs):  # a group that healed from a peer starts at the peer's epoch
         for xb, yb in loader:  # each batch: the step's quorum, then this group's share of it
             optimizer.zero_grad()
-            loss = torch.nn.functional.cross_entropy(model(xb), yb)
-            ctx.backward(loss)
+            with ctx.accumulate(model, steps=accumulate):  # a step of `accumulate` batches: one quorum, one vote
+                loss = torch.nn.functional.cross_entropy(model(xb), yb)
+                ctx.backward(loss)
             if ctx.should_commit():  # gradients averaged over the groups; False: a group was lost mid-step
                 optimizer.step()
                 if on_commit is not None:
@@ -60,6 +64,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--ledger", default=None, help="a folder for the committed steps' samples")
+    parser.add_argument("--accumulate", type=int, default=1, help="batches a step (ctx.accumulate)")
     args = parser.parse_args()
-    result = main(epochs=args.epochs, ledger=args.ledger)
+    result = main(epochs=args.epochs, ledger=args.ledger, accumulate=args.accumulate)
     print(result, flush=True)

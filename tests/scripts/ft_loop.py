@@ -3,7 +3,7 @@ its training set paced by PACE_FILE (seconds per sample, so a test can kill a gr
 the job finish fast), one line per committed step in OUT (``{"replica", "time"}``), the example's
 result with the replica's id as the last line of stdout.
 
-    python tests/scripts/ft_loop.py PACE_FILE OUT --ledger DIR --epochs N
+    python tests/scripts/ft_loop.py PACE_FILE OUT --ledger DIR --epochs N --accumulate K
 """
 
 import argparse
@@ -24,6 +24,7 @@ parser.add_argument("pace_file")
 parser.add_argument("out")
 parser.add_argument("--ledger", default=None)
 parser.add_argument("--epochs", type=int, default=60)
+parser.add_argument("--accumulate", type=int, default=1)
 args = parser.parse_args()
 
 replica = section(FaultToleranceLink).replica_id
@@ -35,5 +36,6 @@ def on_commit(loss: float) -> None:
     out.write(json.dumps({"replica": replica, "time": time.time(), "loss": loss}) + "\n")
 
 
-result = main(PacedDataset(args.pace_file, *train.tensors), test, epochs=args.epochs, ledger=args.ledger, on_commit=on_commit)
+result = main(PacedDataset(args.pace_file, *train.tensors), test, epochs=args.epochs, ledger=args.ledger,
+              accumulate=args.accumulate, on_commit=on_commit)
 print(json.dumps({**result, "replica": replica}), flush=True)

@@ -199,7 +199,9 @@ class Context(WorldView):
         if shuffle is not None:
             check.instance("ctx.setup_dataloader(shuffle=...)", shuffle, bool, "give True, False or None")
         if self._replicas is not None:
-            return self._replicas.loader(loader, ledger=ledger, move_to_device=move_to_device)  # type: ignore[return-value]
+            step = self._step
+            return self._replicas.loader(loader, ledger=ledger, move_to_device=move_to_device,  # type: ignore[return-value]
+                                         window_open=lambda: not step.sync, on_last=step.set_end_of_data)
         if ledger is not None:
             raise ConfigError("ctx.setup_dataloader(ledger=...) is kept under fault tolerance only "
                               "(dtrain.init(fault_tolerance=True)); for other jobs use dtrain train --ledger DIR.")
@@ -237,8 +239,12 @@ class Context(WorldView):
 
         Under fault tolerance (collective over the quorum of replica groups): the gradients are
         averaged over the groups, then torchft's vote; False when a group was lost during the step
-        (nobody commits it; its samples are trained again). Otherwise always True."""
-        return self._replicas.should_commit() if self._replicas is not None else True
+        (nobody commits it; its samples are trained again). Otherwise True. Inside ``accumulate``,
+        on a micro-step that does not end its window: False, and nothing is communicated (the
+        window's last micro-step ends the step)."""
+        if self._replicas is not None:
+            return self._replicas.should_commit()
+        return self._step.sync
 
     @property
     def accumulation_steps(self) -> int:

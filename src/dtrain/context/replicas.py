@@ -8,7 +8,8 @@ started by ``dtrain run --fault-tolerance``): the same torchft session as ``dtra
     for epoch in range(loader.next_epoch, 3):                # a group that healed starts at its peers' epoch
         for x, y in loader:                              # each batch: the step's quorum, then this group's share
             optimizer.zero_grad()
-            ctx.backward(loss_fn(model(x), y))
+            with ctx.accumulate(model, steps=K):          # optional: K batches a step
+                ctx.backward(loss_fn(model(x), y))
             if ctx.should_commit():                      # gradients averaged over the quorum, then torchft's vote
                 optimizer.step()
 
@@ -18,25 +19,43 @@ order (``dtrain.ft.order``): this group's slice of ``participants x batch_size``
 ``should_commit() == True`` moves the data position, so a step that is not committed is trained
 again, by whoever is in the next quorum. ``setup_dataloader`` takes the first quorum at once, so
 ``loader.next_epoch`` is the healed group's epoch before its loop starts.
+
+Under ``ctx.accumulate(model, steps=K)`` a step is a window of K batches: the window's first batch
+forms the quorum, the next K-1 are the following slices of the global order under that same quorum
+(no Lighthouse round trip), and ``should_commit`` averages and votes once, after the last; inside
+the window it is False without communicating. The step's samples are the window's, committed (or
+not) together; an epoch's end cuts a window short (the loader tells the Context, as ``DeviceLoader``
+does), so no window spans two epochs.
+
+A stop signal (SIGTERM, SIGUSR1) is a clean leave, as for ``dtrain train --fault-tolerance``'s groups:
+it only sets a flag (``dtrain.context.preempt``); the step in flight (its whole window) finishes and
+votes, then the loader's pass ends before the next quorum (every later pass is empty), so the
+script's own code after its loop runs (an evaluation, a save) and ``ctx.close()`` ends the process
+with ``LEFT_EXIT`` (143): its launcher does not restart it, and the other groups' next quorum goes
+on without it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import dataclasses
+import signal
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, RandomSampler, SequentialSampler
 
+from .._log import logger
 from ..data.loader import to_device
 from ..errors import ConfigError
 from ..ft.launch import reach
 from ..ft.ledger import FtLedger
 from ..ft.order import GlobalOrder, StepPlan
 from ..ft.session import Session, quiet_torchft, snapshot
-from ..ft.spec import FaultTolerance, lighthouse_address
+from ..ft.spec import LEFT_EXIT, FaultTolerance, lighthouse_address
 from ..options import FaultToleranceLink
+from . import preempt
 
 _NO_JOB = ("dtrain.init(fault_tolerance=True) needs the job's Lighthouse and this group's id (DTRAIN_FT_LIGHTHOUSE, "
            "DTRAIN_FT_REPLICA); start the script with dtrain run --fault-tolerance script.py (add --lighthouse HOST:PORT "
@@ -91,6 +110,7 @@ class Replicas:
         """The step whose batch was handed out, until ``should_commit``."""
         self.session = Session(ft, replica_id=link.replica_id, lighthouse=lighthouse, host=reach(lighthouse),
                                state_dict=self.state_dict, load_state_dict=self.load_state_dict)
+        preempt.install()  # a stop signal only sets a flag: the group leaves between steps (see the module)
 
     # -- what a returning group heals from --------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -117,7 +137,10 @@ class Replicas:
         if optimizer is not None:
             self.optimizers.append(optimizer)
 
-    def loader(self, loader: DataLoader, *, ledger: str | None, move_to_device: bool) -> FtLoader:
+    def loader(self, loader: DataLoader, *, ledger: str | None, move_to_device: bool,
+               window_open: Callable[[], bool] = lambda: False, on_last: Callable[[bool], None] = lambda last: None) -> FtLoader:
+        """``window_open()``: the last batch was a micro-step that does not end its ``ctx.accumulate``
+        window; ``on_last(flag)``: this batch ends the epoch (a window ends with it), as ``DeviceLoader``'s."""
         if self.order is not None:
             raise ConfigError("under fault tolerance a job has one data set; call ctx.setup_dataloader once.")
         if not self.models:
@@ -129,15 +152,20 @@ class Replicas:
                               "DataLoader(dataset, batch_size=32, shuffle=True).")
         self.order = GlobalOrder(len(loader.dataset), seed=self.seed, epochs=2**31)  # the user's loop says how many
         self.batch = loader.batch_size
+        self._window_open = window_open
+        self.left = 0
+        """The stop signal this group left the job on (0: none)."""
         if ledger is not None:
             self.ledger = FtLedger(ledger, self.replica_id, self.order.n)
         self.pending = self.session.quorum()  # heals a group that is behind now: loader.next_epoch is the job's
         if self.ledger is not None:
             self.ledger.begin(self.session.step, healed=bool(self.session.healed))
         device = self.device if move_to_device else torch.device("cpu")
-        return FtLoader(self, loader, device)
+        return FtLoader(self, loader, device, on_last)
 
     def next_plan(self, batch: int) -> StepPlan:
+        if self.plan is not None and self._window_open():
+            return self._extend(self.plan, batch)  # the window's next micro-batch: the same step and quorum
         if self.plan is not None:
             raise ConfigError("under fault tolerance every step ends with ctx.should_commit() (then optimizer.step() when "
                               "it is True); this loop fetched the next batch without it.")
@@ -146,12 +174,32 @@ class Replicas:
         assert self.order is not None
         return self.order.plan(*self.pending, batch)
 
+    def _extend(self, window: StepPlan, batch: int) -> StepPlan:
+        """``window`` and the next ``participants x batch`` samples of its epoch's order (this group's
+        slice of them added to ``mine``): one step of several micro-batches, as one step of the sum."""
+        assert self.pending is not None and self.order is not None
+        rank, participants = self.pending
+        pos, width = window.start + len(window.step_indices), participants * batch
+        more = self.order.order(window.epoch)[pos:pos + width]
+        if len(more) < width:  # on_last cut the window at the epoch's end: only a loop that ignores it gets here
+            raise ConfigError("under fault tolerance an accumulation window ends with its epoch; enter "
+                              "ctx.accumulate(model, steps=K) for every batch of the loader, then ctx.should_commit().")
+        return dataclasses.replace(window, step_indices=window.step_indices + more,
+                                   mine=window.mine + more[rank * batch:(rank + 1) * batch])
+
+    def remaining_after(self, plan: StepPlan, batch: int) -> bool:
+        """Whether another micro-batch of ``plan``'s quorum fits in its epoch after ``plan``."""
+        assert self.pending is not None and self.order is not None
+        return self.order.n - (plan.start + len(plan.step_indices)) >= self.pending[1] * batch
+
     def should_commit(self) -> bool:
         """Collective over the quorum (see ``Context.should_commit``)."""
         plan = self.plan
         if plan is None:
             raise ConfigError("ctx.should_commit() ends a step: call it after the backward of a batch from the loader "
                               "ctx.setup_dataloader returned, once per batch.")
+        if self._window_open():
+            return False  # a micro-step inside its window: the step goes on with the next batch
         assert self.pending is not None and self.order is not None
         participants = self.pending[1]
         self.plan = self.pending = None  # the next step asks for its own quorum
@@ -163,20 +211,32 @@ class Replicas:
             self.ledger.commit(self.session.step, plan)
         return True
 
+    def leaving(self) -> bool:
+        """Whether a stop signal came (checked between steps: the group leaves there)."""
+        self.left = self.left or preempt.received()
+        return bool(self.left)
+
     def close(self) -> None:
+        """After a leave: ``SystemExit(LEFT_EXIT)`` once everything is closed (see the module)."""
+        left = getattr(self, "left", 0)
         if self.ledger is not None:
-            if self.pending is not None and self.order is not None:  # what the last epoch left out
+            if not left and self.pending is not None and self.order is not None:  # what the last epoch left out
                 self.ledger.end(self.session.step, self.order.plan(*self.pending, self.batch))
-            self.ledger.close()
+            self.ledger.close()  # after a leave the job goes on: its end is the others' to write
         self.session.shutdown()
+        if left:
+            logger.warning(f"replica group {self.replica_id}: {signal.Signals(left).name} received; left the job after "
+                           f"step {self.session.step} (the other groups go on)")
+            raise SystemExit(LEFT_EXIT)  # not a failure, and not the job's end: its launcher does not restart it
 
 
 class FtLoader:
     """The loader ``ctx.setup_dataloader`` returns under fault tolerance: one pass is the rest of
     the current epoch of the global order; each batch is this group's share of the next step."""
 
-    def __init__(self, replicas: Replicas, loader: DataLoader, device: torch.device) -> None:
-        self._replicas, self.loader, self.device = replicas, loader, device
+    def __init__(self, replicas: Replicas, loader: DataLoader, device: torch.device,
+                 on_last: Callable[[bool], None] = lambda last: None) -> None:
+        self._replicas, self.loader, self.device, self._on_last = replicas, loader, device, on_last
 
     @property
     def next_epoch(self) -> int:
@@ -194,13 +254,22 @@ class FtLoader:
         replicas, batch = self._replicas, self.loader.batch_size
         assert batch is not None
         epoch = None
+        self._on_last(False)  # a new pass starts a new accumulation window
         while True:
+            window = replicas.plan
+            if window is None and replicas.leaving():
+                return  # a stop signal: leave between steps (this pass and every later one end here)
             plan = replicas.next_plan(batch)
             if plan.done or (epoch is not None and plan.epoch != epoch):
                 return  # the quorum stays pending: the next pass (or ctx.close) uses it
             epoch = plan.epoch
             replicas.plan = plan
-            samples = self.loader.collate_fn([self.loader.dataset[i] for i in plan.mine])
+            # this batch's samples: the window's new slice (the whole plan for a window's first batch)
+            new = plan.mine[len(window.mine):] if window is not None else plan.mine
+            last = not replicas.remaining_after(plan, batch)
+            if window is None or last:  # a window's first batch: not the epoch's end unless it is (a retried
+                self._on_last(last)     # window after one cut at the end may now fit more batches)
+            samples = self.loader.collate_fn([self.loader.dataset[i] for i in new])
             yield to_device(samples, self.device)
 
     def __len__(self) -> int:

@@ -126,3 +126,73 @@ def test_the_next_batch_without_should_commit_is_one_line():
     rep.plan = None
     with pytest.raises(ConfigError, match="ctx.should_commit\\(\\) ends a step"):
         rep.should_commit()
+
+
+def test_an_accumulation_window_is_one_step_one_quorum_and_one_vote():
+    """ctx.accumulate(model, steps=3) under fault tolerance: 3 batches a step, one quorum and one vote
+    each; a window not committed is trained again whole; the epoch's end cuts the last window short."""
+    votes = [True, False, True, True, True]
+    rep, _ = _replicas([], n=40, batch=4)
+    rep.order = None  # set up again, through the Context's own calls
+    rep.session = session = _FakeSession(votes)
+    session.shutdown = lambda: None
+    ctx = dtrain.init()
+    ctx._replicas = rep
+    model = torch.nn.Linear(1, 1)
+    try:
+        loader = ctx.setup_dataloader(DataLoader(TensorDataset(torch.arange(40)), batch_size=4), move_to_device=False)
+        windows, window, answers = [], [], []
+        for (x,) in loader:
+            with ctx.accumulate(model, steps=3):
+                ctx.backward(model(x.float()[:, None]).sum())
+            window.append(x.tolist())
+            answers.append(ctx.should_commit())
+            if ctx.sync_gradients:
+                windows.append(window)
+                window = []
+    finally:
+        ctx.close()
+    assert [len(w) for w in windows] == [3, 3, 3, 3, 1]  # 10 batches an epoch: 3 + 3 + 3 + the rest
+    assert session.quorums == 6 and session.votes == []  # a quorum and a vote per window (+ the next epoch's quorum)
+    assert answers == [False, False, True, False, False, False, False, False, True, False, False, True, True]
+    assert windows[1] == windows[2]  # the window not committed: its samples again, under the next quorum
+    committed = sorted(i for w in windows[:1] + windows[2:] for b in w for i in b)
+    assert committed == list(range(40)) and rep.order.epoch == 0 and rep.order.pos == 40  # each sample once
+
+
+def test_a_stop_signal_leaves_after_the_window_in_flight_and_close_exits_143(tmp_path):
+    """SIGTERM mid-window: the window finishes and votes, no further quorum is taken, the ledger gets no
+    end record (the job goes on), and ctx.close() exits with LEFT_EXIT so the launcher does not restart it."""
+    import signal
+
+    from dtrain.context import preempt
+    from dtrain.ft.spec import LEFT_EXIT
+
+    rep, _ = _replicas([], n=40, batch=4)
+    rep.order, rep.ledger = None, None
+    rep.session = session = _FakeSession([True] * 10)
+    session.shutdown = lambda: None
+    ctx = dtrain.init()
+    ctx._replicas = rep
+    model = torch.nn.Linear(1, 1)
+    preempt.install()
+    try:
+        loader = ctx.setup_dataloader(DataLoader(TensorDataset(torch.arange(40)), batch_size=4), move_to_device=False,
+                                      ledger=str(tmp_path / "ledger"))
+        seen = []
+        for _ in range(3):  # the user's epochs: after the leave, every pass is empty
+            for (x,) in loader:
+                seen.append(x.tolist())
+                if len(seen) == 3:
+                    signal.raise_signal(signal.SIGTERM)  # in the second window's first batch
+                with ctx.accumulate(model, steps=2):
+                    ctx.backward(model(x.float()[:, None]).sum())
+                ctx.should_commit()
+        with pytest.raises(SystemExit) as left:
+            ctx.close()
+    finally:
+        preempt.uninstall()
+    assert left.value.code == LEFT_EXIT and rep.left == signal.SIGTERM
+    assert len(seen) == 4 and session.quorums == 2 and rep.order.pos == 16  # 2 windows committed, no third quorum
+    records = [line for f in (tmp_path / "ledger").iterdir() for line in f.read_text().splitlines()]
+    assert len(records) == 3 and not any('"end"' in r for r in records)  # a header, 2 steps, no end
