@@ -32,14 +32,6 @@ TOL = 2e-5
 TOL_BF16 = 1e-2
 
 
-def test_cli_bad_layout_is_one_line():
-    r = run_cli(["train", "--task", "digits", "-n", "2", "--parallel", "dp_shard=3"], timeout=120)
-    assert r.returncode == 2, r.stderr
-    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
-    assert lines == ["dtrain: error: --parallel dp_shard=3: dp_shard=3 = 3 processes, but the job has 2; "
-                     "make the product 2 (e.g. dp_shard=2 with the rest as given)."], r.stderr
-
-
 # -- tier 2: 4 ranks against one process ----------------------------------------------------------
 def train(layout: str | None, switches: dict | None = None, task_args: dict | None = None) -> tuple[dict, dict]:
     """The same training in fp32, then in bf16 autocast (what ``bf16-mixed`` does), on one
@@ -90,35 +82,56 @@ def _assert_close(got: dict, ref: dict, tol: float) -> None:
         assert diff <= tol, f"{k}: max |diff| {diff:.3g} > {tol}"
 
 
-def _check(layout: str, world_size: int, switches: dict | None = None, task_args: dict | None = None) -> None:
+def _check(ranks: list[tuple[dict, dict]], task_args: dict | None = None) -> None:
     ref32, ref16 = train(None, None, task_args)
     assert ref32["norms"][0] > CLIP  # clipping acts
-    for fp32, bf16 in run_distributed(train, layout, switches, task_args, world_size=world_size, timeout=550):
+    for fp32, bf16 in ranks:
         assert fp32["strategy"] == "composed"
         _assert_close(fp32, ref32, TOL)
         _assert_close(bf16, ref16, TOL_BF16)
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(500)
-def test_fsdp_x_tp_matches_one_process_with_clipping_in_fp32_and_bf16():
-    _check("dp_shard=2,tp=2", 4)
+UNTIED = {"tie": "false"}  # tied weights cannot span pipeline stages
+#: The 4-rank layouts of the tests below, with their task's options.
+FOUR = {"dp_shard=2,tp=2": None, "dp_replicate=2,tp=2": None,
+        "pp=2,dp_shard=2": UNTIED, "pp=2,dp_replicate=2": UNTIED, "pp=2,tp=2": UNTIED}
+
+
+def _each_layout() -> dict[str, tuple[dict, dict]]:
+    """``train`` in each of FOUR's layouts, one after another in one process group: starting 4
+    processes is most of each run's time on 2 cores."""
+    holder = dtrain.init("ddp", seed=0)  # holds the group for the runs (torch cannot build a second default group)
+    try:
+        return {layout: train(layout, None, task_args) for layout, task_args in FOUR.items()}
+    finally:
+        holder.close()
+
+
+@pytest.fixture(scope="module")
+def four_ranks() -> list[dict[str, tuple[dict, dict]]]:
+    return run_distributed(_each_layout, world_size=4, timeout=850)
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(500)
-def test_ddp_x_tp_matches_one_process_with_clipping_in_fp32_and_bf16():
-    _check("dp_replicate=2,tp=2", 4)
+@pytest.mark.timeout(900)
+def test_fsdp_x_tp_matches_one_process_with_clipping_in_fp32_and_bf16(four_ranks):
+    _check([r["dp_shard=2,tp=2"] for r in four_ranks])
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(500)
-@pytest.mark.parametrize("layout", ["pp=2,dp_shard=2", "pp=2,dp_replicate=2", "pp=2,tp=2"])
-def test_pp_x_dp_or_tp_matches_one_process_with_clipping_in_fp32_and_bf16(layout):
+@pytest.mark.timeout(900)
+def test_ddp_x_tp_matches_one_process_with_clipping_in_fp32_and_bf16(four_ranks):
+    _check([r["dp_replicate=2,tp=2"] for r in four_ranks])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("layout", [name for name in FOUR if name.startswith("pp=")])
+def test_pp_x_dp_or_tp_matches_one_process_with_clipping_in_fp32_and_bf16(four_ranks, layout):
     # Two stages (embedding + block0 | block1 + head: tied weights cannot span stages), each
     # sharded (FSDP2), replicated, or split by TP (sequence-sharded activations pass between the
     # stages of each TP rank) over 2 ranks; 4 micro-batches per data-parallel rank.
-    _check(layout, 4, task_args={"tie": "false"})
+    _check([r[layout] for r in four_ranks], task_args=UNTIED)
 
 
 @pytest.mark.slow
@@ -126,13 +139,13 @@ def test_pp_x_dp_or_tp_matches_one_process_with_clipping_in_fp32_and_bf16(layout
 def test_hsdp_x_tp_on_8_processes_matches_one_process():
     # Each parameter split over 2 TP ranks, that piece sharded over 2 ranks and replicated twice
     # (a 3-D mesh; ~45 s on 2 cores: 8 processes).
-    _check("dp_replicate=2,dp_shard=2,tp=2", 8)
+    _check(run_distributed(train, "dp_replicate=2,dp_shard=2,tp=2", world_size=8, timeout=550))
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_tp_with_activation_checkpointing_matches_one_process():
-    _check("tp=2", 2, {"activation_checkpointing": True})
+def test_tp_with_activation_checkpointing_matches_one_process(two_ranks):
+    _check([r["tp=2"] for r in two_ranks])
 
 
 def _train_cli(ckpt, layout: str | None, nproc: int, steps: int, batch: int, *extra: str, task_args: dict | None = None) -> tuple[dict, str]:
@@ -200,20 +213,30 @@ def _one_way(strategy: str, parallel: str | None, comm: str | None) -> dict:
     return out
 
 
+ONE_WAY = [("dp_replicate=2", "ddp", "powersgd:2"), ("pp=2", "pipeline", None)]
+
+
+def _two_rank_runs() -> dict:
+    """The 2-rank runs of the tests here, in one process group (starting processes is the slow part)."""
+    holder = dtrain.init("ddp", seed=0)  # holds the group for the runs (torch cannot build a second default group)
+    try:
+        out = {"tp=2": train("tp=2", {"activation_checkpointing": True})}
+        for layout, named, comm in ONE_WAY:
+            out[layout], out[named] = _one_way("auto", layout, comm), _one_way(named, None, comm)
+        return out
+    finally:
+        holder.close()
+
+
+@pytest.fixture(scope="module")
+def two_ranks() -> list[dict]:
+    return run_distributed(_two_rank_runs, world_size=2, timeout=280)
+
+
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("layout, named, comm", [("dp_replicate=2", "ddp", "powersgd:2"), ("pp=2", "pipeline", None)])
-def test_a_layout_of_one_way_runs_as_the_named_strategy_bit_for_bit(layout, named, comm):
+@pytest.mark.parametrize("layout, named, comm", ONE_WAY)
+def test_a_layout_of_one_way_runs_as_the_named_strategy_bit_for_bit(two_ranks, layout, named, comm):
     # The same preset and the same way: the same losses, norms, weights, record and checkpoint
     # entries to the last bit, --comm included.
-    by_layout = run_distributed(_one_way, "auto", layout, comm, world_size=2, timeout=250)
-    by_name = run_distributed(_one_way, named, None, comm, world_size=2, timeout=250)
+    by_layout, by_name = [r[layout] for r in two_ranks], [r[named] for r in two_ranks]
     assert by_layout == by_name and by_layout[0]["name"] == named
-
-
-def test_run_checks_the_layout_before_starting_workers(tmp_path):
-    script = tmp_path / "s.py"
-    script.write_text("raise SystemExit('must not run')\n")
-    r = run_cli(["run", "-n", "2", "--parallel", "tp=4", str(script)], timeout=120)
-    assert r.returncode == 2, r.stderr
-    assert r.stderr.strip().splitlines() == ["dtrain: error: --parallel tp=4: tp=4 = 4 processes, but the job has 2; "
-                                             "make the product 2, or start 4 processes."], r.stderr
