@@ -14,7 +14,7 @@ import torch
 
 import dtrain
 from tests.paths import ROOT
-from tests.support import run_cli
+from tests.support import run_ckpt, run_cli
 
 TASK = "tests.user_task:make_dropout"  # 256 samples, batch 16, 2 epochs: 16 steps on 2 processes
 
@@ -28,8 +28,8 @@ def _train(args, task=TASK, **kw):
 
 
 def _identical(a, b) -> None:
-    d = run_cli(["ckpt", "diff", str(a), str(b)])
-    assert d.returncode == 0 and "identical" in d.stdout, d.stdout[-3000:]
+    code, out = run_ckpt("diff", a, b)
+    assert code == 0 and "identical" in out, out[-3000:]
 
 
 @pytest.fixture(scope="module")
@@ -49,14 +49,14 @@ def test_clean_stop_then_resume_past_a_corrupt_latest_is_bitwise_identical(tmp_p
     data = bytearray(state.read_bytes())
     data[len(data) // 2] ^= 0x01  # one flipped bit in the newest checkpoint
     state.write_bytes(bytes(data))
-    v = run_cli(["ckpt", "verify", str(part)])
-    assert v.returncode == 1 and "FAIL" in v.stdout and "checksum" in v.stdout, v.stdout
+    code, out = run_ckpt("verify", part)
+    assert code == 1 and "FAIL" in out and "checksum" in out, out
     resumed, err = _train(["-n", "2", "--checkpoint-dir", str(part), "--resume"], timeout=240)
     assert "skipping checkpoint" in err and "step-00000011" in err and "fails its sha256 checksum" in err, err
     assert "step-00000008 at step 8" in err and resumed["steps"] == 16, err
     _identical(reference, part)
-    r = run_cli(["ckpt", "ls", str(part)])
-    assert "valid     step-00000016 <- latest" in r.stdout, r.stdout  # the corrupt one stays, for inspection
+    out = run_ckpt("ls", part)[1]
+    assert "valid     step-00000016 <- latest" in out, out  # the corrupt one stays, for inspection
 
 
 @pytest.mark.timeout(400)
