@@ -238,6 +238,7 @@ def _args() -> argparse.Namespace:
     ap.add_argument("--task-arg", action="append", default=[], metavar="KEY=VALUE", help="more --task-arg for every run")
     ap.add_argument("--batch-size", type=int, default=None, help="samples per rank (default 16): more compute per all-reduce")
     ap.add_argument("--rounds", type=int, default=None, help="default 3 (or one per --seeds)")
+    ap.add_argument("--first-round", type=int, default=0, help="number the rounds from here (a later run's orders continue)")
     ap.add_argument("--steps", type=int, default=80)
     ap.add_argument("--epochs", type=int, default=None, help="epochs to train (--steps 0: all of them; default: the task's)")
     ap.add_argument("--seeds", default="0", help="--seed of the rounds' runs, round r takes the r-th (cycling)")
@@ -276,7 +277,7 @@ def main() -> None:
               else [Quota(args.quota, shares=args.cpu_shares, period_ms=args.period_ms)])
     rows: list[dict] = []
     try:
-        for rnd in range(args.rounds):
+        for rnd in range(args.first_round, args.first_round + args.rounds):
             for what, call in _plan(args, quotas, rnd):
                 for q, percent in zip(quotas, args.quotas if args.hosts else [args.quota]):
                     q.set(percent)  # a --change of the last run is undone
