@@ -12,7 +12,7 @@ import pytest
 from tests.logic.tasks import test_images as logic_half
 from tests.logic.tasks.test_images import SIZE
 from tests.paths import ROOT
-from tests.support import run_cli
+from tests.support import run_ckpt, run_cli
 
 # The logic half's fixtures, shared: pytest finds a fixture by its name in the module.
 broken, folder = logic_half.broken, logic_half.folder
@@ -91,8 +91,8 @@ def test_resume_mid_epoch_with_two_workers_is_bitwise_identical(folder, tmp_path
     shutil.copytree(whole / "step-00000005", part / "step-00000005")
     resumed, err = _train([*common, "--max-steps", "8", "--checkpoint-dir", str(part), "--resume"])
     assert "at step 5" in err and resumed["steps"] == 8, err[-3000:]
-    d = run_cli(["ckpt", "diff", str(whole), str(part)])
-    assert d.returncode == 0 and "identical" in d.stdout, d.stdout[-3000:]
+    code, out = run_ckpt("diff", whole, part)
+    assert code == 0 and "identical" in out, out[-3000:]
 
 
 @pytest.mark.slow
