@@ -237,6 +237,8 @@ class FtLoader:
     def __init__(self, replicas: Replicas, loader: DataLoader, device: torch.device,
                  on_last: Callable[[bool], None] = lambda last: None) -> None:
         self._replicas, self.loader, self.device, self._on_last = replicas, loader, device, on_last
+        self._ended_at: int | None = None
+        """The epoch of the step that ended the last pass (the next pass is that epoch's)."""
 
     @property
     def next_epoch(self) -> int:
@@ -253,16 +255,20 @@ class FtLoader:
     def __iter__(self) -> Iterator[Any]:
         replicas, batch = self._replicas, self.loader.batch_size
         assert batch is not None
-        epoch = None
+        epoch = self._ended_at
         self._on_last(False)  # a new pass starts a new accumulation window
         while True:
             window = replicas.plan
             if window is None and replicas.leaving():
                 return  # a stop signal: leave between steps (this pass and every later one end here)
             plan = replicas.next_plan(batch)
-            if plan.done or (epoch is not None and plan.epoch != epoch):
+            if plan.done or (epoch is not None and plan.epoch > epoch):
+                self._ended_at = plan.epoch
                 return  # the quorum stays pending: the next pass (or ctx.close) uses it
-            epoch = plan.epoch
+            # An earlier epoch inside this pass: the step that began this epoch was not committed, and the
+            # next quorum (fewer groups) still fits a step in the previous epoch's rest. It is trained in this
+            # pass, so the passes (the script's epochs) keep counting the data's epochs.
+            epoch = plan.epoch if epoch is None else epoch
             replicas.plan = plan
             # this batch's samples: the window's new slice (the whole plan for a window's first batch)
             new = plan.mine[len(window.mine):] if window is not None else plan.mine

@@ -196,3 +196,17 @@ def test_a_stop_signal_leaves_after_the_window_in_flight_and_close_exits_143(tmp
     assert len(seen) == 4 and session.quorums == 2 and rep.order.pos == 16  # 2 windows committed, no third quorum
     records = [line for f in (tmp_path / "ledger").iterdir() for line in f.read_text().splitlines()]
     assert len(records) == 3 and not any('"end"' in r for r in records)  # a header, 2 steps, no end
+
+
+def test_a_step_into_the_next_epoch_not_committed_keeps_the_passes_on_the_datas_epochs():
+    """12 samples, 4 a group: with 2 groups the epoch's rest (4) does not fill a step, so the next pass
+    begins epoch 1; that step is not committed, and alone the next quorum fits the rest of epoch 0. The
+    pass trains it and goes on with epoch 1: one pass per epoch of the data (a group that heals counts so)."""
+    rep, loader = _replicas([True, False, True, True, True, True, True], n=12, batch=4)
+    sizes = iter([2, 1, 1, 1, 1, 1, 1])  # participants of each quorum after the first
+    rep.session.quorum = lambda before_stop=None: (0, next(sizes))
+    rep.pending = (0, 2)
+    first = [x.tolist() for (x,) in _committing(loader, rep)]
+    second = [x.tolist() for (x,) in _committing(loader, rep)]
+    assert len(first) == 1 and len(second) == 5  # epoch 1's step (not committed), epoch 0's rest, epoch 1's 3 steps
+    assert rep.order.epoch == 1 and rep.order.pos == 12 and loader.next_epoch == 2
