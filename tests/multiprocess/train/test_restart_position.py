@@ -21,7 +21,7 @@ import torch
 
 from dtrain.tasks import Task, load_task
 from tests.paths import ROOT
-from tests.support import run_cli
+from tests.support import run_ckpt, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -98,5 +98,5 @@ def test_every_checkpoint_of_a_restarted_run_has_the_uninterrupted_data_position
         line = f"resumed from {folder / f'step-{step:08d}'} at step {step} (saved by 2 process(es); elastic restart {restart}"
         assert line in err, err[-3000:]
     assert _positions(folder) == _positions(reference[name])
-    d = run_cli(["ckpt", "diff", str(reference[name]), str(folder)])  # the final one, every entry (weights, RNG, ...)
-    assert d.returncode == 0 and "identical" in d.stdout, d.stdout[-3000:]
+    code, out = run_ckpt("diff", reference[name], folder)  # the final one, every entry (weights, RNG, ...)
+    assert code == 0 and "identical" in out, out[-3000:]
