@@ -60,7 +60,8 @@ def one_train(ft: bool, a: argparse.Namespace) -> float:
 def one_script(ft: bool, a: argparse.Namespace) -> float:
     with tempfile.TemporaryDirectory() as tmp:
         data = ["--data-dir", a.data_dir] if a.data_dir else []
-        _run([sys.executable, "-m", "dtrain", "run", "-n", "2", *(["--fault-tolerance"] if ft else []),
+        # --fault-tolerance before -n: its optional value would take the script's path
+        _run([sys.executable, "-m", "dtrain", "run", *(["--fault-tolerance"] if ft else []), "-n", "2",
               os.path.join(HERE, "ft_overhead_loop.py"), "--task", a.task, *data, "--steps", str(a.steps),
               "--batch-size", str(a.batch_size), "--out", os.path.join(tmp, "t")])
         medians = []
