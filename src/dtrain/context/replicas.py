@@ -55,7 +55,6 @@ from ..ft.order import GlobalOrder, StepPlan
 from ..ft.session import Session, quiet_torchft, snapshot
 from ..ft.spec import LEFT_EXIT, FaultTolerance, lighthouse_address
 from ..options import FaultToleranceLink
-from . import preempt
 
 _NO_JOB = ("dtrain.init(fault_tolerance=True) needs the job's Lighthouse and this group's id (DTRAIN_FT_LIGHTHOUSE, "
            "DTRAIN_FT_REPLICA); start the script with dtrain run --fault-tolerance script.py (add --lighthouse HOST:PORT "
@@ -110,6 +109,8 @@ class Replicas:
         """The step whose batch was handed out, until ``should_commit``."""
         self.session = Session(ft, replica_id=link.replica_id, lighthouse=lighthouse, host=reach(lighthouse),
                                state_dict=self.state_dict, load_state_dict=self.load_state_dict)
+        from . import preempt  # here, not at the top: preempt names the Context, which imports this module
+
         preempt.install()  # a stop signal only sets a flag: the group leaves between steps (see the module)
 
     # -- what a returning group heals from --------------------------------------------------
@@ -213,6 +214,8 @@ class Replicas:
 
     def leaving(self) -> bool:
         """Whether a stop signal came (checked between steps: the group leaves there)."""
+        from . import preempt
+
         self.left = self.left or preempt.received()
         return bool(self.left)
 
