@@ -10,6 +10,10 @@ import os
 import threading
 from pathlib import Path
 
+# run_distributed's ranks fork from one server that imported torch once, not each importing it afresh
+# (seconds a rank; the suite starts hundreds). Set before dtrain.launch.local is imported.
+os.environ.setdefault("DTRAIN_LOCAL_START", "forkserver")
+
 import pytest
 import torch
 import torch.distributed as dist

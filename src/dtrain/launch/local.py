@@ -8,7 +8,8 @@ the multi-process tests run on.
 
     results = run_distributed(body, 2.0, world_size=2, timeout=60)   # one result per rank
 
-Each rank is a fresh spawned process with the environment ``dtrain run`` gives its workers;
+Each rank is a fresh spawned process (or, with ``DTRAIN_LOCAL_START=forkserver``, as the test
+suite sets, a fork of a server that imported torch once) with the environment ``dtrain run`` gives its workers;
 the rendezvous store is hosted by the calling process on loopback. A rank that raises fails
 the call with every failing rank's traceback; a hang fails it after ``timeout`` seconds with
 the ranks that never finished, and all ranks are killed.
@@ -61,10 +62,19 @@ def worker_env(rank: int, local_rank: int, size: int, local_size: int, node_rank
             "TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RESTART_COUNT": "0"}
 
 
+_START = os.environ.get("DTRAIN_LOCAL_START", "spawn")
+"""How ranks start: ``spawn`` (each imports torch afresh), or ``forkserver`` (forks of one server that
+imported torch once; the test suite's choice, as it starts hundreds of ranks)."""
+if _START == "forkserver":
+    mp.set_forkserver_preload(["torch", "torch.distributed", "dtrain"])
+
+
 def _child(rank: int, world_size: int, port: int, env: dict[str, str], fn: Callable[..., Any], args: tuple, results: Any) -> None:
     # A rank killed by a signal (an abort in a backend's C++ thread) prints every Python thread's
     # stack to stderr, so the failure says where it was.
     faulthandler.enable()
+    if _START == "forkserver":
+        os.environ.clear()  # a fork of the server: the caller's environment, as spawn would give it
     os.environ.update(env)
     os.environ.update(worker_env(rank, rank, world_size, world_size, 0, "127.0.0.1", port))
     try:
@@ -90,10 +100,10 @@ def run_distributed(
     env: dict[str, str] | None = None,
 ) -> list[Any]:
     """Run ``fn(*args)`` on ``world_size`` ranks; return each rank's return value, by rank."""
-    ctx = mp.get_context("spawn")
+    ctx = mp.get_context(_START)
     results = ctx.Queue()
     store, port = host_store("127.0.0.1", 0)
-    child_env = {"OMP_NUM_THREADS": "1", **(env or {})}
+    child_env = {**(os.environ if _START == "forkserver" else {}), "OMP_NUM_THREADS": "1", **(env or {})}
     procs = [
         ctx.Process(target=_child, args=(r, world_size, port, child_env, fn, args, results), daemon=True)
         for r in range(world_size)
