@@ -562,7 +562,7 @@ LATEST_CASES = [
     Case("train-ft-unknown-key", ["train", "--fault-tolerance", "size=2"]),
     Case("train-ft-heartbeat-0", ["train", "--fault-tolerance", "heartbeat=0"]),
     Case("train-ft-lighthouse-port", ["train", "--fault-tolerance", "--lighthouse", "127.0.0.1:99999"]),
-    Case("train-ft-fsdp", ["train", "--fault-tolerance", "--strategy", "fsdp"]),
+    Case("train-ft-hsdp", ["train", "--fault-tolerance", "--strategy", "hsdp"]),  # fsdp inside a group trains since f745e9a
     Case("train-ft-elastic-nnodes", ["train", "--fault-tolerance", "--nnodes", "1:2"]),
     Case("train-ft-nnodes-no-master", ["train", "--fault-tolerance", "--nnodes", "2"]),
     Case("train-ft-elastic-batch-global", ["train", "--fault-tolerance", "--elastic-batch", "global"]),
@@ -606,6 +606,12 @@ LATEST_CASES = [
     Case("ckpt-export-target-exists", ["ckpt", "export", "crafted", "--hf", "emptydir", "--config", "emptydir"]),
     Case("ckpt-export-config-without-config-json", ["ckpt", "export", "crafted", "--hf", "newout", "--config", "emptydir"]),
     Case("ckpt-export-unwritable", ["ckpt", "export", "crafted", "--hf", "/proc/x", "--config", "emptydir"]),
+    Case("train-init-from-with-fault-tolerance", ["train", "--task", "hf:emptydir", "--init-from", "emptydir", "--fault-tolerance"]),
+    Case("train-init-from-other-shape", py="from transformers import LlamaConfig, AutoModelForCausalLM; c = dict(vocab_size=256, "
+         "intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64); "
+         "LlamaConfig(hidden_size=32, **c).save_pretrained('m'); AutoModelForCausalLM.from_config(LlamaConfig(hidden_size=64, **c))"
+         ".save_pretrained('w'); from dtrain.tasks import load_task; t = load_task('hf:m', options={'context': '16', "
+         "'max_bytes': '40000', 'init_from': 'w'}); t.load_weights(t.new_model())", fast=False),
 ]
 """The flags of issues 53-56 (plan float8, --micro-batch auto, --batch-split, --fault-tolerance, hf:PATH);
 ``--set latest``."""
