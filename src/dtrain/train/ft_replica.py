@@ -24,6 +24,7 @@ import torch
 from torch.utils.data import default_collate
 
 from .._log import configure_cli_logging, logger
+from ..checkpoint import newest_valid
 from ..context import preempt
 from ..context.startup import init
 from ..errors import ConfigError, DtrainError
@@ -31,7 +32,7 @@ from ..ft.group import GroupLink, GroupProcs
 from ..ft.ledger import FtLedger
 from ..ft.order import GlobalOrder, StepPlan
 from ..ft.session import Session, load_optimizer_snapshot, load_snapshot, optimizer_snapshot, quiet_torchft, snapshot
-from ..ft.spec import LEFT_EXIT, FaultTolerance, require_torchft
+from ..ft.spec import LEFT_EXIT, FaultTolerance, FaultToleranceStopped, require_torchft
 from ..metrics import JsonlSink
 from ..tasks import load_task, make_optimizer
 from ..world import World
@@ -56,12 +57,17 @@ class TrainGroups:
 
     def __init__(self, cfg: TrainConfig, ft: FaultTolerance, size: int = 1) -> None:
         self.cfg, self.ft, self.size = cfg, ft, size
+        self._started: set[str] = set()
+        """The ids started before: a second start of one is its launcher's restart."""
 
     def spawn(self, replica_id: str, lighthouse: str, host: str, threads: int | None) -> Any:
+        restart = replica_id in self._started
+        self._started.add(replica_id)
+
         def start(link: GroupLink | None) -> Any:
             name = f"dtrain-replica-{replica_id}" + (f"-rank{link.rank}" if link is not None else "")
             proc = mp.get_context("spawn").Process(target=_replica_process, name=name,
-                                                   args=(threads, link, self.cfg, self.ft, replica_id, lighthouse, host))
+                                                   args=(threads, link, restart, self.cfg, self.ft, replica_id, lighthouse, host))
             proc.start()
             return proc
 
@@ -72,25 +78,29 @@ class TrainGroups:
         return 0
 
 
-def _replica_process(threads: int | None, link: GroupLink | None, *args: Any) -> None:
+def _replica_process(threads: int | None, link: GroupLink | None, restart: bool, *args: Any) -> None:
     if threads is not None:
         os.environ["OMP_NUM_THREADS"] = str(threads)  # for what this process starts
         torch.set_num_threads(threads)
     if link is not None:
         os.environ.update(link.env())  # this process's world: its replica group (read by World.detect)
-    replica_main(*args, in_group=link is not None)
+    replica_main(*args, in_group=link is not None, restart=restart)
 
 
-def replica_main(cfg: TrainConfig, ft: FaultTolerance, replica_id: str, lighthouse: str, host: str, *, in_group: bool = False) -> None:
+def replica_main(cfg: TrainConfig, ft: FaultTolerance, replica_id: str, lighthouse: str, host: str, *, in_group: bool = False,
+                 restart: bool = False) -> None:
     """Entry point of one replica group's process: train, print its result line (the group's rank 0),
     or one line and exit status."""
     quiet_torchft()
     configure_cli_logging(0)
     try:
-        result = run_replica(cfg, ft, replica_id=replica_id, lighthouse=lighthouse, host=host, in_group=in_group)
+        result = run_replica(cfg, ft, replica_id=replica_id, lighthouse=lighthouse, host=host, in_group=in_group,
+                             restart=restart)
     except DtrainError as exc:
         print(f"dtrain: error: replica group {replica_id}: {exc}", file=sys.stderr, flush=True)
         sys.exit(exc.exit_code)
+    if result.get("ended"):
+        return  # came back after the job's end: its line said so; the others printed the job's result
     if result["rank"] == 0:
         # one write, newline included: the groups share the launcher's stdout, and print's two writes interleave
         sys.stdout.write(json.dumps({k: v for k, v in result.items() if k != "rank"}) + "\n")
@@ -100,10 +110,11 @@ def replica_main(cfg: TrainConfig, ft: FaultTolerance, replica_id: str, lighthou
 
 
 def run_replica(cfg: TrainConfig, ft: FaultTolerance, *, replica_id: str, lighthouse: str, host: str,
-                in_group: bool = False) -> dict[str, Any]:
+                in_group: bool = False, restart: bool = False) -> dict[str, Any]:
     """Train ``cfg`` as replica group ``replica_id`` of the job whose Lighthouse is ``lighthouse``;
     ``host``: the address peers reach this process at; ``in_group``: this process is one of its
-    group's (``dtrain.ft.group``; its environment says which). Returns the result record."""
+    group's (``dtrain.ft.group``; its environment says which); ``restart``: its launcher started
+    it again after it died. Returns the result record (``ended``: the job had ended, nothing done)."""
     t0 = time.perf_counter()
     require_torchft()
     preempt.install()  # SIGTERM/SIGUSR1 only set a flag: the loop leaves at the next step boundary
@@ -117,16 +128,19 @@ def run_replica(cfg: TrainConfig, ft: FaultTolerance, *, replica_id: str, lighth
     ctx = init(strategy=strategy, precision=cfg.runtime.precision_spec(), seed=cfg.schedule.seed, world=world, **options)
     try:
         group = (world.rank, world.size, world.master_port) if in_group else None
-        return _Replica(ctx, cfg, ft, task, replica_id, group).train(lighthouse, host, t0)
+        return _Replica(ctx, cfg, ft, task, replica_id, group, restart=restart).train(lighthouse, host, t0)
     finally:
         ctx.close()
 
 
 class _Replica:
     def __init__(self, ctx: Any, cfg: TrainConfig, ft: FaultTolerance, task: Any, replica_id: str,
-                 group: tuple[int, int, int] | None = None) -> None:
+                 group: tuple[int, int, int] | None = None, *, restart: bool = False) -> None:
         self.ctx, self.cfg, self.ft, self.task, self.replica_id = ctx, cfg, ft, task, replica_id
-        self.group = group
+        self.group, self.restart = group, restart
+        self.from_disk: str | None = None
+        """The checkpoint this group resumed from; ``done``: the job's steps were complete in it."""
+        self.done = False
         self.rank, self.size = group[:2] if group is not None else (0, 1)
         """This process's rank in its replica group, and the group's processes (FSDP's shards)."""
         self.batch = cfg.batch.size or task.batch_size
@@ -157,16 +171,70 @@ class _Replica:
 
     def save(self, step: int) -> None:
         if self.ckpt is not None:
-            self.ckpt.save(step, extra={"torchft": self.manager.state_dict()}, **self._objects())
+            # done: the job's last save, so a group that comes back later reads that the job has ended
+            # (its order alone cannot say: a step of fewer groups may still fit in the epoch's rest)
+            self.ckpt.save(step, extra={"torchft": self.manager.state_dict(), "done": self.done}, **self._objects())
 
     def _resume(self) -> None:
-        if self.ckpt is None or not self.cfg.checkpoint.resume:
+        """A group that comes back (restarted by its launcher, or ``--resume``) takes the job's newest
+        checkpoint, its own or another group's: with no live peer (the others finished or died), that
+        is where the job is; a live peer ahead of it heals it further at the first quorum."""
+        if self.ckpt is None or not (self.restart or self.cfg.checkpoint.resume):
             return
-        meta = self.ckpt.resume(**self._objects())
-        if meta is not None:
-            self.manager.load_state_dict(meta["extra"]["torchft"])
-            if self.rank == 0:  # one line per group
-                logger.info(f"replica group {self.replica_id}: resumed from {meta['path']} at step {meta['step']}")
+        path = self._newest_of_job()
+        if path is None or path == self.from_disk:
+            return
+        meta = self.ckpt.resume(path=path, **self._objects())
+        self.manager.load_state_dict(meta["extra"]["torchft"])
+        self.from_disk, self.done = path, bool(meta["extra"].get("done"))
+        if self.rank == 0:  # one line per group
+            logger.info(f"replica group {self.replica_id}: resumed from {meta['path']} at step {meta['step']}")
+
+    def _newest_of_job(self) -> str | None:
+        """The newest valid checkpoint of any replica group's folder (``--checkpoint-dir DIR/replica-*``);
+        the group's rank 0 picks it, so its processes load the same."""
+        best: tuple[int, str | None] = (-1, None)
+        if self.rank == 0:
+            root = self.cfg.checkpoint.dir
+            for name in sorted(os.listdir(root)) if os.path.isdir(root) else []:
+                if name.startswith("replica-") and os.path.isdir(os.path.join(root, name)):
+                    path, _ = newest_valid(os.path.join(root, name))
+                    if path is not None:
+                        best = max(best, (int(os.path.basename(path).rpartition("-")[2]), path))
+        return self.ckpt.run.collectives.broadcast_object(best[1]) if self.size > 1 else best[1]
+
+    def _ended(self) -> bool:
+        """The job's steps are complete in the state this group resumed: one line, and no training."""
+        step, max_steps = self.manager.current_step(), self.cfg.schedule.max_steps
+        why = ("its epochs were done" if self.done or self.order.plan(0, 1, self.batch * self.size).done else
+               f"--max-steps {max_steps} reached" if max_steps is not None and step >= max_steps else None)
+        if why is not None and self.rank == 0:
+            logger.warning(f"replica group {self.replica_id}: the job has ended ({why} at step {step}, in "
+                           f"{self.from_disk}); not training it again")
+        return why is not None
+
+    def _join(self) -> tuple[int, int] | None:
+        """The first quorum; None: the job has ended. A group its launcher restarted that is alone in
+        it and healed by nobody has no live peer: the others finished or died while it started. It asks
+        again for up to ``timeout`` (a peer in a long step or save misses a quorum), then reads the
+        job's newest checkpoint again (the others' last saves): it goes on from there, or stops; never
+        does it train the job again from step 0 alone (a second, different result)."""
+        tries = max(1, int(self.ft.quorum_timeout_s / (self.ft.join_s / 2)))  # a count: the group's processes agree
+        for _ in range(tries):
+            rank, participants = self.session.quorum(self._stop_saved)
+            if not self.restart or participants > 1 or self.session.healed:
+                return rank, participants
+            time.sleep(self.ft.join_s / 2)  # within the Lighthouse's join wait: a peer's next quorum takes us in
+        self._resume()
+        if self._ended():
+            return None
+        if self.from_disk is None:
+            raise FaultToleranceStopped(
+                f"restarted, but alone in its quorum for {self.ft.quorum_timeout_s:g} s at step 0: no live replica group "
+                "to heal from and no checkpoint of the job (--checkpoint-dir); the others have finished or are gone, and "
+                "it does not train the job again from step 0 alone; restart the whole job (with --checkpoint-dir and --resume "
+                "to go on from its checkpoints).")
+        return rank, participants
 
     def train(self, lighthouse: str, host: str, t0: float) -> dict[str, Any]:
         self.session = Session(self.ft, replica_id=self.replica_id, lighthouse=lighthouse, host=host,
@@ -175,6 +243,8 @@ class _Replica:
         self._joined_at: float | None = time.perf_counter()  # until the first commit: how long joining took
         try:
             self._resume()
+            if self.from_disk is not None and self._ended():
+                return {"ended": True, "left": None, "rank": self.rank}
             return self._loop(t0)
         finally:
             self.session.shutdown()
@@ -188,19 +258,24 @@ class _Replica:
         cfg, manager = self.cfg, self.manager
         seen = cfg.observe
         main = self.rank == 0  # one writer per group: its processes commit the same steps
+        joined = self._join()
+        if joined is None:
+            return {"ended": True, "left": None, "rank": self.rank}
+        # the ledger's header after the first quorum: it says where this group began (healed, or from disk)
         ledger = FtLedger(seen.ledger, self.replica_id, self.order.n) if seen.ledger and main else None
+        if ledger is not None:
+            ledger.begin(manager.current_step(), healed=bool(self.session.healed))
         sink = JsonlSink(seen.metrics_file) if seen.metrics_file and main else None
         stats = {"not_committed": 0, "participants": set()}
         loss = torch.zeros(())
-        first, plan = True, None
+        plan = None
         while not self._stop_signal():  # a stop signal: leave between steps, the others' next quorum goes on without us
             self.optimizer.zero_grad(set_to_none=True)
-            rank, participants = self.session.quorum(self._stop_saved)
-            if first and ledger is not None:
-                ledger.begin(manager.current_step(), healed=bool(self.session.healed))
-            first = False
+            rank, participants = joined or self.session.quorum(self._stop_saved)
+            joined = None
             plan = self.order.plan(rank, participants, self.batch * self.size)
             if plan.done or (cfg.schedule.max_steps is not None and manager.current_step() >= cfg.schedule.max_steps):
+                self.done = True
                 break
             loss = self._forward_backward(plan)
             if not self.session.should_commit(participants):  # a peer lost mid-step, or too few groups: nobody moves
