@@ -139,7 +139,7 @@ class _Replica:
         self.ctx, self.cfg, self.ft, self.task, self.replica_id = ctx, cfg, ft, task, replica_id
         self.group, self.restart = group, restart
         self.from_disk: str | None = None
-        """The checkpoint this group resumed from; ``done``: the job's steps were complete in it."""
+        """The checkpoint this group resumed from; ``done``: the job's epochs were complete in it (or here)."""
         self.done = False
         self.rank, self.size = group[:2] if group is not None else (0, 1)
         """This process's rank in its replica group, and the group's processes (FSDP's shards)."""
@@ -171,9 +171,11 @@ class _Replica:
 
     def save(self, step: int) -> None:
         if self.ckpt is not None:
-            # done: the job's last save, so a group that comes back later reads that the job has ended
-            # (its order alone cannot say: a step of fewer groups may still fit in the epoch's rest)
-            self.ckpt.save(step, extra={"torchft": self.manager.state_dict(), "done": self.done}, **self._objects())
+            # epochs_done: the job's last save, so a group that comes back later reads that the job has ended
+            # (its order alone cannot say: a step of fewer groups may still fit in the epoch's rest); a
+            # count, so a --resume with more --epochs goes on
+            done = self.order.epochs if self.done else None
+            self.ckpt.save(step, extra={"torchft": self.manager.state_dict(), "epochs_done": done}, **self._objects())
 
     def _resume(self) -> None:
         """A group that comes back (restarted by its launcher, or ``--resume``) takes the job's newest
@@ -186,7 +188,7 @@ class _Replica:
             return
         meta = self.ckpt.resume(path=path, **self._objects())
         self.manager.load_state_dict(meta["extra"]["torchft"])
-        self.from_disk, self.done = path, bool(meta["extra"].get("done"))
+        self.from_disk, self.done = path, (meta["extra"].get("epochs_done") or 0) >= self.order.epochs
         if self.rank == 0:  # one line per group
             logger.info(f"replica group {self.replica_id}: resumed from {meta['path']} at step {meta['step']}")
 
@@ -275,7 +277,7 @@ class _Replica:
             joined = None
             plan = self.order.plan(rank, participants, self.batch * self.size)
             if plan.done or (cfg.schedule.max_steps is not None and manager.current_step() >= cfg.schedule.max_steps):
-                self.done = True
+                self.done = plan.done  # --max-steps is read from the command line again by a later start
                 break
             loss = self._forward_backward(plan)
             if not self.session.should_commit(participants):  # a peer lost mid-step, or too few groups: nobody moves
