@@ -21,21 +21,11 @@ from dtrain.checkpoint.validate import newest_valid
 from dtrain.ft.ledger import check_ft_ledger
 from tests.support.procs import LaunchedJob
 
+from .test_fault_tolerance import _records
+
 pytest.importorskip("torchft")
 
 TASK = "tests.multiprocess.ft.fsdp_task:make"
-
-
-def _records(path):
-    out = []
-    if os.path.exists(path):
-        with open(path) as f:
-            for line in f:
-                try:
-                    out.append(json.loads(line))
-                except ValueError:
-                    pass  # a line being written
-    return out
 
 
 def _mkdir(path):
