@@ -48,4 +48,20 @@ def run_ckpt(*args: object) -> tuple[int, str]:
     return code, out.getvalue()
 
 
-__all__ = ["SRC", "DistributedTestError", "exception_line", "run_ckpt", "run_cli", "run_distributed"]
+def run_cli_here(argv: Sequence[str]) -> int:
+    """``dtrain ARGS`` in this process, for input refused before any process starts: its exit status
+    (argparse's usage errors included). The environment is restored after: the CLI hands flags to
+    workers through it."""
+    from dtrain.cli import main
+
+    env = dict(os.environ)
+    try:
+        return main(list(argv))
+    except SystemExit as exc:
+        return exc.code  # type: ignore[return-value]
+    finally:
+        os.environ.clear()
+        os.environ.update(env)
+
+
+__all__ = ["SRC", "DistributedTestError", "exception_line", "run_ckpt", "run_cli", "run_cli_here", "run_distributed"]

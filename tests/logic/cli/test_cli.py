@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import gzip
-import os
 import shutil
 import socket
 
 import pytest
 
-from dtrain.cli import main as cli_main
 from tests.paths import TESTS
+from tests.support import run_cli_here
 
 SCRIPT = str(TESTS / "scripts" / "allreduce.py")
 
@@ -33,14 +32,7 @@ def bad(capsys):
     exit status 2. (As subprocesses they cost an interpreter start each; a real process's single line
     is checked by tests/multiprocess/cli/test_bad_inputs.py's subprocess cases.)"""
     def check(args: list[str], expect: str) -> str:
-        env = dict(os.environ)
-        try:
-            code = cli_main(args)
-        except SystemExit as exc:  # argparse's usage errors
-            code = exc.code
-        finally:
-            os.environ.clear()
-            os.environ.update(env)  # the CLI hands flags to workers through the environment
+        code = run_cli_here(args)
         err = capsys.readouterr().err.strip()
         _one_line(code, err, expect)
         return err

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 
 import pytest
 import torch
@@ -251,16 +250,9 @@ def test_breakdown_on_a_gpu_times_phases_with_cuda_events():
 # In-process through dtrain.cli.main (as subprocesses in tests/multiprocess/train/test_observe.py they
 # cost an interpreter start each): refused before any process starts.
 def _cli(argv: list[str], capsys) -> tuple[int, str]:
-    from dtrain.cli import main as cli_main
+    from tests.support import run_cli_here
 
-    env = dict(os.environ)
-    try:
-        code = cli_main(argv)
-    except SystemExit as exc:  # argparse's usage errors
-        code = exc.code
-    finally:
-        os.environ.clear()
-        os.environ.update(env)  # the CLI hands flags to workers through the environment
+    code = run_cli_here(argv)
     return code, capsys.readouterr().err
 
 
