@@ -39,6 +39,7 @@ import datetime
 import json
 import os
 import re
+import shlex
 import socket
 import statistics
 import subprocess
@@ -99,6 +100,7 @@ def _train_args(args: argparse.Namespace, *, world: int, split: str, seed: int) 
     length = (["--epochs", str(args.epochs)] if args.epochs else []) + (["--max-steps", str(args.steps)] if args.steps else [])
     extra = [x for kv in args.task_arg for x in ("--task-arg", kv)]
     extra += ["--batch-size", str(args.batch_size)] if args.batch_size else []  # the last --batch-size wins
+    extra += shlex.split(args.train_args)  # e.g. --comm bf16, --grad-accum 4: what a user would try on a slow link
     out = ["-m", "dtrain", "train", *TASKS[args.task], *extra, *length, "--warmup-steps", str(args.warmup), "--log-every",
            str(args.log_every or args.steps or 1000), "--num-workers", "0", "--seed", str(seed)]
     return out + (["--batch-split", split] if world > 1 else [])
@@ -237,6 +239,7 @@ def _args() -> argparse.Namespace:
     ap.add_argument("--task", default="lm", choices=sorted(TASKS))
     ap.add_argument("--task-arg", action="append", default=[], metavar="KEY=VALUE", help="more --task-arg for every run")
     ap.add_argument("--batch-size", type=int, default=None, help="samples per rank (default 16): more compute per all-reduce")
+    ap.add_argument("--train-args", default="", help="more dtrain train flags for every run (alone too), e.g. '--comm bf16'")
     ap.add_argument("--rounds", type=int, default=None, help="default 3 (or one per --seeds)")
     ap.add_argument("--first-round", type=int, default=0, help="number the rounds from here (a later run's orders continue)")
     ap.add_argument("--steps", type=int, default=80)
@@ -284,7 +287,7 @@ def main() -> None:
                 load0, t0 = _load(), time.time()
                 rec = call()
                 row = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), "task": args.task,
-                       "round": rnd, **what, "batch_per_rank": args.batch_size or 16, "period_ms": args.period_ms, "quota_percent": args.quotas if args.hosts else args.quota,
+                       "round": rnd, **what, "batch_per_rank": args.batch_size or 16, "train_args": args.train_args, "period_ms": args.period_ms, "quota_percent": args.quotas if args.hosts else args.quota,
                        **({"cores": args.cores} if args.hosts else {}), **rec,
                        "wall_s": round(time.time() - t0, 1), "loadavg_before": load0, "loadavg_after": _load()}
                 rows.append(row)
