@@ -170,3 +170,39 @@ class SplitSchedule:
 def describe(shares: Sequence[int]) -> str:
     """``40/24`` samples per rank."""
     return "/".join(map(str, shares))
+
+
+DRIFT_ENTER = 1.2
+"""A window whose slowest rank's own compute is this many times the fastest's has drifted
+(either way: a rank slower, or one faster that now waits for the others) and is re-measured."""
+DRIFT_REARM = 1.1
+"""After a change, the gate fires again only once a window has been within this: the new split's
+balance is seen before a moderate drift may change it, so noise around the threshold (a split that
+the one-point model cannot balance better) does not swing the split back and forth."""
+
+
+class DriftGate:
+    """When a measured split is re-measured for a moderate drift (hysteresis on the spread of the
+    ranks' own compute times). A spread is ``max / min``: a rank that got faster by 1 / 1.2 shows
+    as 1.2 though no rank is 1.3x the others' median (the straggler detector's rule). Pure logic."""
+
+    def __init__(self, enter: float = DRIFT_ENTER, rearm: float = DRIFT_REARM) -> None:
+        assert 1.0 <= rearm < enter  # our own constants
+        self.enter, self.rearm = enter, rearm
+        self.armed = False
+        """Disarmed until a window shows the first split balanced."""
+
+    def spread(self, own_ms: Sequence[float]) -> float:
+        return max(own_ms) / min(own_ms) if min(own_ms) > 0 else math.inf
+
+    def fires(self, own_ms: Sequence[float]) -> float | None:
+        """The spread of this window's own compute times (ms per rank) if it calls for a
+        re-measure, else None; a balanced window arms the gate."""
+        spread = self.spread(own_ms)
+        if spread <= self.rearm:
+            self.armed = True
+        return spread if self.armed and spread >= self.enter and math.isfinite(spread) else None
+
+    def changed(self) -> None:
+        """The split changed: wait for a balanced window before the next moderate re-measure."""
+        self.armed = False

@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from dtrain.data.loader import DeviceLoader, reshard
 from dtrain.data.split import (
+    DriftGate,
     SplitSchedule,
     SplitSpec,
     check_shares,
@@ -257,3 +258,50 @@ def test_a_cost_that_does_not_shrink_with_the_batch_is_found_by_the_second_point
     assert refined["why"] == "refined with a second point" and refined["from_step"] > first["from_step"]
     assert refined["new"] == shares_for(64, [1.0, 1.0], [1.0, 31.0]) == [47, 17]
     assert split.settled(39) and loader.schedule.last == [47, 17]
+
+
+def test_drift_gate_fires_both_ways_once_until_the_split_is_balanced_again():
+    gate = DriftGate()
+    assert gate.fires([100.0, 125.0]) is None  # not armed before a balanced window (the first split settling)
+    assert gate.fires([100.0, 104.0]) is None and gate.armed
+    assert gate.fires([100.0, 80.0]) == 1.25  # a rank got faster: 0.8x the other
+    gate.changed()
+    for noisy in ([100.0, 121.0], [100.0, 119.0], [100.0, 123.0]):  # around the threshold, not balanced: no flapping
+        assert gate.fires(noisy) is None
+    assert gate.fires([100.0, 109.0]) is None and gate.armed  # balanced: the next drift is followed
+    assert gate.fires([130.0, 100.0]) == 1.3
+    assert gate.fires([100.0, 0.0]) is None  # a rank without compute figures: nothing to split by
+
+
+def _run_split(ctx, split, loader, steps, start):
+    from dtrain.train.listeners import LoopState
+
+    for step in range(start, start + steps):
+        ctx.step, loader.batch_sampler.next_step = step, step + 1
+        split.on_step(LoopState(step=step, total=10_000))
+    return start + steps
+
+
+def test_a_rank_that_gets_moderately_faster_is_followed_and_back_again():
+    """Rank 1 becomes 1.25x faster: the others' own step is 1.25x rank 1's, under the straggler
+    detector's 1.3x, so the old rule kept the split; the drift gate re-measures it, once, and
+    follows the change back when rank 1 slows again."""
+    from dtrain.metrics.stragglers import StragglerConfig
+    from dtrain.train.listeners import LoopState
+    from dtrain.train.listeners.batch_split import BatchSplit
+
+    loader = _loaders(world=2, n=64 * 200, batch=32)[0]
+    ctx = _TwoRanks(loader, fixed=[0.0, 0.0], per=[1.0, 1.0])
+    split = BatchSplit(ctx, loader, measure=True, unit=1, warmup_steps=None, stragglers=StragglerConfig(window=10))
+    split.on_start(LoopState(step=0, total=10_000))
+    step = _run_split(ctx, split, loader, 30, 1)
+    assert loader.schedule.last == [32, 32] and not split.changes  # equal speeds: even stays
+    ctx.per = [1.0, 0.8]
+    step = _run_split(ctx, split, loader, 30, step)
+    assert len(split.changes) == 1 and "drifted 1.24x apart" in split.changes[0]["why"]
+    assert loader.schedule.last == shares_for(64, [1.0, 0.8], [1.0, 1.0]) == [28, 36]  # 1 ms optimizer: fixed
+    step = _run_split(ctx, split, loader, 60, step)
+    assert len(split.changes) == 1  # balanced now (29 / 29.8 ms): no flapping
+    ctx.per = [1.0, 1.0]
+    _run_split(ctx, split, loader, 30, step)
+    assert len(split.changes) == 2 and loader.schedule.last == [32, 32]

@@ -96,7 +96,8 @@ def test_speed_split_after_warm_up_then_follows_a_drift():
     ctx.speeds = [4.0, 2.0]  # rank 0 slows down: it is named, and the split follows
     run.steps(20)
     new = loader.schedule.last
-    assert new[0] < new[1] and sum(new) == 64 and "rank 0's own step" in listener.changes[-1]["why"]
+    # named by the drift gate (4x apart) in the window the fake's detector is still filling
+    assert new[0] < new[1] and sum(new) == 64 and listener.changes[-1]["why"].startswith("re-measured: ")
 
 
 def test_weighted_loss_replaces_the_tasks():

@@ -18,7 +18,9 @@ Then every ``--straggler-window`` steps the same figures are gathered again and 
 straggler detector (``metrics.stragglers``: a rank whose own step time is ``--straggler-threshold``
 x the others' median): when it names a rank, the speed has drifted (a busier host, a throttled
 card), and the split is measured again from that window and changed where that shortens the
-step, in one line with the old and new shares.
+step, in one line with the old and new shares. A moderate drift, or a rank that got faster (no
+rank 1.3x the others), is re-measured too when the ranks' own compute times spread 1.2x apart
+(``split.DriftGate``: after a change, only once a window has seen them within 1.1x).
 
 ``--batch-split 40,24`` fixes the shares: nothing is measured. A checkpoint keeps the schedule of
 shares; a resume on the same world size and global batch continues it without measuring, on
@@ -33,7 +35,7 @@ from typing import Any
 import torch
 
 from ..._log import logger
-from ...data.split import SplitSpec, check_shares, describe, predicted_ms, shares_for, weighted
+from ...data.split import DriftGate, SplitSpec, check_shares, describe, predicted_ms, shares_for, weighted
 from ...data.split_sampler import SplitLoader, split_loader
 from ...errors import ConfigError
 from ...metrics.breakdown import pack, unpack
@@ -109,6 +111,7 @@ class BatchSplit(Listener):
         self.window = stragglers.window
         # One host name for every rank: the detector never asks for a link probe here.
         self.detector = StragglerDetector(stragglers, ["-"] * loader.world_size)
+        self.gate = DriftGate()  # moderate drifts either way, which the detector's 1.3x does not name
         self.next_check: int | None = None
         self.measured = False
         """The first measurement was made (or a checkpoint's split continues)."""
@@ -162,8 +165,12 @@ class BatchSplit(Listener):
         current = self.loader.schedule.at(step - 1)  # every measured step ran with these (see on_step)
         self.next_check = step + self.window
         found = [] if first else self.detector.add(step, per_rank)
-        if not first and not found:
+        own = None if first or None in per_rank else [sum(w["median_ms"].get(p) or 0.0 for p in (*PER_SAMPLE, *FIXED)) for w in per_rank]
+        spread = self.gate.fires(own) if own else None  # fed every window: a balanced one arms it
+        if not first and not found and spread is None:
             return
+        if not first:  # changed or kept, this drift was acted on: the next moderate one waits for a balanced window
+            self.gate.changed()
         try:
             per_sample, fixed = costs(per_rank, current)
             new = shares_for(sum(current), per_sample, fixed, unit=self.unit, least=LEAST)
@@ -174,6 +181,8 @@ class BatchSplit(Listener):
         rates = ", ".join(f"rank {r} {1e3 / c:.4g}" for r, c in enumerate(per_sample))
         why = "measured after warm-up" if first else "re-measured: " + "; ".join(
             f"rank {f['rank']}'s own step was {f['ratio']:.2f}x the others' ({f['cause']})" for f in found)
+        if not first and not found:
+            why += f"the ranks' own compute drifted {spread:.2f}x apart (slowest / fastest)"
         if new == current or (not first and predicted_ms(new, per_sample, fixed) > (1 - MIN_GAIN) * predicted_ms(current, per_sample, fixed)):
             if self.ctx.is_main:  # said once a measurement: the split it keeps, and why
                 logger.info(f"batch split: {why} at step {step}: shares stay {describe(current)} samples per rank "
@@ -186,6 +195,7 @@ class BatchSplit(Listener):
 
     def _change(self, step: int, from_step: int, current: list[int], new: list[int], why: str, figures: str) -> None:
         self.loader.schedule.change(from_step, new)
+        self.gate.changed()
         self.next_check = from_step + self.window
         self.changes.append({"step": step, "from_step": from_step, "old": current, "new": new, "why": why})
         if self.ctx.is_main:
