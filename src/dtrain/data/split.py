@@ -176,7 +176,7 @@ DRIFT_ENTER = 1.2
 """A window whose slowest rank's own compute is this many times the fastest's has drifted
 (either way: a rank slower, or one faster that now waits for the others) and is re-measured."""
 DRIFT_REARM = 1.1
-"""After a change, the gate fires again only once a window has been within this: the new split's
+"""After a re-measure, the gate fires again only once a window has been within this: the new split's
 balance is seen before a moderate drift may change it, so noise around the threshold (a split that
 the one-point model cannot balance better) does not swing the split back and forth."""
 
@@ -189,8 +189,9 @@ class DriftGate:
     def __init__(self, enter: float = DRIFT_ENTER, rearm: float = DRIFT_REARM) -> None:
         assert 1.0 <= rearm < enter  # our own constants
         self.enter, self.rearm = enter, rearm
-        self.armed = False
-        """Disarmed until a window shows the first split balanced."""
+        self.armed = True
+        """Armed from the start: a first split (or its refinement) that left the ranks 1.2x apart
+        is corrected once by the drift check's measurement."""
 
     def spread(self, own_ms: Sequence[float]) -> float:
         return max(own_ms) / min(own_ms) if min(own_ms) > 0 else math.inf
@@ -204,5 +205,5 @@ class DriftGate:
         return spread if self.armed and spread >= self.enter and math.isfinite(spread) else None
 
     def changed(self) -> None:
-        """The split changed: wait for a balanced window before the next moderate re-measure."""
+        """A drift was re-measured (the split changed or kept): wait for a balanced window before the next."""
         self.armed = False

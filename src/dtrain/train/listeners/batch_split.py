@@ -20,7 +20,7 @@ x the others' median): when it names a rank, the speed has drifted (a busier hos
 card), and the split is measured again from that window and changed where that shortens the
 step, in one line with the old and new shares. A moderate drift, or a rank that got faster (no
 rank 1.3x the others), is re-measured too when the ranks' own compute times spread 1.2x apart
-(``split.DriftGate``: after a change, only once a window has seen them within 1.1x).
+(``split.DriftGate``: after such a re-measure, only once a window has seen them within 1.1x).
 
 ``--batch-split 40,24`` fixes the shares: nothing is measured. A checkpoint keeps the schedule of
 shares; a resume on the same world size and global batch continues it without measuring, on
@@ -195,7 +195,6 @@ class BatchSplit(Listener):
 
     def _change(self, step: int, from_step: int, current: list[int], new: list[int], why: str, figures: str) -> None:
         self.loader.schedule.change(from_step, new)
-        self.gate.changed()
         self.next_check = from_step + self.window
         self.changes.append({"step": step, "from_step": from_step, "old": current, "new": new, "why": why})
         if self.ctx.is_main:
