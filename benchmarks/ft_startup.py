@@ -6,7 +6,8 @@ benchmarks/ft_kill_bed.py (``tests.user_task:make_paced``, ``--pad-mb``).
 h1 runs `dtrain train --fault-tolerance` (its own command, as the bed's host restarts it) under a
 thin wrapper (``--child``) that stamps the phases with time.time(): the interpreter up, ``import
 torch``, ``import torchft``, dtrain's modules, the task built (``load_task``), the Context
-(``init``), torchft's Manager up and connected to the Lighthouse (``Session``), the first quorum
+(``init``), the model and its optimizer (torch's first optimizer imports torch._dynamo), torchft's
+Manager up and connected to the Lighthouse (``Session``), the first quorum
 back (healing included), and the first committed step (its --metrics-file record). The wrapper
 imports in that order, so each import's figure is what it adds to the ones before.
 
@@ -28,7 +29,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-PHASES = ("python", "torch", "torchft", "dtrain", "task", "init", "manager", "quorum", "commit")
+PHASES = ("python", "torch", "torchft", "dtrain", "task", "init", "optimizer", "manager", "quorum", "commit")
 
 
 def child(stamps: str, argv: list[str]) -> int:
@@ -66,6 +67,7 @@ def child(stamps: str, argv: list[str]) -> int:
 
     after(ft_replica, "load_task", "task")
     after(ft_replica, "init", "init")
+    after(ft_replica, "make_optimizer", "optimizer")  # its first one imports torch._dynamo
     after(ft_replica, "Session", "manager")
     after(session.Session, "quorum", "quorum")
     return cli.main(argv)
