@@ -1,14 +1,8 @@
-"""Batch semantics when the world size changes (``dtrain train --nnodes MIN:MAX --elastic-batch``).
+"""Batch semantics when the world size changes (``--elastic-batch``; docs/elastic.md).
 
-``per-process`` (default): every process keeps ``--batch-size``; the global batch, and with it
-the samples per optimizer step, grows and shrinks with the world (the learning rate is not
-changed: with fewer processes each step averages fewer samples).
-
-``global``: the global batch stays that of the full job, ``--batch-size`` x processes per node x
-MAX nodes; at a smaller world size each process takes a larger share of it and splits it into
-micro-batches of at most ``--batch-size`` with gradient accumulation, so the optimizer sees the
-same batch, and the same learning rate fits, whatever the number of nodes. The global batch must
-divide by every world size the job can have (checked before any worker starts).
+``per-process`` (default): every process keeps ``--batch-size``. ``global``: the global batch of
+the full job (MAX nodes) is kept; on fewer nodes each process splits its larger share into
+micro-batches of at most ``--batch-size`` with gradient accumulation.
 """
 
 from __future__ import annotations

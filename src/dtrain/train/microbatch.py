@@ -1,26 +1,15 @@
-"""``dtrain train --micro-batch auto``: the largest micro-batch per rank that fits the device.
+"""``dtrain train --micro-batch auto``: the largest micro-batch per rank that fits the device
+(docs/train.md says what users see).
 
-Each rank's batch (``--batch-size``, what its loader yields) is split into micro-batches of ``m``
-samples whose gradients accumulate (``grad_accum = batch / m``), so the global batch
-(``m x accum x world``) and the update stay the ones asked for: ``m`` changes memory, not training.
-
-``m`` starts at a proposal (``AutoMicro.proposal``: the largest divisor of the batch whose memory
-the plan predicts to fit, made by ``dtrain train`` before the workers start; without one, the whole
-batch) and is confirmed on the job's first batch by *trials*: each rank runs forward and backward
-of the batch's first ``m`` samples on the real model, gradients kept local (the strategy's
-``no_sync``: no collective can be left half done by a rank that failed), holding the optimizer
-state the first step has not allocated yet (``reserve_bytes``). Every rank then says whether it ran
-out of memory in one small all-reduce, so all ranks take the same next ``m`` (``Search``: halve
-until one fits, then bisect between the largest that fits and the smallest that did not, and go
-up while nothing failed). The trials commit nothing: gradients are dropped, buffers (BatchNorm
-statistics) and random states put back, and the batch they used is then trained on as usual, so
-no sample is skipped or seen twice. An out-of-memory in a later step is agreed the same way and
-the step retried smaller (``train/microretry.py``).
-
-On a CPU, ``DTRAIN_OOM_INJECT=RANK:BYTES`` (``dtrain.options``) makes that rank's trials raise
-``torch.OutOfMemoryError`` where its parameters, gradients, reserve and saved activations pass
-BYTES (``Budget``), to test the search and the agreement where no GPU runs out;
-``RANK:BYTES@STEP`` does it to that rank's training micro-steps from step STEP on instead.
+Each rank's batch is split into micro-batches of ``m`` samples whose gradients accumulate, so the
+global batch and the update stay the ones asked for: ``m`` changes memory, not training. ``m``
+starts at the plan's proposal (``AutoMicro.proposal``) and is confirmed on the first batch by
+*trials*: forward and backward of ``m`` samples with gradients kept local (``no_sync``: no
+collective is left half done by a rank that failed), then every rank's out-of-memory flag in one
+all-reduce, so all ranks take the same next ``m`` (``Search``). The trials commit nothing
+(``Kept`` puts buffers and random states back), so no sample is skipped or seen twice. A later
+out-of-memory is retried smaller (``train/microretry.py``). ``DTRAIN_OOM_INJECT`` (``Budget``)
+makes a rank run out of memory on a CPU, to test this.
 """
 
 from __future__ import annotations

@@ -1,20 +1,13 @@
 """``--micro-batch auto`` after the first batch: a step that runs out of memory on any rank is
 retried with a smaller micro-batch and more accumulation, the batch kept, the job not restarted.
 
-A later step can need more memory than the first (a longer sequence, a fragmented allocator), so
-every step of a ``--micro-batch auto`` run is *guarded*: its micro-steps keep their gradients
-local (the strategy's ``no_sync``: no collective runs inside backward, so a rank that fails midway
-leaves no all-reduce half done), then every rank says whether it ran out of memory in a flag sent
-with the first bucket of gradients (``average_gradients``: one collective, as DDP's). All fine: the
-gradients are averaged over the ranks and the optimizer steps as usual. Out of memory on any rank: nothing has stepped;
-every rank drops the try's gradients, puts back its buffers (BatchNorm statistics) and random
-states, frees the allocator's cache, and runs the same batch again with the next micro-batch down
-(half or less), kept for the rest of the run. The price: gradients travel after backward, not
-overlapped with it (DDP's buckets), and with DDP's buffer broadcast (a collective in every forward)
-the flag is agreed before each micro-step, not once per step.
-
-``DTRAIN_OOM_INJECT=RANK:BYTES@STEP`` gives that rank a fake device of BYTES (``Budget``) for its
-micro-steps from step STEP on, to test this on a CPU.
+Every step of such a run is *guarded*: its micro-steps keep their gradients local (``no_sync``, so
+a rank that fails midway leaves no all-reduce half done), then each rank's out-of-memory flag
+travels with the first bucket of gradients (``average_gradients``: one collective, as DDP's). On
+any flag nothing has stepped: every rank drops the try, puts back buffers and random states, and
+runs the same batch with the next micro-batch down. The price: gradients travel after backward,
+not overlapped with it, and with DDP's buffer broadcast (a collective in every forward) the flag
+is agreed before each micro-step. ``DTRAIN_OOM_INJECT=RANK:BYTES@STEP`` tests this on a CPU.
 """
 
 from __future__ import annotations

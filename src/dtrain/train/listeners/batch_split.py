@@ -1,30 +1,13 @@
-"""The batch split by rank speed as a listener (``--batch-split speed``; ``dtrain.data.split``).
+"""The batch split by rank speed as a listener (``--batch-split speed``; ``dtrain.data.split``);
+docs/train.md says what users see.
 
-After the warm-up's first steps, every rank's step breakdown over them is gathered (one small
-all_gather) and each rank's compute cost is read from it: per sample, its forward, backward and
-data wait divided by the samples it had; fixed, its optimizer step and the rest of the loop.
-The global batch is then split so that the slowest rank's predicted time is least
-(``split.shares_for``), from a step no rank's sampler has built yet.
-
-One measurement at one batch size cannot tell a rank's per-sample cost from the part of its
-forward and backward that does not shrink with the batch (per-layer dispatch, gradient buckets
-all-reduced during backward on the same throttled core, a fixed sleep): all of it is read as per
-sample, so the rank given fewer samples keeps more time than predicted and finishes last. So
-``REFINE_ROWS`` steps after the first split is in use, the same figures are gathered again and
-each rank's compute is fitted as a line through its two points (``fit_line``), and the split made
-again from the lines where that shortens the predicted step.
-
-Then every ``--straggler-window`` steps the same figures are gathered again and handed to a
-straggler detector (``metrics.stragglers``: a rank whose own step time is ``--straggler-threshold``
-x the others' median): when it names a rank, the speed has drifted (a busier host, a throttled
-card), and the split is measured again from that window and changed where that shortens the
-step, in one line with the old and new shares. A moderate drift, or a rank that got faster (no
-rank 1.3x the others), is re-measured too when the ranks' own compute times spread 1.2x apart
-(``split.DriftGate``: after such a re-measure, only once a window has seen them within 1.1x).
-
-``--batch-split 40,24`` fixes the shares: nothing is measured. A checkpoint keeps the schedule of
-shares; a resume on the same world size and global batch continues it without measuring, on
-another one starts even and measures again.
+After the warm-up, every rank's step breakdown is gathered (one small all_gather) and the global
+batch split so the slowest rank's predicted time is least (``split.shares_for``), from a step no
+rank's sampler has built yet. One batch size cannot tell per-sample cost from the part that does
+not shrink with the batch, so ``REFINE_ROWS`` steps later each rank's compute is fitted as a line
+through two points (``fit_line``) and the split made again. Then every ``--straggler-window``
+steps a straggler detector, or a compute spread past ``split.DriftGate``, re-measures the split.
+``--batch-split 40,24`` fixes the shares; a checkpoint keeps the schedule.
 """
 
 from __future__ import annotations
