@@ -1,19 +1,11 @@
 """``dtrain train --parallel auto --nnodes N``: node 0's pick, handed to every node through the
-rendezvous store.
+rendezvous store (docs/plan.md).
 
-Each node planning on its own could pick another layout (a close call, a busier host), and nodes
-that start different layouts hang in their first collective. So node 0 (``--node-rank 0``, the
-node that hosts the store) plans for the job's whole world and posts its pick under
-``dtrain/auto_pick/<rdzv id>`` as the store opens, before the nodes meet (launch/runner.py); every
-other node connects to the store before it starts its agent, waits for the key (``--startup-timeout``)
-and trains the same layout.
-
-An elastic job (``--nnodes MIN:MAX``) keeps its pick: the first node (the one that hosts the
-rendezvous at ``--master-addr``) plans for MAX nodes among the layouts that run at every size (the
-named strategies, whose layouts follow the world), posts it in the store its agent opens
-(launch/membership.py), and every node, a late joiner too, trains it at whatever size the job
-runs; no size re-plans (a re-plan would profile again while the others wait, each time a node
-leaves or joins).
+Nodes planning on their own could pick different layouts (a close call, a busier host) and hang in
+their first collective. So node 0 plans for the whole world and posts its pick under
+``dtrain/auto_pick/<rdzv id>`` as the store opens (launch/runner.py); every other node waits for
+the key and trains it. An elastic job plans once for MAX nodes among the layouts that run at every
+size, and keeps that pick: a re-plan would profile again while the others wait.
 """
 
 from __future__ import annotations

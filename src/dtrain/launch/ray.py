@@ -1,16 +1,11 @@
-"""``--launcher ray``: the workers of ``dtrain run`` / ``dtrain train`` placed by a Ray cluster.
+"""``--launcher ray``: the workers of ``dtrain run`` / ``dtrain train`` placed by a Ray cluster
+(docs/ray.md).
 
-Ray places one actor per rank (``ray_rank.RankActor``) in a placement group of one bundle per
-node (``-n`` ranks' CPUs, and GPUs where the cluster has them; several nodes: on distinct nodes,
-``STRICT_SPREAD``). Rank 0's actor hosts the rendezvous store on its node's address and a free
-port; each actor then starts the worker command of dtrain's own launcher with torchrun's
-variables, so ``dtrain.init`` detects the world as under ``dtrain run`` and stragglers,
-checkpoints and the ledger behave the same. A rank lost (its worker failed, or its actor or
-node died): every actor is killed and a new set started in the same placement group, up to
-``--max-restarts`` times, with ``TORCHELASTIC_RESTART_COUNT`` raised so ``dtrain train``
-resumes from its newest checkpoint (as under torch's agent).
-
-Ray is imported here only, and only when a job uses it (``dtrain`` imports without it).
+One actor per rank (``ray_rank.RankActor``) in a placement group of one bundle per node; each
+starts the worker command of dtrain's own launcher with torchrun's variables, so ``dtrain.init``
+sees the world as under ``dtrain run``. A lost rank: every actor is killed and a new set started,
+up to ``--max-restarts`` times, ``TORCHELASTIC_RESTART_COUNT`` raised so ``dtrain train`` resumes.
+Ray is imported only when a job uses it.
 """
 
 from __future__ import annotations
@@ -127,7 +122,8 @@ def _placement(ray: Any, spec: LaunchSpec) -> Iterator[tuple[Any, bool]]:
     try:
         ready = pg.wait(timeout_seconds=spec.startup_timeout)
         if not ready:
-            free = _resources(ray.available_resources())
+            avail = ray.available_resources()
+            free = ", ".join(f"{avail.get(k, 0):g} {k}" for k in ("CPU", "GPU") if k in avail or k == "CPU")
             raise ConfigError(f"the Ray cluster could not place {_ask(spec, bundle)} within --startup-timeout "
                               f"{spec.startup_timeout:g} s (free now: {free}); other jobs hold its resources: wait for them, or ask for fewer.")
         yield pg, gpus
@@ -152,10 +148,6 @@ def _check_capacity(ray: Any, spec: LaunchSpec, bundle: dict[str, float]) -> Non
 def _ask(spec: LaunchSpec, bundle: dict[str, float]) -> str:
     per = " and ".join(f"{int(v)} {k}(s)" for k, v in bundle.items())
     return f"-n {spec.nproc} worker(s) on each of {spec.nnodes} node(s) ({per} per node)"
-
-
-def _resources(free: dict[str, float]) -> str:
-    return ", ".join(f"{free.get(k, 0):g} {k}" for k in ("CPU", "GPU") if k in free or k == "CPU")
 
 
 def _forwarded_env() -> dict[str, str]:
