@@ -13,6 +13,7 @@ from .._log import configure_cli_logging, logger
 from ..checkpoint import list_checkpoints, lock, read_checkpoint, resolve, verify
 from ..checkpoint.validate import read_latest_name, state_problem
 from ..errors import CheckpointError, ConfigError
+from ..metrics.memory import human_bytes
 
 
 def _logged(func):
@@ -61,14 +62,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     exp.set_defaults(func=_logged(cmd_export))
 
 
-def _human(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
-
-
 def cmd_ls(args: argparse.Namespace) -> int:
     if not os.path.isdir(args.dir):
         raise ConfigError(f"{args.dir} is not a folder; give the --checkpoint-dir of a run.")
@@ -87,7 +80,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
         v = verify(path)
         mark = " <- latest" if latest and os.path.abspath(latest) == os.path.abspath(path) else ""
         status = "valid" if v.ok else "INVALID"
-        print(f"{step:>10}  {_human(v.bytes):>10}  {status:<8}  {os.path.basename(path)}{mark}" + ("" if v.ok else f"  ({v.problem})"))
+        print(f"{step:>10}  {human_bytes(v.bytes, 1):>10}  {status:<8}  {os.path.basename(path)}{mark}" + ("" if v.ok else f"  ({v.problem})"))
     return 0
 
 
@@ -195,7 +188,7 @@ def cmd_consolidate(args: argparse.Namespace) -> int:
     atomic_save(out, args.out)
     tensors = [v for v in _flatten(out).values() if torch.is_tensor(v)]
     size = sum(t.numel() * t.element_size() for t in tensors)
-    print(f"wrote {args.out}: {args.entry} of {path}, {len(tensors)} tensors, {_human(size)}")
+    print(f"wrote {args.out}: {args.entry} of {path}, {len(tensors)} tensors, {human_bytes(size, 1)}")
     return 0
 
 

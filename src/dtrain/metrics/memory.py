@@ -32,17 +32,17 @@ class MemoryReport:
         return {**asdict(self), "state_bytes": self.state_bytes}
 
     def line(self) -> str:
-        peak = "unknown" if self.peak_bytes is None else f"{_human(self.peak_bytes)} ({self.peak_kind})"
-        return (f"rank {self.rank}: params {_human(self.params_bytes)}, grads {_human(self.grads_bytes)}, "
-                f"optimizer {_human(self.optimizer_bytes)}, total {_human(self.state_bytes)}; peak {peak}")
+        peak = "unknown" if self.peak_bytes is None else f"{human_bytes(self.peak_bytes)} ({self.peak_kind})"
+        return (f"rank {self.rank}: params {human_bytes(self.params_bytes)}, grads {human_bytes(self.grads_bytes)}, "
+                f"optimizer {human_bytes(self.optimizer_bytes)}, total {human_bytes(self.state_bytes)}; peak {peak}")
 
 
-def _human(n: float) -> str:
+def human_bytes(n: float, gib_digits: int = 2) -> str:
     for unit in ("B", "KiB", "MiB"):
         if n < 1024:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
-    return f"{n:.2f} GiB"
+    return f"{n:.{gib_digits}f} GiB"
 
 
 def _local(t: torch.Tensor) -> list[torch.Tensor]:
