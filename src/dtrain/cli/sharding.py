@@ -61,7 +61,7 @@ def _layout_kinds(layout: str) -> set[str]:
     """The strategies whose flags a layout takes: fsdp's with dp_shard, pipeline's with pp."""
     from ..parallel import parse
 
-    if layout == "auto":  # any: dtrain.plan.auto refuses options for a layout it has not picked yet
+    if layout == "auto":  # any: dtrain.cli.train_auto refuses options for a layout it has not picked yet
         return {"fsdp", "hsdp", "pipeline"}
     dims = parse(layout)
     return ({"fsdp", "hsdp"} if dims.dp_shard > 1 else set()) | ({"pipeline"} if dims.pp > 1 else set())

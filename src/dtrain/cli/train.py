@@ -114,9 +114,6 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         if not args.task.startswith("hf:"):
             raise ConfigError(f"--init-from {args.init_from} needs --task hf:PATH (a transformers model's folder), not --task {args.task}; "
                               "to continue a dtrain run, use --checkpoint-dir with --resume.")
-        if args.fault_tolerance is not None:  # its replica groups do not call Task.load_weights yet
-            raise ConfigError(f"--init-from {args.init_from} does not combine with --fault-tolerance yet; "
-                              "start without it, or without --fault-tolerance.")
         task_args["init_from"] = args.init_from
     schedule = ScheduleConfig(epochs=args.epochs, max_steps=args.max_steps, seed=args.seed)
     batch = BatchConfig(size=args.batch_size, grad_accum=args.grad_accum, num_workers=args.num_workers,
@@ -153,7 +150,7 @@ def main(args: argparse.Namespace) -> int:
     spec = None if launched else launch_spec(args)
     if cfg.parallel.layout == "auto":
         from ..launch import autopick
-        from ..plan import auto
+        from . import train_auto as auto
 
         auto.refuse(cfg, nnodes=spec.nnodes if spec else 1, elastic=bool(spec and spec.elastic), launches=spec is not None)
         if autopick.plans_here(spec):  # node 0 plans for every node and posts its pick in the rendezvous store

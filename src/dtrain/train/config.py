@@ -132,14 +132,14 @@ class ParallelConfig:
     """Options for the strategy's config (e.g. fsdp ``wrap``, pipeline ``schedule``)."""
     layout: str | None = None
     """How ranks split (``--parallel dp_shard=2,tp=2``; see ``dtrain.parallel``); replaces ``strategy``.
-    ``auto``: the plan's pick for the world at hand (``dtrain.plan.auto``), resolved before launch."""
+    ``auto``: the plan's pick for the world at hand (``dtrain.cli.train_auto``), resolved before launch."""
     comm: CommSpec | None = None
     """How DDP's gradients travel and after how many plain steps (``--comm``, ``--comm-warmup``,
     parsed by ``CommSpec.parse``); None: ``$DTRAIN_COMM`` or none."""
 
     def __post_init__(self) -> None:
         check.instance("the comm setting", self.comm, (CommSpec, type(None)), "give a CommSpec (CommSpec.parse('fp16'))")
-        if self.layout == "auto":  # the plan picks (dtrain.plan.auto), in the launching process
+        if self.layout == "auto":  # the plan picks (dtrain.cli.train_auto), in the launching process
             if self.strategy not in ("auto", "composed"):
                 raise ConfigError(f"--parallel auto and --strategy {self.strategy} both say how to split the ranks; drop one.")
         elif self.layout is not None:

@@ -1,6 +1,8 @@
 """``dtrain train --parallel auto``: the launching process profiles the task and trains the plan's fastest
 layout that fits and averages the exact gradients (``Plan.best_exact``); on several nodes node 0 plans for the
-whole world and hands its pick to the others (launch/autopick.py), so every node trains the same layout."""
+whole world and hands its pick to the others (launch/autopick.py), so every node trains the same layout.
+``dtrain train``'s glue, as train_ft.py is: it refuses flags, rewrites the run's config and prints the pick;
+plan/ stays the model."""
 
 from __future__ import annotations
 
@@ -37,10 +39,10 @@ def resolve(cfg: Any, world_size: int, nproc: int, device: str | None, *, nnodes
     """``cfg`` with the plan's pick for ``nnodes`` x ``nproc`` processes (``every_size``: among the layouts that
     run at any number of nodes, for an elastic job); prints one line naming the pick and the runner-up."""
     from ..data.loader import usable_cores
+    from ..plan import plan_task
+    from ..plan.cluster import DEVICES, build
     from ..precision import auto_name
     from ..tasks import load_task
-    from . import plan_task
-    from .cluster import DEVICES, build
 
     if world_size == 1:
         print("dtrain: --parallel auto: one process, nothing to split (single).", file=sys.stderr, flush=True)
@@ -96,7 +98,7 @@ def nodes_note(nnodes: int, nproc: int, *, elastic: bool = False) -> str:
 def any_size_layouts(world: int, nproc: int, nnodes: int) -> list[Any]:
     """The named strategies (ddp, zero1, fsdp; hsdp on several nodes of several processes): their
     layouts follow the world (``strategies.preset``), so an elastic job's pick runs at every size."""
-    from .layouts import named
+    from ..plan.layouts import named
 
     names = ("ddp", "zero1", "fsdp", "hsdp") if nnodes > 1 and nproc > 1 else ("ddp", "zero1", "fsdp")
     return [x for name in names for x in named(name, world, nproc)]
@@ -110,7 +112,7 @@ def _device_kind(device: str | None) -> tuple[str, bool]:
     """The plan's device preset for this machine's device ('cpu' is profiled here)."""
     import torch
 
-    from .cluster import DEVICES, preset_for
+    from ..plan.cluster import DEVICES, preset_for
 
     if device == "cpu" or not torch.cuda.is_available():
         return "cpu", False

@@ -6,9 +6,9 @@ import dataclasses
 
 import pytest
 
+from dtrain.cli import train_auto as auto
 from dtrain.comm import CommSpec
 from dtrain.errors import ConfigError
-from dtrain.plan import auto
 from dtrain.train.config import CheckpointConfig, ParallelConfig, TaskConfig, TrainConfig
 
 
