@@ -60,7 +60,7 @@ def cpu_measured(prof, batch: int):
         "zero1": ph(0.3e-3, 0.4e-3, 3.2e-3), "fsdp": ph(2.0e-3, 3.5e-3, 1.2e-3)})
     # as `dtrain plan` measured lm-1g on this machine (benchmarks/results/31-plan/bed-run34-raw.jsonl): a pipeline's
     # micro-batch and its one-stage schedule over the plain step, a worker's memory before its model
-    fb = ph(0.19e-3, 0.25e-3, 0.0).total / (17.323 + 22.193)
+    fb = sum(ph(0.19e-3, 0.25e-3, 0.0)) / (17.323 + 22.193)
     m.steps.update(micro=Phases(5.333 * fb, 7.232 * fb, 0.0), pp=Phases(51.387 * fb, 0.0, 0.43e-3 * k * 4.708 / 5.199))
     m = replace(m, rss={"baseline": 677.1 * 2**20})
     t = Timing(batch=batch, fwd_s=prof.fwd_flops * batch / 0.5e12, bwd_s=2 * prof.fwd_flops * batch / 0.5e12, opt_s=0.43e-3 * k,

@@ -4,13 +4,16 @@ cluster, from a profile of the model (``profile.profile_task``, or ``profile.tra
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from .cluster import Cluster
+import torch
+
+from . import machinery
+from .cluster import Cluster, cpu_device
 from .layouts import COMMS, Layout, candidates
 from .model import ASSUMPTIONS, Prediction, Settings, fsdp_param_bytes, predict
-from .profile import ModelProfile
+from .profile import ModelProfile, add_timing, profile_task
 
 MARGIN = 0.10
 """Predictions this close (a fraction of the best's samples/s) are too close to call: the plan's own error."""
@@ -75,12 +78,6 @@ def plan_task(task: Any, cluster: Cluster, *, batch: int, precision: str = "fp32
               log_every: int = 20) -> Plan:
     """Profile ``task`` and plan it on ``cluster`` (`dtrain plan`, `--parallel auto`): a GPU preset from
     FLOPs, a CPU timed here (``task_spec``: each layout's machinery too), ``--device cuda`` timed on it."""
-    from dataclasses import replace
-
-    from . import machinery
-    from .cluster import cpu_device
-    from .profile import add_timing, profile_task
-
     tp_ok, pp_ok = task.tp_plan is not None, not _tied(task)
     optimizer = optimizer or task.optimizer
     prof = profile_task(task, batch=batch, precision=precision, gpu=cluster.is_gpu)
@@ -113,8 +110,6 @@ def _layouts(prof: ModelProfile, c: Cluster, comms: tuple[str, ...], tp_ok: bool
 
 def _tied(task: Any) -> bool:
     """Whether the model shares a parameter between modules (pipeline stages cannot)."""
-    import torch
-
     with torch.device("meta"):
         model = task.build_model()
     return len(list(model.named_parameters(remove_duplicate=False))) != len(list(model.parameters()))

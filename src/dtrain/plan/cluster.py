@@ -7,6 +7,8 @@ import os
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import torch
+
 from ..errors import ConfigError
 from . import inputs
 from .costs import Figure, Links
@@ -148,19 +150,13 @@ def preset_for(gpu_name: str, memory_bytes: float) -> str | None:
 def local_gpu() -> tuple[Device, str | None]:
     """``--device cuda``: this machine's first GPU, to be profiled, as the preset its name matches (and its
     key; None: no preset, its peak is then what the profile achieves)."""
-    import torch
-
     if not torch.cuda.is_available():
         raise ConfigError("--device cuda: no CUDA GPU is visible here; name the GPU kind to plan for instead "
                           f"(--device {', '.join(DEVICES)}), or run the plan where the GPU is.")
     props = torch.cuda.get_device_properties(0)
     mem = float(props.total_memory)
     key = preset_for(props.name, mem)
-    if key is None:
-        base = Device(name=props.name, peak_flops={"fp32": 0.0, "bf16-mixed": 0.0, "fp16-mixed": 0.0}, memory_bytes=mem,
-                      mem_bw=1e12, achieved=1.0, fixed_bytes=1.5 * GIB, bf16=props.major >= 8)
-    else:
-        base = DEVICES[key]
+    base = DEVICES[key] if key else replace(_gpu(props.name, 0.0, 0.0, 0.0, 1.0, bf16=props.major >= 8), achieved=1.0)
     return replace(base, name=f"{props.name} (this GPU, profiled)", memory_bytes=mem, profiled=True), key
 
 

@@ -6,9 +6,14 @@ reduce-scatter in each node, all-reduce the shards between nodes over its NICs, 
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+import torch.distributed as dist
+
+from ..diag.probe import LINK_SIZES, time_collectives
 from ..errors import ConfigError
 from . import inputs
 
@@ -66,11 +71,6 @@ class Links:
                 "figures": {k: {"latency_us": round(f.lat * 1e6, 1), "gbit_per_s": round(f.bw * 8 / 1e9, 4)}
                             for k, f in self.figures.items()}}
 
-    def as_record(self) -> dict[str, Any]:
-        """What ``dtrain doctor --links-out`` writes and ``from_record`` reads."""
-        return {"between": self.between, "ranks": self.ranks, "backend": self.backend, "device": self.device, "load": self.load,
-                "seconds": {k: {str(b): s for b, s in v.items()} for k, v in self.seconds.items()}}
-
 
 def fit(kind: str, seconds: dict[int, float], n: int, backend: str = "gloo") -> Figure:
     """A ``Figure`` from one collective's median times by size on ``n`` ranks: the latency the smallest
@@ -103,7 +103,7 @@ _LOAD = inputs.Bound(float, "the load average", 0, 1e6, "", "1.5")
 
 
 def from_record(record: dict[str, Any], source: str = "links") -> Links:
-    """A ``Links`` from what ``as_record`` wrote, each field checked: one line for what is wrong."""
+    """A ``Links`` from what ``dtrain doctor --links-out`` wrote, each field checked: one line for what is wrong."""
     def choice(key: str, means: str, choices: tuple[str, ...], default: str | None = None) -> str:
         value = record.get(key, default)
         if not isinstance(value, str) or value not in choices:
@@ -153,11 +153,6 @@ def load(path: str) -> Links:
 
 def measure_body(sizes: tuple[int, ...], reps: int) -> dict[str, dict[int, float]]:
     """Collective: every rank. The probe between local processes (``dtrain plan --measure-links``)."""
-    import torch
-    import torch.distributed as dist
-
-    from ..diag.probe import time_collectives
-
     dist.init_process_group("gloo")
     try:
         return time_collectives(torch.device("cpu"), sizes, reps)
@@ -167,9 +162,6 @@ def measure_body(sizes: tuple[int, ...], reps: int) -> dict[str, dict[int, float
 
 def measure_local(ranks: int = 2, reps: int = 3) -> Links:
     """Time the collectives between ``ranks`` fresh processes on this machine (gloo, CPU)."""
-    import os
-
-    from ..diag.probe import LINK_SIZES
     from ..launch.local import run_distributed
 
     seconds = run_distributed(measure_body, LINK_SIZES, reps, world_size=ranks, timeout=300)[0]
@@ -214,32 +206,30 @@ def _flat(kind: str, nbytes: float, n: int, c: Any, crossing: bool, sharing: int
     return min(t, tree_allreduce(nbytes, n, f.bw, f.lat)) if kind == "all_reduce" and c.tree else t
 
 
-def allreduce(nbytes: float, group: Group, c: Any) -> float:
-    """Seconds for an all-reduce of ``nbytes`` on ``group``."""
+def _nodes(kind: str, nbytes: float, group: Group, c: Any, inside: tuple[str, ...]) -> float:
+    """``kind`` in one node; across nodes each member moves 1/per_node of the data between nodes, in
+    parallel over the node's NICs, plus ``inside`` in its node."""
     if group.size <= 1 or nbytes <= 0:
         return 0.0
     if group.nodes == 1:
-        return _flat("all_reduce", nbytes, group.per_node, c, False)
-    inter = _flat("all_reduce", nbytes, group.nodes, c, True, group.sharing)
+        return _flat(kind, nbytes, group.per_node, c, False)
+    inter = _flat(kind, nbytes, group.nodes, c, True, group.sharing)
     if group.per_node == 1:
         return inter
-    # each member all-reduces 1/per_node of the data between nodes, in parallel, over the node's NICs
-    intra = _flat("reduce_scatter", nbytes, group.per_node, c, False) + _flat("all_gather", nbytes, group.per_node, c, False)
-    return intra + inter
+    return sum(_flat(k, nbytes, group.per_node, c, False) for k in inside) + inter
+
+
+def allreduce(nbytes: float, group: Group, c: Any) -> float:
+    """Seconds for an all-reduce of ``nbytes`` on ``group`` (across nodes: reduce-scatter, all-reduce, all-gather)."""
+    return _nodes("all_reduce", nbytes, group, c, ("reduce_scatter", "all_gather"))
 
 
 def gather(nbytes: float, group: Group, c: Any, *, reduce: bool = False) -> float:
     """Seconds for an all-gather (``reduce``: a reduce-scatter) whose full result is ``nbytes``."""
-    if group.size <= 1 or nbytes <= 0:
-        return 0.0
-    if reduce and _reduce_is_allreduce(group, c):
+    if reduce and group.size > 1 and _reduce_is_allreduce(group, c):
         return allreduce(nbytes, group, c)
     kind = "reduce_scatter" if reduce else "all_gather"
-    if group.nodes == 1:
-        return _flat(kind, nbytes, group.per_node, c, False)
-    inter = _flat(kind, nbytes, group.nodes, c, True, group.sharing)
-    # between nodes each member moves 1/per_node of the data; then the rest from its node's members
-    return inter if group.per_node == 1 else inter + _flat(kind, nbytes, group.per_node, c, False)
+    return _nodes(kind, nbytes, group, c, (kind,))
 
 
 def _reduce_is_allreduce(group: Group, c: Any) -> bool:

@@ -30,10 +30,8 @@ class Timing:
     opt_s: float
     threads: int
     device: str
-    data_s: float = 0.0
-    """Fetching and collating one batch from the (in-memory) data set."""
-    checkpointed: bool = False
-    """Timed with the blocks checkpointed: the backward holds their recomputation."""
+    data_s: float = 0.0  # fetching and collating one batch from the (in-memory) data set
+    checkpointed: bool = False  # the blocks checkpointed: the backward holds their recomputation
 
 
 NoCast = contextlib.nullcontext
@@ -130,12 +128,11 @@ def measure(task: Any, x: Any, y: Any, *, optimizer: str, lr: float, autocast_dt
 
 def data_time(task: Any, batch: int) -> float:
     """Median seconds to fetch and collate one batch from the task's training set."""
-    data = []
-    for _ in range(5):
+    def once() -> float:
         t0 = time.perf_counter()
         sample_batch(task, batch)
-        data.append(time.perf_counter() - t0)
-    return statistics.median(data)
+        return time.perf_counter() - t0
+    return statistics.median(once() for _ in range(5))
 
 
 class Phases(NamedTuple):
@@ -144,10 +141,6 @@ class Phases(NamedTuple):
     forward: float
     backward: float
     optimizer: float
-
-    @property
-    def total(self) -> float:
-        return sum(self)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -192,10 +185,7 @@ def kinds_of(layout: Any) -> list[str]:
 
 def kinds_for(layouts: list[Any]) -> list[str]:
     """The kinds a list of ``Layout`` needs measured."""
-    out: list[str] = []
-    for lay in layouts:
-        out += ["micro", "pp"] if lay.dims.pp > 1 else kinds_of(lay)
-    return list(dict.fromkeys(out))
+    return list(dict.fromkeys(k for lay in layouts for k in (["micro", "pp"] if lay.dims.pp > 1 else kinds_of(lay))))
 
 
 def measure_layouts(task_spec: tuple[str, str | None, dict[str, str]], *, batch: int, precision: str, optimizer: str, kinds: list[str],
@@ -263,12 +253,10 @@ def _status(key: str) -> float:
 
 def _reset_peak() -> bool:
     """Set VmHWM to the current RSS (Linux >= 4.0: ``5`` to ``/proc/self/clear_refs``)."""
-    try:
-        with open("/proc/self/clear_refs", "w") as fh:
-            fh.write("5")
+    with contextlib.suppress(OSError), open("/proc/self/clear_refs", "w") as fh:
+        fh.write("5")
         return True
-    except OSError:
-        return False
+    return False
 
 
 def build_runner(kind: str, task: Any, x: Any, y: Any, spec: dict[str, Any]) -> Runner:

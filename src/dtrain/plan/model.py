@@ -39,8 +39,7 @@ def fsdp_param_bytes(precision: str) -> int:
 class Settings:
     """The run's options that change its cost (``dtrain train``'s flags)."""
 
-    batch: int
-    """Per process, as --batch-size."""
+    batch: int  # per process, as --batch-size
     precision: str = "fp32"
     optimizer: str = "sgd"
     grad_accum: int = 1
@@ -48,13 +47,11 @@ class Settings:
     microbatches: int = 4
     schedule: str = "1f1b"
     bucket_mib: float = 25.0
-    param_comm_bytes: int = 4
-    """Bytes per element that FSDP all-gathers (``fsdp_param_bytes``: 2 under a 16-bit mixed precision)."""
+    param_comm_bytes: int = 4  # per element FSDP all-gathers (``fsdp_param_bytes``)
     grad_comm_bytes: int = 4
     threads_per_proc: int = 1
     data_s_per_sample: float = 0.0
-    log_every: int = 20
-    """Steps between log records (``--log-every``): each log step's collectives, amortised."""
+    log_every: int = 20  # --log-every: each log step's collectives, amortised
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,8 +60,7 @@ class Prediction:
     step_s: float
     samples_per_step: int
     phases_s: dict[str, float]
-    comm_s: float
-    """Time on the wire per step, hidden or not."""
+    comm_s: float  # on the wire per step, hidden or not
     memory: dict[str, float]
     capacity: float
     single_step_s: float
@@ -81,8 +77,7 @@ class Prediction:
         return sum(self.memory.values())
 
     @property
-    def state_bytes(self) -> float:
-        """Parameters, gradients and optimizer state."""
+    def state_bytes(self) -> float:  # parameters, gradients and optimizer state
         return sum(self.memory.get(k, 0.0) for k in ("params", "grads", "optimizer"))
 
     @property
@@ -138,15 +133,11 @@ def predict(prof: ModelProfile, c: Cluster, layout: Layout, s: Settings) -> Pred
 
 def memory(prof: ModelProfile, c: Cluster, layout: Layout, s: Settings) -> dict[str, float]:
     """Bytes per rank by kind (the largest pipeline stage), at the step's peak."""
-    d = layout.dims
-    _, p_share, a_share = stage_share(prof, d.pp)
-    params_rank = prof.params * p_share / d.tp
-    shard = d.dp_shard
-    opt_div = d.dp if layout.zero1 else shard
+    d, (_, p_share, a_share) = layout.dims, stage_share(prof, layout.dims.pp)
+    params_rank, shard = prof.params * p_share / d.tp, d.dp_shard
     mem = {"params": 4 * params_rank / shard, "grads": 4 * params_rank / shard,
-           "optimizer": 4 * OPT_STATES.get(s.optimizer, 2) * params_rank / opt_div}
-    micro = s.batch / max(1, s.grad_accum)
-    in_flight = 1
+           "optimizer": 4 * OPT_STATES.get(s.optimizer, 2) * params_rank / (d.dp if layout.zero1 else shard)}
+    micro, in_flight = s.batch / max(1, s.grad_accum), 1
     if d.pp > 1:
         micro = s.batch / s.microbatches
         in_flight = s.microbatches if s.schedule == "gpipe" else min(d.pp, s.microbatches)

@@ -38,7 +38,7 @@ def summary(plan: Plan) -> list[str]:
                      f"{(prof.achieved_flops or 0) / 1e9:.1f} GFLOP/s achieved)")
     m = prof.machinery
     if m is not None:
-        extra = ", ".join(f"{k} +{m.extra(k).total * 1e3:.1f}" for k in m.steps if k not in ("plain", "micro", "pp"))
+        extra = ", ".join(f"{k} +{sum(m.extra(k)) * 1e3:.1f}" for k in m.steps if k not in ("plain", "micro", "pp"))
         pp = f"; pipeline schedule {m.steps['pp'].forward * 1e3:.1f} ms per batch" if "pp" in m.steps else ""
         lines.append(f"layouts' own CPU cost per step, ms (world of one, {m.rounds} rounds): {extra or '-'}{pp}; "
                      f"a worker's memory before its model {m.rss.get('baseline', 0) / 2**20:,.0f} MiB")

@@ -13,6 +13,7 @@ from . import costs
 from .cluster import Cluster
 from .costs import Group, group_of
 from .layouts import Layout
+from .machinery import kinds_of
 from .profile import ModelProfile
 
 
@@ -146,8 +147,6 @@ def measured_extra(prof: ModelProfile, layout: Layout) -> tuple[float, float, fl
     m = prof.machinery
     if m is None:
         return 0.0, 0.0, 0.0
-    from .machinery import kinds_of
-
     return tuple(sum(phase) for phase in zip((0.0, 0.0, 0.0), *(m.extra(kind) for kind in kinds_of(layout))))
 
 

@@ -10,8 +10,9 @@ import shlex
 import pytest
 
 from dtrain.cli import build_parser
+from dtrain.cli import train_auto as auto
 from dtrain.parallel.dims import ParallelDims, parse
-from dtrain.plan import MARGIN, Settings, auto, make_plan, report
+from dtrain.plan import MARGIN, Settings, make_plan, report
 from dtrain.plan.layouts import Layout
 
 from .test_plan import flat, toy

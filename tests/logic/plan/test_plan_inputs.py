@@ -18,7 +18,7 @@ def test_a_links_record_says_the_backend_and_device_that_measured_it():
     assert costs.from_record(old).device == "cuda"
     assert costs.from_record({**old, "backend": "gloo"}).device == "cpu"
     got = costs.from_record({**old, "device": "cpu", "backend": "gloo"})
-    assert got.as_record()["device"] == "cpu" and got.describe()["device"] == "cpu"
+    assert got.device == "cpu" and got.describe()["device"] == "cpu"
     with pytest.raises(ConfigError, match="links.json: \"device\" is \"tpu\"; a link measurement is on 'cpu' or 'cuda'"):
         costs.from_record({**old, "device": "tpu"}, "links.json")
 
