@@ -6,8 +6,9 @@ The bed's hosts are network namespaces of one machine: every host's processes sh
 (``on_bed``: a plan's compute phases slowed by the processes each core serves). Its gloo ZeRO
 broadcasts between hosts run two trees at a time (``queued_broadcasts``), as measured by
 benchmarks/zero1_broadcasts.py. Its shaper (tbf) passes a short transfer faster than a long one
-(``SizedFigure``: each measured size at its own rate); `python3 benchmarks/plan_bed.py plan ...` is
-`dtrain plan` with measured links read that way (plan_validation.py runs it).
+(``SizedFigure``: each measured size at its own rate, and below the smallest the bucket's burst at
+once); `python3 benchmarks/plan_bed.py plan ...` is `dtrain plan` with measured links read that way
+(plan_validation.py runs it).
 """
 
 from __future__ import annotations
@@ -51,6 +52,11 @@ class SizedFigure(Figure):
     run 8): ``by_size`` holds each measured size's own rate (bytes, bytes/s), ascending."""
 
     by_size: tuple[tuple[float, float], ...] = ()
+    burst: float = 0.0
+    """Bytes the shaper passes at once after the link idled (tbf's bucket: NetBed's ~2 ms at the rate, at
+    least 16 KiB). PowerSGD's three all-reduces after backward (lm-20m: 31.7 KB in all) took 11.1 ms
+    where the 1 MiB rate put them at 17.5 (benchmarks/plan_powersgd_bed.py, 2026-11-29): no user's
+    link has it, so only the bed's plan counts it, below the smallest measured size."""
 
     def seconds(self, kind: str, nbytes: float, n: int, backend: str = "gloo") -> float:
         if n <= 1 or nbytes <= 0:
@@ -59,7 +65,7 @@ class SizedFigure(Figure):
         return steps(n) * self.lat + volume(n) * transfer(self, nbytes)
 
     def shared(self, k: float) -> SizedFigure:
-        return SizedFigure(self.lat, self.bw / k, tuple((b, r / k) for b, r in self.by_size))
+        return SizedFigure(self.lat, self.bw / k, tuple((b, r / k) for b, r in self.by_size), self.burst / k)
 
 
 def transfer(f: Figure, nbytes: float) -> float:
@@ -68,8 +74,10 @@ def transfer(f: Figure, nbytes: float) -> float:
     pts = getattr(f, "by_size", ())
     if not pts:
         return nbytes / f.bw
-    if nbytes <= pts[0][0]:
-        return nbytes / pts[0][1]
+    if nbytes <= pts[0][0]:  # the first burst bytes at once, the rest so that the smallest size takes its time
+        size, rate = pts[0]
+        burst = min(getattr(f, "burst", 0.0), size / 2)
+        return max(0.0, nbytes - burst) * (size / rate) / (size - burst)
     for (s0, b0), (s1, b1) in zip(pts, pts[1:]):
         if nbytes <= s1:
             return nbytes / (b0 + (b1 - b0) * (nbytes - s0) / (s1 - s0))
@@ -84,7 +92,7 @@ def sized_fit(kind: str, seconds: dict[int, float], n: int, backend: str = "gloo
     steps, volume = shape(kind, backend)
     by_size = tuple((b, volume(n) * b / (seconds[b] - steps(n) * f.lat)) for b in sorted(seconds)[1:]
                     if seconds[b] > 1.05 * steps(n) * f.lat)
-    return SizedFigure(f.lat, f.bw, by_size)
+    return SizedFigure(f.lat, f.bw, by_size, max(16 * 1024, 0.002 * f.bw) if by_size else 0.0)
 
 
 def zero_partition(sizes: Sequence[float], n: int) -> list[list[float]]:

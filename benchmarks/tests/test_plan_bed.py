@@ -42,6 +42,17 @@ def test_a_link_whose_rate_depends_on_the_size_is_taken_at_each_measured_size():
     assert bed.transfer(costs.Figure(1e-3, 1e6), 5e5) == pytest.approx(0.5)  # a plain figure: its bandwidth
 
 
+def test_below_the_smallest_measured_size_the_shapers_burst_passes_at_once():
+    """tbf's bucket refills while the link idles: PowerSGD's three small all-reduces after backward
+    crossed the bed at once (benchmarks/plan_powersgd_bed.py); the 1 MiB rate alone over-predicted them."""
+    f = bed.sized_fit("all_reduce", SECONDS, 2)
+    assert f.burst == 16 * 1024  # NetBed's tbf at 20 Mbit/s: at least 16 KiB
+    assert f.seconds("all_reduce", 16 * 1024, 2) == pytest.approx(SECONDS[64], rel=1e-2)  # the latency alone
+    at_rate = SECONDS[64] + 31_700 / MIB * (SECONDS[MIB] - SECONDS[64])
+    assert f.seconds("all_reduce", 31_700, 2) < 0.7 * at_rate  # 11.4 ms where one rate from 1 MiB says 18.3
+    assert f.shared(2).burst == 8 * 1024
+
+
 def test_plan_bed_runs_dtrain_plan_with_the_links_read_size_by_size(tmp_path):
     links = tmp_path / "links.json"
     links.write_text(json.dumps({"between": "nodes", "ranks": 2, "backend": "gloo",
