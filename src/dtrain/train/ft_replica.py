@@ -148,6 +148,8 @@ class _Replica:
         model = task.new_model()
         optimizer = make_optimizer(cfg.optim.name or task.optimizer, model.parameters(), cfg.optim.lr or task.lr, device=ctx.device)
         self.model, self.optimizer = ctx.setup(model, optimizer)
+        if task.load_weights is not None:  # --init-from, after the split (FSDP: each process reads its shards);
+            task.load_weights(self.model)  # every group from the same weights, before a heal or a resume replaces them
         self.order = GlobalOrder(len(task.train_set), seed=cfg.schedule.seed, epochs=cfg.schedule.epochs or task.epochs)
         saving = cfg.checkpoint
         # One folder per replica group: each holds the whole state (the groups are replicas), and
@@ -358,6 +360,21 @@ class _Replica:
                 "batch_per_replica": self.batch * self.size, "participants_min": sizes[0] if sizes else None,
                 "participants_max": sizes[-1] if sizes else None, "steps_not_committed": stats["not_committed"],
                 "healed_at_steps": self.session.healed, "epoch": self.order.epoch,
+                "model_digest": model_digest(self.model),
             },
             "wall_s": round(time.perf_counter() - t0, 3),
         }
+
+
+def model_digest(model: torch.nn.Module) -> str:
+    """A digest of the model's parameters and buffers (under FSDP: this process's shards): the
+    groups of a job end with equal models, so their result lines carry equal digests; a group
+    whose heal missed part of the state does not."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for name, value in model.state_dict().items():
+        local = getattr(value, "_local_tensor", value)
+        digest.update(name.encode())
+        digest.update(local.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()[:16]
