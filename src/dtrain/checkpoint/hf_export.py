@@ -14,7 +14,7 @@ import torch
 from .. import _check as check
 from ..errors import CheckpointError, ConfigError
 from . import hf
-from .validate import read_checkpoint, resolve, state_problem
+from .validate import read_whole, resolve
 
 PREFIX = "hf."  # the hf:PATH task's model holds the transformers model as its child ``hf``
 
@@ -37,16 +37,9 @@ def check_target(out: str) -> None:
 def model_state(path: str) -> dict[str, torch.Tensor]:
     """The model's whole state dict from checkpoint ``path`` (a folder or .pt file; sharded
     entries read whole)."""
-    from .sharded import consolidated
-
-    state = read_checkpoint(path)  # verifies every file's checksum first
-    problem = state_problem(state)
-    if problem is not None and not os.path.isfile(path):
-        raise CheckpointError(f"checkpoint {path}: {problem}.")
+    state = read_whole(path)
     objects = state.get("objects", state) if isinstance(state, dict) else None
     model = objects.get("model") if isinstance(objects, dict) else None
-    if isinstance(state, dict) and "model" in (state.get("sharded") or ()):  # fsdp, hsdp, tp, pipeline: DCP's folder
-        model = consolidated(path).get("model")
     if not isinstance(model, dict) or not any(torch.is_tensor(v) for v in model.values()):
         raise CheckpointError(f"checkpoint {path} holds no model state dict; give a checkpoint of `dtrain train --task hf:PATH`.")
     return {k: v for k, v in model.items() if torch.is_tensor(v)}

@@ -15,7 +15,7 @@ from .._log import logger
 from ..errors import CheckpointError
 from . import dcp_safe
 from .io import safe_load
-from .sharded import SHARDED_DIR
+from .sharded import SHARDED_DIR, consolidated
 from .store import FORMAT, MANIFEST, STATE_FILE, STEP_DIR, list_checkpoints, sha256_of
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -271,3 +271,15 @@ def state_problem(state: Any) -> str | None:
     if not isinstance(sharded, (list, tuple)) or not all(isinstance(n, str) for n in sharded):
         return f"{STATE_FILE}'s 'sharded' is not a list of names"
     return None
+
+
+def read_whole(path: str) -> Any:
+    """Checkpoint ``path``'s state (a folder or .pt file; checksums verified first), its sharded
+    entries (fsdp, hsdp, tp, pipeline) read whole into ``objects``."""
+    state = read_checkpoint(path)
+    problem = state_problem(state)
+    if problem is not None and not os.path.isfile(path):
+        raise CheckpointError(f"checkpoint {path}: {problem}.")
+    if problem is None and state.get("sharded"):
+        state = {**state, "objects": {**state["objects"], **consolidated(path)}}
+    return state

@@ -10,8 +10,8 @@ from typing import Any
 import torch
 
 from .._log import configure_cli_logging, logger
-from ..checkpoint import list_checkpoints, lock, read_checkpoint, resolve, verify
-from ..checkpoint.validate import read_latest_name, state_problem
+from ..checkpoint import list_checkpoints, lock, resolve, verify
+from ..checkpoint.validate import read_latest_name, read_whole
 from ..errors import CheckpointError, ConfigError
 from ..metrics.memory import human_bytes
 
@@ -122,7 +122,7 @@ def _flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
-    a, b = (_with_sharded(resolve(p)) for p in (args.a, args.b))
+    a, b = (read_whole(resolve(p)) for p in (args.a, args.b))
     if args.only:
         a, b = (_pick(x, args.only, p) for x, p in ((a, args.a), (b, args.b)))
     else:  # the training state's objects (model, optimizer, ...), not times or RNG
@@ -157,19 +157,6 @@ def _pick(state: Any, name: str, path: str) -> Any:
     return objects[name]
 
 
-def _with_sharded(path: str) -> Any:
-    """The checkpoint's state, its sharded entries (fsdp, hsdp, pipeline) read whole into ``objects``."""
-    from ..checkpoint.sharded import consolidated
-
-    state = read_checkpoint(path)  # verifies every file's checksum first
-    problem = state_problem(state)
-    if problem is not None and not os.path.isfile(path):
-        raise CheckpointError(f"checkpoint {path}: {problem}.")
-    if isinstance(state, dict) and problem is None and state.get("sharded"):
-        state = {**state, "objects": {**state["objects"], **consolidated(path)}}
-    return state
-
-
 def cmd_consolidate(args: argparse.Namespace) -> int:
     """Sharded checkpoints (fsdp, hsdp, pipeline) are read whole, in this one process."""
     from .. import _check as check
@@ -177,7 +164,7 @@ def cmd_consolidate(args: argparse.Namespace) -> int:
 
     check.output_file("ckpt consolidate OUT", args.out)  # before reading a large checkpoint
     path = resolve(args.path)
-    state = _with_sharded(path)
+    state = read_whole(path)
     objects = state.get("objects") if isinstance(state, dict) else None
     objects = dict(objects) if isinstance(objects, dict) else {}
     if not objects:
