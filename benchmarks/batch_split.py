@@ -265,7 +265,7 @@ def _args() -> argparse.Namespace:
     args = ap.parse_args()
     ints = (lambda s: [int(x) for x in s.split(",")])  # noqa: E731
     args.seeds, args.sides, args.quotas, args.cores = ints(args.seeds), ints(args.sides), ints(args.quotas), ints(args.cores)
-    args.modes, args.names = args.modes.split(","), args.names.split(",")
+    args.modes, args.names = [m for m in args.modes.split(",") if m], args.names.split(",")  # --modes= --alone: alone only
     args.change = tuple(ints(args.change.replace(":", ","))) if args.change else None
     args.rounds = args.rounds or (len(args.seeds) if len(args.seeds) > 1 else 3)
     if args.hosts and not (len(args.quotas) == len(args.cores) == args.hosts):
