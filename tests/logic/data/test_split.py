@@ -304,3 +304,21 @@ def test_a_rank_that_gets_moderately_faster_is_followed_and_back_again():
     ctx.per = [1.0, 1.0]
     _run_split(ctx, split, loader, 30, step)
     assert len(split.changes) == 2 and loader.schedule.last == [32, 32]
+
+
+def test_a_first_split_left_apart_is_corrected_at_the_first_drift_check():
+    """The gate is armed from the start: a drift before any balanced window (here right after the
+    first measurement) is followed at the first check, not only after the split was seen balanced."""
+    from dtrain.metrics.stragglers import StragglerConfig
+    from dtrain.train.listeners import LoopState
+    from dtrain.train.listeners.batch_split import BatchSplit
+
+    loader = _loaders(world=2, n=64 * 200, batch=32)[0]
+    ctx = _TwoRanks(loader, fixed=[0.0, 0.0], per=[1.0, 1.0])
+    split = BatchSplit(ctx, loader, measure=True, unit=1, warmup_steps=None, stragglers=StragglerConfig(window=10))
+    split.on_start(LoopState(step=0, total=10_000))
+    step = _run_split(ctx, split, loader, 6, 1)
+    assert not split.changes and split.next_check == 15  # measured at step 5: 32/32 stays
+    ctx.per = [1.0, 0.8]
+    _run_split(ctx, split, loader, 10, step)
+    assert len(split.changes) == 1 and split.changes[0]["step"] == 15 and loader.schedule.last == [28, 36]
