@@ -224,6 +224,8 @@ class FaultToleranceLink(_Section):
     """The job's Lighthouse, ``http://HOST:PORT``."""
     replica_id: str | None = _setting("DTRAIN_FT_REPLICA", None, _text, (str,))
     """This replica group's id (stable across its restarts)."""
+    restart: bool = _setting("DTRAIN_FT_RESTART", False, _flag, (bool,), lambda on: "1" if on else "0")
+    """Its launcher started this group again after it died (``dtrain.context.replicas``: alone, it does not train the job again)."""
 
 
 SECTIONS: dict[str, type[_Section]] = {"diag": Diagnostics, "comm": CommOptions, "layout": Layout, "startup": Startup,

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import signal
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -53,7 +54,7 @@ from ..ft.launch import reach
 from ..ft.ledger import FtLedger
 from ..ft.order import GlobalOrder, StepPlan
 from ..ft.session import Session, quiet_torchft, snapshot
-from ..ft.spec import LEFT_EXIT, FaultTolerance, lighthouse_address
+from ..ft.spec import LEFT_EXIT, FaultTolerance, FaultToleranceStopped, lighthouse_address
 from ..options import FaultToleranceLink
 
 _NO_JOB = ("dtrain.init(fault_tolerance=True) needs the job's Lighthouse and this group's id (DTRAIN_FT_LIGHTHOUSE, "
@@ -98,6 +99,7 @@ class Replicas:
         quiet_torchft()
         lighthouse = lighthouse_address(link.lighthouse)
         self.replica_id, self.seed, self.device = link.replica_id, seed, device
+        self.ft, self.restart = ft, link.restart
         self.models: list[nn.Module] = []
         self.optimizers: list[torch.optim.Optimizer] = []
         self.order: GlobalOrder | None = None
@@ -156,13 +158,29 @@ class Replicas:
         self._window_open = window_open
         self.left = 0
         """The stop signal this group left the job on (0: none)."""
-        if ledger is not None:
+        self.pending = self._join()  # heals a group that is behind now: loader.next_epoch is the job's
+        if ledger is not None:  # after the first quorum: a group that stops in _join leaves no file
             self.ledger = FtLedger(ledger, self.replica_id, self.order.n)
-        self.pending = self.session.quorum()  # heals a group that is behind now: loader.next_epoch is the job's
-        if self.ledger is not None:
             self.ledger.begin(self.session.step, healed=bool(self.session.healed))
         device = self.device if move_to_device else torch.device("cpu")
         return FtLoader(self, loader, device, on_last)
+
+    def _join(self) -> tuple[int, int]:
+        """The first quorum. A group its launcher restarted that is alone in it at step 0 and healed by
+        nobody has no live peer: the others finished (or died) while it started. It asks again for up to
+        ``timeout`` (a peer in a long step misses a quorum), then stops with one line: it never trains the
+        job again from step 0 alone (a second, different result)."""
+        tries = max(1, int(self.ft.quorum_timeout_s / (self.ft.join_s / 2)))
+        for _ in range(tries):
+            rank, participants = self.session.quorum()
+            if not self.restart or participants > 1 or self.session.healed or self.session.step > 0:
+                return rank, participants
+            time.sleep(self.ft.join_s / 2)  # within the Lighthouse's join wait: a peer's next quorum takes us in
+        self.session.shutdown()
+        raise FaultToleranceStopped(
+            f"replica group {self.replica_id}: restarted, but alone in its quorum for {self.ft.quorum_timeout_s:g} s at step 0: "
+            "no live replica group to heal from; the others have finished or are gone, and it does not train the job "
+            "again from step 0 alone; restart the whole job (resuming from your script's checkpoints).")
 
     def next_plan(self, batch: int) -> StepPlan:
         if self.plan is not None and self._window_open():

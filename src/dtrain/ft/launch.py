@@ -150,9 +150,13 @@ class ScriptGroups:
 
     def __init__(self, ft: FaultTolerance, script: str, args: list[str]) -> None:
         self.ft, self.command = ft, [sys.executable, script, *args]
+        self._started: set[str] = set()
+        """The ids started before: a second start of one is its launcher's restart."""
 
     def _env(self, replica_id: str, lighthouse: str, threads: int | None) -> dict[str, str]:
-        link = FaultToleranceLink(spec=self.ft.to_text(), lighthouse=lighthouse, replica_id=replica_id)
+        restart = replica_id in self._started
+        self._started.add(replica_id)
+        link = FaultToleranceLink(spec=self.ft.to_text(), lighthouse=lighthouse, replica_id=replica_id, restart=restart)
         return {**os.environ, **link.to_env(), **({"OMP_NUM_THREADS": str(threads)} if threads is not None else {})}
 
     def spawn(self, replica_id: str, lighthouse: str, host: str, threads: int | None) -> Any:

@@ -86,12 +86,16 @@ class _FakeSession:
         self.step += ok
         return ok
 
+    def shutdown(self):
+        pass
 
-def _replicas(votes, n=10, batch=4):
+
+def _replicas(votes, n=10, batch=4, restart=False):
     from dtrain.context.replicas import Replicas
 
     rep = Replicas.__new__(Replicas)  # its torchft session replaced by the scripted one
     rep.replica_id, rep.seed, rep.device = "a", 0, torch.device("cpu")
+    rep.ft, rep.restart = FaultTolerance(join_s=0.02, quorum_timeout_s=0.1), restart
     rep.models, rep.optimizers, rep.order, rep.batch, rep.ledger, rep.pending, rep.plan = [torch.nn.Linear(1, 1)], [], None, 1, None, None, None
     rep.session = _FakeSession(votes)
     return rep, rep.loader(DataLoader(TensorDataset(torch.arange(n)), batch_size=batch), ledger=None, move_to_device=False)
@@ -210,3 +214,12 @@ def test_a_step_into_the_next_epoch_not_committed_keeps_the_passes_on_the_datas_
     second = [x.tolist() for (x,) in _committing(loader, rep)]
     assert len(first) == 1 and len(second) == 5  # epoch 1's step (not committed), epoch 0's rest, epoch 1's 3 steps
     assert rep.order.epoch == 1 and rep.order.pos == 12 and loader.next_epoch == 2
+
+
+def test_a_restarted_group_alone_at_step_0_stops_with_one_line_instead_of_training_the_job_again():
+    from dtrain.ft.spec import FaultToleranceStopped
+
+    with pytest.raises(FaultToleranceStopped, match=r"replica group a: restarted, but alone in its quorum for 0.1 s at step 0"):
+        _replicas([True], restart=True)
+    rep, _ = _replicas([True])  # started the first time: alone is how a job with min=1 begins
+    assert rep.session.quorums == 1
