@@ -63,3 +63,9 @@ class StallError(DtrainError):
     """A rank made no progress within the stall timeout."""
 
     exit_code = 1
+
+
+def first_line(exc: BaseException, limit: int | None = None) -> str:
+    """The first line of ``exc``'s message (its type's name when it has none), cut at ``limit``."""
+    lines = str(exc).strip().splitlines()
+    return (lines[0] if lines else type(exc).__name__)[:limit]

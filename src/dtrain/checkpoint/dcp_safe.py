@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, first_line
 from .io import load_refusal
 
 METADATA_FILE = ".metadata"
@@ -66,7 +66,7 @@ def read_metadata(folder: str) -> tuple[Any, list[str]]:
     except FileNotFoundError:
         raise CheckpointError(f"{path} is missing; a sharded checkpoint needs it.") from None
     except Exception as exc:  # noqa: BLE001 -- whatever a crafted pickle raises; nothing ran
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = first_line(exc)
         raise CheckpointError(f"{refused}: not DCP metadata as torch writes it ({first[:200]}); nothing in it was run.") from None
     if not isinstance(md, Metadata) or not isinstance(md.state_dict_metadata, dict) or not isinstance(md.storage_data, dict):
         raise CheckpointError(f"{refused}: it is not a DCP Metadata record (got {type(md).__name__}).")

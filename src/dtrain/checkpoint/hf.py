@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import CheckpointError, ConfigError
+from ..errors import CheckpointError, ConfigError, first_line
 
 INSTALL = "pip install 'dtrain[hf]'"
 WEIGHTS = ("model.safetensors", "model.safetensors.index.json")  # not pytorch_model.bin (a pickle)
@@ -76,7 +76,7 @@ def load_config(what: str, path: str) -> Any:
         try:
             return tf.AutoConfig.from_pretrained(path, local_files_only=True)
         except (ValueError, KeyError, OSError, TypeError) as exc:
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:240]
+            first = first_line(exc, 240)
             raise ConfigError(f"{what}: transformers {tf.__version__} cannot read {os.path.join(path, 'config.json')} "
                               f"({first}); give a config of a model transformers knows (model_type llama, gpt2, ...).") from None
 
@@ -97,7 +97,7 @@ def build_causal_lm(what: str, path: str, config: Any, *, weights: bool) -> nn.M
             model, info = auto.from_pretrained(path, config=config, dtype=torch.float32, local_files_only=True,
                                                output_loading_info=True)
         except (ValueError, KeyError, OSError, TypeError) as exc:
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:240]
+            first = first_line(exc, 240)
             raise ConfigError(f"{what}: transformers {tf.__version__} cannot build a causal language model from {path} "
                               f"({first}); give a decoder model's folder (AutoModelForCausalLM).") from None
     wrong = sorted(info.get("missing_keys") or ()) + sorted(str(k) for k in info.get("mismatched_keys") or ())

@@ -13,7 +13,7 @@ from typing import IO, Any
 
 import torch
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, first_line
 
 
 def atomic_save(obj: Any, path: str | os.PathLike) -> None:
@@ -75,8 +75,7 @@ def safe_load(path: str | os.PathLike, map_location: str | torch.device = "cpu",
 
 def load_refusal(exc: BaseException) -> str:
     """One short reason from torch.load's error (its weights_only refusal is a paragraph)."""
-    text = str(exc).strip()
-    named = re.search(r"(?:unsupported|Unsupported global:) GLOBAL (\S+)", text)
+    named = re.search(r"(?:unsupported|Unsupported global:) GLOBAL (\S+)", str(exc))
     if named:
         return f"it names {named.group(1).rstrip('.:,')}, which weights_only loading refuses"
-    return text.splitlines()[0][:200] if text else type(exc).__name__
+    return first_line(exc, 200)

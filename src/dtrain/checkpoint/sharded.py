@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, first_line
 from . import dcp_safe
 
 if TYPE_CHECKING:
@@ -116,7 +116,7 @@ def load_sharded(coll: Collectives, path: str, objects: dict[str, Any], names: l
     except CheckpointError:
         raise
     except Exception as exc:  # DCP raises CheckpointException / RuntimeError with per-rank details
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = first_line(exc)
         raise CheckpointError(f"checkpoint {path} does not fit this model/optimizer ({first[:300]}).") from None
     name, module = model
     set_model_state_dict(module, state[name], options=_options())
@@ -144,5 +144,5 @@ def consolidated(path: str) -> dict[str, Any]:
     except CheckpointError:
         raise
     except Exception as exc:  # DCP wraps what failed in a CheckpointException
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = first_line(exc)
         raise CheckpointError(f"checkpoint {path}: its {SHARDED_DIR}/ folder cannot be read ({first[:300]}).") from None

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from .._version import __version__
-from ..errors import DtrainError
+from ..errors import DtrainError, first_line
 from ..launch.store import host_store
 from ..world import netif
 
@@ -192,7 +192,7 @@ def check_rendezvous(cfg: DoctorConfig) -> tuple[Check, dist.Store | None, bool]
             for r in range(cfg.nnodes):
                 store.get(f"doctor/done/{r}")
     except (RuntimeError, ValueError, DtrainError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = first_line(exc)
         return Check("rendezvous", "FAIL", f"no rendezvous with {cfg.nnodes} node(s) at {addr} within {cfg.timeout_s:g} s ({first})",
                      "start `dtrain doctor` on every node with the same --nnodes, --master-addr and --master-port"), None, False
     return Check("rendezvous", "PASS", f"{cfg.nnodes} node(s) met at {addr}:{store.port} in {time.perf_counter() - t0:.2f} s; "

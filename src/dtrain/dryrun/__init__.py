@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from ..errors import ConfigError, DtrainError
+from ..errors import ConfigError, DtrainError, first_line
 from ..tasks import load_task
 from ..world.device import pick_device
 from .config import DryRunConfig
@@ -44,14 +44,9 @@ def dry_run(cfg: DryRunConfig, *, with_prediction: bool = True) -> dict[str, Any
             raise
         except torch.OutOfMemoryError as exc:
             raise ConfigError(f"rank {cfg.rank} of {cfg.world_size} ran out of memory on {device} "
-                              f"({_first_line(exc)}); shard more (dp_shard, tp), lower --batch-size, or add "
+                              f"({first_line(exc, 300)}); shard more (dp_shard, tp), lower --batch-size, or add "
                               "--activation-checkpointing.") from None
         except (RuntimeError, ValueError, AssertionError, NotImplementedError) as exc:
             raise ConfigError(f"rank {cfg.rank} of {cfg.world_size} cannot run this configuration: "
-                              f"{type(exc).__name__}: {_first_line(exc)}; change the layout or the model's shape.") from None
+                              f"{type(exc).__name__}: {first_line(exc, 300)}; change the layout or the model's shape.") from None
     return result(cfg, task, run, device, time.perf_counter() - t0, with_prediction=with_prediction)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0][:300] if text else type(exc).__name__

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from .._log import logger
-from ..errors import ConfigError, LaunchError
+from ..errors import ConfigError, LaunchError, first_line
 from ..world.group import versions, versions_differ
 from ..world.reach import refusal, wait_for_listener
 from .spec import LaunchSpec
@@ -91,7 +91,7 @@ def connect_store(addr: str, port: int, handshake_s: float = 20.0) -> dist.TCPSt
         try:
             box["store"] = dist.TCPStore(addr, port, None, False, datetime.timedelta(seconds=handshake_s))
         except (RuntimeError, ValueError) as exc:
-            box["error"] = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            box["error"] = first_line(exc)
 
     thread = threading.Thread(target=connect, daemon=True)
     thread.start()
@@ -130,7 +130,7 @@ def check_nodes(spec: LaunchSpec, port: int, *, timeout_s: float) -> None:
         else:
             _follow(store, spec, mine, f"{spec.addr}:{port}", time.monotonic() + timeout_s + 5.0)  # node 0 started waiting first; its verdict comes before this
     except (RuntimeError, ValueError) as exc:  # the store went away
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = first_line(exc)
         raise LaunchError(f"the pre-launch check with the other nodes failed ({first}); see node 0's output.") from None
 
 

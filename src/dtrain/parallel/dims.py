@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ConfigError
+from ..errors import ConfigError, first_line
 
 DIMS = ("pp", "dp_replicate", "dp_shard", "tp")
 """The mesh's dimension names, outermost first."""
@@ -84,7 +84,7 @@ class ParallelDims:
         try:
             return init_device_mesh(device_type, self.shape(), mesh_dim_names=DIMS)
         except (RuntimeError, NotImplementedError, ValueError) as exc:  # a backend without n-D meshes
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            first = first_line(exc)
             shape = "x".join(str(n) for n in self.shape())
             raise ConfigError(f"--parallel {self}: torch cannot build a {shape} device mesh on backend {backend or device_type} "
                               f"({first}); use a layout of fewer dimensions (e.g. --strategy fsdp).") from None

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import ConfigError, LaunchError
+from ..errors import ConfigError, LaunchError, first_line
 from .netif import is_loopback, source_address
 
 
@@ -119,11 +119,6 @@ def refusal(error: OSError) -> str:
 
 # -- the workers' store and process group: each wait bounded, each failure one line ---------------
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return (text[0] if text else type(exc).__name__)[:160]
-
-
 def listening_socket(addr: str, port: int) -> socket.socket:
     """A socket listening on ``addr:port`` only (port 0: a free one); raises OSError (a
     ``socket.gaierror`` for a name that does not resolve)."""
@@ -172,7 +167,7 @@ def connect_store(world: Any, timeout_s: float) -> Any:
         except (RuntimeError, ValueError) as exc:
             error = exc
     cause = unreachable_cause(world.master_addr, here_is_master=world.node_rank == 0)
-    why = refusal(error) if isinstance(error, OSError) else f"torch: {_first_line(error)}"
+    why = refusal(error) if isinstance(error, OSError) else f"torch: {first_line(error, 160)}"
     raise LaunchError(f"{node_name(world)} could not connect to the store at {world.master_addr}:{world.master_port} "
                       f"within {timeout_s:g} s: {cause} ({why})")
 
@@ -211,4 +206,4 @@ def join_failure(world: Any, store: Any, timeout_s: float, exc: BaseException, w
     who = f"{gone} never arrived" if gone else "a peer did not answer"
     return LaunchError(f"{node_name(world)} waited {timeout_s:g} s for {what} at {world.master_addr}:{world.master_port}: "
                        f"{who}; that node was lost, or it cannot reach this one (check that it runs, its output, "
-                       f"and --local-addr; --startup-timeout bounds this wait) (torch: {_first_line(exc)})")
+                       f"and --local-addr; --startup-timeout bounds this wait) (torch: {first_line(exc, 160)})")
