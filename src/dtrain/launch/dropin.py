@@ -1,14 +1,7 @@
-"""``dtrain run`` as a drop-in for ``torch.distributed.launch``: the ``--local_rank=N`` argument
-old scripts parse, and a clear error (not a hang) when a script builds a world of its own.
-
-A script written for ``python -m torch.distributed.launch --nproc_per_node 2 train.py`` reads
-its local rank from ``--local_rank`` (that launcher passed it; torchrun passes only
-``LOCAL_RANK``). ``dtrain run --local-rank-arg`` passes it too, and ``dtrain run`` turns it on by
-itself when the script declares the argument.
-
-A script that starts its own workers (``torch.multiprocessing.spawn``) or names its own world
-size in ``init_process_group`` disagrees with the world ``dtrain run -n N`` made: its processes
-would wait forever for ranks that never come. Each worker checks this where the script does it.
+"""``dtrain run`` as a drop-in for ``torch.distributed.launch`` (docs/launching.md): the
+``--local_rank=N`` argument old scripts parse (that launcher passed it; torchrun passes only
+``LOCAL_RANK``), and one clear line, not a hang, when a script starts its own workers or names
+its own world size in ``init_process_group`` (its processes would wait for ranks that never come).
 """
 
 from __future__ import annotations

@@ -1,15 +1,11 @@
-"""One rank of a job on a Ray cluster: the actor that Ray places (``launch/ray.py`` starts one
-per rank), and the worker process it starts.
+"""One rank of a job on a Ray cluster: the actor Ray places (``launch/ray.py`` starts one per
+rank), and the worker process it starts.
 
-The actor is to its worker what ``dtrain run``'s launcher is to its workers: it starts the same
-worker command (``python -m dtrain.launch.worker SCRIPT ...`` for a script, this module for a
-function such as ``dtrain train``'s), with torchrun's variables and dtrain's launch link
-(``DTRAIN_LAUNCHER_PID``: the actor, so the worker dies with it, ``DTRAIN_LAUNCH_DIR``: a folder
-on the actor's node for the worker's pid file and error report; ``launch/lifecycle.py``). The
-worker is a process of its own, not code run inside the actor: it exits through ``os._exit``,
-starts its own session and handles SIGTERM, none of which a Ray worker process may do.
-
-This module imports without Ray: the driver wraps the class with ``ray.remote`` when it launches.
+The actor is to its worker what ``dtrain run``'s launcher is to its workers: the same worker
+command, torchrun's variables and the launch link (``launch/lifecycle.py``), the actor as the
+launcher. The worker is a process of its own, not code run inside the actor: it exits through
+``os._exit``, starts its own session and handles SIGTERM, none of which a Ray worker may do.
+This module imports without Ray: the driver wraps the class with ``ray.remote``.
 """
 
 from __future__ import annotations

@@ -1,20 +1,13 @@
-"""End a stalled or frozen worker at once, rather than after torch's 30 s shutdown grace.
+"""End a stalled or frozen worker at once, rather than after torch's 30 s shutdown grace (its
+``PContext.close`` default, which the agent lets no caller change; docs/doctor.md): a stopped
+worker (state ``T``) never acts on the agent's SIGTERM, and one blocked in native code holding
+the GIL never runs its handler. A launcher thread, every ``POLL_S``:
 
-When one worker fails, torch's elastic agent stops the others with SIGTERM and waits
-30 s (``PContext.close``'s default, which ``LocalElasticAgent._stop_workers`` does not let a
-caller change) before SIGKILL. A worker frozen with SIGSTOP (or in a stopped state for any
-reason) never acts on the SIGTERM, and the job's end waits for that. Two rules, checked by a
-thread of the launcher every ``POLL_S``:
+* kills a worker that is stopped while a SIGTERM waits for it;
+* once a worker's stall watchdog has reported and exited (``STALL_MARKER`` in the launch folder),
+  kills the node's workers still alive ``GRACE_S`` later: they are the stalled ones.
 
-* a worker that is stopped (state ``T``) while a SIGTERM waits for it is killed now: the
-  agent has asked it to end and it cannot;
-* once the stall watchdog of any worker of this node has reported and exited (it leaves the
-  ``STALL_MARKER`` file in the launch folder), the workers of this node still alive ``GRACE_S``
-  later are killed: they are the stalled ones (a worker blocked in native code that holds the
-  GIL never runs its SIGTERM handler either).
-
-Only the workers alive when the marker was seen are killed, so the workers of a restart (new
-processes) are never touched.
+Only the workers alive when the marker was seen are killed, never those of a restart.
 """
 
 from __future__ import annotations
