@@ -26,12 +26,11 @@ def add_ft_args(parser: argparse.ArgumentParser) -> None:
 def start(cfg: TrainConfig, args: argparse.Namespace) -> int:
     """Start this node's part of a fault-tolerant job; returns the exit status."""
     from ..ft import FaultTolerance
-    from ..train.ft_replica import TrainGroups, check
+    from ..train.ft_replica import TrainGroups, check, group_size
 
     ft = FaultTolerance.parse(args.fault_tolerance)
     check(cfg, args.elastic_batch)
-    size = (args.nproc or 1) if cfg.parallel.strategy == "fsdp" else 1  # fsdp: the node's processes are one group
-    return _start(ft, TrainGroups(cfg, ft, size), args)
+    return _start(ft, TrainGroups(cfg, ft, group_size(cfg, args.nproc or 1)), args)
 
 
 def start_script(args: argparse.Namespace) -> int:

@@ -34,6 +34,8 @@ from ..ft.order import GlobalOrder, StepPlan
 from ..ft.session import Session, load_optimizer_snapshot, load_snapshot, optimizer_snapshot, quiet_torchft, snapshot
 from ..ft.spec import LEFT_EXIT, FaultTolerance, FaultToleranceStopped, require_torchft
 from ..metrics import JsonlSink
+from ..parallel import parse as parse_layout
+from ..parallel.clip import settle_grads
 from ..tasks import load_task, make_optimizer
 from ..world import World
 from .config import TrainConfig
@@ -41,14 +43,28 @@ from .config import TrainConfig
 
 def check(cfg: TrainConfig, elastic_batch: str = "per-process") -> None:
     """What ``--fault-tolerance`` does not combine with yet: one line, before any process starts."""
-    if cfg.parallel.layout or cfg.parallel.strategy not in ("auto", "single", "ddp", "fsdp"):
+    layout = cfg.parallel.layout
+    # --parallel without pp: the layout is one group's (TP's ranks, FSDP's shards); the pipeline's
+    # schedule runs forward and backward in one call, with no place yet for the cross-group average
+    if (layout == "auto" or (layout and parse_layout(layout).pp > 1)
+            or cfg.parallel.strategy not in ("auto", "single", "ddp", "fsdp", "composed")):
         raise ConfigError(f"--fault-tolerance replicates the model across replica groups, got "
-                          f"--strategy {cfg.parallel.strategy}{' --parallel ' + cfg.parallel.layout if cfg.parallel.layout else ''}; "
-                          "use --strategy fsdp to shard it over a group's processes, or drop it "
-                          "(tensor, pipeline and hsdp layouts inside a replica group are not supported yet).")
+                          f"--strategy {cfg.parallel.strategy}{' --parallel ' + layout if layout else ''}; "
+                          "use --strategy fsdp or --parallel tp=N (with dp_shard / dp_replicate: the layout of one group's "
+                          "--nproc processes) inside a group, or drop it (pipeline, hsdp and --parallel auto inside a "
+                          "replica group are not supported yet).")
     if cfg.batch.global_batch or cfg.batch.micro is not None or elastic_batch != "per-process":
         raise ConfigError("--fault-tolerance keeps each replica group's --batch-size (the global batch follows the quorum); "
                           "--elastic-batch global and --micro-batch auto are not supported with it yet (--grad-accum K is).")
+
+
+def group_size(cfg: TrainConfig, nproc: int) -> int:
+    """The processes of one replica group: the node's ``--nproc`` under ``--strategy fsdp`` or
+    ``--parallel`` (whose layout must fill them), else 1 (each process a group)."""
+    if cfg.parallel.layout:
+        parse_layout(cfg.parallel.layout).check_world(nproc)
+        return nproc
+    return nproc if cfg.parallel.strategy == "fsdp" else 1
 
 
 class TrainGroups:
@@ -125,6 +141,8 @@ def run_replica(cfg: TrainConfig, ft: FaultTolerance, *, replica_id: str, lighth
                           "from another launcher; run dtrain train --fault-tolerance directly (--nproc N: N replica groups, "
                           "or with --strategy fsdp one group of N processes).")
     strategy, options = ("fsdp", cfg.parallel.strategy_options) if cfg.parallel.strategy == "fsdp" else ("single", {})
+    if cfg.parallel.layout:  # the same layout in every group: rank i of each holds the same slices
+        strategy, options = "auto", {"parallel": cfg.parallel.layout, "tp_plan": task.tp_plan}
     ctx = init(strategy=strategy, precision=cfg.runtime.precision_spec(), seed=cfg.schedule.seed, world=world, **options)
     try:
         group = (world.rank, world.size, world.master_port) if in_group else None
@@ -143,11 +161,13 @@ class _Replica:
         self.done = False
         self.rank, self.size = group[:2] if group is not None else (0, 1)
         """This process's rank in its replica group, and the group's processes (FSDP's shards)."""
+        self.dp_rank, self.dp = ctx.strategy.data_parallel(ctx.world)
+        """Which batch of the group's share this process reads, of how many (TP's ranks read the same)."""
         self.batch = cfg.batch.size or task.batch_size
-        """One process's batch; the group's share of a step is ``size`` of them."""
+        """One process's batch; the group's share of a step is ``dp`` of them."""
         model = task.new_model()
         optimizer = make_optimizer(cfg.optim.name or task.optimizer, model.parameters(), cfg.optim.lr or task.lr, device=ctx.device)
-        self.model, self.optimizer = ctx.setup(model, optimizer)
+        self.model, self.optimizer = ctx.setup(model, optimizer, blocks=task.blocks(model) if task.blocks else None)
         if task.load_weights is not None:  # --init-from, after the split (FSDP: each process reads its shards);
             task.load_weights(self.model)  # every group from the same weights, before a heal or a resume replaces them
         self.order = GlobalOrder(len(task.train_set), seed=cfg.schedule.seed, epochs=cfg.schedule.epochs or task.epochs)
@@ -210,7 +230,7 @@ class _Replica:
     def _ended(self) -> bool:
         """The job's steps are complete in the state this group resumed: one line, and no training."""
         step, max_steps = self.manager.current_step(), self.cfg.schedule.max_steps
-        why = ("its epochs were done" if self.done or self.order.plan(0, 1, self.batch * self.size).done else
+        why = ("its epochs were done" if self.done or self.order.plan(0, 1, self.batch * self.dp).done else
                f"--max-steps {max_steps} reached" if max_steps is not None and step >= max_steps else None)
         if why is not None and self.rank == 0:
             logger.warning(f"replica group {self.replica_id}: the job has ended ({why} at step {step}, in "
@@ -277,7 +297,7 @@ class _Replica:
             self.optimizer.zero_grad(set_to_none=True)
             rank, participants = joined or self.session.quorum(self._stop_saved)
             joined = None
-            plan = self.order.plan(rank, participants, self.batch * self.size)
+            plan = self.order.plan(rank, participants, self.batch * self.dp)
             if plan.done or (cfg.schedule.max_steps is not None and manager.current_step() >= cfg.schedule.max_steps):
                 self.done = plan.done  # --max-steps is read from the command line again by a later start
                 break
@@ -319,7 +339,7 @@ class _Replica:
             ledger.commit(step, plan)
         if sink is not None and step % cfg.observe.log_every == 0:
             sink.write({"step": step, "epoch": plan.epoch, "train_loss": round(loss.item(), 6), "replica": self.replica_id,
-                        "participants": participants, "global_batch": participants * self.batch * self.size,
+                        "participants": participants, "global_batch": participants * self.batch * self.dp,
                         "wall_s": round(time.perf_counter() - t0, 3), "time": round(time.time(), 3)})
         if self._joined_at is not None and self.rank == 0:
             healed = self.session.healed
@@ -334,7 +354,7 @@ class _Replica:
         """This process's part of its group's share of the step: ``--grad-accum K`` micro-batches (each
         loss over K, so the gradient is the mean over the share; FSDP averages it over the group's
         processes), then one all-reduce over the quorum."""
-        mine = plan.mine[self.rank * self.batch:(self.rank + 1) * self.batch]
+        mine = plan.mine[self.dp_rank * self.batch:(self.dp_rank + 1) * self.batch]
         x, y = default_collate([self.task.train_set[i] for i in mine])
         x, y = x.to(self.ctx.device), y.to(self.ctx.device)
         k = self.cfg.batch.grad_accum
@@ -343,6 +363,8 @@ class _Replica:
             micro = self.task.loss_fn(self.model(xm), ym) / k
             micro.backward()
             loss += micro.detach()
+        if self.cfg.parallel.layout:  # TP's sequence parallelism leaves a LayerNorm's gradient Partial (a sum
+            settle_grads(self.model.parameters())  # over TP ranks still to take): the true one is averaged, stepped, saved
         self.session.average_gradients(self.model.parameters(), self.model.buffers())
         return loss
 
@@ -357,7 +379,7 @@ class _Replica:
             task.metric_name: round(score, 6) if score is not None else None,
             "fault_tolerance": {
                 "min_replicas": self.ft.min_replicas, "batch_rule": "per-replica", "processes_per_replica": self.size,
-                "batch_per_replica": self.batch * self.size, "participants_min": sizes[0] if sizes else None,
+                "batch_per_replica": self.batch * self.dp, "participants_min": sizes[0] if sizes else None,
                 "participants_max": sizes[-1] if sizes else None, "steps_not_committed": stats["not_committed"],
                 "healed_at_steps": self.session.healed, "epoch": self.order.epoch,
                 "model_digest": model_digest(self.model),
