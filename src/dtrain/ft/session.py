@@ -144,6 +144,20 @@ def load_snapshot(module: torch.nn.Module, state: dict[str, torch.Tensor]) -> No
             _local(value).copy_(state[key])
 
 
+def model_digest(model: torch.nn.Module) -> str:
+    """A digest of the model's parameters and buffers (under FSDP: this process's shards): the
+    groups of a job end with equal models, so their result lines carry equal digests; a group
+    whose heal missed part of the state does not."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for name, value in model.state_dict().items():
+        local = _local(value)
+        digest.update(name.encode())
+        digest.update(local.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
 def optimizer_snapshot(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """``optimizer.state_dict()`` with each sharded tensor (a DTensor under FSDP) as this process's shard."""
     state = optimizer.state_dict()

@@ -31,7 +31,15 @@ from ..errors import ConfigError, DtrainError
 from ..ft.group import GroupLink, GroupProcs
 from ..ft.ledger import FtLedger
 from ..ft.order import GlobalOrder, StepPlan
-from ..ft.session import Session, load_optimizer_snapshot, load_snapshot, optimizer_snapshot, quiet_torchft, snapshot
+from ..ft.session import (
+    Session,
+    load_optimizer_snapshot,
+    load_snapshot,
+    model_digest,
+    optimizer_snapshot,
+    quiet_torchft,
+    snapshot,
+)
 from ..ft.spec import LEFT_EXIT, FaultTolerance, FaultToleranceStopped, require_torchft
 from ..metrics import JsonlSink
 from ..parallel import parse as parse_layout
@@ -387,16 +395,3 @@ class _Replica:
             "wall_s": round(time.perf_counter() - t0, 3),
         }
 
-
-def model_digest(model: torch.nn.Module) -> str:
-    """A digest of the model's parameters and buffers (under FSDP: this process's shards): the
-    groups of a job end with equal models, so their result lines carry equal digests; a group
-    whose heal missed part of the state does not."""
-    import hashlib
-
-    digest = hashlib.sha256()
-    for name, value in model.state_dict().items():
-        local = getattr(value, "_local_tensor", value)
-        digest.update(name.encode())
-        digest.update(local.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()[:16]
