@@ -81,7 +81,9 @@ def one(task: str, seed: int, steps: int, kills: int, rng: random.Random, a: arg
     args = ["train", "--fault-tolerance", "min=1,heartbeat=1", "--nproc", "2", "--max-restarts", str(kills + 2), *chosen,
             *(["--data-dir", a.data_dir] if task == "mnist" else []),
             "--seed", str(seed), *length, "--metrics-file", f"{tmp}/m.jsonl",
-            "--log-every", "1", "--ledger", f"{tmp}/ledger"]
+            "--log-every", "1", "--ledger", f"{tmp}/ledger",
+            # a group restarted after its peer finished reads there that the job ended (else it waits 60 s and fails)
+            "--checkpoint-dir", f"{tmp}/ckpt"]
     at = sorted(int(rng.uniform(0.1, 0.8) * steps) for _ in range(kills))
     done = []
     with LaunchedJob(args, out_dir=tmp, cwd=ROOT, env={"PYTHONPATH": ROOT}) as job:
