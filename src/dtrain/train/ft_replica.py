@@ -52,15 +52,14 @@ from .config import TrainConfig
 def check(cfg: TrainConfig, elastic_batch: str = "per-process") -> None:
     """What ``--fault-tolerance`` does not combine with yet: one line, before any process starts."""
     layout = cfg.parallel.layout
-    # --parallel without pp: the layout is one group's (TP's ranks, FSDP's shards); the pipeline's
-    # schedule runs forward and backward in one call, with no place yet for the cross-group average
-    if (layout == "auto" or (layout and parse_layout(layout).pp > 1)
+    # --parallel: the layout is one group's (its TP ranks, FSDP shards, pipeline stages)
+    if (layout == "auto"
             or cfg.parallel.strategy not in ("auto", "single", "ddp", "fsdp", "composed")):
         raise ConfigError(f"--fault-tolerance replicates the model across replica groups, got "
                           f"--strategy {cfg.parallel.strategy}{' --parallel ' + layout if layout else ''}; "
-                          "use --strategy fsdp or --parallel tp=N (with dp_shard / dp_replicate: the layout of one group's "
-                          "--nproc processes) inside a group, or drop it (pipeline, hsdp and --parallel auto inside a "
-                          "replica group are not supported yet).")
+                          "use --strategy fsdp, or --parallel tp=N / pp=N (with dp_shard / dp_replicate: the layout of one "
+                          "group's --nproc processes) inside a group, or drop it (other --strategy values and --parallel auto "
+                          "inside a replica group are not supported yet).")
     if cfg.batch.global_batch or cfg.batch.micro is not None or elastic_batch != "per-process":
         raise ConfigError("--fault-tolerance keeps each replica group's --batch-size (the global batch follows the quorum); "
                           "--elastic-batch global and --micro-batch auto are not supported with it yet (--grad-accum K is).")
@@ -367,10 +366,17 @@ class _Replica:
         x, y = x.to(self.ctx.device), y.to(self.ctx.device)
         k = self.cfg.batch.grad_accum
         loss = torch.zeros((), device=self.ctx.device)
+        staged = self.ctx.strategy.capabilities.staged_step  # pp: the schedule runs forward and backward in one call
         for xm, ym in zip(x.chunk(k), y.chunk(k)):
+            if staged:
+                loss += self.ctx.forward_backward(self.model, xm, ym, self.task.loss_fn) / k
+                continue
             micro = self.task.loss_fn(self.model(xm), ym) / k
             micro.backward()
             loss += micro.detach()
+        for p in self.model.parameters() if staged and k > 1 else ():
+            if p.grad is not None:
+                p.grad.div_(k)  # the schedule's loss is each micro-batch's mean: the window's mean as above
         if self.cfg.parallel.layout:  # TP's sequence parallelism leaves a LayerNorm's gradient Partial (a sum
             settle_grads(self.model.parameters())  # over TP ranks still to take): the true one is averaged, stepped, saved
         self.session.average_gradients(self.model.parameters(), self.model.buffers())

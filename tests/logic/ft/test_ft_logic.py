@@ -121,8 +121,9 @@ def test_a_restart_from_disk_drops_the_steps_it_redoes(tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (["--fault-tolerance", "min=0"], "--fault-tolerance min must be >= 1, got 0"),
-    (["--fault-tolerance", "--strategy", "hsdp"], "pipeline, hsdp and --parallel auto inside a replica group are not supported yet"),
-    (["--fault-tolerance", "--parallel", "pp=2", "-n", "2"], "use --strategy fsdp or --parallel tp=N"),
+    (["--fault-tolerance", "--strategy", "hsdp"], "other --strategy values and --parallel auto inside a replica group are not"),
+    (["--fault-tolerance", "--strategy", "pipeline"], "use --strategy fsdp, or --parallel tp=N / pp=N"),
+    (["--fault-tolerance", "--parallel", "auto"], "use --strategy fsdp, or --parallel tp=N / pp=N"),
     (["--fault-tolerance", "--parallel", "tp=2"], "--parallel tp=2: tp=2 = 2 processes, but the job has 1"),  # one group's --nproc
     (["--fault-tolerance", "--nnodes", "1:2"], "replica groups come and go without a rendezvous"),
     (["--fault-tolerance", "--lighthouse", "nohost"], "--lighthouse 'nohost' is not HOST:PORT"),

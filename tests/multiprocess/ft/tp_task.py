@@ -13,10 +13,11 @@ from dtrain.tasks.lm import causal_lm_task
 CONTEXT = 8
 
 
-def make(epochs="6", data_dir=None):
+def make(epochs="6", layers="1", tie="true", data_dir=None):
     g = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, 256, (16 * CONTEXT + 1 + 4 * CONTEXT + 1,), generator=g, dtype=torch.uint8)
     train, val = tokens[:16 * CONTEXT + 1], tokens[16 * CONTEXT + 1:]
-    task = causal_lm_task(name="lm-tiny", build_model=lambda: gpt(vocab=256, context=CONTEXT, layers=1, heads=2, width=16),
+    task = causal_lm_task(name="lm-tiny", build_model=lambda: gpt(vocab=256, context=CONTEXT, layers=int(layers), heads=2, width=16,
+                                                               tie=tie == "true"),
                           train=train, val=val, context=CONTEXT, blocks=gpt_blocks, tp_plan=gpt_tp_plan, batch_size=8)
     return dataclasses.replace(task, optimizer="sgd", lr=0.1, epochs=int(epochs))
