@@ -606,7 +606,6 @@ LATEST_CASES = [
     Case("ckpt-export-target-exists", ["ckpt", "export", "crafted", "--hf", "emptydir", "--config", "emptydir"]),
     Case("ckpt-export-config-without-config-json", ["ckpt", "export", "crafted", "--hf", "newout", "--config", "emptydir"]),
     Case("ckpt-export-unwritable", ["ckpt", "export", "crafted", "--hf", "/proc/x", "--config", "emptydir"]),
-    Case("train-init-from-with-fault-tolerance", ["train", "--task", "hf:emptydir", "--init-from", "emptydir", "--fault-tolerance"]),
     Case("train-init-from-other-shape", py="from transformers import LlamaConfig, AutoModelForCausalLM; c = dict(vocab_size=256, "
          "intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64); "
          "LlamaConfig(hidden_size=32, **c).save_pretrained('m'); AutoModelForCausalLM.from_config(LlamaConfig(hidden_size=64, **c))"
