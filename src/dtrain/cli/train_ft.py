@@ -13,7 +13,7 @@ from .common import parse_nnodes
 def add_ft_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("fault tolerance (torchft; pip install 'dtrain[ft]')")
     g.add_argument("--fault-tolerance", nargs="?", const="", default=None, metavar="min=M,...",
-                   help="per-step fault tolerance: replica groups (one process each, --nproc N per node; with --strategy fsdp "
+                   help="per-step fault tolerance: replica groups (one process each, --nproc N per node; with --strategy fsdp or --parallel "
                         "one group of the node's N processes) that go on when "
                         "one is lost and heal one that comes back from a live peer; min=M: the fewest replica groups that "
                         "may step (default 1); also heartbeat=S, join=S, timeout=S, step-timeout=S (docs/fault-tolerance.md)")
