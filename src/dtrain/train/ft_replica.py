@@ -53,8 +53,7 @@ def check(cfg: TrainConfig, elastic_batch: str = "per-process") -> None:
     """What ``--fault-tolerance`` does not combine with yet: one line, before any process starts."""
     layout = cfg.parallel.layout
     # --parallel: the layout is one group's (its TP ranks, FSDP shards, pipeline stages)
-    if (layout == "auto"
-            or cfg.parallel.strategy not in ("auto", "single", "ddp", "fsdp", "composed")):
+    if layout == "auto" or cfg.parallel.strategy not in ("auto", "single", "ddp", "fsdp", "composed"):
         raise ConfigError(f"--fault-tolerance replicates the model across replica groups, got "
                           f"--strategy {cfg.parallel.strategy}{' --parallel ' + layout if layout else ''}; "
                           "use --strategy fsdp, or --parallel tp=N / pp=N (with dp_shard / dp_replicate: the layout of one "
@@ -66,8 +65,7 @@ def check(cfg: TrainConfig, elastic_batch: str = "per-process") -> None:
 
 
 def group_size(cfg: TrainConfig, nproc: int) -> int:
-    """The processes of one replica group: the node's ``--nproc`` under ``--strategy fsdp`` or
-    ``--parallel`` (whose layout must fill them), else 1 (each process a group)."""
+    """One replica group's processes: ``--nproc`` under fsdp or ``--parallel`` (its layout fills them), else 1."""
     if cfg.parallel.layout:
         parse_layout(cfg.parallel.layout).check_world(nproc)
         return nproc

@@ -151,11 +151,12 @@ def _share_gradients(grad_accum):
     torch.manual_seed(0)
     data = torch.utils.data.TensorDataset(torch.randn(16, 3), torch.randint(0, 2, (16,)))
     rep = _Replica.__new__(_Replica)
-    rep.ctx = types.SimpleNamespace(device=torch.device("cpu"))
-    rep.cfg = types.SimpleNamespace(batch=BatchConfig(size=8, grad_accum=grad_accum))
+    plain = types.SimpleNamespace(capabilities=types.SimpleNamespace(staged_step=False))  # no pipeline
+    rep.ctx = types.SimpleNamespace(device=torch.device("cpu"), strategy=plain)
+    rep.cfg = types.SimpleNamespace(batch=BatchConfig(size=8, grad_accum=grad_accum), parallel=types.SimpleNamespace(layout=None))
     rep.task = types.SimpleNamespace(train_set=data, loss_fn=torch.nn.functional.cross_entropy)
     rep.model = torch.nn.Linear(3, 2)
-    rep.rank, rep.batch = 0, 8  # a group of one process
+    rep.rank, rep.dp_rank, rep.batch = 0, 0, 8  # a group of one process
     rep.session = types.SimpleNamespace(average_gradients=lambda params, buffers=(): None)
     forwards = []
     rep.model.register_forward_hook(lambda *_: forwards.append(1))
