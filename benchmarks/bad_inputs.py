@@ -563,6 +563,9 @@ LATEST_CASES = [
     Case("train-ft-heartbeat-0", ["train", "--fault-tolerance", "heartbeat=0"]),
     Case("train-ft-lighthouse-port", ["train", "--fault-tolerance", "--lighthouse", "127.0.0.1:99999"]),
     Case("train-ft-hsdp", ["train", "--fault-tolerance", "--strategy", "hsdp"]),  # fsdp inside a group trains since f745e9a
+    Case("train-ft-strategy-pipeline", ["train", "--fault-tolerance", "--strategy", "pipeline"]),
+    Case("train-ft-parallel-auto", ["train", "--fault-tolerance", "--parallel", "auto"]),
+    Case("train-ft-tp-not-filling-nproc", ["train", "--fault-tolerance", "--parallel", "tp=2", "-n", "3"]),
     Case("train-ft-elastic-nnodes", ["train", "--fault-tolerance", "--nnodes", "1:2"]),
     Case("train-ft-nnodes-no-master", ["train", "--fault-tolerance", "--nnodes", "2"]),
     Case("train-ft-elastic-batch-global", ["train", "--fault-tolerance", "--elastic-batch", "global"]),
