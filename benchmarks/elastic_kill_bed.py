@@ -44,7 +44,7 @@ sys.path.insert(0, HERE)
 
 import torch  # noqa: E402
 from ft_kill_bed import summary  # noqa: E402
-from ft_moments import Host, add_outages, poll_until  # noqa: E402
+from ft_moments import Host, add_outages, emit, poll_until  # noqa: E402
 from tests.support.elastic import BedJob, generations  # noqa: E402
 from tests.support.netbed import NetBed, unavailable_reason  # noqa: E402
 
@@ -234,10 +234,7 @@ def main() -> int:
         print(f"the network test bed is unavailable here: {reason}")
         return 2
     out = run(a)
-    print(json.dumps({k: v for k, v in out.items() if k != "rows"}, indent=1))
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(out, f, indent=1)
+    emit(out, a.json)
     return 0 if out["completed"] and out["ledger_exactly_once"] else 1
 
 

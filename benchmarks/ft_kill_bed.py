@@ -41,7 +41,7 @@ sys.path.insert(0, HERE)
 
 import torch  # noqa: E402
 from ft_kill import MARGIN, MAX_STEPS, final_models_equal, join_s  # noqa: E402
-from ft_moments import MOMENTS, Host, Tail, add_outages, poll_until, states_equal  # noqa: E402
+from ft_moments import MOMENTS, Host, Tail, add_outages, emit, poll_until, states_equal  # noqa: E402
 from tests.support.netbed import NetBed, unavailable_reason  # noqa: E402
 
 from dtrain.ft.ledger import check_ft_ledger  # noqa: E402
@@ -231,10 +231,7 @@ def main() -> int:
         print(f"the network test bed is unavailable here: {reason}")
         return 2
     out = run(a)
-    print(json.dumps({k: v for k, v in out.items() if k != "rows"}, indent=1))
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(out, f, indent=1)
+    emit(out, a.json)
     ok = out["completed"] and out["ledger_exactly_once"] and out["final_models_equal"] and out["lost"] == 0
     return 0 if ok else 1
 

@@ -127,6 +127,14 @@ def add_outages(rows: list[dict], records: list[dict], survivor: str = "h0", wit
         row["outage_s"] = round(max(waits), 3) if waits and row.get("step_at_kill") is not None else None
 
 
+def emit(out: dict, path: str | None) -> None:
+    """A kill series' summary on stdout (its per-kill rows were printed as they came), the whole in ``path``."""
+    print(json.dumps({k: v for k, v in out.items() if k != "rows"}, indent=1))
+    if path:
+        with open(path, "w") as f:
+            json.dump(out, f, indent=1)
+
+
 def poll_until(ready, timeout: float, every: float = 0.005) -> bool:
     deadline = time.monotonic() + timeout
     while not ready():
