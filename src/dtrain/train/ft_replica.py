@@ -31,6 +31,7 @@ from ..errors import ConfigError, DtrainError
 from ..ft.group import GroupLink, GroupProcs
 from ..ft.ledger import FtLedger
 from ..ft.order import GlobalOrder, StepPlan
+from ..ft.overlap import Overlap
 from ..ft.session import (
     Session,
     load_optimizer_snapshot,
@@ -157,6 +158,9 @@ def run_replica(cfg: TrainConfig, ft: FaultTolerance, *, replica_id: str, lighth
 
 
 class _Replica:
+    overlap: Overlap | None = None
+    """The average over the quorum overlapped with backward (set by ``train``); None: one all-reduce after it."""
+
     def __init__(self, ctx: Any, cfg: TrainConfig, ft: FaultTolerance, task: Any, replica_id: str,
                  group: tuple[int, int, int] | None = None, *, restart: bool = False) -> None:
         self.ctx, self.cfg, self.ft, self.task, self.replica_id = ctx, cfg, ft, task, replica_id
@@ -269,6 +273,8 @@ class _Replica:
         self.session = Session(self.ft, replica_id=self.replica_id, lighthouse=lighthouse, host=host,
                                state_dict=self.state_dict, load_state_dict=self.load_state_dict, group=self.group)
         self.manager = self.session.manager
+        if self.cfg.parallel.strategy != "fsdp" and not self.cfg.parallel.layout:  # FSDP, TP, pp: the group's
+            self.overlap = Overlap(self.manager, self.model.parameters())  # collectives make the gradient after backward
         self._joined_at: float | None = time.perf_counter()  # until the first commit: how long joining took
         try:
             self._resume()
@@ -358,17 +364,20 @@ class _Replica:
     def _forward_backward(self, plan: StepPlan) -> torch.Tensor:
         """This process's part of its group's share of the step: ``--grad-accum K`` micro-batches (each
         loss over K, so the gradient is the mean over the share; FSDP averages it over the group's
-        processes), then one all-reduce over the quorum."""
+        processes), then the average over the quorum: overlapped with the last micro-batch's backward
+        (``self.overlap``), else one all-reduce after it."""
         mine = plan.mine[self.dp_rank * self.batch:(self.dp_rank + 1) * self.batch]
         x, y = default_collate([self.task.train_set[i] for i in mine])
         x, y = x.to(self.ctx.device), y.to(self.ctx.device)
         k = self.cfg.batch.grad_accum
         loss = torch.zeros((), device=self.ctx.device)
         staged = self.ctx.strategy.capabilities.staged_step  # pp: the schedule runs forward and backward in one call
-        for xm, ym in zip(x.chunk(k), y.chunk(k)):
+        for i, (xm, ym) in enumerate(zip(x.chunk(k), y.chunk(k))):
             if staged:
                 loss += self.ctx.forward_backward(self.model, xm, ym, self.task.loss_fn) / k
                 continue
+            if self.overlap is not None and i == k - 1:
+                self.overlap.arm()  # the window's last backward sends each bucket as it completes
             micro = self.task.loss_fn(self.model(xm), ym) / k
             micro.backward()
             loss += micro.detach()
@@ -377,7 +386,10 @@ class _Replica:
                 p.grad.div_(k)  # the schedule's loss is each micro-batch's mean: the window's mean as above
         if self.cfg.parallel.layout:  # TP's sequence parallelism leaves a LayerNorm's gradient Partial (a sum
             settle_grads(self.model.parameters())  # over TP ranks still to take): the true one is averaged, stepped, saved
-        self.session.average_gradients(self.model.parameters(), self.model.buffers())
+        if self.overlap is not None:  # its buckets left during backward: wait for them
+            self.overlap.finish(self.model.buffers())
+        else:
+            self.session.average_gradients(self.model.parameters(), self.model.buffers())
         return loss
 
     def _result(self, step: int, loss: torch.Tensor, stats: dict[str, Any], t0: float) -> dict[str, Any]:
