@@ -7,8 +7,10 @@ The bed's hosts are network namespaces of one machine: every host's processes sh
 broadcasts between hosts run two trees at a time (``queued_broadcasts``), as measured by
 benchmarks/zero1_broadcasts.py. Its shaper (tbf) passes a short transfer faster than a long one
 (``SizedFigure``: each measured size at its own rate, and below the smallest the bucket's burst at
-once); `python3 benchmarks/plan_bed.py plan ...` is `dtrain plan` with measured links read that way
-(plan_validation.py runs it).
+once), and queues a host's acknowledgements behind the data it sends, so the two directions of a
+link take turns (``bed_makespan``: a pipeline's hand-offs that cross); `python3 benchmarks/plan_bed.py
+plan ...` is `dtrain plan` with measured links read that way and the pipeline's crossing hand-offs
+taking turns (plan_validation.py runs it).
 """
 
 from __future__ import annotations
@@ -17,9 +19,9 @@ import math
 import sys
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from dtrain.plan import costs
+from dtrain.plan import costs, steps
 from dtrain.plan.cluster import Cluster
 from dtrain.plan.costs import Figure, Group, broadcast, shape
 
@@ -93,6 +95,51 @@ def sized_fit(kind: str, seconds: dict[int, float], n: int, backend: str = "gloo
     by_size = tuple((b, volume(n) * b / (seconds[b] - steps(n) * f.lat)) for b in sorted(seconds)[1:]
                     if seconds[b] > 1.05 * steps(n) * f.lat)
     return SizedFigure(f.lat, f.bw, by_size, max(16 * 1024, 0.002 * f.bw) if by_size else 0.0)
+
+
+CROSSED = 1.0
+"""The share of its time by which a hand-off is slowed while one goes the other way on the bed: 1, the
+two directions take turns. tbf queues up to 100 ms of a host's data and the acknowledgements of what it
+receives behind it (no NIC at line rate does: `dtrain plan` gives each direction its own link).
+benchmarks/pp_step_parts.py, lm-20m's 2-stage pipeline at 20 Mbit/s (2026-11-29): a gradient alone
+21.3 ms, the activation fired with it 42.4 (the two one after another); p2p_duplex.py: 42.3 ms for
+a 64 KiB send begun 1 ms after one the other way (26.9 alone)."""
+
+
+@dataclass
+class CrossingLink(steps._Link):
+    """``steps._Link`` whose transfers take ``CROSSED`` x their overlap with the other direction's
+    transfers longer (those played out before it); ``links``/``other``: its partner's index in them."""
+
+    links: list = field(default_factory=list)
+    other: int = -1
+    spans: list = field(default_factory=list)
+
+    def mark(self, side: dict[int, float], mb: int, at: float) -> None:
+        done = mb in self.ends
+        super().mark(side, mb, at)
+        if done or mb not in self.ends or self.hop <= self.latency:
+            return
+        end = self.ends[mb] - min(self.latency, self.hop)  # its last byte leaves
+        start = end - (self.hop - self.latency)
+        more = CROSSED * sum(max(0.0, min(end, e) - max(start, s)) for s, e in self.links[self.other].spans)
+        self.ends[mb] += more
+        self.free = end + more
+        self.spans.append((start, end + more))
+
+
+def bed_makespan(p: int, m: int, fwd: float, bwd: float, hop: float, schedule: str = "1f1b", latency: float = 0.0,
+                 _played=steps.makespan) -> float:
+    """``steps.makespan`` with each pair of directions between neighbouring stages ``CrossingLink``s."""
+    from unittest import mock
+
+    links: list[CrossingLink] = []
+
+    def link(h: float, lat: float = 0.0) -> CrossingLink:  # made act 0..p-2, then grad 0..p-2 (makespan's order)
+        links.append(CrossingLink(h, lat, links=links, other=(len(links) + p - 1) % (2 * (p - 1))))
+        return links[-1]
+    with mock.patch.object(steps, "_Link", link):
+        return _played(p, m, fwd, bwd, hop, schedule, latency)
 
 
 def zero_partition(sizes: Sequence[float], n: int) -> list[list[float]]:
@@ -206,5 +253,5 @@ if __name__ == "__main__":  # `dtrain plan` with the bed's measured links read s
 
     from dtrain.cli import main
 
-    with mock.patch.object(costs, "fit", sized_fit):
+    with mock.patch.object(costs, "fit", sized_fit), mock.patch.object(steps, "makespan", bed_makespan):
         sys.exit(main(sys.argv[1:]))

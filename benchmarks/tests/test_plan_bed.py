@@ -69,3 +69,17 @@ def test_plan_bed_runs_dtrain_plan_with_the_links_read_size_by_size(tmp_path):
     grads = 4 * 26_122  # digits' MLP: one bucket, exposed whole after a backward of microseconds
     assert on_bed == pytest.approx(1e3 * bed.sized_fit("all_reduce", SECONDS, 2).seconds("all_reduce", grads, 2), rel=0.05)
     assert plan == pytest.approx(1e3 * costs.fit("all_reduce", SECONDS, 2).seconds("all_reduce", grads, 2), rel=0.05)
+
+
+def test_on_the_bed_a_pipelines_crossing_hand_offs_take_turns():
+    """The bed's tbf queues each host's acknowledgements behind its data: an activation fired with a
+    gradient going the other way arrived after both (benchmarks/pp_step_parts.py: 21.3 ms alone, 42.4
+    crossing); the plan gives each direction its own link, as a NIC at line rate does."""
+    from dtrain.plan import steps
+
+    assert bed.bed_makespan(2, 1, 1.0, 1.0, 3.0) == steps.makespan(2, 1, 1.0, 1.0, 3.0)  # one micro-batch: nothing crosses
+    # 1F1B, 2 stages, 4 micro-batches of 1 + 1 s, hand-offs of 10 s: after act 0, act i+1 and grad i start together
+    # (3 pairs), then grad 3 alone; crossing, each pair takes 20 s, not 10
+    plan, on_bed = steps.makespan(2, 4, 1.0, 1.0, 10.0), bed.bed_makespan(2, 4, 1.0, 1.0, 10.0)
+    assert on_bed - plan == pytest.approx(3 * 10.0)
+    assert steps.makespan(2, 4, 1.0, 1.0, 10.0) == plan  # the plan's own schedule is left as it was
