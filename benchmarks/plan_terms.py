@@ -87,6 +87,7 @@ TERMS = {
         steps, "ddp_sync", lambda n, r, w, g, c, b, _d=steps.ddp_sync: _d(n, r, 0.0, g, c, b)),
     "layouts' own CPU cost (measured)": "machinery",
     "pipeline: measured micro-batches and schedule": "no-pp-steps",
+    "pipeline: embedding first stage, head last": "no-ends",
     "optimizer step, memory-bound (GPU presets)": lambda: mock.patch.dict(model.OPT_BYTES_TOUCHED, {"adamw": 0}),
 }
 
@@ -95,6 +96,8 @@ def plans(name: str, spec: dict, term) -> list:
     c = cluster.build({**spec, "tree": False} if term == "no-tree" else spec)
     out = []
     for prof, batch in MODELS["gpu" if c.is_gpu else "cpu"]:
+        if term == "no-ends":  # what is outside the blocks, half on each end stage
+            prof = replace(prof, before_blocks=None)
         if not c.is_gpu:
             prof = cpu_measured(prof, batch)
             if term == "machinery":

@@ -35,6 +35,8 @@ class ModelProfile:
     act_bytes: float
     """Saved-for-backward bytes per sample, under the profile's precision."""
     blocks: tuple[Block, ...] = ()
+    before_blocks: Block | None = None
+    """The layers before the first block (embeddings): a pipeline's first stage holds them, its last the rest."""
     matrices: tuple[tuple[int, int], ...] = ()
     """Parameters as PowerSGD views them (rows x columns)."""
     out_bytes: float = 0.0
@@ -173,6 +175,8 @@ def count(build: Callable[[], nn.Module], x: Any, y: Any, loss_fn: Callable, *, 
         rec.update(params=sum(p.numel() for p in m.parameters()), flops=counter.get_total_flops() - rec["flops0"],
                    saved=saved.total - rec["saved0"], out=_nbytes(_first_tensor(out)))
 
+    children = list(model.children())
+    first = next((i for i, c in enumerate(children) if units and c is units[0]), None)  # a cut Sequential's first block
     handles = [u.register_forward_pre_hook(pre) for u in units] + [u.register_forward_hook(post) for u in units]
     xm, ym = _to_meta(x), _to_meta(y)
     cast = MetaAutocast(autocast_dtype or torch.float32, fused_attention=gpu, weights=saved) if autocast_dtype is not None or gpu else NoCast()
@@ -189,6 +193,8 @@ def count(build: Callable[[], nn.Module], x: Any, y: Any, loss_fn: Callable, *, 
     params = list(model.parameters())
     return {"params": sum(p.numel() for p in params), "tensors": len(params), "fwd": fwd, "bwd": total - fwd, "act": act,
             "out": _nbytes(_first_tensor(out)), "blocks": per_block,
+            "before": None if first is None else {"params": sum(p.numel() for c in children[:first] for p in c.parameters()),
+                                                   "flops": per_block[0]["flops0"], "saved": per_block[0]["saved0"]},
             "matrices": tuple((p.shape[0], p.numel() // p.shape[0]) for p in params if p.dim() >= 2)}
 
 
@@ -203,10 +209,12 @@ def profile_task(task: Any, *, batch: int, precision: str = "fp32", gpu: bool = 
                           f"({type(exc).__name__}: {exc}); dtrain plan needs FLOPs and activation sizes.") from None
     blocks = tuple(Block(params=int(b.get("params", 0)), fwd_flops=b.get("flops", 0) / batch,
                          act_bytes=b.get("saved", 0) / batch, out_bytes=b.get("out", 0) / batch) for b in c["blocks"])
+    pre = c["before"]
+    before = None if pre is None else Block(params=pre["params"], fwd_flops=pre["flops"] / batch, act_bytes=pre["saved"] / batch, out_bytes=0.0)
     notes = ("FLOPs and activations counted on the meta device (FlopCounterMode, saved-tensor hooks)",)
     bwd_ratio = c["bwd"] / c["fwd"] if c["fwd"] else 2.0
     return ModelProfile(name=task.name, params=c["params"], fwd_flops=c["fwd"] / batch, act_bytes=c["act"] / batch,
-                        blocks=blocks, matrices=c["matrices"], out_bytes=c["out"] / batch, tensors=c["tensors"],
+                        blocks=blocks, before_blocks=before, matrices=c["matrices"], out_bytes=c["out"] / batch, tensors=c["tensors"],
                         tokens_per_sample=task.tokens_per_sample, bwd_ratio=bwd_ratio, precision=precision, notes=notes)
 
 
@@ -249,7 +257,7 @@ def transformer(name: str, *, layers: int, width: int, ffn: int, heads: int, kv_
     per_layer_mats += [(width, ffn)] * (3 if gated else 2)
     mats = tuple(per_layer_mats * layers) + ((vocab, width),) * (1 if tied else 2)
     return ModelProfile(name=name, params=params, fwd_flops=fwd, act_bytes=layers * per_layer_act + 4 * vocab * seq,
-                        blocks=blocks, matrices=mats, out_bytes=4 * vocab * seq, tokens_per_sample=seq,
+                        blocks=blocks, before_blocks=Block(params=emb, fwd_flops=0.0, act_bytes=0.0, out_bytes=0.0), matrices=mats, out_bytes=4 * vocab * seq, tokens_per_sample=seq,
                         tensors=layers * (len(per_layer_mats) + 2) + (2 if tied else 3),
                         precision="bf16-mixed", notes=("written as data: " + name,))
 

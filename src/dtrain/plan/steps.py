@@ -18,17 +18,21 @@ from .profile import ModelProfile
 
 
 def stage_share(prof: ModelProfile, pp: int) -> tuple[float, float, float]:
-    """(compute, parameter, activation) share of the busiest of ``pp`` stages; the root's half each end."""
+    """(compute, parameter, activation) share of the busiest of ``pp`` stages, each at its largest: the blocks
+    split as ``parallel.pipeline`` cuts them, the layers before them (``before_blocks``) on the first stage,
+    those after them (the head) on the last; not known: half of what is outside the blocks at each end."""
     if pp <= 1 or not prof.blocks:
         return 1.0, 1.0, 1.0
-    bl = prof.blocks[:math.ceil(len(prof.blocks) / pp)]
-    rest_f = prof.fwd_flops - sum(b.fwd_flops for b in prof.blocks)
-    rest_p = prof.params - sum(b.params for b in prof.blocks)
-    rest_a = prof.act_bytes - sum(b.act_bytes for b in prof.blocks)
-    f = (sum(b.fwd_flops for b in bl) + rest_f / 2) / prof.fwd_flops
-    p = (sum(b.params for b in bl) + rest_p / 2) / max(1, prof.params)
-    a = (sum(b.act_bytes for b in bl) + rest_a / 2) / max(1.0, prof.act_bytes)
-    return f, p, a
+
+    def load(blocks: Any, extra: Any = (0.0, 0.0, 0.0)) -> list[float]:
+        return [sum((b.fwd_flops, b.params, b.act_bytes)[i] for b in blocks) + extra[i] for i in range(3)]
+
+    n, total = len(prof.blocks), (prof.fwd_flops, prof.params, prof.act_bytes)
+    rest = [t - x for t, x in zip(total, load(prof.blocks))]
+    first = [r / 2 for r in rest] if prof.before_blocks is None else load([prof.before_blocks])
+    ends = {0: first, pp - 1: [r - f for r, f in zip(rest, first)]}
+    stages = [load(prof.blocks[n * s // pp:n * (s + 1) // pp], ends.get(s, (0.0, 0.0, 0.0))) for s in range(pp)]
+    return tuple(max(st[i] for st in stages) / max(1.0, total[i]) for i in range(3))
 
 
 def recompute_s(prof: ModelProfile, c: Cluster, s: Any, fwd: float) -> float:

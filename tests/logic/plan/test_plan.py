@@ -105,6 +105,27 @@ def test_pipeline_bubble_is_p_minus_1_over_m_plus_p_minus_1():
     assert stage_share(prof, 2) == (0.5, 0.5, 0.5)
 
 
+def test_a_pipeline_stage_holds_the_layers_outside_the_blocks_at_its_own_end():
+    """dtrain cuts between blocks (parallel.pipeline.block_bounds): the embedding on the first stage, the
+    head on the last. GPT-2's head (768 x 50257, 79 GFLOP a sample) is worth 4 of its 12 blocks."""
+    gpt2 = transformer("GPT-2", layers=12, width=768, ffn=3072, heads=12, kv_heads=12, vocab=50257, seq=1024, tied=True, gated=False)
+    block, head = gpt2.blocks[0].fwd_flops, 2 * 50257 * 768 * 1024
+    assert gpt2.fwd_flops == pytest.approx(12 * block + head)
+    f, p, a = stage_share(gpt2, 2)
+    assert f == pytest.approx((6 * block + head) / gpt2.fwd_flops)  # the last stage: 6 blocks and the head (was half of it)
+    assert p == pytest.approx((6 * gpt2.blocks[0].params + 50257 * 768) / gpt2.params)  # the first: 6 blocks and the embedding
+    assert a == pytest.approx((6 * gpt2.blocks[0].act_bytes + 4 * 50257 * 1024) / gpt2.act_bytes)  # the last: the logits
+    # counted from a task: the layers before the first block are found (the LM's token and position embeddings)
+    from dtrain.plan.profile import profile_task
+    from dtrain.tasks import load_task
+
+    lm = profile_task(load_task("lm", options={"layers": "2", "width": "64", "heads": "2", "context": "64",
+                                                "max_bytes": "200000", "tie": "false"}), batch=4)
+    assert lm.before_blocks is not None and lm.before_blocks.params == (256 + 64) * 64 and lm.before_blocks.fwd_flops == 0
+    head_flops = lm.fwd_flops - sum(b.fwd_flops for b in lm.blocks)
+    assert stage_share(lm, 2)[0] == pytest.approx((lm.blocks[1].fwd_flops + head_flops) / lm.fwd_flops)
+
+
 def test_memory_per_rank_by_layout():
     prof = toy(params=1_000_000, blocks=4)
     c = flat(nodes=1, ppn=4)
