@@ -47,7 +47,9 @@ class Session:
         group's store at ``host``; ``dtrain.ft.group``); None: a group of this one process."""
         require_torchft()
         from torch.distributed import TCPStore
-        from torchft import Manager, ProcessGroupGloo
+        from torchft import Manager
+
+        from .process_group import QuorumGroup
 
         self.ft, self.replica_id, self.lighthouse = ft, replica_id, lighthouse
         self.healed: list[int] = []
@@ -60,7 +62,7 @@ class Session:
             port = self._store.port
         try:
             self.manager: Any = Manager(
-                pg=ProcessGroupGloo(timeout=step_timeout), load_state_dict=self._healed, state_dict=state_dict,
+                pg=QuorumGroup(connect=timedelta(seconds=ft.connect_s), step=step_timeout), load_state_dict=self._healed, state_dict=state_dict,
                 min_replica_size=ft.min_replicas,
                 # the quorum (and any healing) before the step: the step's samples depend on it
                 use_async_quorum=False, rank=rank, world_size=size, store_addr=host, store_port=port,

@@ -44,6 +44,16 @@ class FaultTolerance:
     step_timeout_s: float = 30.0
     """How long one cross-replica collective or a healing transfer may take (``step-timeout=S``)."""
 
+    @property
+    def connect_s(self) -> float:
+        """How long the members of a new quorum may take to reach its store and each other (torchft's
+        process group configure) before the step is given up and the next quorum asked for: a member
+        that has not is dead, as the Lighthouse takes one silent for ``heartbeat_s``; the second more
+        covers one that died just after the quorum formed (its heartbeat expires that much later), so
+        the next quorum leaves it out. Doubled after a failed try (``dtrain.ft.process_group``),
+        never over ``step_timeout_s``."""
+        return min(self.step_timeout_s, self.heartbeat_s + 1.0)
+
     def __post_init__(self) -> None:
         if self.min_replicas < 1:
             raise ConfigError(f"--fault-tolerance min must be >= 1, got {self.min_replicas}; write e.g. --fault-tolerance min=1.")

@@ -1,0 +1,43 @@
+"""The gloo group a replica group averages its gradients over with the others' (torchft reconfigures
+it in place at every new quorum), with its start bounded apart from its collectives.
+
+torchft's ``ProcessGroupGloo`` takes one timeout for both: reaching the quorum's store and every
+member (``configure``), and each all-reduce. A member that the Lighthouse put in a quorum and that
+died before it reached the store (a host killed right after it asked for a quorum: its request
+stands until its heartbeat expires) never publishes its address, so each survivor waited the
+whole ``step-timeout`` (30 s) in configure before the step was given up (benchmarks/ft_stall.py).
+A live member reaches the store at once: every member is waiting for the quorum when it forms,
+and the store's address comes with it. So configure is bounded by ``FaultTolerance.connect_s``,
+the Lighthouse's own time to take a silent member for dead, and each collective by ``step-timeout``.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import torch
+from torchft.process_group import ProcessGroupGloo
+
+
+class QuorumGroup(ProcessGroupGloo):
+    """torchft's reconfigurable gloo group: ``connect`` to start it, ``step`` for each collective."""
+
+    def __init__(self, *, connect: timedelta, step: timedelta) -> None:
+        super().__init__(timeout=connect)  # torchft's configure reads it: the store's client and gloo's connect
+        self._connect, self._step = connect, step
+
+    def configure(self, *args: Any, **kwargs: Any) -> None:
+        try:
+            super().configure(*args, **kwargs)
+        except Exception:
+            # A live member on a loaded host may be late: the next try (the next quorum) waits twice as
+            # long, up to step-timeout, so a busy machine cannot fail every configure in a row.
+            self._timeout = min(self._timeout * 2, self._step)
+            raise
+        self._timeout = self._connect
+
+    def _create_pg(self, store: Any, rank: int, world_size: int) -> Any:
+        pg = super()._create_pg(store, rank, world_size)  # connected: every member was reached within `connect`
+        pg._get_backend(torch.device("cpu")).set_timeout(self._step)  # the same backend serves cuda tensors
+        return pg
