@@ -5,6 +5,7 @@ tolerance, on this host, 2 processes, alternating the sides, ``--repeats`` pairs
   (2 replica groups on torchft), same task, batch and steps; per-step times from --metrics-file
   (`--log-every 1`: consecutive records' wall_s) after the first 10 steps. Not like for like: the
   fault-tolerant loop has no DataLoader and no per-step breakdown, the DDP one has both.
+  ``--baseline-src DIR`` adds a third side: the fault-tolerant job run by another checkout's dtrain.
 - ``--face script``: one loop (benchmarks/ft_overhead_loop.py: dtrain.init, ctx.setup_dataloader,
   ctx.backward, ctx.should_commit) started by `dtrain run -n 2` (DDP: its gradient all-reduce
   overlaps backward) and by `dtrain run --fault-tolerance -n 2` (torchft: a quorum per step, the
@@ -43,17 +44,17 @@ def step_times(path: str, replica: str | None) -> list[float]:
     return [b["wall_s"] - a["wall_s"] for a, b in zip(rows, rows[1:]) if b["step"] == a["step"] + 1]
 
 
-def _run(cmd: list[str]) -> None:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.join(ROOT, "src"), ROOT])}
+def _run(cmd: list[str], src: str | None = None) -> None:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src or os.path.join(ROOT, "src"), ROOT])}
     subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=1800, cwd=ROOT)
 
 
-def one_train(ft: bool, a: argparse.Namespace) -> float:
+def one_train(ft: bool, a: argparse.Namespace, src: str | None = None) -> float:
     with tempfile.TemporaryDirectory() as tmp:
         metrics = os.path.join(tmp, "m.jsonl")
         data = ["--data-dir", a.data_dir] if a.data_dir else []
         _run([sys.executable, "-m", "dtrain", "train", "--nproc", "2", "--task", a.task, *data, "--max-steps", str(a.steps),
-              "--epochs", "100", "--metrics-file", metrics, "--log-every", "1", *(["--fault-tolerance"] if ft else [])])
+              "--epochs", "100", "--metrics-file", metrics, "--log-every", "1", *(["--fault-tolerance"] if ft else [])], src)
         return statistics.median(step_times(metrics, "0-0" if ft else None))
 
 
@@ -80,19 +81,29 @@ def main() -> int:
     p.add_argument("--batch-size", type=int, default=32, help="per process (--face script)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--json", default=None)
+    p.add_argument("--baseline-src", default=None,
+                   help="--face train: a third side, the fault-tolerant job run by the dtrain at this src/ (e.g. a worktree of an "
+                        "older commit), so that a change's effect is measured in the same pairs")
     a = p.parse_args()
     one = one_script if a.face == "script" else one_train
-    plain, ft, loads = [], [], []
+    plain, ft, base, loads = [], [], [], []
+    sides = ("plain", "ft", "base") if a.baseline_src and a.face == "train" else ("plain", "ft")
     for i in range(a.repeats):  # alternate which side goes first
-        for side in ((False, True) if i % 2 == 0 else (True, False)):
+        for side in (sides if i % 2 == 0 else sides[::-1]):
             loads.append(round(os.getloadavg()[0], 2))
-            (ft if side else plain).append(one(side, a))
+            if side == "base":
+                base.append(one_train(True, a, a.baseline_src))
+            else:
+                (ft if side == "ft" else plain).append(one(side == "ft", a))
     ratios = [x / y for x, y in zip(plain, ft)]
     out = {"date": time.strftime("%Y-%m-%d"), "machine": f"{os.cpu_count()} cores, this host",
            "command": " ".join(["python3", "benchmarks/ft_overhead.py", *sys.argv[1:]]), "load1": loads,
            "step_s_plain": [round(x, 4) for x in plain], "step_s_ft": [round(x, 4) for x in ft],
            "speed_ft_vs_plain_pairs": [round(r, 3) for r in ratios],
            "speed_ft_vs_plain": round(statistics.median(ratios), 3)}
+    if base:
+        out.update({"baseline_src": a.baseline_src, "step_s_baseline_ft": [round(x, 4) for x in base],
+                    "speed_baseline_ft_vs_plain": round(statistics.median(x / y for x, y in zip(plain, base)), 3)})
     print(json.dumps(out, indent=1))
     if a.json:
         with open(a.json, "w") as f:
