@@ -8,8 +8,19 @@ the step's samples: **every participant's**, since the global order is known to 
 survivors wrote the same step, so the ledger still holds every committed step.
 
 The check: a step's record stands unless a later ``start`` header began below it (a whole-job
-restart from a disk checkpoint redid that step); the records of one step must agree (they
-describe the same committed step); each standing step counts once.
+restart from a disk checkpoint redid that step), or it is a commit lost with its group (below);
+the records of one step must agree (they describe the same committed step); each standing step
+counts once.
+
+A commit lost with its group: torchft's commit vote counts a group's own processes only, so a
+group whose all-reduce completed can commit a step its peer's failed (one side only). If that
+group lives, the peer heals from it at the next quorum (it is one step ahead) and never commits the
+step itself. If it dies first, nobody heals from it: the step is lost like an uncommitted one, and
+the survivors commit it again with their own quorum's samples. So the earlier record of a step,
+the last of its file, that another group's record of the same step written later replaces (that
+group went on from it), and from which no later start of its replica from disk went on (``begin``
+at or after the step), is not the job's line. Two groups that both went on from different records of one step still
+disagree (their models differ: the result lines' ``model_digest`` shows it too).
 """
 
 from __future__ import annotations
@@ -75,7 +86,7 @@ def check_ft_ledger(folder: str) -> tuple[LedgerReport, list[int]]:
     for name in names:
         lines, cut = read_records(os.path.join(folder, name))
         torn += cut
-        for rec in lines:
+        for i, rec in enumerate(lines):
             if not isinstance(rec, dict):
                 torn += 1
             elif "ft" in rec:
@@ -83,11 +94,12 @@ def check_ft_ledger(folder: str) -> tuple[LedgerReport, list[int]]:
                 if rec["source"] == "start":
                     starts.append((name, float(rec["t"]), int(rec["begin"])))
             elif "s" in rec or "end" in rec:
-                records.append({**rec, "file": name})
+                records.append({**rec, "file": name, "last": i == len(lines) - 1})
     # A file's own header comes before its records; another file's start header written after a
     # record, below its step, is a restart from disk that redid (or dropped) that step.
     stands = [r for r in records
               if not any(f != r["file"] and t > r["t"] and begin < r.get("s", r.get("end")) for f, t, begin in starts)]
+    stands = [r for r in stands if not (r["last"] and "s" in r and _lost_with_its_group(r, stands, starts))]
     by_step: dict[int, dict[str, Any]] = {}
     disagree = set()
     for rec in (r for r in stands if "s" in r):
@@ -99,3 +111,19 @@ def check_ft_ledger(folder: str) -> tuple[LedgerReport, list[int]]:
     report = LedgerReport(epochs=count_epochs(flat, n), generations=len(names), steps_kept=len(by_step),
                           steps_discarded=len({r["s"] for r in records if "s" in r} - set(by_step)), torn_lines=torn)
     return report, sorted(disagree)
+
+
+def _lost_with_its_group(rec: dict[str, Any], stands: list[dict[str, Any]], starts: list[tuple[str, float, int]]) -> bool:
+    """``rec``, the last line of its file, is a commit lost with its group (the module's docstring):
+    another group committed its step again later and went on from it (a later step's record, or the
+    job's end), and no later start of its replica from disk went on from ``rec``."""
+    replica, step = _replica(rec["file"]), rec["s"]
+    went_on = {o["file"] for o in stands if o["file"] != rec["file"] and (o.get("s", -1) > step or o.get("end", -1) >= step)}
+    redone = any(o["file"] in went_on and o.get("s") == step and o["t"] > rec["t"] for o in stands)
+    resumed = any(_replica(f) == replica and t > rec["t"] and begin >= step for f, t, begin in starts)
+    return redone and not resumed
+
+
+def _replica(name: str) -> str:
+    found = _FILE.match(name)
+    return found.group(1) if found else name
