@@ -28,6 +28,9 @@ from .spec import DEFAULT_LIGHTHOUSE_PORT, LEFT_EXIT, FaultTolerance, lighthouse
 RESTART_DELAY_S = 1.0
 """Between a replica group's death and its restart (its peers notice it gone meanwhile)."""
 
+MISTAKE_EXIT = ConfigError.exit_code
+"""A group that ends with it printed a user's mistake (``replica_main``: a ``DtrainError``'s line)."""
+
 
 class Groups(Protocol):
     """What one replica group's processes run."""
@@ -113,16 +116,19 @@ def _supervise(groups: Groups, ids: list[str], lighthouse: str, host: str, max_r
         while procs:
             time.sleep(0.2)
             for rid, proc in list(procs.items()):
-                if proc.exitcode is None:
+                code = proc.exitcode  # read once: a lost group's status is its first failure, not its rest's kill
+                if code is None:
                     continue
                 del procs[rid]
-                code = proc.exitcode
                 # Once a group has finished the job, one that dies is not started again (it would train alone);
-                # nor one that left on a stop signal.
-                if code in (0, LEFT_EXIT) or stopping or restarts >= max_restarts or 0 in finished.values():
+                # nor one that left on a stop signal, nor one that refused a mistake (exit status 2, its one line
+                # printed: a restart meets it again, and a line here would be a second one).
+                if code in (0, LEFT_EXIT, MISTAKE_EXIT) or stopping or restarts >= max_restarts or 0 in finished.values():
                     finished[rid] = code
                     if code == LEFT_EXIT:
                         logger.info(f"fault tolerance: replica group {rid} left the job on a stop signal; not restarted")
+                    elif code == MISTAKE_EXIT:
+                        logger.debug(f"fault tolerance: replica group {rid} ended with exit status 2 (its line said why)")
                     elif code != 0:
                         logger.warning(f"fault tolerance: replica group {rid} ended with {_status(code)}; not restarted "
                                        f"({restarts} of --max-restarts {max_restarts} used)")
