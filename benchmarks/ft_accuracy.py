@@ -20,7 +20,8 @@ checkpoints are deleted once scored.
 
     python3 benchmarks/ft_accuracy.py --tasks mnist,lm --seeds 0,1,2 --steps 200 --kills 3 --json FILE
     python3 benchmarks/ft_accuracy.py --tasks mnist,lm --seeds 0,1,2 --epochs 2 --mnist-samples 6000 --kills 3 --json FILE
-    python3 benchmarks/ft_accuracy.py --tasks mnist --seeds 0,1,2 --epochs 12 --mnist-samples 6000 --kills 2 --curve-every 23 --json FILE
+    python3 benchmarks/ft_accuracy.py --tasks mnist --seeds 0,1,2 --epochs 12 --mnist-samples 6000 --kills 2 --curve-every 46 --json FILE
+    python3 benchmarks/ft_accuracy.py --tasks lm --seeds 0,1 --epochs 20 --lm-lr 3e-3 --kills 2 --curve-every 70 --json FILE
 """
 
 from __future__ import annotations
@@ -129,6 +130,8 @@ def one(task: str, seed: int, steps: int, kills: int, rng: random.Random, a: arg
     chosen = TASKS[task]
     if task == "mnist" and a.mnist_samples:
         chosen = ["--task", "benchmarks.ft_accuracy:mnist_subset", "--task-arg", f"n={a.mnist_samples}"]
+    if task == "lm" and a.lm_lr:
+        chosen = [*chosen, "--lr", str(a.lm_lr)]
     length = ["--epochs", str(a.epochs)] if a.epochs else ["--max-steps", str(steps), "--epochs", "100"]
     args = ["train", "--fault-tolerance", "min=1,heartbeat=1", "--nproc", "2", "--max-restarts", str(kills + 2), *chosen,
             *(["--data-dir", a.data_dir] if task == "mnist" else []),
@@ -191,6 +194,7 @@ def main() -> int:
     p.add_argument("--kills", type=int, default=3)
     p.add_argument("--epochs", type=int, default=0, help="run this many epochs instead of --steps steps")
     p.add_argument("--mnist-samples", type=int, default=0, help="MNIST on its first N training images (0: all)")
+    p.add_argument("--lm-lr", type=float, default=0, help="lm's learning rate (0: the task's, AdamW 1e-3)")
     p.add_argument("--data-dir", default=os.path.join(ROOT, "..", "shared", "data", "mnist"))
     p.add_argument("--curve-every", type=int, default=0,
                    help="save every N steps and score each checkpoint: the metric's curve (0: the end only)")
