@@ -78,7 +78,10 @@ def plan_task(task: Any, cluster: Cluster, *, batch: int, precision: str = "fp32
               log_every: int = 20) -> Plan:
     """Profile ``task`` and plan it on ``cluster`` (`dtrain plan`, `--parallel auto`): a GPU preset from
     FLOPs, a CPU timed here (``task_spec``: each layout's machinery too), ``--device cuda`` timed on it."""
-    tp_ok, pp_ok = task.tp_plan is not None, not _tied(task)
+    with torch.device("meta"):
+        model = task.build_model()
+    # a parameter shared between modules (tied weights) cannot be split between pipeline stages
+    tp_ok, pp_ok = task.tp_plan is not None, len(list(model.named_parameters(remove_duplicate=False))) == len(list(model.parameters()))
     optimizer = optimizer or task.optimizer
     prof = profile_task(task, batch=batch, precision=precision, gpu=cluster.is_gpu)
     layouts = _layouts(prof, cluster, comms, tp_ok, pp_ok) if layouts is None else layouts
@@ -106,13 +109,6 @@ def plan_task(task: Any, cluster: Cluster, *, batch: int, precision: str = "fp32
 def _layouts(prof: ModelProfile, c: Cluster, comms: tuple[str, ...], tp_ok: bool, pp_ok: bool) -> list[Layout]:
     return candidates(c.world_size, c.procs_per_node, c.nodes, blocks=len(prof.blocks), tp_ok=tp_ok and bool(prof.blocks),
                       pp_ok=pp_ok, comms=comms)
-
-
-def _tied(task: Any) -> bool:
-    """Whether the model shares a parameter between modules (pipeline stages cannot)."""
-    with torch.device("meta"):
-        model = task.build_model()
-    return len(list(model.named_parameters(remove_duplicate=False))) != len(list(model.parameters()))
 
 
 __all__ = ["MARGIN", "Cluster", "Layout", "ModelProfile", "Plan", "Prediction", "Settings", "make_plan", "plan_task", "predict"]

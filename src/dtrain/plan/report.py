@@ -13,16 +13,13 @@ COLUMNS = ("#", "layout", "comm", "step ms", "samples/s", "scaling", "exposed co
 
 
 def rows(plan: Plan, top: int | None = None) -> list[tuple[str, ...]]:
-    world = plan.cluster.world_size
     out = []
     for i, p in enumerate(plan.predictions[:top] if top else plan.predictions, 1):
-        d = p.as_dict(world)
+        d = p.as_dict(plan.cluster.world_size)
         eff = d["scaling_efficiency"]
-        head = d["mem_headroom_mib"]
-        fits = "yes" if d["fits"] else f"no (+{-head:,.0f} MiB)"
         out.append((str(i), d["layout"], d["comm"], f"{d['step_ms']:.2f}", f"{d['samples_per_s']:,.1f}",
                     "-" if eff is None else f"{eff:.0%}", f"{d['exposed_comm_ms']:.2f}", f"{d['state_mib_per_rank']:,.1f}",
-                    f"{d['peak_mib_per_rank']:,.0f}", fits))
+                    f"{d['peak_mib_per_rank']:,.0f}", "yes" if d["fits"] else f"no (+{-d['mem_headroom_mib']:,.0f} MiB)"))
     return out
 
 
@@ -129,14 +126,11 @@ def chart(plan: Plan, path: str) -> str:
 
         raise ConfigError("--chart needs matplotlib; pip install 'dtrain[plot]' (or matplotlib).") from None
     preds = plan.predictions
-    labels = [p.layout.label() for p in preds]
-    rates = [p.samples_per_s for p in preds]
     fig, ax = plt.subplots(figsize=(max(6, 0.6 * len(preds) + 2), 4.5))
-    bars = ax.bar(range(len(preds)), rates, color=["tab:blue" if p.fits else "lightgray" for p in preds])
-    for bar, p in zip(bars, preds):
-        if not p.fits:
-            bar.set_hatch("//")
-    ax.set_xticks(range(len(preds)), labels, rotation=45, ha="right", fontsize=8)
+    bars = ax.bar(range(len(preds)), [p.samples_per_s for p in preds], color=["tab:blue" if p.fits else "lightgray" for p in preds])
+    for bar in (b for b, p in zip(bars, preds) if not p.fits):
+        bar.set_hatch("//")
+    ax.set_xticks(range(len(preds)), [p.layout.label() for p in preds], rotation=45, ha="right", fontsize=8)
     ax.set_ylabel("predicted samples/s")
     ax.set_title(f"dtrain plan: {plan.profile.name} on {plan.cluster.nodes} x {plan.cluster.procs_per_node} {plan.cluster.device.name}"
                  " (gray: does not fit)", fontsize=9)

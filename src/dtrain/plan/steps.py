@@ -146,40 +146,24 @@ def pipeline_step(prof: ModelProfile, c: Cluster, layout: Layout, s: Any, fwd_t:
     return phases, 2 * m * (d.pp - 1) * hop / d.pp + sync, sync
 
 
-def measured_extra(prof: ModelProfile, layout: Layout) -> tuple[float, float, float]:
-    """(forward, backward, optimizer) s the layout's machinery adds on this CPU (``machinery``); 0 unmeasured."""
-    m = prof.machinery
-    if m is None:
-        return 0.0, 0.0, 0.0
-    return tuple(sum(phase) for phase in zip((0.0, 0.0, 0.0), *(m.extra(kind) for kind in kinds_of(layout))))
-
-
-def pipeline_compute(prof: ModelProfile, layout: Layout, s: Any, f_share: float) -> tuple[float, float] | None:
-    """(forward, backward) s of the busiest stage from a measured micro-batch x the stage's share,
-    plus the schedule's own work per micro-batch; None unmeasured."""
-    m = prof.machinery
-    if m is None or "micro" not in m.steps or "pp" not in m.steps:
-        return None
-    mb, n = m.steps["micro"], s.microbatches
-    schedule = max(0.0, m.steps["pp"].forward - m.microbatches * (mb.forward + mb.backward)) / m.microbatches
-    return n * (mb.forward * f_share / layout.dims.tp + schedule), n * mb.backward * f_share / layout.dims.tp
-
-
 def step_phases(prof: ModelProfile, c: Cluster, layout: Layout, s: Any, fwd: float, bwd: float,
                 opt: float) -> tuple[dict[str, float], float, list[str]]:
     """Phase -> seconds of one optimizer step on the busiest rank; wire seconds; notes."""
     d, ppn, b = layout.dims, c.procs_per_node, s.batch
-    g_tp = group_of(d.tp, 1, ppn)
-    g_shard = group_of(d.dp_shard, d.tp, ppn)
-    g_rep = group_of(d.dp_replicate, d.tp * d.dp_shard, ppn)
-    g_pp = group_of(d.pp, d.tp * d.dp, ppn)
+    g_tp, g_shard = group_of(d.tp, 1, ppn), group_of(d.dp_shard, d.tp, ppn)
+    g_rep, g_pp = group_of(d.dp_replicate, d.tp * d.dp_shard, ppn), group_of(d.pp, d.tp * d.dp, ppn)
     f_share, p_share, _ = stage_share(prof, d.pp)
     params_rank = prof.params * p_share / d.tp
     fwd_t, bwd_t = b * fwd * f_share / d.tp, b * bwd * f_share / d.tp
-    if d.pp > 1 and (piped := pipeline_compute(prof, layout, s, f_share)) is not None:
-        fwd_t, bwd_t = piped
+    m = prof.machinery
+    if d.pp > 1 and m is not None and "micro" in m.steps and "pp" in m.steps:
+        # on this CPU: a measured micro-batch x the stage's share, plus the schedule's own work per micro-batch
+        mb, n = m.steps["micro"], s.microbatches
+        schedule = max(0.0, m.steps["pp"].forward - m.microbatches * (mb.forward + mb.backward)) / m.microbatches
+        fwd_t, bwd_t = n * (mb.forward * f_share / d.tp + schedule), n * mb.backward * f_share / d.tp
     bwd_t += b * recompute_s(prof, c, s, fwd) * f_share / d.tp
-    extra_f, extra_b, extra_o = measured_extra(prof, layout)
+    # what the layout's machinery adds on this CPU (``machinery``; 0 unmeasured)
+    extra_f, extra_b, extra_o = (sum(ph) for ph in zip((0.0, 0.0, 0.0), *(m.extra(k) for k in kinds_of(layout)))) if m else (0.0,) * 3
     fwd_t, bwd_t = fwd_t + extra_f, bwd_t + extra_b
     phases = {"data": b * s.data_s_per_sample, "forward": fwd_t, "backward": bwd_t}
     opt_t = opt * params_rank / (d.dp if layout.zero1 else d.dp_shard) + extra_o
