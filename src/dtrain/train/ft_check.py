@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from .. import _check as check
-from ..errors import ConfigError
+from ..errors import ConfigError, DtrainError
 from ..parallel import ParallelDims
 from ..parallel import parse as parse_layout
 from ..parallel.pipeline import PipelineConfig, split_stage
@@ -45,8 +45,13 @@ def check_layout(cfg: TrainConfig, task: Task, dims: ParallelDims, precision: Pr
     if dims.tp > 1 and task.tp_plan is None:
         raise ConfigError(f"--parallel {cfg.parallel.layout}: the task has no tensor-parallel plan; set Task.tp_plan "
                           "(e.g. the lm task's gpt_tp_plan), or drop tp.")
-    with torch.device("meta"):
-        model = task.new_model()
+    try:
+        with torch.device("meta"):
+            model = task.new_model()
+    except DtrainError:
+        raise
+    except Exception:  # a task's model that needs real tensors to be built (a value read back): its groups check it
+        return
     if dims.pp > 1:
         pipeline = PipelineConfig()  # a replica group's layout takes no pipeline options
         split_stage(model, 0, dims.pp, pipeline, task.blocks(model) if task.blocks else None)  # checks every stage's cut
