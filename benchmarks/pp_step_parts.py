@@ -156,6 +156,7 @@ def summarise(ranks: list[list[dict]], rate: float, hop_bytes: int, microbatches
                      "optimizer": [r0["optimizer"] * 1e3, r1["optimizer"] * 1e3], "loss_bcast": r0["loss_bcast"] * 1e3,
                      "compute": comp, "alone": [t["ms"] for t in xs if t["crossed_ms"] < 0.5],
                      "crossing": [t["ms"] for t in xs if t["crossed_ms"] >= 0.5],
+                     **{f"crossing_{k}": [t["ms"] for t in xs if t["crossed_ms"] >= 0.5 and t["kind"] == k] for k in ("act", "grad")},
                      "crossed_share": [t["crossed_ms"] / t["ms"] for t in xs if t["crossed_ms"] >= 0.5 and t["ms"] > 0],
                      "handoffs": [(t["kind"], t["mb"], round((t["start"] - r0["start"]) * 1e3, 2), round(t["ms"], 2)) for t in xs]})
     flat = lambda key: [v for r in rows for v in r[key]]  # noqa: E731
@@ -166,7 +167,8 @@ def summarise(ranks: list[list[dict]], rate: float, hop_bytes: int, microbatches
            "compute_ms": [{w: med(r["compute"][s][w] for r in rows) for w in ("F", "B")} for s in (0, 1)],
            "handoff_alone_ms": med(flat("alone")) if flat("alone") else None,
            "handoff_crossing_ms": med(flat("crossing")) if flat("crossing") else None,
-           "crossing_handoffs": len(flat("crossing")) / len(rows), "example_step": rows[len(rows) // 2]["handoffs"]}
+           "crossing_handoffs": len(flat("crossing")) / len(rows),
+           "crossing_by_kind_ms": {k: med(flat(f"crossing_{k}")) if flat(f"crossing_{k}") else None for k in ("act", "grad")}, "example_step": rows[len(rows) // 2]["handoffs"]}
     # the plan's schedule fed with these parts: the busiest stage's compute per micro-batch, each hand-off its time alone
     busy = max(out["compute_ms"], key=lambda c: c["F"] + c["B"])
     fwd, bwd = busy["F"] / microbatches / 1e3, busy["B"] / microbatches / 1e3
