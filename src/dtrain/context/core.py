@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -22,49 +21,32 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from .. import _check as check
-from ..checkpoint import CheckpointManager, RunState, atomic_save, load_into, resolve, safe_load
+from ..checkpoint import CheckpointManager, RunState
 from ..comm.collectives import Collectives
-from ..data.loader import DeviceLoader, reshard
+from ..data.loader import DeviceLoader
 from ..diag import Tracker, Watchdog
-from ..errors import CheckpointError, ConfigError
+from ..errors import ConfigError
 from ..metrics.memory import MemoryReport, memory_report
-from ..parallel import transforms
 from ..parallel.apply import parallelize
-from ..parallel.convnets import apply_channels_last, apply_sync_bn
 from ..precision import Precision
 from ..strategies.base import Strategy
 from ..world import World, WorldView, destroy_process_group
-from . import evaluation
+from . import evaluation, saving
 from .closed import refused_after_close
 from .replicas import Replicas
+from .setup import check_loader, check_model, check_optimizer, prepare_model, shard_loader
 from .step import DtrainModule, DtrainOptimizer, Step
 
 __all__ = ["Context", "DtrainModule", "DtrainOptimizer"]
-
-
-def _check_model(what: str, model: Any) -> None:
-    check.instance(what, model, nn.Module, "give the torch.nn.Module to train (e.g. ctx.setup(model, optimizer))")
-
-
-def _check_optimizer(what: str, optimizer: Any) -> None:
-    check.instance(what, optimizer, torch.optim.Optimizer,
-                   "give a torch.optim.Optimizer built from the model's parameters (e.g. torch.optim.SGD(model.parameters(), lr=0.1))")
-    if isinstance(optimizer, DtrainOptimizer):
-        raise ConfigError(f"{what}: this optimizer was already set up; pass the torch optimizer to ctx.setup once.")
-
-
-def _check_path_state(what: str, path: Any, state: Any) -> None:
-    check.instance(f"{what}(path, ...)", path, (str, os.PathLike), "give the checkpoint file's path")
-    check.instance(f"{what}(path, state)", state, dict, 'give a dict such as {"model": model, "optimizer": optimizer}')
 
 
 @refused_after_close
 class Context(WorldView):
     """What a training script holds: the world, the strategy, the precision and their helpers.
 
-    A face over three parts: ``collectives`` (labelled collectives), the step (``dtrain.context.step``:
-    wrappers, accumulation, backward, clipping) and evaluation (``dtrain.context.evaluation``)."""
+    A face over its parts: ``collectives`` (labelled collectives), the set-up of a script's objects
+    (``dtrain.context.setup``), the step (``dtrain.context.step``: wrappers, accumulation, backward,
+    clipping), evaluation (``dtrain.context.evaluation``) and its files (``dtrain.context.saving``)."""
 
     def __init__(self, *, world: World, strategy: Strategy, precision: Precision, seed: int = 0, owns_group: bool = False,
                  debug: bool = False) -> None:
@@ -143,9 +125,9 @@ class Context(WorldView):
         model's repeated blocks (transformer blocks, ResNet stages), the units of activation
         checkpointing, compilation, fsdp wrapping and pipeline splitting.
         """
-        _check_model("ctx.setup", model)
+        check_model("ctx.setup", model)
         for i, opt in enumerate(optimizers):
-            _check_optimizer(f"ctx.setup(model, ...) argument {i + 2}", opt)
+            check_optimizer(f"ctx.setup(model, ...) argument {i + 2}", opt)
         wrapped = self.setup_model(model, channels_last=channels_last, sync_bn=sync_bn, blocks=blocks)
         if not optimizers:
             return wrapped
@@ -154,20 +136,9 @@ class Context(WorldView):
     def setup_model(self, model: nn.Module, *, channels_last: bool = False, sync_bn: bool = False,
                     blocks: Sequence[nn.Module] | None = None) -> DtrainModule:
         """Collective: call on every rank."""
-        _check_model("ctx.setup_model", model)
-        if isinstance(model, DtrainModule):
-            raise ConfigError("this model was already set up; call ctx.setup once per model.")
-        if sync_bn:
-            model = apply_sync_bn(model, self.world, self.data_parallel_size)
-        if channels_last:
-            model = apply_channels_last(model, self.strategy)
-        blocks = list(blocks) if blocks is not None else []
-        transforms.check_options(compile=self.compile, activation_checkpointing=self.activation_checkpointing, has_blocks=bool(blocks))
-        if self.debug and self.world.distributed:
-            with torch.no_grad():
-                checksum = float(sum(p.detach().double().sum().item() for p in model.parameters()))
-            self.collectives.check_same("parameter checksum at setup", round(checksum, 6),
-                                        fix="build the model after dtrain.init(seed=...) so every rank starts alike")
+        model, blocks = prepare_model(model, strategy=self.strategy, collectives=self.collectives, channels_last=channels_last,
+                                      sync_bn=sync_bn, blocks=blocks, compile=self.compile,
+                                      activation_checkpointing=self.activation_checkpointing)
         # One order for every strategy (dtrain.parallel.apply.parallelize): its cuts, activation
         # checkpointing, compile, its wrap (fsdp/hsdp wrap and pipeline splits at the blocks when
         # the user chose no policy of their own).
@@ -181,7 +152,7 @@ class Context(WorldView):
         return wrapped
 
     def setup_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module | None = None) -> DtrainOptimizer:
-        _check_optimizer("ctx.setup_optimizer", optimizer)
+        check_optimizer("ctx.setup_optimizer", optimizer)
         if self._replicas is not None:
             self._replicas.add(optimizer=optimizer)
         return self._step.wrap_optimizer(optimizer, model)
@@ -194,10 +165,7 @@ class Context(WorldView):
         tolerance each batch is this replica group's share of the next step (``dtrain.context.replicas``),
         and ``ledger`` names a folder for the committed steps' samples (``dtrain ckpt ledger`` checks it).
         """
-        check.instance("ctx.setup_dataloader", loader, DataLoader,
-                       "give a torch.utils.data.DataLoader (e.g. DataLoader(dataset, batch_size=32, shuffle=True))")
-        if shuffle is not None:
-            check.instance("ctx.setup_dataloader(shuffle=...)", shuffle, bool, "give True, False or None")
+        check_loader(loader, shuffle)
         if self._replicas is not None:
             step = self._step
             return self._replicas.loader(loader, ledger=ledger, move_to_device=move_to_device,  # type: ignore[return-value]
@@ -205,13 +173,8 @@ class Context(WorldView):
         if ledger is not None:
             raise ConfigError("ctx.setup_dataloader(ledger=...) is kept under fault tolerance only "
                               "(dtrain.init(fault_tolerance=True)); for other jobs use dtrain train --ledger DIR.")
-        if self.debug and self.world.distributed:
-            self.collectives.check_same("dataset length", len(loader.dataset), fix="give every rank the same data set")
-        rank, size = self.strategy.data_parallel(self.world)  # pipeline: one replica over all ranks
-        sharded = reshard(loader, rank=rank, world_size=size, seed=self.seed, shuffle=shuffle)
-        device = self.device if move_to_device else torch.device("cpu")
-        return DeviceLoader(sharded, device, on_last=self._step.set_end_of_data, world_size=size,
-                            on_batch=lambda: self.tracker.beat())
+        return shard_loader(loader, strategy=self.strategy, collectives=self.collectives, seed=self.seed, shuffle=shuffle,
+                            device=self.device if move_to_device else torch.device("cpu"), on_last=self._step.set_end_of_data)
 
     @property
     def data_parallel_size(self) -> int:
@@ -285,7 +248,7 @@ class Context(WorldView):
         before clipping. Under sharded strategies the norm is over every rank's shard.
 
         Collective under fsdp, hsdp and pipeline: call on every rank."""
-        _check_model("ctx.clip_grad_norm_", model)
+        check_model("ctx.clip_grad_norm_", model)
         return self._step.clip_grad_norm_(model, max_norm, norm_type)
 
     # -- collectives (dtrain.comm.collectives) -------------------------------------------------------
@@ -348,7 +311,7 @@ class Context(WorldView):
         sample (e.g. 1.0 where the prediction is right); the result is their mean over the whole
         data set, with ``loss`` the mean loss and ``count`` the number of samples scored.
         """
-        _check_model("ctx.evaluate", model)
+        check_model("ctx.evaluate", model)
         evaluation.check_args(dataset, metric, batch_size)
         return evaluation.evaluate(self.unwrap(model), dataset, metric, batch_size=batch_size, loss_fn=loss_fn,
                                    strategy=self.strategy, precision=self.precision, collectives=self.collectives)
@@ -360,9 +323,7 @@ class Context(WorldView):
     def checkpoints(self, folder: str, *, keep: int = 3, async_save: bool = False) -> CheckpointManager:
         """A manager of full-state checkpoints in ``folder`` (model, optimizer, scheduler, data
         position, grad scaler, communication state, every rank's RNG); see ``CheckpointManager``."""
-        check.output_dir("ctx.checkpoints(folder)", os.fspath(folder) if isinstance(folder, os.PathLike) else folder)
-        check.integer("ctx.checkpoints(keep=...)", keep, minimum=1)
-        check.instance("ctx.checkpoints(async_save=...)", async_save, bool, "give True or False")
+        saving.check_checkpoints_args(folder, keep, async_save)
         manager = CheckpointManager(self._run_state(), folder, keep=keep, async_save=async_save)
         self._checkpoint_managers.append(manager)  # ctx.close gives their folders' locks back
         return manager
@@ -373,16 +334,7 @@ class Context(WorldView):
         Collective: call on every rank. Values with a ``state_dict()`` (model, optimizer,
         scheduler) are stored as their state dict.
         """
-        _check_path_state("ctx.save", path, state)
-        problem = None
-        if self.is_main:
-            try:
-                atomic_save({k: _state_of(v) for k, v in state.items()}, path)
-            except CheckpointError as exc:
-                problem = str(exc)
-        problem = self.collectives.broadcast_object(problem)  # every rank stops with rank 0's line, none waits
-        if problem is not None:
-            raise CheckpointError(problem)
+        saving.save(self.collectives, path, state)
 
     def load(self, path: str, state: dict[str, Any]) -> dict[str, Any]:
         """Load ``path`` (safely: no arbitrary unpickling) into the objects of ``state``.
@@ -393,16 +345,7 @@ class Context(WorldView):
         verified first and loaded as ``CheckpointManager.resume`` does, which returns
         ``{"step", "extra", "path", "world_size"}``; collective then.
         """
-        _check_path_state("ctx.load", path, state)
-        if os.path.isdir(path):
-            return load_into(self._run_state(), resolve(path), {k: v for k, v in state.items() if hasattr(v, "load_state_dict")})
-        stored = safe_load(path, map_location=self.device)
-        if not isinstance(stored, dict):
-            raise CheckpointError(f"checkpoint {path} holds a {type(stored).__name__}, not the dict ctx.save writes.")
-        for key, obj in state.items():
-            if hasattr(obj, "load_state_dict") and key in stored:
-                obj.load_state_dict(stored[key])
-        return stored
+        return saving.load(self._run_state(), self.device, path, state)
 
     # -- life cycle -------------------------------------------------------------------------
     def close(self) -> None:
@@ -435,12 +378,4 @@ class Context(WorldView):
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-
-
-def _state_of(value: Any) -> Any:
-    if isinstance(value, DtrainModule):
-        return value.original.state_dict()
-    if hasattr(value, "state_dict") and callable(value.state_dict):
-        return value.state_dict()
-    return value
 
