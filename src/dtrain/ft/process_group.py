@@ -9,6 +9,12 @@ whole ``step-timeout`` (30 s) in configure before the step was given up (benchma
 A live member reaches the store at once: every member is waiting for the quorum when it forms,
 and the store's address comes with it. So configure is bounded by ``FaultTolerance.connect_s``,
 the Lighthouse's own time to take a silent member for dead, and each collective by ``step-timeout``.
+
+A member whose step failed (its all-reduce saw a peer's connection reset) leaves the collective,
+but its connections to the others stay open until the next quorum reconfigures the group, and one
+that waits on it for data (the next in gloo's ring) waited the whole ``step-timeout`` (30 s on the
+bed, 3 hosts): ``QuorumManager`` closes the group before the failed step's vote, so the others'
+collective fails at once too. The next quorum reconfigures it: a failed vote bumps its id.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from datetime import timedelta
 from typing import Any
 
 import torch
+from torchft import Manager
 from torchft.process_group import ProcessGroupGloo
 
 
@@ -41,3 +48,12 @@ class QuorumGroup(ProcessGroupGloo):
         pg = super()._create_pg(store, rank, world_size)  # connected: every member was reached within `connect`
         pg._get_backend(torch.device("cpu")).set_timeout(self._step)  # the same backend serves cuda tensors
         return pg
+
+
+class QuorumManager(Manager):
+    """torchft's Manager, which closes its process group as soon as a step of this group failed."""
+
+    def should_commit(self, timeout: timedelta | None = None) -> bool:
+        if self.errored() is not None:  # in the caller's thread, after the failed collective returned
+            self._pg.abort(errored=False)  # the others' sends and receives to us fail now, not at step-timeout
+        return super().should_commit(timeout)

@@ -47,9 +47,8 @@ class Session:
         group's store at ``host``; ``dtrain.ft.group``); None: a group of this one process."""
         require_torchft()
         from torch.distributed import TCPStore
-        from torchft import Manager
 
-        from .process_group import QuorumGroup
+        from .process_group import QuorumGroup, QuorumManager
 
         self.ft, self.replica_id, self.lighthouse = ft, replica_id, lighthouse
         self.healed: list[int] = []
@@ -61,7 +60,7 @@ class Session:
             self._store = TCPStore(host, 0, is_master=True, wait_for_workers=False)  # this group's own store
             port = self._store.port
         try:
-            self.manager: Any = Manager(
+            self.manager: Any = QuorumManager(
                 pg=QuorumGroup(connect=timedelta(seconds=ft.connect_s), step=step_timeout), load_state_dict=self._healed, state_dict=state_dict,
                 min_replica_size=ft.min_replicas,
                 # the quorum (and any healing) before the step: the step's samples depend on it

@@ -1,7 +1,9 @@
 """A replica group that dies after the Lighthouse put it in a quorum, before it reached the quorum's
 store (a host killed at start-up right after it asked for a quorum), holds the survivors' next step
 for the Lighthouse's time to take it for dead (``FaultTolerance.connect_s``), not for the whole
-``step-timeout``; each collective still has ``step-timeout`` (``dtrain.ft.process_group``)."""
+``step-timeout``; each collective still has ``step-timeout``; a group whose step failed closes its
+process group before its vote, so a peer waiting on it in the all-reduce fails at once too
+(``dtrain.ft.process_group``)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,8 @@ from datetime import timedelta
 import pytest
 import torch
 
-from tests.multiprocess.ft.test_fault_tolerance import _lighthouse, _mkdir, _records
+from tests.multiprocess.ft.test_fault_tolerance import _lighthouse, _mkdir, _records, _result
+from tests.multiprocess.ft.test_ft_stall_one_sided import ONE_SIDED, lighthouse  # noqa: F401 (a fixture)
 from tests.paths import TESTS
 from tests.support import run_distributed
 from tests.support.procs import LaunchedJob
@@ -79,3 +82,28 @@ def test_a_group_dead_in_its_first_quorum_holds_the_survivor_for_the_heartbeat_n
     assert given_up and all("timeout" in line for line in given_up), given_up
     after = [r for r in _records(metrics) if r["replica"] == "a" and r["time"] > died]
     assert all(r["participants"] == 1 for r in after)
+
+
+@pytest.mark.timeout(240)
+def test_a_group_whose_step_failed_releases_its_peer_waiting_in_the_all_reduce(tmp_path, lighthouse):  # noqa: F811
+    (tmp_path / "pace").write_text("0.02")  # 0.3 s a step until both groups are in
+    metrics = str(tmp_path / "m.jsonl")
+
+    def args(replica):  # step-timeout=600: a peer that waited it out would outlast this test many times over
+        return ["train", "--fault-tolerance", "min=1,heartbeat=1,timeout=60,step-timeout=600", "--lighthouse", lighthouse,
+                "--replica-id", replica, "--task", "tests.user_task:make_paced", "--task-arg", f"pace_file={tmp_path / 'pace'}",
+                "--epochs", "100", "--max-steps", "300", "--metrics-file", metrics, "--log-every", "1"]
+
+    with LaunchedJob(args("y"), out_dir=_mkdir(tmp_path / "y"), prefix=[sys.executable, ONE_SIDED, "fail-early", "5"]) as y, \
+         LaunchedJob(args("x"), out_dir=_mkdir(tmp_path / "x")) as x:
+        y.wait_for(lambda: sum(r["participants"] == 2 for r in _records(metrics)) >= 2, timeout=150)
+        (tmp_path / "pace").write_text("0.002")
+        y.wait_for(lambda: "before its all-reduce" in y.stderr(), timeout=60)
+        step = int(y.stderr().split("ft_one_sided: step ", 1)[1].split(":")[0])
+        # x was in step's all-reduce, waiting for y's part; y's closed group failed it at once
+        x.wait_for(lambda: any(r["replica"] == "x" and r["step"] >= step + 3 for r in _records(metrics)), timeout=60)
+        assert x.wait(timeout=120)[0] == 0 and y.wait(timeout=60)[0] == 0, x.stderr() + y.stderr()
+        rx, ry = _result(x), _result(y)
+    failed = [line for line in x.stderr().splitlines() if f"step {step} not committed" in line]
+    assert failed and "Timed out" not in failed[0], x.stderr()
+    assert rx["steps"] == ry["steps"] == 300 and rx["fault_tolerance"]["model_digest"] == ry["fault_tolerance"]["model_digest"]
