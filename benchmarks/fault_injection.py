@@ -17,6 +17,9 @@ import sys
 import tempfile
 import time
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # tests.support.faults: the fault driver (a dtrain train plugin), which only tests and benchmarks use
+
 
 def dtrain(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "dtrain", *args], capture_output=True, text=True,
@@ -30,6 +33,8 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--seed", type=int, default=2026)
     args = p.parse_args()
+    from tests.support import faults
+
     rng = random.Random(args.seed)
     work = tempfile.mkdtemp(prefix="dtrain-faults-")
     common = ["train", "--task", "digits", "-n", "2", "--epochs", str(args.epochs), "--save-every", str(args.save_every)]
@@ -40,7 +45,7 @@ def main() -> None:
     for i in range(args.runs):
         rank, step = rng.randrange(2), rng.randrange(1, total)
         t0 = time.perf_counter()
-        r = dtrain(*common, "--checkpoint-dir", f"{work}/run{i}", "--max-restarts", "2", env={"DTRAIN_FAULT_INJECT": f"{rank}:{step}"})
+        r = dtrain(*common, "--checkpoint-dir", f"{work}/run{i}", "--max-restarts", "2", env=faults.env(rank, step))
         wall = time.perf_counter() - t0
         m = re.search(r"resumed from .* at step (\d+)", r.stderr)
         resumed = int(m.group(1)) if m else 0

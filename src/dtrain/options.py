@@ -93,14 +93,6 @@ def _text(var: str, text: str) -> str:
     return text
 
 
-def _fault(var: str, text: str) -> tuple[int, int]:
-    try:
-        rank, step = (int(v) for v in text.split(":"))
-    except ValueError:
-        raise ConfigError(f"{var}={text!r} is not RANK:STEP (e.g. 1:25).") from None
-    return rank, step
-
-
 def _oom(var: str, text: str) -> tuple[int, int, int | None]:
     rank, _, size = text.partition(":")
     size, at, step = size.partition("@")
@@ -185,8 +177,9 @@ class TestHooks(_Section):
     """Faults and slowness on demand, for fault-tolerance, straggler and device-count tests."""
 
     __test__: ClassVar[bool] = False  # not a pytest test class
-    fault_inject: tuple[int, int] | None = _setting("DTRAIN_FAULT_INJECT", None, _fault, (tuple,), lambda v: f"{v[0]}:{v[1]}")
-    """``RANK:STEP``: that rank kills itself after that step (``dtrain.train.listeners.faults``)."""
+    plugin: str | None = _setting("DTRAIN_PLUGIN", None, _text, (str,))
+    """``MODULE``: each worker of ``dtrain train`` imports it and adds its ``listeners(ctx)`` to the
+    loop's (``dtrain.train.listeners.plugin``): the tests' fault driver (tests/support/faults.py)."""
     slow_inject: SlowInject | None = _setting("DTRAIN_SLOW_INJECT", None, SlowInject.parse, (SlowInject,))
     """``RANK:KIND[:MS]``: that rank is slowed down (``dtrain.train.observe.SlowDown``)."""
     oom_inject: tuple[int, int, int | None] | None = _setting(

@@ -31,8 +31,8 @@ from .elastic import split
 from .listeners import Listener, Listeners, LoopState, batch_split
 from .listeners.checkpoints import Checkpoints
 from .listeners.divergence import Diverged, DivergenceCheck
-from .listeners.faults import FaultInjection, fault_step
 from .listeners.ledger import LedgerListener
+from .listeners.plugin import plugin_listeners
 from .listeners.preemption import Preemption
 from .listeners.report import LossWindow, Report
 from .microbatch import Fitter, budget_for, refuse_strategy
@@ -227,7 +227,6 @@ def _listeners(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float
                splitter: Listener | None = None) -> tuple[Listeners, Report, Preemption]:
     """The loop's listeners, in the order they hear each step (dtrain.train.listeners)."""
     options, seen = current(), cfg.observe
-    fault = fault_step(options.testing.fault_inject, ctx.rank, ctx.world.restart_count)
     ledger = SampleLedger(seen.ledger, loader, ctx) if seen.ledger else None
     progress = ProgressSink(state.total, start=state.step) if ctx.is_main else None
     sink = JsonlSink(seen.metrics_file) if seen.metrics_file and ctx.is_main else None
@@ -242,7 +241,7 @@ def _listeners(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float
                     extra=lambda sps: _tokens(task, sps), progress=progress, sink=sink)
     listeners = [
         LedgerListener(ledger) if ledger is not None else None,
-        FaultInjection(fault) if fault is not None else None,
+        *plugin_listeners(options.testing.plugin, ctx),  # DTRAIN_PLUGIN's (the tests' fault driver)
         LossWindow(ctx, seen.log_every),
         DivergenceCheck(ctx, lr=cfg.optim.lr or task.lr, checkpoint_dir=cfg.checkpoint.dir, save_due=saves.due if saves else lambda s: False),
         report,

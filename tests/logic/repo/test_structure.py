@@ -42,15 +42,13 @@ def test_comm_rule_lives_where_strategies_are_built():
 
 def test_options_read_every_dtrain_setting_once():
     env = {"DTRAIN_STALL_TIMEOUT": "30", "DTRAIN_DEBUG": "1", "DTRAIN_COMM": "powersgd:4", "DTRAIN_COMM_WARMUP": "5",
-           "DTRAIN_FAULT_INJECT": "1:25", "DTRAIN_LAUNCHER_PID": "123", "DTRAIN_LAUNCH_DIR": "/tmp/x"}
+           "DTRAIN_PLUGIN": "tests.support.faults", "DTRAIN_LAUNCHER_PID": "123", "DTRAIN_LAUNCH_DIR": "/tmp/x"}
     opts = Options.from_env(env)
-    assert (opts.diag.stall_timeout, opts.diag.debug, opts.comm.method, opts.comm.warmup, opts.testing.fault_inject) == (
-        30.0, True, "powersgd:4", 5, (1, 25))
+    assert (opts.diag.stall_timeout, opts.diag.debug, opts.comm.method, opts.comm.warmup, opts.testing.plugin) == (
+        30.0, True, "powersgd:4", 5, "tests.support.faults")
     assert Options.from_env({}) == Options()
     link = LaunchLink.from_env(env)
     assert (link.launcher_pid, link.launch_dir) == (123, "/tmp/x") and LaunchLink.from_env({}) == LaunchLink()
-    with pytest.raises(ConfigError, match=r"DTRAIN_FAULT_INJECT='x' is not RANK:STEP"):
-        Options.from_env({"DTRAIN_FAULT_INJECT": "x"})
     with pytest.raises(ConfigError, match=r"DTRAIN_STALL_TIMEOUT='soon' is not a number of seconds"):
         Options.from_env({"DTRAIN_STALL_TIMEOUT": "soon"})
 
@@ -58,7 +56,7 @@ def test_options_read_every_dtrain_setting_once():
 def test_options_go_back_to_the_variables_they_came_from():
     env = {"DTRAIN_STALL_TIMEOUT": "30.0", "DTRAIN_DEBUG": "1", "DTRAIN_RUN_DIR": "/r", "DTRAIN_COMM": "fp16",
            "DTRAIN_COMM_WARMUP": "5", "DTRAIN_PARALLEL": "dp_shard=2", "DTRAIN_STARTUP_TIMEOUT": "60.0",
-           "DTRAIN_FAULT_INJECT": "1:25", "DTRAIN_SLOW_INJECT": "1:input:50", "DTRAIN_FAKE_GPUS": "2",
+           "DTRAIN_PLUGIN": "tests.support.faults", "DTRAIN_SLOW_INJECT": "1:input:50", "DTRAIN_FAKE_GPUS": "2",
            "DTRAIN_LAUNCHER_PID": "123", "DTRAIN_LAUNCH_DIR": "/tmp/x", "DTRAIN_ELASTIC": "job@h:1",
            "DTRAIN_LOCAL_RANK_ARG": "--local_rank"}
     opts = Options.from_env(env)

@@ -9,13 +9,15 @@ import pytest
 import torch
 
 from dtrain import preempt
+from dtrain.errors import ConfigError
 from dtrain.train.listeners import Listener, Listeners, LoopState
 from dtrain.train.listeners.checkpoints import Checkpoints
 from dtrain.train.listeners.divergence import Diverged, DivergenceCheck
-from dtrain.train.listeners.faults import FaultInjection, fault_step
 from dtrain.train.listeners.ledger import LedgerListener
+from dtrain.train.listeners.plugin import plugin_listeners
 from dtrain.train.listeners.preemption import Preemption
 from dtrain.train.listeners.report import LossWindow, Report
+from tests.support import faults
 
 
 class OneRank:
@@ -77,15 +79,35 @@ def test_ledger_begins_at_the_resumed_step_and_commits_each_step():
 
 
 def test_fault_injection_kills_its_rank_after_its_step_on_the_first_attempt_only():
-    assert fault_step((1, 25), rank=1, restarts=0) == 25
-    assert fault_step((1, 25), rank=0, restarts=0) is None
-    assert fault_step((1, 25), rank=1, restarts=1) is None
-    assert fault_step(None, rank=0, restarts=0) is None
+    assert faults.fault_step((1, 25), rank=1, restarts=0) == 25
+    assert faults.fault_step((1, 25), rank=0, restarts=0) is None
+    assert faults.fault_step((1, 25), rank=1, restarts=1) is None
+    assert faults.fault_step(None, rank=0, restarts=0) is None
     killed = []
-    listener = FaultInjection(3, kill=lambda: killed.append(True))
+    listener = faults.FaultInjection(3, kill=lambda: killed.append(True))
     for step in (2, 3, 4):
         listener.on_step(state(step=step))
     assert killed == [True]
+    with pytest.raises(ConfigError, match=r"DTRAIN_FAULT_INJECT='x' is not RANK:STEP"):
+        faults.parse("x")
+
+
+class _Rank:
+    def __init__(self, rank, restarts=0):
+        self.rank, self.world = rank, type("W", (), {"restart_count": restarts})()
+
+
+def test_the_plugin_named_by_dtrain_plugin_adds_its_listeners_to_the_loop(monkeypatch):
+    # the tests' fault driver is such a plugin: the product holds only the hook
+    monkeypatch.setenv("DTRAIN_FAULT_INJECT", "1:25")
+    assert plugin_listeners(None, _Rank(1)) == []
+    [added] = plugin_listeners("tests.support.faults", _Rank(1))
+    assert isinstance(added, faults.FaultInjection) and added.step == 25
+    assert plugin_listeners("tests.support.faults", _Rank(0)) == []
+    with pytest.raises(ConfigError, match=r"DTRAIN_PLUGIN='no_such_module_x' cannot be imported"):
+        plugin_listeners("no_such_module_x", _Rank(0))
+    with pytest.raises(ConfigError, match=r"DTRAIN_PLUGIN='math' has no listeners\(ctx\) function"):
+        plugin_listeners("math", _Rank(0))
 
 
 def test_loss_window_logs_the_mean_every_interval_and_at_the_last_step():

@@ -14,7 +14,7 @@ import torch
 
 import dtrain
 from tests.paths import ROOT
-from tests.support import run_ckpt, run_cli
+from tests.support import faults, run_ckpt, run_cli
 
 TASK = "tests.user_task:make_dropout"  # 256 samples, batch 16, 2 epochs: 16 steps on 2 processes
 
@@ -64,7 +64,7 @@ def test_kill_9_at_a_random_step_under_max_restarts_resumes_and_matches(tmp_path
     rank, step = random.randrange(2), random.randrange(1, 16)  # any draw must pass; printed on failure
     crashed = tmp_path / "crashed"
     r = run_cli(["train", "--task", TASK, "-n", "2", "--checkpoint-dir", str(crashed), "--save-every", "3",
-                 "--max-restarts", "2"], cwd=str(ROOT), timeout=300, env={"DTRAIN_FAULT_INJECT": f"{rank}:{step}"})
+                 "--max-restarts", "2"], cwd=str(ROOT), timeout=300, env=faults.env(rank, step))
     where = f"rank {rank} killed after step {step}"
     assert r.returncode == 0, f"{where}\n{r.stderr[-3000:]}"
     saved = 3 * ((step - 1) // 3)  # the kill comes before step's own save

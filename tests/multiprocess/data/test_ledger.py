@@ -13,7 +13,7 @@ import pytest
 
 from dtrain.data.ledger import check_ledger, render
 from tests.paths import ROOT
-from tests.support import run_cli
+from tests.support import faults, run_cli
 
 TASK = "tests.user_task:make_dropout"  # 256 samples, batch 16, 2 epochs: 8 steps an epoch on 2 processes
 
@@ -54,7 +54,7 @@ def test_kill_9_under_max_restarts_then_resume_on_one_process_is_exactly_once(tm
     ck, led = tmp_path / "ck", tmp_path / "ledger"
     r = run_cli(["train", "--task", TASK, "-n", "2", "--checkpoint-dir", str(ck), "--save-every", "3", "--max-steps", "10",
                  "--max-restarts", "2", "--ledger", str(led)], cwd=str(ROOT), timeout=300,
-                env={"DTRAIN_FAULT_INJECT": f"{rank}:{step}"})
+                env=faults.env(rank, step))
     assert r.returncode == 0, f"{where}\n{r.stderr[-3000:]}"
     r = run_cli(["train", "--task", TASK, "-n", "1", "--checkpoint-dir", str(ck), "--resume", "--ledger", str(led)],
                 cwd=str(ROOT), timeout=300)

@@ -21,7 +21,7 @@ import pytest
 
 from dtrain.data.ledger import check_ledger, render
 from tests.paths import ROOT, TESTS
-from tests.support import SRC, netbed, run_cli
+from tests.support import SRC, faults, netbed, run_cli
 
 HAS_RAY = importlib.util.find_spec("ray") is not None
 needs_ray = pytest.mark.skipif(not HAS_RAY, reason="ray is not installed (pip install 'dtrain[ray]')")
@@ -101,7 +101,7 @@ def test_run_on_ray_gives_the_script_its_world(ray_head):
 def test_a_rank_killed_9_restarts_every_rank_and_resumes_exactly_once(ray_head, tmp_path):
     ck, led = tmp_path / "ck", tmp_path / "ledger"
     # Rank 1's worker kills itself (SIGKILL) after step 6: after step 6's ledger record, before a save.
-    r = _train(ray_head, ck, led, "--task", "digits", "--max-steps", "12", "--max-restarts", "1", env={"DTRAIN_FAULT_INJECT": "1:6"})
+    r = _train(ray_head, ck, led, "--task", "digits", "--max-steps", "12", "--max-restarts", "1", env=faults.env(1, 6))
     assert r.returncode == 0, r.stderr[-3000:]
     assert "dtrain: worker rank 1 was killed by signal 9; restarting all 2 workers" in r.stderr, r.stderr[-3000:]
     assert "resumed from" in r.stderr and "step-00000004 at step 4" in r.stderr, r.stderr[-3000:]
@@ -308,7 +308,7 @@ def test_a_ray_cluster_of_two_bed_hosts_runs_a_rank_on_each_and_resumes_a_lost_r
             train = bed.popen(0, [sys.executable, "-m", "dtrain", "train", "--launcher", "ray", "--ray-address", address, "-n", "1",
                                   "--nnodes", "2", "--task", "digits", "--max-steps", "12", "--checkpoint-dir", str(ck),
                                   "--save-every", "4", "--ledger", str(led), "--log-every", "4", "--max-restarts", "1"],
-                              env={**env, "DTRAIN_FAULT_INJECT": "1:6"}, cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                              env={**env, **faults.env(1, 6)}, cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
             out, err = train.communicate(timeout=400)
     finally:
         for temp in temps:

@@ -21,7 +21,7 @@ import torch
 
 from dtrain.tasks import Task, load_task
 from tests.paths import ROOT
-from tests.support import run_ckpt, run_cli
+from tests.support import faults, run_ckpt, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -59,7 +59,7 @@ def _train(folder: Path, name: str, *, fault: str | None = None, marker: Path | 
     r = run_cli(["train", "--task", SPEC, *args, "-n", "2", "--batch-size", "16", "--epochs", "2", "--max-steps", str(STEPS),
                  "--save-every", str(EVERY), "--keep", "100", "--seed", "3", "--max-restarts", "3",
                  "--checkpoint-dir", str(folder)],
-                cwd=str(ROOT), timeout=400, env={"DTRAIN_FAULT_INJECT": fault} if fault else None)
+                cwd=str(ROOT), timeout=400, env=faults.env(*map(int, fault.split(":"))) if fault else None)
     assert r.returncode == 0, f"{name}, fault {fault}, marker {marker}:\n{r.stderr[-3000:]}"
     assert json.loads(r.stdout.strip().splitlines()[-1])["steps"] == STEPS
     return r.stderr
