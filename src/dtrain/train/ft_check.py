@@ -1,8 +1,8 @@
 """What ``dtrain train --fault-tolerance``'s launcher checks before any replica group starts.
 
 A mistake that every process of every replica group would meet at its start (the device, the
-precision, the task and its arguments, the checkpoint folder, the ``--parallel`` layout against
-the task's model) is one line and exit status 2 here, before the Lighthouse and the groups start:
+precision, the task and its arguments, the optimizer, the checkpoint folder, the ``--parallel``
+layout against the task's model) is one line and exit status 2 here, before the Lighthouse and the groups start:
 found by the groups, it printed once per process, then once per group from the launcher.
 """
 
@@ -16,7 +16,7 @@ from ..parallel import ParallelDims
 from ..parallel import parse as parse_layout
 from ..parallel.pipeline import PipelineConfig, split_stage
 from ..precision import Precision
-from ..tasks import Task, load_task
+from ..tasks import OPTIMIZERS, Task, load_task
 from ..world import World
 from .config import TrainConfig
 
@@ -33,6 +33,9 @@ def preflight(cfg: TrainConfig) -> None:
     if cfg.checkpoint.dir:  # each group writes DIR/replica-ID under it
         check.output_dir("--checkpoint-dir", cfg.checkpoint.dir)
     task = load_task(cfg.task.name, data_dir=cfg.task.data_dir, options=cfg.task.args)
+    optimizer = cfg.optim.name or task.optimizer
+    if optimizer not in OPTIMIZERS:  # tasks.make_optimizer's line
+        raise ConfigError(f"unknown optimizer {optimizer!r}; choose one of: {', '.join(OPTIMIZERS)}.")
     if cfg.parallel.layout:
         check_layout(cfg, task, parse_layout(cfg.parallel.layout), precision)
 

@@ -48,6 +48,8 @@ FT_START_CASES = [
     (bad_inputs.Case("train-ft-tp-no-plan", [*_FT, "--task", "digits", "-n", "2", "--parallel", "tp=2"]),
      "no tensor-parallel plan"),
     (bad_inputs.Case("train-ft-task-arg", [*_FT, "--task", "synthetic", "--task-arg", "classes=0", "-n", "2"]), "classes"),
+    (bad_inputs.Case("train-ft-unknown-optimizer", [*_FT, "--task", "synthetic", "--optimizer", "nosuch", "-n", "2"]),
+     "'nosuch'"),
     (bad_inputs.Case("train-ft-unknown-task", [*_FT, "--task", "nosuch", "-n", "2"]), "'nosuch'"),
     (bad_inputs.Case("train-ft-no-data", [*_FT, "--task", "mnist", "--data-dir", "nosuchdir", "-n", "2"]), "nosuchdir"),
     (bad_inputs.Case("train-ft-device-tpu", [*_FT, "--device", "tpu", "-n", "2"]), "'tpu'"),
