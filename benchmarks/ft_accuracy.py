@@ -182,7 +182,14 @@ def like_for_like(rows: list[dict], task: str, epochs: int) -> dict:
     steps = [{"seed": u["seed"], "step": u["curve"][-1]["step"], "unkilled": u["curve"][-1]["metric"],
               "killed": round(at(k["curve"], "step", u["curve"][-1]["step"]), 5)} for u, k in pairs]
     diff = statistics.median(s["killed"] - s["unkilled"] for s in steps) if steps else None
-    return {"by_epoch": by_epoch, "equal_steps": steps,
+    # a plateau's last checkpoint jitters (lm: +-0.03 between neighbours): each run's mean over its last 3 epochs too
+    tail = {side: [round(statistics.mean(at(r["curve"], "epochs", e) for e in range(max(1, epochs - 2), epochs + 1)), 5)
+                   for r in runs if (r["kills"] > 0) == side] for side in (False, True)}
+    last3 = None
+    if tail[False] and tail[True]:
+        last3 = {"unkilled": tail[False], "killed": tail[True], "unkilled_spread": round(max(tail[False]) - min(tail[False]), 5),
+                 "killed_minus_unkilled": round(statistics.median(tail[True]) - statistics.median(tail[False]), 5)}
+    return {"by_epoch": by_epoch, "equal_steps": steps, "last3_epochs_mean": last3,
             "equal_steps_killed_minus_unkilled": round(diff, 5) if diff is not None else None}
 
 
