@@ -13,12 +13,13 @@ the Lighthouse's own time to take a silent member for dead, and each collective 
 A member whose step failed (its all-reduce saw a peer's connection reset) leaves the collective,
 but its connections to the others stay open until the next quorum reconfigures the group, and one
 that waits on it for data (the next in gloo's ring) waited the whole ``step-timeout`` (30 s on the
-bed, 3 hosts): ``QuorumManager`` closes the group before the failed step's vote, so the others'
-collective fails at once too. The next quorum reconfigures it: a failed vote bumps its id.
+bed, 3 hosts): ``QuorumManager`` closes the group as soon as the step failed (at the latest before
+its vote), so the others' collective fails at once too. The next quorum reconfigures it: a failed vote bumps its id.
 """
 
 from __future__ import annotations
 
+import threading
 from datetime import timedelta
 from typing import Any
 
@@ -53,7 +54,15 @@ class QuorumGroup(ProcessGroupGloo):
 class QuorumManager(Manager):
     """torchft's Manager, which closes its process group as soon as a step of this group failed."""
 
+    def report_error(self, e: Exception) -> None:
+        super().report_error(e)
+        # A failed wait in the training thread (torchft's ``_ManagedWork.wait``): close at once, so that
+        # the step's other all-reduces in flight (the overlapped average's buckets) fail too, instead of
+        # this thread waiting on them, and on peers that wait on us, before the vote.
+        if threading.current_thread() is threading.main_thread():
+            self._pg.abort(errored=False)
+
     def should_commit(self, timeout: timedelta | None = None) -> bool:
-        if self.errored() is not None:  # in the caller's thread, after the failed collective returned
+        if self.errored() is not None:  # an error recorded in another thread (the quorum's, a future's callback)
             self._pg.abort(errored=False)  # the others' sends and receives to us fail now, not at step-timeout
         return super().should_commit(timeout)
