@@ -525,6 +525,7 @@ ISSUE51_CASES = [
 """Issue 51's classes (and the dry run's inputs); ``--set issue51``. The 2-rank call after ``close()`` is
 tests/multiprocess/context/test_misuse.py's (a one-process snippet cannot show it)."""
 
+FT = ["train", "--fault-tolerance", "--max-steps", "2"]  # a fault-tolerant job that would stop at once
 LATEST_CASES = [
     # dtrain plan: float8 and the FSDP reduce dtype (issue 53)
     Case("plan-float8-a100", ["plan", "--task", "lm", "--device", "a100", "--precision", "float8"]),
@@ -566,6 +567,22 @@ LATEST_CASES = [
     Case("train-ft-strategy-pipeline", ["train", "--fault-tolerance", "--strategy", "pipeline"]),
     Case("train-ft-parallel-auto", ["train", "--fault-tolerance", "--parallel", "auto"]),
     Case("train-ft-tp-not-filling-nproc", ["train", "--fault-tolerance", "--parallel", "tp=2", "-n", "3"]),
+    # mistakes every replica group met at its start (each printed its line): the launcher refuses them now
+    Case("train-ft-pp-fewer-blocks", [*FT, "--task", "lm", "--task-arg", "layers=1", "-n", "2", "--parallel", "pp=2"]),
+    Case("train-ft-pp-tied", [*FT, "--task", "lm", "-n", "2", "--parallel", "pp=2"]),
+    Case("train-ft-pp-microbatches", [*FT, "--task", "lm", "--task-arg", "tie=false", "-n", "2", "--parallel", "pp=2",
+                                      "--batch-size", "6"]),
+    Case("train-ft-pp-accum-microbatches", [*FT, "--task", "lm", "--task-arg", "tie=false", "-n", "2", "--parallel", "pp=2",
+                                            "--grad-accum", "8"]),
+    Case("train-ft-tp-heads", [*FT, "--task", "lm", "--task-arg", "heads=4", "-n", "3", "--parallel", "tp=3"]),
+    Case("train-ft-tp-no-plan", [*FT, "--task", "digits", "-n", "2", "--parallel", "tp=2"]),
+    Case("train-ft-task-arg", [*FT, "--task", "synthetic", "--task-arg", "classes=0", "-n", "2"]),
+    Case("train-ft-unknown-optimizer", [*FT, "--task", "synthetic", "--optimizer", "nosuch", "-n", "2"]),
+    Case("train-ft-unknown-task", [*FT, "--task", "nosuch", "-n", "2"]),
+    Case("train-ft-no-data", [*FT, "--task", "mnist", "--data-dir", "nosuchdir", "-n", "2"]),
+    Case("train-ft-device-tpu", [*FT, "--device", "tpu", "-n", "2"]),
+    Case("train-ft-float8-cpu", [*FT, "--device", "cpu", "--precision", "float8", "-n", "2"]),
+    Case("train-ft-checkpoint-under-file", [*FT, "--checkpoint-dir", "afile/ck", "-n", "2"]),
     Case("train-ft-elastic-nnodes", ["train", "--fault-tolerance", "--nnodes", "1:2"]),
     Case("train-ft-nnodes-no-master", ["train", "--fault-tolerance", "--nnodes", "2"]),
     Case("train-ft-elastic-batch-global", ["train", "--fault-tolerance", "--elastic-batch", "global"]),
