@@ -47,11 +47,24 @@ from tests.support.netbed import NetBed, unavailable_reason  # noqa: E402
 from dtrain.ft.ledger import check_ft_ledger  # noqa: E402
 from dtrain.ft.spec import DEFAULT_LIGHTHOUSE_PORT  # noqa: E402
 
+REAL_TASKS = {
+    "lm": ["--task", "lm", "--task-arg", "layers=2", "--task-arg", "width=64"],
+    "images": ["--task", "images", "--task-arg", "source=synthetic", "--task-arg", "model=resnet18", "--task-arg", "size=32",
+               "--task-arg", "classes=10", "--task-arg", "samples=2048", "--batch-size", "16"],
+}
+"""``--task``: the real workloads at a size for a shared 2-core machine (``--task-arg`` adds to or overrides them).
+They run at their own pace: no pace file, so the job cannot be held back; kills stop ``--margin`` steps before its end."""
+
+
+def task_args(tmp: str, a: argparse.Namespace) -> list[str]:
+    if a.task == "paced":
+        return ["--task", "tests.user_task:make_paced", "--task-arg", f"pace_file={tmp}/pace", "--task-arg", f"pad_mb={a.pad_mb:g}"]
+    return [*REAL_TASKS[a.task], *(x for kv in a.task_arg for x in ("--task-arg", kv))]
+
 
 def command(tmp: str, rank: int, master: str, spec: str, a: argparse.Namespace) -> list[str]:
     return [sys.executable, "-m", "dtrain", "train", "--fault-tolerance", spec, "--nnodes", str(a.hosts), "--node-rank", str(rank),
-            "--master-addr", master, "--replica-id", f"h{rank}", "--task", "tests.user_task:make_paced",
-            "--task-arg", f"pace_file={tmp}/pace", "--task-arg", f"pad_mb={a.pad_mb:g}", "--epochs", "1000",
+            "--master-addr", master, "--replica-id", f"h{rank}", *task_args(tmp, a), "--epochs", "1000",
             "--max-steps", str(a.steps), "--ledger", f"{tmp}/ledger", "--metrics-file", f"{tmp}/metrics.jsonl",
             "--log-every", "1", "--checkpoint-dir", f"{tmp}/ckpt", "--save-every", str(a.save_every)]
 
@@ -148,7 +161,7 @@ class Run:
             self.wait(lambda: {r["replica"] for r in self.metrics()[-5 * self.bed.hosts:]
                                if r["participants"] == self.bed.hosts} == names, 300, "every group in the quorum")
         for i in range(self.a.kills):
-            if self.step() > self.a.steps - MARGIN:
+            if self.step() > self.a.steps - self.a.margin:
                 break
             then = moments[(i + 1) % len(moments)] if i + 1 < self.a.kills else None
             rows.append(self.one_kill(i, moments[i % len(moments)], then))
@@ -220,12 +233,15 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=MAX_STEPS, help="the job's length (kills stop 400 steps before its end)")
     p.add_argument("--save-every", type=int, default=200)
     p.add_argument("--pad-mb", type=float, default=0.0, help="a frozen parameter of this size: slow saves and heals")
+    p.add_argument("--task", default="paced", choices=("paced", *REAL_TASKS), help="paced: the small paced MLP; lm, images: the real tasks")
+    p.add_argument("--task-arg", action="append", default=[], metavar="KEY=VALUE", help="for lm or images (repeatable)")
+    p.add_argument("--margin", type=int, default=MARGIN, help="no kill once the job is this many steps from its end")
     p.add_argument("--shared-name", default="vm", help="the host name both hosts share ('' for names of their own)")
     p.add_argument("--json", default=None)
     a = p.parse_args()
     a.moments = a.moments.split(",")
-    if set(a.moments) - set(MOMENTS) or ("heal" in a.moments and not a.pad_mb):
-        p.error(f"--moments takes {', '.join(MOMENTS)}; heal needs --pad-mb (a state large enough to kill it in transit)")
+    if set(a.moments) - set(MOMENTS) or ("heal" in a.moments and (not a.pad_mb or a.task != "paced")):
+        p.error(f"--moments takes {', '.join(MOMENTS)}; heal needs --pad-mb (a state large enough to kill it in transit), so the paced task")
     reason = unavailable_reason()
     if reason:
         print(f"the network test bed is unavailable here: {reason}")
