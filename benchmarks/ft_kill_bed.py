@@ -200,7 +200,7 @@ def run(a: argparse.Namespace) -> dict:
         "torch": torch.__version__, "command": " ".join(["python3", "benchmarks/ft_kill_bed.py", *sys.argv[1:]]),
         "load1_start_end": [round(x, 2) for x in load], "kills": len(rows), "exit_status": codes,
         "completed": all(c == 0 for c in codes), **summary(rows),
-        "results": [{k: r.get(k) for k in ("replica", "steps", "test_acc", "fault_tolerance")} for r in results],
+        "results": [{k: r.get(k) for k in ("replica", "steps", "test_acc", "val_loss", "fault_tolerance")} for r in results],
         "ledger_exactly_once": report.ok and not disagree, "ledger_steps": report.steps_kept,
         "final_models_equal": final_models_equal(tmp, ("h0", f"h{a.hosts - 1}")), "rows": rows, "folder": tmp,
     }
