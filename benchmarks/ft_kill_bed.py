@@ -53,7 +53,8 @@ REAL_TASKS = {
                "--task-arg", "classes=10", "--task-arg", "samples=2048", "--batch-size", "16"],
 }
 """``--task``: the real workloads at a size for a shared 2-core machine (``--task-arg`` adds to or overrides them).
-They run at their own pace: no pace file, so the job cannot be held back; kills stop ``--margin`` steps before its end."""
+They run at their own pace: no pace file, so the job cannot be held back; kills stop ``--margin`` steps before its end.
+A heal is killed at a share of h0's newest checkpoint's size (images: large enough; lm's state is small)."""
 
 
 def task_args(tmp: str, a: argparse.Namespace) -> list[str]:
@@ -108,6 +109,15 @@ class Run:
                    join_s=join_s(open(f"{self.tmp}/{self.name}.txt").read()), healed_to_step=first["step"] - 1)
         row["state_equal_at_step"], row["state_equal"] = states_equal(f"{self.tmp}/ckpt", ("h0", self.name), first["step"])
 
+    def state_bytes(self) -> float:
+        """What a heal sends, about: the paced task's frozen pad; a real task's state as h0 last saved it
+        (its model and optimizer are the most of its checkpoint)."""
+        if self.a.task == "paced":
+            return self.a.pad_mb * 2**20
+        folder = f"{self.tmp}/ckpt/replica-h0"
+        steps = sorted(n for n in os.listdir(folder) if n.startswith("step-"))
+        return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(f"{folder}/{steps[-1]}") for f in fs) if steps else 0
+
     def land(self, moment: str) -> tuple[float, dict]:
         """Kill the victim at ``moment``; the kill's time and the evidence of where it landed."""
         host, lh = self.host, (self.bed.addresses[0], DEFAULT_LIGHTHOUSE_PORT)
@@ -120,7 +130,7 @@ class Run:
         elif moment == "heal":
             poll_until(host.in_namespace, 30)
             base, share = host.rx_bytes(), self.rng.uniform(0.1, 0.8)
-            want = share * self.a.pad_mb * 2**20
+            want = share * self.state_bytes()
             found = poll_until(lambda: host.rx_bytes() - base >= want or bool(self.mine(self.name, host.started)), 240)
             evidence = {"heal_share": round(share, 2), "rx_mib": round((host.rx_bytes() - base) / 2**20, 1)}
             committed = bool(self.mine(self.name, host.started))
@@ -240,8 +250,8 @@ def main() -> int:
     p.add_argument("--json", default=None)
     a = p.parse_args()
     a.moments = a.moments.split(",")
-    if set(a.moments) - set(MOMENTS) or ("heal" in a.moments and (not a.pad_mb or a.task != "paced")):
-        p.error(f"--moments takes {', '.join(MOMENTS)}; heal needs --pad-mb (a state large enough to kill it in transit), so the paced task")
+    if set(a.moments) - set(MOMENTS) or ("heal" in a.moments and not a.pad_mb and a.task == "paced"):
+        p.error(f"--moments takes {', '.join(MOMENTS)}; heal needs --pad-mb with the paced task (a state large enough to kill it in transit)")
     reason = unavailable_reason()
     if reason:
         print(f"the network test bed is unavailable here: {reason}")
