@@ -20,6 +20,7 @@ final models are equal bit for bit.
 
     python3 benchmarks/ft_kill_bed.py --kills 5 --json benchmarks/results/ft_kill_bed-DATE.json    # root, iproute2
     python3 benchmarks/ft_kill_bed.py --kills 20 --moments startup,random,heal,save --pad-mb 24 --save-every 50 --steps 7000
+    python3 benchmarks/ft_kill_bed.py --task images --kills 5 --moments random,heal,save,startup --save-every 40 --steps 600 --margin 100
 """
 
 from __future__ import annotations
