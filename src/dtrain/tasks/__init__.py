@@ -96,10 +96,15 @@ OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
 }
 
 
-def make_optimizer(name: str, params, lr: float, device: torch.device | None = None) -> torch.optim.Optimizer:
-    """Optimizer ``name``; on a CUDA ``device`` its fused implementation (``dtrain.world.fastpath``)."""
+def check_optimizer(name: str) -> None:
+    """``name`` is one of ``OPTIMIZERS``, or one line."""
     if name not in OPTIMIZERS:
         raise ConfigError(f"unknown optimizer {name!r}; choose one of: {', '.join(OPTIMIZERS)}.")
+
+
+def make_optimizer(name: str, params, lr: float, device: torch.device | None = None) -> torch.optim.Optimizer:
+    """Optimizer ``name``; on a CUDA ``device`` its fused implementation (``dtrain.world.fastpath``)."""
+    check_optimizer(name)
     from ..world.fastpath import optimizer_options
 
     return OPTIMIZERS[name](params, lr, **optimizer_options(name, device))

@@ -16,7 +16,7 @@ from ..parallel import ParallelDims
 from ..parallel import parse as parse_layout
 from ..parallel.pipeline import PipelineConfig, split_stage
 from ..precision import Precision
-from ..tasks import OPTIMIZERS, Task, load_task
+from ..tasks import Task, check_optimizer, load_task
 from ..world import World
 from .config import TrainConfig
 
@@ -25,19 +25,22 @@ def preflight(cfg: TrainConfig) -> None:
     """Refuse, with one line, what each replica group's processes would refuse at their start
     (``train.ft_replica.run_replica`` builds the same things, in the same order)."""
     world = World.detect(device=cfg.runtime.device)  # an unknown or absent device
-    if world.distributed:
-        raise ConfigError(f"--fault-tolerance starts the processes of each replica group itself, got {world.size} processes "
-                          "from another launcher; run dtrain train --fault-tolerance directly (--nproc N: N replica groups, "
-                          "or with --strategy fsdp one group of N processes).")
+    refuse_other_launcher(world)
     precision = Precision.resolve(cfg.runtime.precision_spec(), world.device)  # float8 where the device has none
     if cfg.checkpoint.dir:  # each group writes DIR/replica-ID under it
         check.output_dir("--checkpoint-dir", cfg.checkpoint.dir)
     task = load_task(cfg.task.name, data_dir=cfg.task.data_dir, options=cfg.task.args)
-    optimizer = cfg.optim.name or task.optimizer
-    if optimizer not in OPTIMIZERS:  # tasks.make_optimizer's line
-        raise ConfigError(f"unknown optimizer {optimizer!r}; choose one of: {', '.join(OPTIMIZERS)}.")
+    check_optimizer(cfg.optim.name or task.optimizer)
     if cfg.parallel.layout:
         check_layout(cfg, task, parse_layout(cfg.parallel.layout), precision)
+
+
+def refuse_other_launcher(world: World) -> None:
+    """A fault-tolerant job's processes are started by its own launcher (one group each, or a group's)."""
+    if world.distributed:
+        raise ConfigError(f"--fault-tolerance starts the processes of each replica group itself, got {world.size} processes "
+                          "from another launcher; run dtrain train --fault-tolerance directly (--nproc N: N replica groups, "
+                          "or with --strategy fsdp one group of N processes).")
 
 
 def check_layout(cfg: TrainConfig, task: Task, dims: ParallelDims, precision: Precision) -> None:

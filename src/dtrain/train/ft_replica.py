@@ -48,6 +48,7 @@ from ..parallel.clip import settle_grads
 from ..tasks import load_task, make_optimizer
 from ..world import World
 from .config import TrainConfig
+from .ft_check import refuse_other_launcher
 
 
 def check(cfg: TrainConfig, elastic_batch: str = "per-process") -> None:
@@ -142,10 +143,8 @@ def run_replica(cfg: TrainConfig, ft: FaultTolerance, *, replica_id: str, lighth
     preempt.install()  # SIGTERM/SIGUSR1 only set a flag: the loop leaves at the next step boundary
     task = load_task(cfg.task.name, data_dir=cfg.task.data_dir, options=cfg.task.args)
     world = World.detect(device=cfg.runtime.device)
-    if world.distributed and not in_group:
-        raise ConfigError(f"--fault-tolerance starts the processes of each replica group itself, got {world.size} processes "
-                          "from another launcher; run dtrain train --fault-tolerance directly (--nproc N: N replica groups, "
-                          "or with --strategy fsdp one group of N processes).")
+    if not in_group:
+        refuse_other_launcher(world)
     strategy, options = ("fsdp", cfg.parallel.strategy_options) if cfg.parallel.strategy == "fsdp" else ("single", {})
     if cfg.parallel.layout:  # the same layout in every group: rank i of each holds the same slices
         strategy, options = "auto", {"parallel": cfg.parallel.layout, "tp_plan": task.tp_plan}
