@@ -1,25 +1,10 @@
 """The samples ledger: which samples each committed step trained on, so that exactly-once can be
-checked across crashes, restarts and changes of world size (``dtrain train --ledger DIR``,
-``dtrain ckpt ledger DIR``).
+checked across crashes, restarts and changes of world size (docs/checkpoints.md).
 
-    ledger = SampleLedger(DIR, loader, ctx)   # loader: what ctx.setup_dataloader returned
-    ledger.begin(step)                        # collective; after the resume (0 on a fresh start)
-    for x, y in loader:
-        ...; optimizer.step(); step += 1
-        ledger.commit(step)                   # the step's samples, this rank's part
-
-Each attempt of the job is a *generation* (rank 0 numbers it, one more than the ledger's
-newest) and each rank appends to a file of its own, ``gen{G}-rank{R}.jsonl``: a header line
-``{"begin": S, ...}`` (the step the attempt resumed from), then one line per step with the step
-number, the epoch, the sample indices and the time it was committed (plus the indices ``drop_last`` left out, on an
-epoch's last batch).
-
-The rule that makes a redone step count once: a record of step ``s`` written by generation
-``g`` stands unless a later generation began at a step below ``s``. A later generation begins
-at the step of the checkpoint it resumed, so every step after that checkpoint, which the crash
-lost and the new attempt redoes, is dropped from the older generation, on every rank of it,
-whatever the world size was. Lines a kill cut in half are ignored (their step was lost too).
-The folder must be one every node can write, like the checkpoint folder.
+Each attempt of the job is a *generation*; each rank appends to ``gen{G}-rank{R}.jsonl`` a header
+``{"begin": S, ...}`` (the step it resumed from), then one line per committed step. A record of
+step ``s`` from generation ``g`` stands unless a later generation began at a step below ``s`` (it
+redid that step). Lines a kill cut in half are ignored: their step was lost too.
 """
 
 from __future__ import annotations

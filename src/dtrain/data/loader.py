@@ -61,10 +61,8 @@ def usable_cores() -> int:
 
 
 def default_num_workers(dataset: Dataset, local_size: int, cpus: int | None = None) -> int:
-    """DataLoader workers per process when none are asked for: 0 for a data set already in
-    memory (``TensorDataset``, ``in_memory = True``; a worker would only add a copy); else the
-    usable cores split among the ``local_size`` processes of this node, less one for each
-    process's own compute, at most 8 (decode rarely scales further; each worker holds copies)."""
+    """DataLoader workers per process when none are asked for: 0 for a data set in memory; else
+    the process's share of the cores less one for its compute, at most 8 (decode rarely scales further)."""
     if isinstance(dataset, TensorDataset) or getattr(dataset, "in_memory", False):
         return 0
     if cpus is None:
@@ -74,10 +72,8 @@ def default_num_workers(dataset: Dataset, local_size: int, cpus: int | None = No
 
 
 def loader_options(num_workers: int, device: torch.device, prefetch_factor: int = 2) -> dict[str, Any]:
-    """DataLoader keywords that keep the input flowing: pinned host memory on CUDA (the copy to
-    the device can then overlap compute), and with workers, workers that live across epochs
-    (no start-up per epoch) and ``prefetch_factor`` batches in flight per worker (torch's default 2;
-    ``dtrain.data.plan`` chooses it)."""
+    """DataLoader keywords: pinned memory on CUDA (the copy then overlaps compute); with workers,
+    workers that live across epochs and ``prefetch_factor`` batches in flight each."""
     options: dict[str, Any] = {"num_workers": num_workers, "pin_memory": device.type == "cuda"}
     if num_workers > 0:
         options.update(persistent_workers=True, prefetch_factor=prefetch_factor)
@@ -163,10 +159,8 @@ class DeviceLoader:
 
     def _batches(self, move: bool) -> Iterator[Any]:
         """The DataLoader's batches on the device; for a data set that makes its own batch
-        (``device_batch``, e.g. the images task's ``source=synthetic``) that batch, made and moved
-        once, for every index batch of the sampler: the model's cost alone, with no collation
-        or host-to-device copy per step (as Horovod's synthetic benchmark keeps one batch on the
-        GPU), while epochs, positions and the ledger advance as with real data."""
+        (``device_batch``) that batch, made and moved once, for every index batch of the sampler:
+        the model's cost alone, while epochs, positions and the ledger advance as with real data."""
         make = getattr(self.dataset, "device_batch", None)
         if make is None:
             for batch in self.loader:
@@ -178,13 +172,9 @@ class DeviceLoader:
             yield self._fixed
 
     def state_dict(self) -> dict[str, int]:
-        """Where the data stands: the epoch and how many samples of its global order all ranks
-        together have consumed (a position that any world size can resume from).
-
-        Between iterations (before the first, after one ran out, after ``load_state_dict``) that is
-        where the next iteration starts: a resumed run saved again before its first batch (an
-        elastic restart from the last checkpoint saves the final one again) keeps the position it
-        resumed from, not that of an iteration that never ran."""
+        """The epoch and how many samples of its global order all ranks together have consumed (a
+        position any world size can resume from). Between iterations, where the next one starts:
+        a run saved again before its first batch keeps the position it resumed from."""
         seed = self.sampler.seed
         if not self._active:
             return {"epoch": self.sampler._next_epoch, "samples_consumed": self.sampler.start, "seed": seed}

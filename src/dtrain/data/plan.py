@@ -1,18 +1,8 @@
-"""The input path's defaults, chosen for the device and the sample size: DataLoader workers,
-pinned memory and batches in flight (``dtrain train`` and ``dtrain bench`` at their defaults;
-``--num-workers`` overrides the workers).
-
-- Data in memory (a ``TensorDataset``, ``in_memory = True``) or made on the device
-  (``device_batch``): no workers; a worker would only add a copy through shared memory.
-- On a CPU, each training process computes on its cores: workers get the cores left over
-  (``default_num_workers``).
-- On a GPU, the training process mostly waits for the device, so decoding gets every core of
-  the process's share but one, and at least one worker whenever the process has a core: with
-  0 workers every batch is decoded and collated between steps on the main thread.
-- Batches in flight per worker (``prefetch_factor``): 4 with one or two workers (a burst of slow
-  images does not empty the queue), else torch's 2; fewer when they would hold more than
-  ``PREFETCH_BUDGET_BYTES`` of host memory.
-- Pinned host memory on CUDA: the copy to the device then overlaps compute.
+"""The input path's defaults for the device and the sample size: DataLoader workers, pinned
+memory and batches in flight. Data in memory needs no workers (a worker only adds a copy); on a
+CPU, workers get the cores the computing process leaves; on a GPU, the process mostly waits for
+the device, so decoding gets every core of its share but one (with 0 workers each batch would be
+decoded between steps on the main thread).
 """
 
 from __future__ import annotations
@@ -59,7 +49,7 @@ def plan_input(dataset: Dataset, *, local_size: int, device: torch.device, batch
         why = f"--num-workers {workers}"
     if workers == 0:
         return InputPlan(0, pin, None, why)
-    prefetch = 4 if workers <= 2 else 2
+    prefetch = 4 if workers <= 2 else 2  # with few workers, a burst of slow samples would empty the queue
     size = sample_bytes if sample_bytes is not None else _sample_bytes(dataset)
     if size:
         fits = PREFETCH_BUDGET_BYTES // max(1, size * batch_size * workers)

@@ -1,22 +1,13 @@
 """Samplers that split a data set between ranks.
 
-``ShardSampler`` (training) draws one permutation per epoch from ``seed + epoch`` on every
-rank alike, pads it with its own first indices to a multiple of the world size (so every
-rank runs the same number of steps, as torch's DistributedSampler does), and gives rank r
-the indices r, r+W, r+2W, ... Because of that interleaving, the first B indices of each of
-W ranks are exactly the first W*B indices of the permutation: W ranks with batch B see the
-same samples per step as one process with batch W*B.
+``ShardSampler`` (training) pads one permutation per epoch (seeded by ``seed + epoch``) to a
+multiple of the world size and gives rank r the indices r, r+W, ...: W ranks with batch B then
+see the same samples per step as one process with batch W*B. Each ``iter()`` starts the next
+epoch, so no ``set_epoch`` call is needed. ``keyed=True`` yields ``(seed, epoch, index)`` for a
+data set whose augmentation is seeded by the sample's key, so a crop does not depend on the
+DataLoader worker that reads it.
 
-Each ``iter()`` starts the next epoch by itself, so a training loop needs no
-``set_epoch`` call to reshuffle (calling it still works).
-
-``keyed=True`` yields ``(seed, epoch, index)`` instead of ``index``, for a data set whose
-random augmentation draws from a generator seeded by the sample's key (dtrain's ``images``
-task): then a sample's crop does not depend on which DataLoader worker reads it, and a run
-resumed mid-epoch, or with another worker count, reads the same batches.
-
-``EvalShardSampler`` (evaluation) never pads: every sample is seen exactly once across
-ranks, which a padded sampler cannot promise.
+``EvalShardSampler`` never pads: the ranks together see every sample exactly once.
 """
 
 from __future__ import annotations
