@@ -26,11 +26,11 @@ def add_ft_args(parser: argparse.ArgumentParser) -> None:
 def start(cfg: TrainConfig, args: argparse.Namespace) -> int:
     """Start this node's part of a fault-tolerant job; returns the exit status."""
     from ..ft import FaultTolerance
-    from ..train.ft_check import preflight
-    from ..train.ft_replica import TrainGroups, check, group_size
+    from ..train.ft_check import group_size, preflight, refuse_unsupported
+    from ..train.ft_replica import TrainGroups
 
     ft = FaultTolerance.parse(args.fault_tolerance)
-    check(cfg, args.elastic_batch)
+    refuse_unsupported(cfg, args.elastic_batch)
     groups = TrainGroups(cfg, ft, group_size(cfg, args.nproc or 1))
     preflight(cfg)  # what every group's processes would refuse at their start: one line, before any starts
     return _start(ft, groups, args)

@@ -58,6 +58,18 @@ class Stages:
         return cls(index=pp_mesh.get_local_rank(), ranks=ranks, group=group)
 
 
+def check_batch(precision: Precision, size: int, microbatches: int, *, accum: tuple[int, int] | None = None) -> None:
+    """What a pipeline step refuses: fp16's loss scaling, and a batch of ``size`` that its
+    micro-batches do not divide (``accum``: the --batch-size and --grad-accum that cut it, named)."""
+    if precision.scale_loss:
+        raise ConfigError("pipeline does not support fp16-mixed (loss scaling); use --precision bf16-mixed or fp32.")
+    if size % microbatches:
+        batch, k = accum or (size, 1)
+        per = f" (--batch-size {batch} over --grad-accum {k})" if k > 1 else ""
+        raise ConfigError(f"pipeline: a batch of {size} samples{per} cannot be split into {microbatches} micro-batches; "
+                          f"use a batch size that is a multiple of {microbatches * k}.")
+
+
 class Pipe:
     """The passes of one stage module through its pipeline."""
 
@@ -71,12 +83,8 @@ class Pipe:
                          accumulation_steps: int, precision: Precision, collectives: Collectives) -> torch.Tensor:
         """Forward and backward of one (micro-)batch through every stage; the mean loss, on every
         rank of this pipeline. Collective: call on every rank, the same batch within a pipeline."""
-        if precision.scale_loss:
-            raise ConfigError("pipeline does not support fp16-mixed (loss scaling); use --precision bf16-mixed or fp32.")
-        accum, n = accumulation_steps, self.config.microbatches
-        if len(inputs) % n:
-            raise ConfigError(f"pipeline: a batch of {len(inputs)} samples cannot be split into {n} micro-batches; "
-                              f"use a batch size that is a multiple of {n}.")
+        check_batch(precision, len(inputs), self.config.microbatches)
+        accum = accumulation_steps
         self._loss_fn = loss_fn  # read by the schedule's loss function (built once per window size)
         schedule = self._schedule(module, accum)
         losses: list[torch.Tensor] = []

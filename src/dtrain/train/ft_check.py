@@ -11,14 +11,49 @@ from __future__ import annotations
 import torch
 
 from .. import _check as check
+from .. import strategies
 from ..errors import ConfigError, DtrainError
 from ..parallel import ParallelDims
 from ..parallel import parse as parse_layout
+from ..parallel.convnets import check_channels_last
 from ..parallel.pipeline import PipelineConfig, split_stage
+from ..parallel.stages import check_batch
+from ..parallel.transforms import check_options
 from ..precision import Precision
 from ..tasks import Task, check_optimizer, load_task
 from ..world import World
 from .config import TrainConfig
+
+
+def refuse_unsupported(cfg: TrainConfig, elastic_batch: str = "per-process") -> None:
+    """What ``--fault-tolerance`` does not combine with: one line, before any process starts."""
+    layout, par = cfg.parallel.layout, cfg.parallel
+    # --parallel: the layout is one group's (its TP ranks, FSDP shards, pipeline stages)
+    if layout == "auto" or par.strategy not in ("auto", "single", "ddp", "fsdp", "composed"):
+        raise ConfigError(f"--fault-tolerance replicates the model across replica groups, got "
+                          f"--strategy {par.strategy}{' --parallel ' + layout if layout else ''}; "
+                          "use --strategy fsdp, or --parallel tp=N / pp=N (with dp_shard / dp_replicate: the layout of one "
+                          "group's --nproc processes) inside a group, or drop it (other --strategy values and --parallel auto "
+                          "inside a replica group are not supported yet).")
+    if cfg.batch.global_batch or cfg.batch.micro is not None or elastic_batch != "per-process":
+        raise ConfigError("--fault-tolerance keeps each replica group's --batch-size (the global batch follows the quorum); "
+                          "--elastic-batch global and --micro-batch auto are not supported with it yet (--grad-accum K is).")
+    if par.comm is not None:  # its hooks are DDP's, and a replica group runs no DDP
+        raise ConfigError(f"--comm {par.comm} (warm-up {par.comm.warmup} steps) does not apply under --fault-tolerance: the replica groups average their gradients "
+                          "with torchft's fault-tolerant all-reduce, uncompressed; drop --comm (and --comm-warmup).")
+    if cfg.runtime.sync_bn:
+        raise ConfigError("--sync-bn does not apply under --fault-tolerance: BatchNorm cannot share statistics across replica "
+                          "groups in forward (the groups average their running statistics after each step instead); drop --sync-bn.")
+    if cfg.runtime.channels_last and par.strategy == "fsdp":
+        check_channels_last(strategies.build("fsdp", distributed=True, **par.strategy_options))
+
+
+def group_size(cfg: TrainConfig, nproc: int) -> int:
+    """One replica group's processes: ``--nproc`` under fsdp or ``--parallel`` (its layout fills them), else 1."""
+    if cfg.parallel.layout:
+        parse_layout(cfg.parallel.layout).check_world(nproc)
+        return nproc
+    return nproc if cfg.parallel.strategy == "fsdp" else 1
 
 
 def preflight(cfg: TrainConfig) -> None:
@@ -31,6 +66,8 @@ def preflight(cfg: TrainConfig) -> None:
         check.output_dir("--checkpoint-dir", cfg.checkpoint.dir)
     task = load_task(cfg.task.name, data_dir=cfg.task.data_dir, options=cfg.task.args)
     check_optimizer(cfg.optim.name or task.optimizer)
+    run = cfg.runtime
+    check_options(compile=run.compile, activation_checkpointing=run.activation_checkpointing, has_blocks=task.blocks is not None)
     if cfg.parallel.layout:
         check_layout(cfg, task, parse_layout(cfg.parallel.layout), precision)
 
@@ -61,18 +98,9 @@ def check_layout(cfg: TrainConfig, task: Task, dims: ParallelDims, precision: Pr
     if dims.pp > 1:
         pipeline = PipelineConfig()  # a replica group's layout takes no pipeline options
         split_stage(model, 0, dims.pp, pipeline, task.blocks(model) if task.blocks else None)  # checks every stage's cut
-        if precision.scale_loss:
-            raise ConfigError("pipeline does not support fp16-mixed (loss scaling); use --precision bf16-mixed or fp32.")
-        _check_microbatches(cfg.batch.size or task.batch_size, cfg.batch.grad_accum, pipeline.microbatches)
+        batch, k = cfg.batch.size or task.batch_size, cfg.batch.grad_accum
+        # each of the k pieces of a process's batch (the replica's x.chunk(k)) goes through the schedule
+        for piece in {len(c) for c in torch.arange(batch).chunk(k)}:
+            check_batch(precision, piece, pipeline.microbatches, accum=(batch, k))
     if dims.tp > 1:
         task.tp_plan(model, dims.tp)  # the plan's own checks (lm: heads that tp divides)
-
-
-def _check_microbatches(batch: int, grad_accum: int, microbatches: int) -> None:
-    """Each of the ``grad_accum`` pieces of a process's batch (the replica's ``x.chunk(k)``) is cut
-    into the schedule's micro-batches."""
-    for piece in {len(c) for c in torch.arange(batch).chunk(grad_accum)}:
-        if piece % microbatches:
-            per = f" (--batch-size {batch} over --grad-accum {grad_accum})" if grad_accum > 1 else ""
-            raise ConfigError(f"pipeline: a batch of {piece} samples{per} cannot be split into {microbatches} micro-batches; "
-                              f"use a batch size that is a multiple of {microbatches * grad_accum}.")

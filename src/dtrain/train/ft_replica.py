@@ -27,7 +27,7 @@ from .._log import configure_cli_logging, logger
 from ..checkpoint import newest_valid
 from ..context import preempt
 from ..context.startup import init
-from ..errors import ConfigError, DtrainError
+from ..errors import DtrainError
 from ..ft.group import GroupLink, GroupProcs
 from ..ft.ledger import FtLedger
 from ..ft.order import GlobalOrder, StepPlan
@@ -43,35 +43,12 @@ from ..ft.session import (
 )
 from ..ft.spec import LEFT_EXIT, FaultTolerance, FaultToleranceStopped, require_torchft
 from ..metrics import JsonlSink
-from ..parallel import parse as parse_layout
 from ..parallel.clip import settle_grads
 from ..tasks import load_task, make_optimizer
 from ..world import World
+from ..world.fastpath import auto_channels_last
 from .config import TrainConfig
 from .ft_check import refuse_other_launcher
-
-
-def check(cfg: TrainConfig, elastic_batch: str = "per-process") -> None:
-    """What ``--fault-tolerance`` does not combine with yet: one line, before any process starts."""
-    layout = cfg.parallel.layout
-    # --parallel: the layout is one group's (its TP ranks, FSDP shards, pipeline stages)
-    if layout == "auto" or cfg.parallel.strategy not in ("auto", "single", "ddp", "fsdp", "composed"):
-        raise ConfigError(f"--fault-tolerance replicates the model across replica groups, got "
-                          f"--strategy {cfg.parallel.strategy}{' --parallel ' + layout if layout else ''}; "
-                          "use --strategy fsdp, or --parallel tp=N / pp=N (with dp_shard / dp_replicate: the layout of one "
-                          "group's --nproc processes) inside a group, or drop it (other --strategy values and --parallel auto "
-                          "inside a replica group are not supported yet).")
-    if cfg.batch.global_batch or cfg.batch.micro is not None or elastic_batch != "per-process":
-        raise ConfigError("--fault-tolerance keeps each replica group's --batch-size (the global batch follows the quorum); "
-                          "--elastic-batch global and --micro-batch auto are not supported with it yet (--grad-accum K is).")
-
-
-def group_size(cfg: TrainConfig, nproc: int) -> int:
-    """One replica group's processes: ``--nproc`` under fsdp or ``--parallel`` (its layout fills them), else 1."""
-    if cfg.parallel.layout:
-        parse_layout(cfg.parallel.layout).check_world(nproc)
-        return nproc
-    return nproc if cfg.parallel.strategy == "fsdp" else 1
 
 
 class TrainGroups:
@@ -145,15 +122,24 @@ def run_replica(cfg: TrainConfig, ft: FaultTolerance, *, replica_id: str, lighth
     world = World.detect(device=cfg.runtime.device)
     if not in_group:
         refuse_other_launcher(world)
-    strategy, options = ("fsdp", cfg.parallel.strategy_options) if cfg.parallel.strategy == "fsdp" else ("single", {})
-    if cfg.parallel.layout:  # the same layout in every group: rank i of each holds the same slices
-        strategy, options = "auto", {"parallel": cfg.parallel.layout, "tp_plan": task.tp_plan}
-    ctx = init(strategy=strategy, precision=cfg.runtime.precision_spec(), seed=cfg.schedule.seed, world=world, **options)
+    ctx = replica_context(cfg, task, world)
     try:
         group = (world.rank, world.size, world.master_port) if in_group else None
         return _Replica(ctx, cfg, ft, task, replica_id, group, restart=restart).train(lighthouse, host, t0)
     finally:
         ctx.close()
+
+
+def replica_context(cfg: TrainConfig, task: Any, world: World) -> Any:
+    """A replica group's Context: one process, fsdp over the group, or its ``--parallel`` layout (the
+    same in every group: rank i of each holds the same slices). Compile and activation checkpointing
+    keep the parameters' names, so a peer's state still loads."""
+    strategy, options = ("fsdp", cfg.parallel.strategy_options) if cfg.parallel.strategy == "fsdp" else ("single", {})
+    if cfg.parallel.layout:
+        strategy, options = "auto", {"parallel": cfg.parallel.layout, "tp_plan": task.tp_plan}
+    run = cfg.runtime
+    return init(strategy=strategy, precision=run.precision_spec(), seed=cfg.schedule.seed, world=world, compile=run.compile,
+                activation_checkpointing=run.activation_checkpointing, **options)
 
 
 class _Replica:
@@ -175,7 +161,10 @@ class _Replica:
         """One process's batch; the group's share of a step is ``dp`` of them."""
         model = task.new_model()
         optimizer = make_optimizer(cfg.optim.name or task.optimizer, model.parameters(), cfg.optim.lr or task.lr, device=ctx.device)
-        self.model, self.optimizer = ctx.setup(model, optimizer, blocks=task.blocks(model) if task.blocks else None)
+        run = cfg.runtime
+        channels_last = run.channels_last or (run.fast and auto_channels_last(model, ctx.device, ctx.strategy))
+        self.model, self.optimizer = ctx.setup(model, optimizer, channels_last=channels_last,
+                                               blocks=task.blocks(model) if task.blocks else None)
         if task.load_weights is not None:  # --init-from, after the split (FSDP: each process reads its shards);
             task.load_weights(self.model)  # every group from the same weights, before a heal or a resume replaces them
         self.order = GlobalOrder(len(task.train_set), seed=cfg.schedule.seed, epochs=cfg.schedule.epochs or task.epochs)
