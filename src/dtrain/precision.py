@@ -22,13 +22,11 @@ class Float8Config:
     """float8 training through torchao (``--precision float8``; ``dtrain.parallel.float8``)."""
 
     recipe: str = "tensorwise"
-    """torchao's scaling recipe: ``tensorwise`` (one scale per tensor, cuBLAS's kernel: the
-    fastest, and under FSDP the weights are all-gathered in float8) or ``rowwise`` (a scale per
-    row, CUTLASS's kernel: more accurate, all-gathered in bf16). ``--float8-recipe``."""
+    """torchao's scaling recipe: ``tensorwise`` (fastest; FSDP all-gathers the weights in float8)
+    or ``rowwise`` (more accurate; all-gathered in bf16)."""
     emulate: bool = False
-    """torchao's emulation: float8's casts and scales with the matmuls in high precision, on a CPU
-    or a GPU without float8, for tests (``--float8-emulate``); no speed-up, so every linear whose
-    sides are multiples of 16 is converted, whatever its size."""
+    """torchao's emulation (matmuls in high precision) on a device without float8, for tests; every
+    linear whose sides are multiples of 16 is converted, whatever its size."""
     auto: bool = False
     """Chosen by ``--precision auto`` (``--fast``) rather than asked for: a model with no linear
     large enough to gain runs as bf16-mixed."""
@@ -121,10 +119,8 @@ def auto_name(*, gpu: bool, bf16: bool, float8: bool = False) -> str:
 
 
 def auto_precision(device: torch.device, bf16_supported: bool | None = None, float8_supported: bool | None = None) -> str:
-    """``--precision auto`` on ``device`` (``auto_name`` asked with this device's facts): float8 on a GPU
-    with float8 (compute capability >= 8.9) where torchao is installed (its linears converted only where
-    large enough to gain, else the run is bf16-mixed: ``dtrain.parallel.float8``), bf16-mixed on a GPU
-    with bf16, fp32 elsewhere. ``bf16_supported``, ``float8_supported``: default, asked of torch."""
+    """``auto_name`` asked with ``device``'s facts (``bf16_supported``, ``float8_supported``: default,
+    asked of torch)."""
     if device.type != "cuda":
         return auto_name(gpu=False, bf16=False)
     if bf16_supported is None:
@@ -137,15 +133,11 @@ def auto_precision(device: torch.device, bf16_supported: bool | None = None, flo
 
 
 def scaler_skips_itself(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
-    """Make a GradScaler skip an overflowed step of torch's fused SGD itself.
+    """Make a GradScaler skip an overflowed step of torch's fused SGD itself; returns ``optimizer``.
 
-    A fused optimizer tells the scaler it handles overflow in its kernel
-    (``_step_supports_amp_scaling``), so the scaler hands it the inf flag instead of skipping the
-    step. Fused SGD's kernel then leaves the weights alone but creates its momentum buffers
-    uninitialised (fp16-mixed then reaches a NaN loss after the first steps' routine overflows).
-    With the flag cleared, the scaler skips an overflowed step and calls the fused kernel only on
-    finite gradients, as for any other optimizer. Fused Adam, AdamW and Adagrad honour the flag.
-    Follows wrappers' ``.optimizer`` to the torch optimizer; returns ``optimizer``."""
+    Fused SGD claims to handle overflow in its kernel (``_step_supports_amp_scaling``), but on an
+    overflowed step it creates its momentum buffers uninitialised (fp16-mixed then reaches a NaN
+    loss); with the flag cleared the scaler skips that step as for any other optimizer."""
     inner = optimizer
     while not isinstance(inner, torch.optim.SGD) and isinstance(getattr(inner, "optimizer", None), torch.optim.Optimizer):
         inner = inner.optimizer
