@@ -1,12 +1,7 @@
-"""Each parallelism as one short function, applied by ``parallelize`` in one fixed order for
-every strategy, named or a ``--parallel`` layout (docs/parallelism.md): ``apply_pp`` (this rank's
-stage; every later step applies to it alone), ``apply_float8`` (before TP, which a later swap of
-its linears would undo), ``apply_tp``, ``apply_ac``, ``apply_compile`` per block, ``apply_dp``
-(``apply_fsdp`` where the strategy shards, else ``Strategy.replicate``), then compile of the whole.
-
-The order is torchtitan's: TP turns parameters into DTensors that checkpointing recomputes and
-compile traces, and FSDP, last, shards what TP left (a 2-D DTensor). A sharded or replicated stage
-works in a pipeline schedule because torch's ``PipelineStage`` drives FSDP2's gradient sync itself.
+"""Each parallelism as one short function, applied by ``parallelize`` in one fixed order for every
+strategy (docs/parallelism.md): pp (every later step applies to this rank's stage alone), float8
+(before TP, which a later swap of its linears would undo), tp, ac, compile per block, then fsdp or
+the strategy's replicate. The order is torchtitan's: FSDP, last, shards what TP left.
 """
 
 from __future__ import annotations
@@ -32,9 +27,8 @@ from .stages import Pipe, Stages
 def apply_pp(model: nn.Module, place: Placement, config: PipelineConfig, blocks: Sequence[nn.Module]
              ) -> tuple[nn.Module, list[nn.Module]]:
     """Cut ``model`` (an ``nn.Sequential``) into the layout's ``pp`` stages between its blocks;
-    returns this rank's stage (original layer names kept) and the blocks in it, and sets up its
-    pipeline on ``place``. The stages of one pipeline spanning the world talk over the default
-    group (no mesh); else over the mesh's ``pp`` dimension. Collective: call on every rank."""
+    returns this rank's stage and the blocks in it, and sets up its pipeline on ``place``.
+    Collective: call on every rank."""
     whole = place.dims.pp == place.world.size
     stages = Stages.of_world(place.world) if whole else Stages.of_mesh(place["pp"])
     stage = split_stage(model, stages.index, stages.count, config, list(blocks) or None)
@@ -72,8 +66,7 @@ def _ties(model: nn.Module) -> list[list[str]]:
 
 def _retie(model: nn.Module, ties: list[list[str]]) -> None:
     """``parallelize_module`` gives each layer its own new parameter, which would train a tied
-    pair as two tensors: point every name of a tie at the first one's again, if the plan split
-    them alike (an embedding split by rows and a head by columns hold the same rows)."""
+    pair as two tensors: point every name of a tie at the first one's again, if split alike."""
     for names in ties:
         first = model.get_parameter(names[0])
         for name in names[1:]:
@@ -106,9 +99,8 @@ def apply_compile(blocks: Sequence[nn.Module]) -> None:
 
 def apply_fsdp(model: nn.Module, dp_mesh: Any, device: torch.device, blocks: Sequence[nn.Module] | None,
                config: FSDPConfig | None = None, name: str = "fsdp", param_dtype: torch.dtype | None = None) -> nn.Module:
-    """``fully_shard`` each block, then the root, over ``dp_mesh`` (1-D: FSDP; 2-D
-    (dp_replicate, dp_shard): HSDP), gathering parameters in ``param_dtype`` (the mixed
-    precision's 16-bit type; None: fp32) and reducing gradients in the config's ``reduce_dtype``."""
+    """``fully_shard`` each block, then the root, over ``dp_mesh`` (2-D: HSDP), gathering
+    parameters in ``param_dtype`` (None: fp32)."""
     if not any(p.requires_grad for p in model.parameters()):
         raise ConfigError(f"{name}: the model has no trainable parameters; nothing to shard.")
     if any(True for _ in model.buffers()):
@@ -128,9 +120,8 @@ def apply_ddp(model: nn.Module, dp_mesh: Any, device: torch.device) -> nn.Module
 
 def apply_dp(model: nn.Module, strategy: Wrapping, place: Placement, blocks: Sequence[nn.Module],
              param_dtype: torch.dtype | None = None) -> nn.Module:
-    """``fully_shard`` over ``dp_shard`` (HSDP over (dp_replicate, dp_shard) when the shards are
-    replicated too or the strategy is ``hybrid``), gathering in ``param_dtype``; else the
-    strategy's own way of replicating over ``dp_replicate``. Collective: call on every rank."""
+    """``fully_shard`` over ``dp_shard`` (HSDP when the shards are replicated too or the strategy
+    is ``hybrid``); else the strategy's own replicate. Collective: call on every rank."""
     world = place.world
     if shards(strategy, place):
         hybrid = strategy.hybrid or place.dims.dp_replicate > 1
@@ -167,10 +158,8 @@ class Wrapping(Protocol):
 
 def parallelize(model: nn.Module, strategy: Wrapping, world: Any, *, blocks: Sequence[nn.Module] = (),
                 activation_checkpointing: bool = False, compile: bool = False, precision: Precision | None = None) -> nn.Module:
-    """The one order every strategy and layout goes through (the module docstring); compile goes per
-    block where ``transforms.compile_per_block`` says, else on the whole wrapped model (as torch
-    does for DDP). A mixed ``precision`` gathers sharded parameters in its 16-bit type; the
-    strategy keeps the placement. Collective: call on every rank."""
+    """The one order every strategy and layout goes through (the module docstring); the strategy
+    keeps the placement. Collective: call on every rank."""
     dims = strategy.layout(world)
     place = strategy.placement.again(dims, world) if strategy.placement is not None else Placement(dims, world)
     blocks = list(blocks)

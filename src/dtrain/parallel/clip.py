@@ -37,9 +37,8 @@ def _local(grad: torch.Tensor) -> torch.Tensor:
 
 
 def settle_grads(parameters: Iterable[torch.Tensor]) -> list[torch.Tensor]:
-    """Every gradient laid out as its parameter (returned in order): under sequence parallelism a
-    LayerNorm's gradient is a Partial DTensor (a sum over the TP ranks still to take), which plain
-    TP leaves to the optimizer; the norm needs its true value. Collective: call on every rank."""
+    """Every gradient laid out as its parameter: under sequence parallelism a LayerNorm's gradient
+    is a Partial DTensor (a sum still to take); the norm needs its true value. Collective."""
     grads = []
     for p in parameters:
         g = p.grad
@@ -54,10 +53,8 @@ def settle_grads(parameters: Iterable[torch.Tensor]) -> list[torch.Tensor]:
 
 def clip_grad_norm_(parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0, *,
                     stages: int = 1) -> torch.Tensor:
-    """Scale every gradient by ``min(1, max_norm / total)``, ``total`` the ``norm_type`` norm of
-    all gradients of the model across every rank (and every one of ``stages`` pipeline stages,
-    each holding its own parameters); returns ``total``.
-    Collective: call on every rank."""
+    """Scale every gradient by ``min(1, max_norm / total)``, ``total`` the norm of all gradients
+    across every rank and ``stages`` pipeline stages; returns ``total``. Collective."""
     grads = settle_grads(parameters)
     world = dist.get_world_size() if dist.is_initialized() else 1
     holders = world // stages
@@ -80,9 +77,8 @@ def clip_grad_norm_(parameters: Iterable[torch.Tensor], max_norm: float, norm_ty
 
 def clip_stages_(parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0, *,
                  distributed: bool = True) -> torch.Tensor:
-    """Clip by the norm over every pipeline stage's gradients, when each rank holds one stage's
-    plain parameters and nothing else (a pipeline alone): each stage's norm, combined over the
-    ranks in one all-reduce. Collective: call on every rank."""
+    """Clip by the norm over every stage's gradients where each rank holds one stage's plain
+    parameters (a pipeline alone). Collective: call on every rank."""
     params = [p for p in parameters if p.grad is not None]
     local = torch.nn.utils.get_total_norm([p.grad for p in params], norm_type)
     total = local

@@ -76,9 +76,8 @@ class ParallelDims:
         return c["dp_replicate"] * self.dp_shard + c["dp_shard"]
 
     def build_mesh(self, device_type: str, backend: str = "") -> Any:
-        """The one ``DeviceMesh`` of shape (pp, dp_replicate, dp_shard, tp), named by ``DIMS``:
-        the only place dtrain builds one (``dtrain.parallel.placement.Placement.mesh`` asks).
-        Collective: call on every rank."""
+        """The one ``DeviceMesh`` of shape (pp, dp_replicate, dp_shard, tp), named by ``DIMS``: the
+        only place dtrain builds one. Collective: call on every rank."""
         from torch.distributed.device_mesh import init_device_mesh
 
         try:

@@ -1,12 +1,7 @@
-"""float8 training through torchao (``--precision float8``): the blocks' linear layers become
-torchao's ``Float8Linear`` (their matmuls in float8 with dynamic scales, the rest of the model in
-bf16 autocast or FSDP's bf16 policy), as torchtitan's float8 converter does.
-
-Which linears (``converts``): those inside the task's blocks (without blocks, all but the output
-head, as torchtitan), with both sides multiples of 16 (``torch._scaled_mm``), and, on real float8,
-large enough that the matmul repays the casts of its inputs: torchao's own size rule from its H100
-measurements (``_auto_filter_for_recipe``). Under FSDP, tensorwise all-gathers the weights in
-float8, their scales computed in one all-reduce after each optimizer step (``after_step``).
+"""float8 training through torchao (``--precision float8``), as torchtitan's converter: the linears
+inside the task's blocks (without blocks, all but the output head) with both sides multiples of 16
+(``torch._scaled_mm``) and, on real float8, large enough that the matmul repays the casts of its
+inputs (torchao's ``_auto_filter_for_recipe``) become torchao's ``Float8Linear``.
 """
 
 from __future__ import annotations
@@ -40,9 +35,8 @@ def converts(model: nn.Module, config: Float8Config, blocks: Sequence[nn.Module]
 
 
 def apply_float8(model: nn.Module, config: Float8Config, blocks: Sequence[nn.Module] = (), *, sharded: bool = False) -> int:
-    """Swap the linears ``converts`` names for torchao's ``Float8Linear`` in place (their
-    parameters stay the same tensors, so ties and the optimizer's references hold; with
-    ``sharded`` and tensorwise, wrapped for FSDP's float8 all-gather); returns how many."""
+    """Swap the linears ``converts`` names for torchao's ``Float8Linear`` in place (their parameters
+    stay the same tensors, so ties hold); returns how many."""
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
     chosen = set(converts(model, config, blocks))
@@ -65,9 +59,8 @@ def apply_float8(model: nn.Module, config: Float8Config, blocks: Sequence[nn.Mod
 
 
 def after_step(model: nn.Module) -> None:
-    """After each optimizer step under FSDP with float8 all-gathers: every float8 weight's scale
-    for the next all-gather, in one all-reduce (``precompute_float8_dynamic_scale_for_fsdp``).
-    Collective: call on every rank."""
+    """Under FSDP with float8 all-gathers, after each optimizer step: every float8 weight's scale for
+    the next all-gather, in one all-reduce. Collective: call on every rank."""
     from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
 
     precompute_float8_dynamic_scale_for_fsdp(model)

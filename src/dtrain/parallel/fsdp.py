@@ -1,6 +1,4 @@
-"""Sharding with torch's ``fully_shard`` (FSDP2): the options (``FSDPConfig``), which submodules
-become their own unit (the wrap policy), and ``apply_fully_shard``, used by the fsdp and hsdp
-strategies and by ``apply_fsdp`` on a layout's mesh."""
+"""Sharding with torch's ``fully_shard`` (FSDP2): its options, the wrap policy, ``apply_fully_shard``."""
 
 from __future__ import annotations
 
@@ -36,10 +34,8 @@ class FSDPConfig:
     shard_size: int | None = None
     """hsdp only: ranks a parameter is sharded over (default: the processes of one node)."""
     reduce_dtype: str = "fp32"
-    """The dtype gradients are reduce-scattered (and, under hsdp, all-reduced) in: ``fp32``
-    (default, as torchtitan: a sum over many ranks keeps its low bits) or ``bf16``/``fp16`` (half
-    the bytes, coarser sums). Parameters are gathered in the precision's 16-bit type under
-    ``bf16-mixed``/``fp16-mixed`` either way (``mixed_precision``)."""
+    """The dtype gradients are reduced in: ``fp32`` (default, as torchtitan: a sum over many ranks
+    keeps its low bits) or ``bf16``/``fp16`` (half the bytes, coarser sums)."""
 
     def __post_init__(self) -> None:
         if self.wrap is not None:
@@ -106,8 +102,7 @@ DEFAULT_WRAP = "size:1000000"
 
 def mixed_precision(param_dtype: torch.dtype | None, config: FSDPConfig) -> Any:
     """``fully_shard``'s ``MixedPrecisionPolicy``: parameters gathered in ``param_dtype`` (None: as
-    they are), gradients reduced in ``config.reduce_dtype``; the sharded master weights stay fp32,
-    so an all-gather moves half the bytes and no per-op autocast casts run (as torchtitan)."""
+    they are; the sharded master weights stay fp32), gradients reduced in ``config.reduce_dtype``."""
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
     reduce = REDUCE_DTYPES[config.reduce_dtype]
@@ -117,10 +112,8 @@ def mixed_precision(param_dtype: torch.dtype | None, config: FSDPConfig) -> Any:
 
 
 def fp32_norms(model: nn.Module, mesh: DeviceMesh, config: FSDPConfig, offload: Any) -> list[nn.Module]:
-    """Shard each BatchNorm as a unit of its own whose parameters stay fp32 (as FSDP1 did for
-    mixed precision): its running statistics are fp32 buffers, which batch_norm refuses beside
-    16-bit weights ("expected scalar type BFloat16 but found Float"); with fp32 weights it takes
-    the 16-bit input as autocast runs it, and its output stays 16-bit. Returns those modules."""
+    """Shard each BatchNorm as a unit of its own whose parameters stay fp32 (as FSDP1 did): its
+    running statistics are fp32 buffers, which batch_norm refuses beside 16-bit weights. Returns them."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m is not model]
@@ -133,17 +126,15 @@ def fp32_norms(model: nn.Module, mesh: DeviceMesh, config: FSDPConfig, offload: 
 
 def apply_fully_shard(model: nn.Module, mesh: DeviceMesh, config: FSDPConfig, device: torch.device,
                       blocks: list[nn.Module] | None = None, param_dtype: torch.dtype | None = None) -> nn.Module:
-    """``fully_shard`` every unit of the wrap policy (no policy: each of ``blocks``, as
-    torchtitan shards each transformer block), then the root, with ``mixed_precision``'s policy
-    for ``param_dtype``; returns the same module."""
+    """``fully_shard`` every unit of the wrap policy (no policy: each of ``blocks``), then the root;
+    returns the same module."""
     from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 
     if config.offload and device.type == "cpu":
         note_once("fsdp: --fsdp-offload on a CPU device: parameters already live in CPU memory; offload ignored.")
     offload = CPUOffloadPolicy(pin_memory=True) if config.offload and device.type != "cpu" else OffloadPolicy()
-    # With offload the model stays in host memory: fully_shard moves one unit's parameters at a
-    # time to the device, shards them and offloads the shards, so the whole model never has to
-    # fit on the device (torch/distributed/fsdp/_fully_shard/_fsdp_init.py, _move_states_to_device).
+    # With offload the model stays in host memory: fully_shard moves one unit at a time to the
+    # device, so the whole model never has to fit there (_fsdp_init.py, _move_states_to_device).
     if not config.offload or device.type == "cpu":
         model = model.to(device)
     chosen = list(blocks) if config.wrap is None and blocks else units(model, config.wrap or DEFAULT_WRAP)

@@ -1,7 +1,5 @@
-"""Cutting an ``nn.Sequential`` into pipeline stages: where the cuts go (between the model's
-blocks, at named split points, or balanced by parameter count), this rank's stage under the
-layers' original names. Used by ``apply_pp`` (one pipeline over the world, or one per
-data-parallel coordinate of a mesh).
+"""Cutting an ``nn.Sequential`` into pipeline stages (between the model's blocks, at named split
+points, or balanced by parameter count), each under the layers' original names.
 """
 
 from __future__ import annotations
@@ -25,9 +23,7 @@ class PipelineConfig:
     """Micro-batches per batch; the batch size must be a multiple. More: a smaller bubble."""
     split_points: tuple[str, ...] | None = None
     """Names of the ``nn.Sequential`` children that begin stages 1, 2, ... (e.g. ``("3",)``);
-    default: the model's blocks (given to ``ctx.setup``) split evenly over the stages, the
-    layers before the first block in the first stage and those after the last in the last;
-    without blocks, stages balanced by parameter count."""
+    default: the model's blocks split evenly, else stages balanced by parameter count."""
 
     def __post_init__(self) -> None:
         if self.schedule not in SCHEDULES:
@@ -67,9 +63,8 @@ def stage_bounds(model: nn.Sequential, stages: int, split_points: tuple[str, ...
 
 
 def block_bounds(model: nn.Sequential, stages: int, blocks: list[nn.Module]) -> list[tuple[int, int]] | None:
-    """[start, end) child indices of each stage, cut only between blocks, with the blocks split
-    evenly (as torchtitan splits a transformer's layers); None when the blocks are not children
-    of ``model`` (then the parameter-balanced default applies)."""
+    """[start, end) child indices of each stage, the blocks split evenly; None when the blocks are
+    not children of ``model``."""
     children = list(model.children())
     index = {id(c): i for i, c in enumerate(children)}
     at = sorted(index[id(b)] for b in blocks if id(b) in index)

@@ -43,9 +43,8 @@ class Placement:
 
     @property
     def mesh(self) -> Any:
-        """The layout's one ``DeviceMesh`` (``ParallelDims.build_mesh``), built when a step first
-        needs it: layouts whose every dimension but one is 1 and whose groups are the whole world
-        (ddp, pipeline) need none. Collective the first time: every rank asks at the same step."""
+        """The layout's one ``DeviceMesh``, built when first needed (ddp and pipeline alone need none).
+        Collective the first time: every rank asks at the same step."""
         if self._mesh is None:
             self._mesh = self.dims.build_mesh(self.world.device.type, self.world.backend)
         return self._mesh
@@ -74,8 +73,7 @@ class Placement:
 
     def fit_optimizer(self, optimizer: torch.optim.Optimizer, name: str) -> torch.optim.Optimizer:
         """The optimizer, built on the whole model, as this rank's part needs it: only this stage's
-        parameters (pp), pointed at the DTensors TP and FSDP put in place of the ones it was built
-        on (torch's FSDP2 expects the optimizer built after ``fully_shard``)."""
+        parameters, pointed at the DTensors TP and FSDP put in place of the ones it was built on."""
         mine = self.stage_params
         if mine is None and not self.replaced:
             return optimizer

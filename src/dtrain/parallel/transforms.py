@@ -37,8 +37,7 @@ def _checkpointed(forward: Callable[..., Any]) -> Callable[..., Any]:
 
 def compile_per_block(capabilities: Any, activation_checkpointing: bool) -> bool:
     """Whether ``--compile`` goes per block: under fully_shard (its hooks stay between the compiled
-    graphs, as torchtitan), for pipeline stages and with activation checkpointing; otherwise the
-    whole model after wrapping is faster (one graph; benchmarks/results/28-gpu-readiness.md)."""
+    graphs), for pipeline stages and with activation checkpointing; else one graph is faster."""
     return bool(capabilities.sharded_params or capabilities.staged_step or activation_checkpointing)
 
 
