@@ -21,13 +21,11 @@ MARGIN = 0.10
 
 @dataclass(frozen=True)
 class Plan:
-    predictions: list[Prediction]
-    """Fastest first; those that fit before those that do not."""
+    predictions: list[Prediction]  # fastest first; those that fit before those that do not
     cluster: Cluster
     profile: ModelProfile
     settings: Settings
-    margin: float = MARGIN
-    """``close_to`` counts a prediction this close to another (``dtrain plan --margin``)."""
+    margin: float = MARGIN  # ``close_to`` counts a prediction this close to another (``dtrain plan --margin``)
 
     @property
     def best(self) -> Prediction | None:
@@ -47,9 +45,7 @@ class Plan:
                 and p.samples_per_s * (1 + self.margin) >= pick.samples_per_s]
 
     def as_dict(self) -> dict[str, Any]:
-        world = self.cluster.world_size
-        best, exact = self.best, self.best_exact
-        s = self.settings
+        world, best, exact, s = self.cluster.world_size, self.best, self.best_exact, self.settings
         return {"layouts": [p.as_dict(world) for p in self.predictions],
                 "best": best.as_dict(world) if best else None,
                 "best_exact": exact.as_dict(world) if exact else None,

@@ -25,14 +25,10 @@ class Device:
     peak_flops: dict[str, float]
     """Dense peak FLOP/s by precision (``fp32``, ``bf16-mixed``, ``fp16-mixed``): the data sheet's."""
     memory_bytes: float
-    mem_bw: float
-    """Memory bandwidth (bytes/s): the optimizer step is bound by it."""
-    achieved: float = 0.4
-    """Fraction of the peak a training step achieves (MFU); a profile measures it instead."""
-    fixed_bytes: float = 0.0
-    """Memory taken before the model: CUDA context, allocator reserve, the framework."""
-    profiled: bool = False
-    """This machine's GPU (``--device cuda``): its step is timed instead of FLOPs x ``achieved``."""
+    mem_bw: float  # memory bandwidth (bytes/s): the optimizer step is bound by it
+    achieved: float = 0.4  # fraction of the peak a training step achieves (MFU); a profile measures it instead
+    fixed_bytes: float = 0.0  # memory taken before the model: CUDA context, allocator reserve, the framework
+    profiled: bool = False  # this machine's GPU (``--device cuda``): its step is timed instead of FLOPs x ``achieved``
     bf16: bool = True
     """Has bf16 arithmetic (Ampere and newer), for ``--precision auto``."""
 
@@ -65,16 +61,12 @@ class Cluster:
     nodes: int = 1
     procs_per_node: int = 1
     device: Device
-    intra_bw: float = 100 * GB
-    """Between two processes of one node (NVLink, shared memory), bytes/s one way per process."""
+    intra_bw: float = 100 * GB  # between two processes of one node (NVLink, shared memory), bytes/s one way per process
     intra_lat: float = 5e-6
-    inter_bw: float = 12.5 * GB
-    """What one node sends to the others, bytes/s (all its NICs)."""
+    inter_bw: float = 12.5 * GB  # what one node sends to the others, bytes/s (all its NICs)
     inter_lat: float = 10e-6
-    tree: bool = True
-    """All-reduces may use a tree where cheaper (NCCL does); gloo rings only."""
-    source: dict[str, str] = field(default_factory=dict)
-    """Where each figure came from (preset, flag, file, measured)."""
+    tree: bool = True  # all-reduces may use a tree where cheaper (NCCL does); gloo rings only
+    source: dict[str, str] = field(default_factory=dict)  # where each figure came from (preset, flag, file, measured)
     links: dict[str, Links] = field(default_factory=dict)
     """Collectives measured ``intra`` (a node's processes) and ``inter`` (nodes), replacing the figures above."""
 
@@ -101,10 +93,8 @@ class Cluster:
         measured = self.links.get("inter" if crossing else "intra")
         if measured is not None and kind in measured.figures:
             f = measured.figures[kind]
-        elif crossing:
-            f = Figure(self.inter_lat, self.inter_bw)
         else:
-            f = Figure(self.intra_lat, self.intra_bw)
+            f = Figure(self.inter_lat, self.inter_bw) if crossing else Figure(self.intra_lat, self.intra_bw)
         return f.shared(sharing) if crossing and sharing > 1 else f
 
     def describe(self) -> dict[str, Any]:
@@ -133,8 +123,7 @@ def cpu_device(achieved_flops: float | None = None, memory_bytes: float | None =
             memory_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
         except (ValueError, OSError, AttributeError):
             memory_bytes = 16 * GIB
-    rate = achieved_flops or 1e10
-    return Device(name="cpu (measured)", peak_flops=dict.fromkeys(("fp32", "bf16-mixed", "fp16-mixed"), rate),
+    return Device(name="cpu (measured)", peak_flops=dict.fromkeys(("fp32", "bf16-mixed", "fp16-mixed"), achieved_flops or 1e10),
                   memory_bytes=memory_bytes, mem_bw=10 * GB, achieved=1.0)
 
 
@@ -142,9 +131,7 @@ def preset_for(gpu_name: str, memory_bytes: float) -> str | None:
     """The ``DEVICES`` key of a GPU's name ('NVIDIA H100 80GB HBM3' -> 'h100'; an A100 under 60 GiB: 'a100-40')."""
     lowered = gpu_name.lower().replace(" ", "").replace("-", "")
     key = next((k for k in ("h200", "h100", "a100", "v100", "p100") if k in lowered), None)
-    if key == "a100" and memory_bytes < 60 * GIB:
-        key = "a100-40"
-    return key
+    return "a100-40" if key == "a100" and memory_bytes < 60 * GIB else key
 
 
 def local_gpu() -> tuple[Device, str | None]:
@@ -154,8 +141,7 @@ def local_gpu() -> tuple[Device, str | None]:
         raise ConfigError("--device cuda: no CUDA GPU is visible here; name the GPU kind to plan for instead "
                           f"(--device {', '.join(DEVICES)}), or run the plan where the GPU is.")
     props = torch.cuda.get_device_properties(0)
-    mem = float(props.total_memory)
-    key = preset_for(props.name, mem)
+    mem, key = float(props.total_memory), preset_for(props.name, float(props.total_memory))
     base = DEVICES[key] if key else replace(_gpu(props.name, 0.0, 0.0, 0.0, 1.0, bf16=props.major >= 8), achieved=1.0)
     return replace(base, name=f"{props.name} (this GPU, profiled)", memory_bytes=mem, profiled=True), key
 
@@ -195,10 +181,8 @@ def build(settings: dict[str, Any]) -> Cluster:
     changes: dict[str, Any] = {}
     if "peak_tflops" in s:
         changes["peak_flops"], source["peak_tflops"] = dict.fromkeys(device.peak_flops, float(s["peak_tflops"]) * 1e12), "given"
-    if "memory_gib" in s:
-        changes["memory_bytes"] = float(s["memory_gib"]) * GIB
-    if "mem_bw_gbytes_per_s" in s:
-        changes["mem_bw"] = float(s["mem_bw_gbytes_per_s"]) * GB
+    changes.update({name: float(s[key]) * unit for key, name, unit in (("memory_gib", "memory_bytes", GIB),
+                                                                       ("mem_bw_gbytes_per_s", "mem_bw", GB)) if key in s})
     if "achieved_fraction" in s:
         if not 0 < (frac := float(s["achieved_fraction"])) <= 1:
             raise ConfigError(f"--mfu {frac} must be a fraction of the peak in (0, 1]; e.g. --mfu 0.4.")
@@ -212,9 +196,8 @@ def build(settings: dict[str, Any]) -> Cluster:
         if key in s:
             links[name] = float(s[key]) * unit
             source.update({name: "given"} if name.endswith("_bw") else {})
-    tree = bool(s.get("tree", kind in LINKS))
     return Cluster(nodes=int(s.get("nodes", 1)), procs_per_node=int(s.get("procs_per_node", 1)), device=device,
-                   tree=tree, source=source, **links)
+                   tree=bool(s.get("tree", kind in LINKS)), source=source, **links)
 
 
 def with_links(c: Cluster, measured: dict[str, Links]) -> Cluster:

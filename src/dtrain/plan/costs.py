@@ -59,12 +59,9 @@ class Links:
     ranks: int
     backend: str
     figures: dict[str, Figure]
-    seconds: dict[str, dict[int, float]] = field(default_factory=dict)
-    """The measurements: kind -> bytes -> median seconds."""
-    load: float | None = None
-    """The machine's load average when measured."""
-    device: str = "cpu"
-    """What the ranks' tensors were on: ``cpu`` (gloo) or ``cuda`` (nccl)."""
+    seconds: dict[str, dict[int, float]] = field(default_factory=dict)  # the measurements: kind -> bytes -> median seconds
+    load: float | None = None  # the machine's load average when measured
+    device: str = "cpu"  # what the ranks' tensors were on: ``cpu`` (gloo) or ``cuda`` (nccl)
 
     def describe(self) -> dict[str, Any]:
         return {"between": self.between, "ranks": self.ranks, "backend": self.backend, "device": self.device, "load": self.load,
@@ -81,8 +78,7 @@ def fit(kind: str, seconds: dict[int, float], n: int, backend: str = "gloo") -> 
     steps, volume = shape(kind, backend)
     lat = seconds[sizes[0]] / max(1, steps(n))
     big, mid = sizes[-1], sizes[-2]
-    extra = seconds[big] - seconds[mid]
-    if extra <= 0:  # noise swamped the difference: take the largest size's own time beyond the latency
+    if (extra := seconds[big] - seconds[mid]) <= 0:  # noise swamped the difference: take the largest size's own time beyond the latency
         extra = max(seconds[big] - steps(n) * lat, 1e-9)
         mid = 0
     return Figure(lat=lat, bw=volume(n) * (big - mid) / extra)
@@ -115,8 +111,7 @@ def from_record(record: dict[str, Any], source: str = "links") -> Links:
     ranks = inputs.check(_RANKS, record.get("ranks"), f'{source}: "ranks"', _FIX)
     backend = choice("backend", "made with", ("gloo", "nccl"), "gloo")
     device = choice("device", "on", ("cpu", "cuda"), "cuda" if backend == "nccl" else "cpu")  # older files: as the probe paired them
-    load = record.get("load")
-    load = None if load is None else inputs.check(_LOAD, load, f'{source}: "load"', _FIX)
+    load = None if record.get("load") is None else inputs.check(_LOAD, record["load"], f'{source}: "load"', _FIX)
     return from_measurement(_seconds(record.get("seconds"), source), ranks=ranks, between=between, backend=backend,
                             load=load, device=device)
 
@@ -174,8 +169,7 @@ class Group:
 
     nodes: int
     per_node: int
-    sharing: int = 1
-    """Groups like it sending through the same node's NICs at once (hsdp's replicas, tp x dp's dp groups)."""
+    sharing: int = 1  # groups like it sending through the same node's NICs at once (hsdp's replicas, tp x dp's dp groups)
 
     @property
     def size(self) -> int:
@@ -195,9 +189,7 @@ def group_of(size: int, stride: int, procs_per_node: int) -> Group:
 
 # below, ``c`` is a cluster.Cluster (not imported: cluster.py imports this module)
 def tree_allreduce(nbytes: float, n: int, bw: float, lat: float) -> float:
-    if n <= 1 or nbytes <= 0:
-        return 0.0
-    return 2 * math.ceil(math.log2(n)) * lat + 2 * nbytes / bw
+    return 0.0 if n <= 1 or nbytes <= 0 else 2 * math.ceil(math.log2(n)) * lat + 2 * nbytes / bw
 
 
 def _flat(kind: str, nbytes: float, n: int, c: Any, crossing: bool, sharing: int = 1) -> float:
@@ -214,9 +206,7 @@ def _nodes(kind: str, nbytes: float, group: Group, c: Any, inside: tuple[str, ..
     if group.nodes == 1:
         return _flat(kind, nbytes, group.per_node, c, False)
     inter = _flat(kind, nbytes, group.nodes, c, True, group.sharing)
-    if group.per_node == 1:
-        return inter
-    return sum(_flat(k, nbytes, group.per_node, c, False) for k in inside) + inter
+    return inter if group.per_node == 1 else sum(_flat(k, nbytes, group.per_node, c, False) for k in inside) + inter
 
 
 def allreduce(nbytes: float, group: Group, c: Any) -> float:
@@ -249,6 +239,4 @@ def broadcast(nbytes: float, group: Group, c: Any, *, messages: int = 1) -> floa
 
 def p2p(nbytes: float, group: Group, c: Any) -> float:
     """One send from a rank to its neighbour in ``group`` (pipeline stages)."""
-    if nbytes <= 0:
-        return 0.0
-    return _flat("send_recv", nbytes, 2, c, group.nodes > 1, group.sharing if group.nodes > 1 else 1)
+    return 0.0 if nbytes <= 0 else _flat("send_recv", nbytes, 2, c, group.nodes > 1, group.sharing if group.nodes > 1 else 1)

@@ -25,15 +25,11 @@ CAST_WEIGHT_BYTES = 2 * 5
 class Float8Counts:
     """The converted linears of a model, per sample (``count``) or written as data."""
 
-    fwd_flops: float
-    """Forward matmul FLOPs per sample in the converted linears (backward: twice this)."""
-    fwd_cast_bytes: float
-    """Per sample, the forward's casts; ``bwd_cast_bytes``: the backward's."""
+    fwd_flops: float  # forward matmul FLOPs per sample in the converted linears (backward: twice this)
+    fwd_cast_bytes: float  # per sample, the forward's casts; ``bwd_cast_bytes``: the backward's
     bwd_cast_bytes: float
-    params: int
-    """Weight elements converted."""
-    block_params: tuple[int, ...] = ()
-    """Of them, in each of the profile's blocks (the rest are in the root unit)."""
+    params: int  # weight elements converted
+    block_params: tuple[int, ...] = ()  # of them, in each of the profile's blocks (the rest are in the root unit)
     linears: int = 0
 
 
@@ -41,9 +37,8 @@ def float8_peak(device: Any) -> float:
     """The device's dense float8 FLOP/s; one ConfigError line where it has none."""
     tflops = FLOAT8_TFLOPS.get(device.name)
     if tflops is None:
-        known = ", ".join(FLOAT8_TFLOPS)
-        raise ConfigError(f"--precision float8: the plan's device {device.name!r} has no float8 rate (float8 needs compute "
-                          f"capability >= 8.9; the plan knows {known}: --device h100 or h200); plan --precision bf16-mixed.")
+        raise ConfigError(f"--precision float8: the plan's device {device.name!r} has no float8 rate (float8 needs compute capability "
+                          f">= 8.9; the plan knows {', '.join(FLOAT8_TFLOPS)}: --device h100 or h200); plan --precision bf16-mixed.")
     return tflops * 1e12
 
 
@@ -58,8 +53,6 @@ def count(task: Any, batch: int, recipe: str = "tensorwise") -> Float8Counts:
         model = task.build_model()
     blocks = list(task.blocks(model)) if task.blocks else []
     chosen = set(converts(model, Float8Config(recipe=recipe), blocks))
-    owner = {id(m): i for i, b in enumerate(blocks) for m in b.modules()}
-    per_block = [0] * len(blocks)
     totals = {"flops": 0.0, "fwd": 0.0, "bwd": 0.0}
 
     def seen(m: torch.nn.Linear, args: tuple, _out: Any) -> None:
@@ -77,13 +70,9 @@ def count(task: Any, batch: int, recipe: str = "tensorwise") -> Float8Counts:
     finally:
         for h in handles:
             h.remove()
-    for _, m in linears:
-        if id(m) in owner:
-            per_block[owner[id(m)]] += m.weight.numel()
-    params = sum(m.weight.numel() for _, m in linears)
-    return Float8Counts(fwd_flops=totals["flops"] / batch, fwd_cast_bytes=totals["fwd"] / batch,
-                        bwd_cast_bytes=totals["bwd"] / batch, params=params, block_params=tuple(per_block),
-                        linears=len(linears))
+    per_block = tuple(sum(m.weight.numel() for _, m in linears if any(m is u for u in b.modules())) for b in blocks)
+    return Float8Counts(fwd_flops=totals["flops"] / batch, fwd_cast_bytes=totals["fwd"] / batch, bwd_cast_bytes=totals["bwd"] / batch,
+                        params=sum(m.weight.numel() for _, m in linears), block_params=per_block, linears=len(linears))
 
 
 def compute_rates(prof: Any, c: Any, s: Any) -> tuple[float, float]:
@@ -92,8 +81,7 @@ def compute_rates(prof: Any, c: Any, s: Any) -> tuple[float, float]:
     if f8 is None:
         raise ConfigError("--precision float8: the model's float8 linears were not counted (plan.float8.count).")
     dev = c.device
-    r16 = dev.flops("bf16-mixed") * dev.achieved
-    r8 = float8_peak(dev) * dev.achieved
+    r16, r8 = dev.flops("bf16-mixed") * dev.achieved, float8_peak(dev) * dev.achieved
     weights = CAST_WEIGHT_BYTES / 2 * f8.params / max(1, s.batch)  # per sample, half in each pass
     fwd = (prof.fwd_flops - f8.fwd_flops) / r16 + f8.fwd_flops / r8 + (f8.fwd_cast_bytes + weights) / dev.mem_bw
     bwd_flops = prof.fwd_flops * prof.bwd_ratio

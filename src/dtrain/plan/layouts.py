@@ -12,8 +12,7 @@ COMMS = ("none", "bf16", "powersgd:2", "localsgd:16")
 
 @dataclass(frozen=True)
 class Layout:
-    name: str
-    """As `dtrain train` takes it: ``ddp``, ``zero1``, ``fsdp``, ``hsdp``, ``single`` or ``dp_shard=4,tp=2``."""
+    name: str  # as `dtrain train` takes it: ``ddp``, ``zero1``, ``fsdp``, ``hsdp``, ``single`` or ``dp_shard=4,tp=2``
     dims: ParallelDims
     zero1: bool = False
     comm: str = "none"
@@ -53,17 +52,12 @@ def candidates(world: int, procs_per_node: int, nodes: int, *, blocks: int, tp_o
         out += named("hsdp", world, procs_per_node)
     for tp in (2, 4, 8):
         if tp_ok and tp <= procs_per_node and procs_per_node % tp == 0 and world % tp == 0:
-            rest = world // tp
-            for dims in _with_dp(rest, tp=tp):
-                out.append(Layout(str(dims), dims))
+            out += [Layout(str(dims), dims) for dims in _with_dp(world // tp, tp=tp)]
     for pp in (2, 4, 8):
         if pp_ok and blocks >= pp and world % pp == 0:
-            for dims in _with_dp(world // pp, pp=pp):
-                out.append(Layout(str(dims), dims))
+            out += [Layout(str(dims), dims) for dims in _with_dp(world // pp, pp=pp)]
     return out
 
 
 def _with_dp(dp: int, **other: int) -> list[ParallelDims]:
-    if dp == 1:
-        return [ParallelDims(**other)]
-    return [ParallelDims(dp_shard=dp, **other), ParallelDims(dp_replicate=dp, **other)]
+    return [ParallelDims(**other)] if dp == 1 else [ParallelDims(dp_shard=dp, **other), ParallelDims(dp_replicate=dp, **other)]

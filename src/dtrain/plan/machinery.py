@@ -50,23 +50,16 @@ Runner = Callable[[], tuple[float, float, float]]
 WARMUP_GPU = 5  # untimed steps before a GPU's timed ones: the allocator and cuBLAS's choices settle
 
 
-def _clock(gpu: bool) -> tuple[Callable[[], Any], Callable[[Any], None], Callable[[Any, Any], float]]:
-    """(mark, wait, seconds between two marks): the host's clock, or the GPU's CUDA events."""
-    if not gpu:
-        return time.perf_counter, lambda _m: None, lambda a, b: b - a
-
-    def mark() -> Any:
-        ev = torch.cuda.Event(enable_timing=True)
-        ev.record()
-        return ev
-    return mark, lambda m: m.synchronize(), lambda a, b: a.elapsed_time(b) / 1e3
-
-
 def timed_step(model: nn.Module, opt: Any, task: Any, x: Any, y: Any, cast: Callable, after: Callable[[], None] | None = None,
                gpu: bool = False) -> Runner:
     """A runner of one step on (x, y) returning its forward, backward, optimizer (with ``after``; none: ``opt`` None) seconds.
     ``gpu``: on CUDA events with one wait, at the step's end, so the host queues ahead as in training."""
-    mark, wait, between = _clock(gpu)
+    def mark() -> Any:  # the host's clock, or a CUDA event
+        if not gpu:
+            return time.perf_counter()
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        return ev
 
     def run() -> tuple[float, float, float]:
         t0 = mark()
@@ -83,8 +76,10 @@ def timed_step(model: nn.Module, opt: Any, task: Any, x: Any, y: Any, cast: Call
                 after()
             opt.zero_grad(set_to_none=True)
         t3 = mark()
-        wait(t3)
-        return between(t0, t1), between(t1, t2), between(t2, t3)
+        if not gpu:
+            return t1 - t0, t2 - t1, t3 - t2
+        t3.synchronize()
+        return t0.elapsed_time(t1) / 1e3, t1.elapsed_time(t2) / 1e3, t2.elapsed_time(t3) / 1e3
     return run
 
 
@@ -109,8 +104,7 @@ def measure(task: Any, x: Any, y: Any, *, optimizer: str, lr: float, autocast_dt
 
             model, x, y = model.to("cuda"), to_device(x, torch.device("cuda")), to_device(y, torch.device("cuda"))
         opt = make_optimizer(optimizer, model.parameters(), lr, device=torch.device(device))
-        kind = "cuda" if gpu else "cpu"
-        cast = (lambda: torch.autocast(kind, dtype=autocast_dtype)) if autocast_dtype is not None else NoCast
+        cast = (lambda: torch.autocast(device, dtype=autocast_dtype)) if autocast_dtype is not None else NoCast
         run = timed_step(model, opt, task, x, y, cast, gpu=gpu)
         runs, warm, start = [], WARMUP_GPU if gpu else 2, time.perf_counter()
         for i in range(repeats + warm):
@@ -216,8 +210,7 @@ def body(spec: dict[str, Any]) -> dict[str, Any]:
     count(task.build_model, x, y, task.loss_fn, blocks=task.blocks, autocast_dtype=None)  # as a worker counts its FLOPs
     rss = {"baseline": _status("VmRSS")}
     runners = {"plain": build_runner("plain", task, x, y, spec)} | {k: build_runner(k, task, x, y, spec) for k in spec["kinds"]}
-    peak_known = _reset_peak()
-    before = _status("VmRSS")
+    peak_known, before = _reset_peak(), _status("VmRSS")
     for _ in range(2):
         runners["plain"]()
     if peak_known:
@@ -305,8 +298,7 @@ def _ddp(model: nn.Module, kind: str, task: Any, x: Any, y: Any, spec: dict[str,
     ddp = DistributedDataParallel(model, bucket_cap_mb=bucket_mb(model, comm, DDPConfig().bucket_cap_mb), gradient_as_bucket_view=True)
     method = attach(ddp, comm)
     opt = make_optimizer(spec["optimizer"], ddp.parameters(), task.lr)
-    if kind == "zero1":
-        opt = shard_optimizer(opt)
+    opt = shard_optimizer(opt) if kind == "zero1" else opt
     return timed_step(ddp, opt, task, x, y, cast, (lambda: method.after_step(opt)) if method is not None else None)
 
 

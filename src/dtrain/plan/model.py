@@ -13,10 +13,8 @@ from .profile import ModelProfile
 from .steps import fsdp_units, recompute_s, stage_share, step_phases
 
 MIB = 2**20
-OPT_STATES = {"sgd": 1, "adam": 2, "adamw": 2, "adadelta": 2}
-"""fp32 state tensors per parameter (SGD with momentum: one; Adam: two moments)."""
-OPT_BYTES_TOUCHED = {"sgd": 20, "adam": 28, "adamw": 28, "adadelta": 28}
-"""Bytes read + written per parameter by one optimizer step (memory-bound on a GPU)."""
+OPT_STATES = {"sgd": 1, "adam": 2, "adamw": 2, "adadelta": 2}  # fp32 state tensors per parameter (momentum; Adam's moments)
+OPT_BYTES_TOUCHED = {"sgd": 20, "adam": 28, "adamw": 28, "adadelta": 28}  # read + written per parameter by a step (memory-bound)
 
 ASSUMPTIONS = (
     "compute: GPU preset at FLOPs / (peak x --mfu), CPU or --device cuda timed here; checkpointing adds a forward",
@@ -89,11 +87,9 @@ class Prediction:
     def fits(self) -> bool:
         return self.mem_bytes <= self.capacity
 
-    def scaling_efficiency(self, world: int) -> float | None:
-        if self.single_step_s <= 0:
-            return None
-        single_rate = self.samples_per_step / max(1, self.layout.dims.dp) / self.single_step_s
-        return self.samples_per_s / (world * single_rate)
+    def scaling_efficiency(self, world: int) -> float | None:  # samples/s over world x one device's alone
+        single_rate = self.samples_per_step / max(1, self.layout.dims.dp) / self.single_step_s if self.single_step_s > 0 else 0.0
+        return self.samples_per_s / (world * single_rate) if single_rate else None
 
     def as_dict(self, world: int) -> dict[str, Any]:
         ms = {k: round(v * 1e3, 3) for k, v in self.phases_s.items()}

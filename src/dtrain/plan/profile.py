@@ -20,27 +20,21 @@ class Block:
 
     params: int
     fwd_flops: float
-    act_bytes: float
-    """Tensors its forward saves for backward."""
-    out_bytes: float
-    """Its output: what a pipeline stage sends and checkpointing keeps."""
+    act_bytes: float  # tensors its forward saves for backward
+    out_bytes: float  # its output: what a pipeline stage sends and checkpointing keeps
 
 
 @dataclass(frozen=True, kw_only=True)
 class ModelProfile:
     name: str
     params: int
-    fwd_flops: float
-    """Forward FLOPs per sample; backward is ``bwd_ratio`` times it."""
-    act_bytes: float
-    """Saved-for-backward bytes per sample, under the profile's precision."""
+    fwd_flops: float  # forward FLOPs per sample; backward is ``bwd_ratio`` times it
+    act_bytes: float  # saved-for-backward bytes per sample, under the profile's precision
     blocks: tuple[Block, ...] = ()
     before_blocks: Block | None = None
     """The layers before the first block (embeddings): a pipeline's first stage holds them, its last the rest."""
-    matrices: tuple[tuple[int, int], ...] = ()
-    """Parameters as PowerSGD views them (rows x columns)."""
-    out_bytes: float = 0.0
-    """The model's output per sample (logits): TP gathers it whole for the loss."""
+    matrices: tuple[tuple[int, int], ...] = ()  # parameters as PowerSGD views them (rows x columns)
+    out_bytes: float = 0.0  # the model's output per sample (logits): TP gathers it whole for the loss
     tokens_per_sample: int | None = None
     tensors: int = 0
     bwd_ratio: float = 2.0
@@ -48,8 +42,7 @@ class ModelProfile:
     precision: str = "fp32"
     notes: tuple[str, ...] = field(default=())
     machinery: Machinery | None = None
-    float8: Any = None
-    """Under ``--precision float8``: the linears it converts (``float8.Float8Counts``)."""
+    float8: Any = None  # under ``--precision float8``: the linears it converts (``float8.Float8Counts``)
 
     @property
     def boundary_bytes(self) -> float:
@@ -58,9 +51,7 @@ class ModelProfile:
     @property
     def achieved_flops(self) -> float | None:
         t = self.timing
-        if t is None or t.fwd_s + t.bwd_s <= 0:
-            return None
-        return self.fwd_flops * (1 + self.bwd_ratio) * t.batch / (t.fwd_s + t.bwd_s)
+        return None if t is None or t.fwd_s + t.bwd_s <= 0 else self.fwd_flops * (1 + self.bwd_ratio) * t.batch / (t.fwd_s + t.bwd_s)
 
     def as_dict(self) -> dict[str, Any]:
         t = self.timing
@@ -86,8 +77,7 @@ class _Saved:
     """Bytes of distinct tensors saved for backward, parameters (and their cast copies) left out."""
 
     def __init__(self, params: set[int]) -> None:
-        self.params, self.seen, self.total = params, {}, 0
-        self.kept: list[torch.Tensor] = []
+        self.params, self.seen, self.total, self.kept = params, {}, 0, []
 
     def exclude(self, t: torch.Tensor) -> None:
         self.params.add(id(t))
@@ -138,9 +128,7 @@ class MetaAutocast(torch.overrides.TorchFunctionMode):
             return out
         if isinstance(value, (list, tuple)):
             return type(value)(self._cast(v, dtype) for v in value)
-        if isinstance(value, dict):
-            return {k: self._cast(v, dtype) for k, v in value.items()}
-        return value
+        return {k: self._cast(v, dtype) for k, v in value.items()} if isinstance(value, dict) else value
 
 
 def _fused_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
@@ -184,14 +172,12 @@ def count(build: Callable[[], nn.Module], x: Any, y: Any, loss_fn: Callable, *, 
         with cast:
             out = model(xm)
             loss = loss_fn(out, ym)
-        fwd = counter.get_total_flops()
-        act = saved.total
+        fwd, act = counter.get_total_flops(), saved.total
         loss.backward()
-    total = counter.get_total_flops()
     for h in handles:
         h.remove()
     params = list(model.parameters())
-    return {"params": sum(p.numel() for p in params), "tensors": len(params), "fwd": fwd, "bwd": total - fwd, "act": act,
+    return {"params": sum(p.numel() for p in params), "tensors": len(params), "fwd": fwd, "bwd": counter.get_total_flops() - fwd, "act": act,
             "out": _nbytes(_first_tensor(out)), "blocks": per_block,
             "before": None if first is None else {"params": sum(p.numel() for c in children[:first] for p in c.parameters()),
                                                    "flops": per_block[0]["flops0"], "saved": per_block[0]["saved0"]},
@@ -211,11 +197,10 @@ def profile_task(task: Any, *, batch: int, precision: str = "fp32", gpu: bool = 
                          act_bytes=b.get("saved", 0) / batch, out_bytes=b.get("out", 0) / batch) for b in c["blocks"])
     pre = c["before"]
     before = None if pre is None else Block(params=pre["params"], fwd_flops=pre["flops"] / batch, act_bytes=pre["saved"] / batch, out_bytes=0.0)
-    notes = ("FLOPs and activations counted on the meta device (FlopCounterMode, saved-tensor hooks)",)
-    bwd_ratio = c["bwd"] / c["fwd"] if c["fwd"] else 2.0
     return ModelProfile(name=task.name, params=c["params"], fwd_flops=c["fwd"] / batch, act_bytes=c["act"] / batch,
                         blocks=blocks, before_blocks=before, matrices=c["matrices"], out_bytes=c["out"] / batch, tensors=c["tensors"],
-                        tokens_per_sample=task.tokens_per_sample, bwd_ratio=bwd_ratio, precision=precision, notes=notes)
+                        tokens_per_sample=task.tokens_per_sample, bwd_ratio=c["bwd"] / c["fwd"] if c["fwd"] else 2.0,
+                        precision=precision, notes=("FLOPs and activations counted on the meta device (FlopCounterMode, saved-tensor hooks)",))
 
 
 def add_timing(prof: ModelProfile, task: Any, *, batch: int, optimizer: str | None = None, threads: int = 1,

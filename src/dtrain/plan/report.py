@@ -63,8 +63,7 @@ BENCH_METHODS = ("ddp", "zero1", "fsdp")  # `dtrain bench` methods of the same n
 
 def close_lines(plan: Plan, task_flags: tuple[str, ...] = ()) -> list[str]:
     """A close call's layouts and the command that measures them (`dtrain bench`; on several nodes, `dtrain train`)."""
-    best = plan.best
-    close = plan.close_to(best)
+    best, close = plan.best, plan.close_to(plan.best)
     if best is None or not close:
         return []
     names = ", ".join(f"{p.layout.label()} ({p.samples_per_s:,.1f} samples/s)" for p in close)

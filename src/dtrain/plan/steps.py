@@ -167,8 +167,7 @@ def step_phases(prof: ModelProfile, c: Cluster, layout: Layout, s: Any, fwd: flo
     fwd_t, bwd_t = fwd_t + extra_f, bwd_t + extra_b
     phases = {"data": b * s.data_s_per_sample, "forward": fwd_t, "backward": bwd_t}
     opt_t = opt * params_rank / (d.dp if layout.zero1 else d.dp_shard) + extra_o
-    notes: list[str] = []
-    wire = exposed = 0.0
+    notes, wire, exposed = [], 0.0, 0.0
     if d.pp > 1:
         pp_phases, wire, exposed = pipeline_step(prof, c, layout, s, fwd_t, bwd_t, params_rank, (g_pp, g_rep, g_shard))
         phases.update(pp_phases)
@@ -181,9 +180,7 @@ def step_phases(prof: ModelProfile, c: Cluster, layout: Layout, s: Any, fwd: flo
         wire, exposed, note = comm_cost(prof, c, layout, s, window, s.grad_comm_bytes * params_rank, g_rep)
         notes += [note] if note else []
     more = serial_comm(prof, c, layout, s, params_rank, g_rep, g_tp)
-    phases["exposed_comm"] = exposed + more
-    phases["log"] = log_step(c, s) / max(1, s.log_every)
-    phases["optimizer"] = opt_t
+    phases.update(exposed_comm=exposed + more, log=log_step(c, s) / max(1, s.log_every), optimizer=opt_t)
     return phases, wire + more, notes
 
 
@@ -204,8 +201,7 @@ def serial_comm(prof: ModelProfile, c: Cluster, layout: Layout, s: Any, params_r
         # torch's ZeroRedundancyOptimizer issues every broadcast before waiting: a latency per owner, not per tensor
         out += costs.broadcast(4 * params_rank, g_rep, c, messages=min(prof.tensors, g_rep.size))
     if layout.dims.tp > 1:
-        per = costs.gather(s.batch * prof.boundary_bytes, g_tp, c)
-        out += 8 * len(prof.blocks) * per + 2 * costs.gather(s.batch * prof.out_bytes, g_tp, c)
+        out += 8 * len(prof.blocks) * costs.gather(s.batch * prof.boundary_bytes, g_tp, c) + 2 * costs.gather(s.batch * prof.out_bytes, g_tp, c)
     return out
 
 
