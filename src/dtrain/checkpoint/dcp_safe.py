@@ -1,9 +1,7 @@
-"""Read torch.distributed.checkpoint (DCP) folders without running code a file could hold.
-
-DCP unpickles ``.metadata`` and non-tensor entries without restriction, so a crafted checkpoint
-runs whatever it asks for. Here ``.metadata`` goes through an unpickler that resolves only the
-classes torch writes there (Python's "Restricting Globals"), every shard file must be a plain name
-inside the folder, and non-tensor entries load with ``weights_only=True``."""
+"""Read torch.distributed.checkpoint (DCP) folders without running code a file could hold: DCP
+unpickles ``.metadata`` and non-tensor entries without restriction. Here ``.metadata`` goes through
+an unpickler that resolves only the classes torch writes there (Python's "Restricting Globals"),
+shard files must be plain names inside the folder, non-tensor entries load with ``weights_only``."""
 
 from __future__ import annotations
 

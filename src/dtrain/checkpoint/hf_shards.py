@@ -1,11 +1,6 @@
 """``--init-from DIR``: a transformers folder's safetensors weights read into a model the layout
-has already split, each rank reading only the rows and columns it holds.
-
-A parameter that FSDP or tensor parallelism sharded is a DTensor; its chunk (offsets and sizes
-in the whole tensor, as ``torch.distributed.checkpoint`` loads it) is read with safetensors'
-``get_slice``, which reads those bytes of the file and no others. A parameter kept whole (ddp, one
-process, the embeddings and norms under tp) is read whole. Nothing is communicated: each rank
-copies into the storage of its own parameters.
+has already split, each rank reading only the rows and columns it holds (safetensors' ``get_slice``
+of its DTensor chunk); nothing is communicated.
 """
 
 from __future__ import annotations
@@ -89,9 +84,8 @@ def _chunk(value: torch.Tensor) -> tuple[torch.Tensor, tuple[slice, ...]]:
 
 
 def read_into(what: str, model: nn.Module, path: str, prefix: str = "") -> Read:
-    """Copy folder ``path``'s weights into ``model`` (split by any layout, or whole), each rank
-    reading its own shards only. Names and whole shapes must match (tied names may be saved once).
-    Not collective: every rank reads on its own."""
+    """Copy folder ``path``'s weights into ``model``, each rank reading its own shards only; names
+    and whole shapes must match (tied names may be saved once). Not collective."""
     from safetensors import safe_open
 
     state, tied = _own(model, prefix)

@@ -1,7 +1,6 @@
-"""One writer per checkpoint folder: ``dtrain.lock`` (JSON: host, pid, run id, start) names the
-job that writes there, so two jobs never replace each other's checkpoints. The run id names the
-job, not the process, so elastic restarts and SLURM requeues take their own lock back; a holder
-dead on this host is taken over with a warning."""
+"""One writer per checkpoint folder: ``dtrain.lock`` names the job that writes there. The run id
+names the job, not the process, so elastic restarts and SLURM requeues take their own lock back;
+a holder dead on this host is taken over with a warning."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""The full training state, saved and restored: what a resume needs to continue bit for bit.
-
-    ckpt = ctx.checkpoints("ckpt", keep=3)                    # a CheckpointManager
-    ckpt.save(step, model=model, optimizer=opt, scheduler=sched, loader=loader, extra={"epoch": e})
-    meta = ckpt.resume(model=model, optimizer=opt, scheduler=sched, loader=loader)   # None: fresh start
-
-Besides the objects given: the grad scaler, and per rank the strategy's communication state and
-the RNG states, which go back to the same rank on the same world size.
+"""The full training state, saved and restored: what a resume needs to continue bit for bit
+(docs/checkpoints.md). Besides the objects given: the grad scaler, and per rank the strategy's
+communication state and the RNG states, which go back to the same rank on the same world size.
 """
 
 from __future__ import annotations
@@ -36,9 +31,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class RunState:
-    """What a checkpoint holds besides the objects given (the grad scaler, the strategy's
-    per-rank state, the seed that re-seeds RNGs on another world size), and the collectives it
-    is saved and loaded with. ``ctx.checkpoints`` builds it from the context."""
+    """What a checkpoint holds besides the objects given, and the collectives it is saved and
+    loaded with; ``seed`` re-seeds the RNGs on another world size."""
 
     collectives: Collectives
     strategy: Strategy
@@ -72,9 +66,8 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def _to_cpu(obj: Any, pool: Any = None) -> Any:
-    """A copy whose tensors live in CPU memory (the part of an asynchronous save that blocks),
-    reusing ``pool``'s tensors (the previous snapshot) where they fit: memory already mapped
-    copies several times faster than fresh pages."""
+    """A copy whose tensors live in CPU memory, reusing ``pool``'s tensors (the previous snapshot)
+    where they fit: memory already mapped copies several times faster than fresh pages."""
     if torch.is_tensor(obj):
         if torch.is_tensor(pool) and pool.shape == obj.shape and pool.dtype == obj.dtype and pool.device.type == "cpu":
             return pool.copy_(obj.detach())
@@ -199,9 +192,8 @@ class CheckpointManager:
 
     # -- loading --------------------------------------------------------------------------------
     def latest_valid(self) -> str | None:
-        """The newest checkpoint that passes its checksums (``latest`` first); corrupt ones are
-        skipped with a warning naming the file and the problem. None when the folder holds no
-        checkpoint; a CheckpointError when it holds some and none is valid."""
+        """The newest checkpoint that passes its checksums (``latest`` first), corrupt ones skipped
+        with a warning; None when there is none, a CheckpointError when none is valid."""
         path, problems = newest_valid(self.folder)
         if path is not None:
             return path
@@ -214,9 +206,8 @@ class CheckpointManager:
 
     def resume(self, *, path: str | None = None, **objects: Any) -> dict[str, Any] | None:
         """Restore the newest valid checkpoint (or ``path``) into ``objects``; returns
-        ``{"step", "extra", "path", "world_size"}``, or None when there is none. Collective.
-
-        Rank 0 picks the checkpoint (and warns about corrupt ones) so every rank loads the same."""
+        ``{"step", "extra", "path", "world_size"}``, or None when there is none. Collective:
+        rank 0 picks the checkpoint so every rank loads the same."""
         if path is None:
             found: tuple[str | None, str | None] = (None, None)
             if self.run.collectives.is_main:

@@ -1,7 +1,6 @@
-"""Sharded checkpoints through ``torch.distributed.checkpoint`` (DCP), for fsdp, hsdp and pipeline:
-each rank writes what it holds into ``sharded/`` and loads the slices its own layout holds, so a
-checkpoint saved by 2 ranks loads on 1 or 4. Keys are fully qualified names (the optimizer's
-flattened), so pipeline stages never collide and ``dtrain ckpt consolidate`` can rejoin them."""
+"""Sharded checkpoints through ``torch.distributed.checkpoint`` (DCP): each rank writes what it holds
+into ``sharded/`` and loads the slices its own layout holds, so any world size can load them. Keys
+are fully qualified names, so pipeline stages never collide."""
 
 from __future__ import annotations
 

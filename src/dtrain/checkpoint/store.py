@@ -50,10 +50,9 @@ def _entry(path: str) -> dict[str, Any]:
 
 def write_checkpoint(folder: str, step: int, files: dict[str, Any], meta: dict[str, Any],
                      staged: dict[str, str] | None = None) -> str:
-    """Write ``files`` (name -> object for torch.save) as checkpoint ``step`` in ``folder``;
-    returns the checkpoint's path. Point ``latest`` at it with ``set_latest`` afterwards.
-    ``staged`` (subfolder name -> a folder already written, e.g. by every rank of a sharded
-    save) is moved in as that subfolder, its files checksummed in the manifest like the others."""
+    """Write ``files`` (name -> object for torch.save) as checkpoint ``step`` in ``folder``; returns
+    its path. ``staged`` (subfolder name -> a folder already written, e.g. by a sharded save) is
+    moved in as that subfolder and checksummed like the rest."""
     final = os.path.join(folder, step_name(step))
     tmp = os.path.join(folder, f".tmp-{step_name(step)}-{os.getpid()}")
     try:

@@ -127,8 +127,7 @@ def _file_set_problem(path: str, listed: set[str]) -> str | None:
 
 def verify(path: str, *, load: bool = True) -> Verdict:
     """Check a checkpoint folder (or a single ``.pt`` file) as loading will: the manifest, the
-    checksums and the sharded metadata, then (``load``) its ``state.pt`` through the safe loader,
-    memory-mapped, so a state that pickles a function is refused here and a resume falls back past it."""
+    checksums, the sharded metadata, then (``load``) its ``state.pt`` through the safe loader."""
     if not os.path.exists(path):
         return Verdict(path, None, False, f"{path} does not exist")
     if os.path.isfile(path):
@@ -223,7 +222,7 @@ def read_latest_name(folder: str) -> tuple[str | None, str]:
 
 def newest_valid(folder: str) -> tuple[str | None, list[str]]:
     """The checkpoint to resume from: ``latest`` if valid, else the newest valid one, each one
-    skipped with a warning naming its problem. Returns (path or None, the problems seen)."""
+    skipped with a warning. Returns (path or None, the problems seen)."""
     latest, why = read_latest_name(folder)
     if why:
         logger.warning(f"{why}; using the newest valid checkpoint instead.")
@@ -274,8 +273,7 @@ def state_problem(state: Any) -> str | None:
 
 
 def read_whole(path: str) -> Any:
-    """Checkpoint ``path``'s state (a folder or .pt file; checksums verified first), its sharded
-    entries (fsdp, hsdp, tp, pipeline) read whole into ``objects``."""
+    """Checkpoint ``path``'s state (checksums verified first), its sharded entries read whole."""
     state = read_checkpoint(path)
     problem = state_problem(state)
     if problem is not None and not os.path.isfile(path):
