@@ -14,9 +14,11 @@ With ``--hosts N``: N hosts of the namespace bed (``tests.support.netbed``), one
 machine has 2 cores, so 3 hosts at 100/70/40% are scaled to 60/42/24% of a core, host 0 alone on
 core 0 and hosts 1 and 2 sharing core 1 (66% of it). ``--names own,vm`` runs each round with the
 hosts' own names and again with every host named ``vm`` (the shared-host-name case). ``--alone``
-runs each host's rank alone (one process, its core and quota). ``--change STEP:HOST:PERCENT`` sets
-a host's quota when rank 0's log reaches STEP (a rank slowed mid-run); ``--ledger`` records the
-samples ledger and checks it with `dtrain ckpt ledger` (exactly once).
+runs each host's rank alone (one process, its core and quota). ``--modes`` takes fixed splits too
+(``24:16:8``), and ``--bucket-mb`` sets DDP's bucket size in the bed's runs (benchmark-only:
+``batch_split_site/sitecustomize.py``), to see how much of the all-reduce a smaller last bucket hides.
+``--change STEP:HOST:PERCENT`` sets a host's quota when rank 0's log reaches STEP (a rank slowed
+mid-run); ``--ledger`` records the samples ledger and checks it with `dtrain ckpt ledger` (exactly once).
 
 The figure is the run's steady samples/s (after ``--warmup-steps``, which covers the split's
 measurement); ``--epochs`` trains whole epochs instead of ``--steps`` and the row keeps the test
@@ -103,7 +105,8 @@ def _train_args(args: argparse.Namespace, *, world: int, split: str, seed: int) 
     extra += shlex.split(args.train_args)  # e.g. --comm bf16, --grad-accum 4: what a user would try on a slow link
     out = ["-m", "dtrain", "train", *TASKS[args.task], *extra, *length, "--warmup-steps", str(args.warmup), "--log-every",
            str(args.log_every or args.steps or 1000), "--num-workers", "0", "--seed", str(seed)]
-    return out + (["--batch-split", split] if world > 1 else [])
+    # A fixed split is written 24:16:8 in --modes (commas separate the modes there).
+    return out + (["--batch-split", split.replace(":", ",")] if world > 1 else [])
 
 
 def _record(result: dict, err: str) -> dict:
@@ -134,21 +137,47 @@ def _run(args: argparse.Namespace, *, cores: list[int], quotas: dict[int, Quota]
     return _record(json.loads(outs[0][0].strip().splitlines()[-1]), outs[0][1])
 
 
+def _cpu_s(quota: Quota) -> float:
+    """CPU seconds (user + system, every thread) the processes in ``quota``'s group have used so far."""
+    total = 0
+    for pid in (quota.path / "cgroup.procs").read_text().split():
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15 of proc(5))
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def _watch(procs: list[subprocess.Popen], log: Path, change: tuple[int, int, int] | None, quotas: list[Quota],
-           timeout: float) -> dict | None:
+           timeout: float, cpu: list | None = None) -> dict | None:
     """Wait for the hosts' programs; with ``change`` (step, host, percent), set that host's quota
-    once rank 0's log names that step (the step it saw is recorded: the log is every --log-every)."""
-    deadline, done = time.monotonic() + timeout, None
+    once rank 0's log names that step (the step it saw is recorded: the log is every --log-every).
+    With ``cpu`` (a list), append ``(step, [CPU s per host])`` as each new step is logged: the
+    timer of where each host's CPU goes (compute and gloo's all-reduce share one quota)."""
+    deadline, done, last = time.monotonic() + timeout, None, 0
     while any(p.poll() is None for p in procs):
         if time.monotonic() > deadline:
             raise SystemExit(f"bed run timed out after {timeout} s:\n{log.read_text()[-2000:]}")
-        if change and done is None:
+        if change or cpu is not None:
             seen = [int(m.group(1)) for m in map(STEP_LINE.search, log.read_text().splitlines()) if m]
-            if seen and seen[-1] >= change[0]:
+            if cpu is not None and seen and seen[-1] > last:
+                last = seen[-1]
+                cpu.append((last, [_cpu_s(q) for q in quotas]))
+            if change and done is None and seen and seen[-1] >= change[0]:
                 quotas[change[1]].set(change[2])
                 done = {"at_step": seen[-1], "host": change[1], "quota_percent": change[2]}
-        time.sleep(0.5)
+        time.sleep(0.2)
     return done
+
+
+def _cpu_per_step(cpu: list, after: int) -> list[float] | None:
+    """Each host's CPU ms per step between the first logged step past ``after`` and the last."""
+    rows = [(s, c) for s, c in cpu if s > after]
+    if len(rows) < 2 or rows[-1][0] == rows[0][0]:
+        return None
+    (s0, c0), (s1, c1) = rows[0], rows[-1]
+    return [round((b - a) * 1e3 / (s1 - s0), 1) for a, b in zip(c0, c1)]
 
 
 def _bed_run(args: argparse.Namespace, quotas: list[Quota], *, shared: str | None, split: str, seed: int) -> dict:
@@ -157,6 +186,9 @@ def _bed_run(args: argparse.Namespace, quotas: list[Quota], *, shared: str | Non
 
     n, cores = args.hosts, args.cores
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)]), "OMP_NUM_THREADS": "1"}
+    if args.bucket_mb:  # the bench's own DDP bucket size (batch_split_site/sitecustomize.py), inherited by the workers
+        env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "benchmarks" / "batch_split_site"), env["PYTHONPATH"]])
+        env["BATCH_SPLIT_BENCH_BUCKET_MB"] = str(args.bucket_mb)
     with tempfile.TemporaryDirectory(prefix="dtrain-split-") as tmp, NetBed(hosts=n, shared_name=shared) as bed:
         port, outs, errs = 29000 + os.getpid() % 1000, [Path(tmp, f"h{h}.out") for h in range(n)], [Path(tmp, f"h{h}.err") for h in range(n)]
         ledger = ["--ledger", str(Path(tmp, "ledger"))] if args.ledger else []
@@ -168,11 +200,14 @@ def _bed_run(args: argparse.Namespace, quotas: list[Quota], *, shared: str | Non
             with open(outs[h], "w") as o, open(errs[h], "w") as e:
                 procs.append(bed.popen(h, argv, env=env, cwd=tmp, stdout=o, stderr=e))
             quotas[h].add(procs[-1].pid)  # before it starts its worker (after the rendezvous): the worker inherits it
-        changed = _watch(procs, errs[0], args.change, quotas, args.timeout)
+        cpu: list = []
+        changed = _watch(procs, errs[0], args.change, quotas, args.timeout, cpu)
         if any(p.returncode for p in procs):
             raise SystemExit(f"bed run failed ({split}, {shared or 'own names'}):\n" + "\n".join(e.read_text()[-1500:] for e in errs))
         result = next(json.loads(x) for x in reversed(outs[0].read_text().splitlines()) if x.startswith("{"))
-        rec = {**_record(result, errs[0].read_text()), "quota_change": changed}
+        # Past the split's measurement and refinement (warm-up + REFINE_ROWS + a few), when --log-every is short.
+        rec = {**_record(result, errs[0].read_text()), "quota_change": changed,
+               "cpu_ms_per_step": _cpu_per_step(cpu, args.warmup + 10)}
         if args.ledger:
             check = subprocess.run([sys.executable, "-m", "dtrain", "ckpt", "ledger", str(Path(tmp, "ledger"))], env=env,
                                    capture_output=True, text=True)
@@ -259,6 +294,8 @@ def _args() -> argparse.Namespace:
     ap.add_argument("--cpu-shares", type=int, default=1024,
                     help="the quota groups' cpu.shares (1024: a process's weight); more lets the quota, not the load, bind")
     ap.add_argument("--period-ms", type=int, default=100, help="the quota's CFS period (the quota is a share of it)")
+    ap.add_argument("--bucket-mb", type=float, default=None,
+                    help="bed: DDP's bucket size for the runs (benchmark-only, see batch_split_site/); default: dtrain's 25")
     ap.add_argument("--alone", action="store_true", help="also each rank's own rate, one process on its core under its quota")
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--out", default=None)
@@ -287,7 +324,7 @@ def main() -> None:
                 load0, t0 = _load(), time.time()
                 rec = call()
                 row = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), "task": args.task,
-                       "round": rnd, **what, "batch_per_rank": args.batch_size or 16, "train_args": args.train_args, "period_ms": args.period_ms, "quota_percent": args.quotas if args.hosts else args.quota,
+                       "round": rnd, **what, "batch_per_rank": args.batch_size or 16, "train_args": args.train_args, "bucket_mb": args.bucket_mb, "period_ms": args.period_ms, "quota_percent": args.quotas if args.hosts else args.quota,
                        **({"cores": args.cores} if args.hosts else {}), **rec,
                        "wall_s": round(time.time() - t0, 1), "loadavg_before": load0, "loadavg_after": _load()}
                 rows.append(row)
