@@ -27,7 +27,7 @@ def start(cfg: TrainConfig, args: argparse.Namespace) -> int:
     """Start this node's part of a fault-tolerant job; returns the exit status."""
     from ..ft import FaultTolerance
     from ..train.ft_check import group_size, preflight, refuse_unsupported
-    from ..train.ft_replica import TrainGroups
+    from ..train.ft_groups import TrainGroups
 
     ft = FaultTolerance.parse(args.fault_tolerance)
     refuse_unsupported(cfg, args.elastic_batch)
