@@ -2,7 +2,7 @@
 window, and stay quiet on healthy runs? Each trial runs one job per case, interleaved, and the
 slowed rank moves round the ranks from trial to trial:
 
-- ``input``: the rank's loader sleeps before each batch (``DTRAIN_SLOW_INJECT=R:input:MS``),
+- ``input``: the rank's loader sleeps before each batch (``DTRAIN_SLOW_INJECT=R:input:MS``, tests/support/slowdown.py),
   expected cause input;
 - ``hog``: a thread of pure-Python work in the rank's process (``R:hog``), expected cause compute;
 - ``network``: the rank's host link shaped to ``--rate-mbit`` (20) on the network test bed, one
@@ -24,6 +24,9 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # tests.support: the harness (the slowness driver, a dtrain train plugin; the bed)
+from tests.support import slowdown  # noqa: E402
+
 EXPECTED = {"input": "input", "hog": "compute", "network": "network", "healthy": None}
 
 
@@ -31,7 +34,7 @@ def _env(inject: str | None) -> dict[str, str]:
     env = {**os.environ, "PYTHONPATH": os.path.join(ROOT, "src")}
     env.pop("DTRAIN_SLOW_INJECT", None)
     if inject:
-        env["DTRAIN_SLOW_INJECT"] = inject
+        env.update(slowdown.env(inject))
     return env
 
 
@@ -56,7 +59,6 @@ def run_local(args: argparse.Namespace, inject: str | None) -> dict:
 
 
 def run_bed(args: argparse.Namespace, slow: int | None) -> dict:
-    sys.path.insert(0, ROOT)  # tests.support: the harness that only tests and benchmarks use
     from tests.support import netbed
 
     links = {slow: netbed.Link(rate_mbit=args.rate_mbit)} if slow is not None else {}

@@ -115,31 +115,6 @@ def _pid(var: str, text: str) -> int:
     return int(text) if text.isdigit() else 0  # tolerant: a worker's error path reads it
 
 
-@dataclass(frozen=True)
-class SlowInject:
-    """``DTRAIN_SLOW_INJECT=RANK:KIND[:MS]``: slow one rank down (``dtrain.train.observe.SlowDown``)."""
-
-    rank: int
-    kind: str
-    ms: float = 0.0
-
-    def __post_init__(self) -> None:
-        if self.kind not in ("input", "compute", "hog"):
-            raise ConfigError(f"DTRAIN_SLOW_INJECT kind {self.kind!r} is unknown; choose input, compute or hog.")
-
-    @classmethod
-    def parse(cls, var: str, text: str) -> SlowInject:
-        parts = text.split(":")
-        try:
-            rank, kind, ms = int(parts[0]), parts[1], float(parts[2]) if len(parts) > 2 else 0.0
-        except (ValueError, IndexError):
-            raise ConfigError(f"{var}={text!r} is not RANK:KIND[:MS]; e.g. 1:input:50, 1:compute:20 or 1:hog.") from None
-        return cls(rank, kind, ms)
-
-    def __str__(self) -> str:
-        return f"{self.rank}:{self.kind}" + (f":{self.ms:g}" if self.ms else "")
-
-
 # -- the sections ------------------------------------------------------------------------------------
 
 @dataclass(frozen=True, kw_only=True)
@@ -179,9 +154,7 @@ class TestHooks(_Section):
     __test__: ClassVar[bool] = False  # not a pytest test class
     plugin: str | None = _setting("DTRAIN_PLUGIN", None, _text, (str,))
     """``MODULE``: each worker of ``dtrain train`` imports it and adds its ``listeners(ctx)`` to the
-    loop's (``dtrain.train.listeners.plugin``): the tests' fault driver (tests/support/faults.py)."""
-    slow_inject: SlowInject | None = _setting("DTRAIN_SLOW_INJECT", None, SlowInject.parse, (SlowInject,))
-    """``RANK:KIND[:MS]``: that rank is slowed down (``dtrain.train.observe.SlowDown``)."""
+    loop's (``dtrain.train.listeners.plugin``): the tests' fault and slowness drivers (tests/support/faults.py, slowdown.py)."""
     oom_inject: tuple[int, int, int | None] | None = _setting(
         "DTRAIN_OOM_INJECT", None, _oom, (tuple,), lambda v: f"{v[0]}:{v[1]}" + (f"@{v[2]}" if v[2] is not None else ""))
     """``RANK:BYTES``: that rank's ``--micro-batch auto`` trials run out of memory above BYTES

@@ -139,7 +139,6 @@ def _train(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float) ->
     while state.step < total and not state.stop:
         state.epoch = loader.next_epoch
         for x, y in loader:
-            obs.slow.input()
             ctx.breakdown.got_batch()
             if fit is not None:  # --micro-batch auto: found on the first batch, any step retried smaller after an OOM
                 state.window_loss += fit.step(state.step, x, y, lambda xm, ym, k: _micro_step(ctx, model, task, xm, ym, k))

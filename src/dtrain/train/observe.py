@@ -1,11 +1,10 @@
 """What ``dtrain train`` observes beyond the loss: every rank's step breakdown per log interval,
-stragglers named with their cause, and the test hooks that slow one rank down on purpose."""
+stragglers named with their cause."""
 
 from __future__ import annotations
 
 import math
 import socket
-import threading
 import time
 from typing import Any
 
@@ -20,7 +19,6 @@ from ..metrics.memory import peak_memory
 from ..metrics.stragglers import StragglerConfig, StragglerDetector
 from ..metrics.tensorboard import TensorBoardSink
 from ..metrics.trace import Tracer, parse_steps
-from ..options import current
 
 
 class Observer:
@@ -36,8 +34,6 @@ class Observer:
         self.tb = TensorBoardSink(tensorboard) if tensorboard and ctx.is_main else None
         self.flops_per_sample: float | None = None
         self.peak, self.peak_name = peak_flops(ctx.device, ctx.precision.effective)
-        self.slow = SlowDown(ctx.rank)
-        self.slow.attach(model)
         self.bd: StepBreakdown = ctx.breakdown
         self.bd.enabled = enabled
         self.hosts = host_names(ctx.gather_object((socket.gethostname(), ctx.world.node_rank)))  # collective, once
@@ -142,7 +138,6 @@ class Observer:
             self.tb.write(record)
 
     def close(self) -> None:
-        self.slow.close()
         if self.tb is not None:
             self.tb.close()
             self.tb = None
@@ -182,42 +177,3 @@ def comm_bytes_per_step(ctx: Any, model: torch.nn.Module) -> float | None:
         return 0.0
     value = ctx.strategy.comm_payload_bytes(ctx.unwrap(model))
     return None if value is None else float(value)
-
-
-class SlowDown:
-    """``DTRAIN_SLOW_INJECT=RANK:KIND[:MS]`` slows one rank down, for straggler tests and
-    benchmarks: ``input`` sleeps MS before each batch is handed over (data wait), ``compute``
-    sleeps MS in each forward, ``hog`` runs a thread of pure-Python work in its process."""
-
-    def __init__(self, rank: int) -> None:
-        self.kind, self.ms = None, 0.0
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        spec = current().testing.slow_inject  # parsed and checked in dtrain.options
-        if spec is not None and spec.rank == rank:
-            self.kind, self.ms = spec.kind, spec.ms
-
-    def attach(self, model: torch.nn.Module) -> None:
-        if self.kind == "compute":
-            model.register_forward_pre_hook(lambda *_: time.sleep(self.ms / 1000.0))
-        elif self.kind == "hog":
-            self._thread = threading.Thread(target=self._hog, name="dtrain-slow-inject-hog", daemon=True)
-            self._thread.start()
-
-    def _hog(self) -> None:
-        # Pure Python, as a busy helper thread of a training script would be: it holds the GIL
-        # each switch interval, so this rank alone slows down (matrix products would release
-        # the GIL and, on shared cores, slow every rank alike).
-        x = 0
-        while not self._stop.is_set():
-            for i in range(10_000):
-                x = (x + i * i) % 1_000_003
-
-    def input(self) -> None:
-        if self.kind == "input":
-            time.sleep(self.ms / 1000.0)
-
-    def close(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()

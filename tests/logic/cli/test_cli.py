@@ -145,8 +145,3 @@ def test_run_on_a_port_in_use_is_one_line(bad):
         busy.listen(1)
         port = busy.getsockname()[1]
         bad(["run", "-n", "2", "--master-port", str(port), SCRIPT], f"--master-port {port} is already in use on 127.0.0.1; choose another port")
-
-
-def test_slow_inject_rejects_a_bad_spec(bad, monkeypatch):
-    monkeypatch.setenv("DTRAIN_SLOW_INJECT", "1:sleepy")
-    bad(["train", "--max-steps", "2"], "dtrain: error: DTRAIN_SLOW_INJECT kind 'sleepy'")

@@ -10,7 +10,7 @@ import pytest
 from dtrain import options, strategies
 from dtrain.comm import CommSpec
 from dtrain.errors import ConfigError
-from dtrain.options import LaunchLink, Options, SlowInject
+from dtrain.options import LaunchLink, Options
 from dtrain.strategies import Capabilities, Strategy
 from tests.paths import ROOT
 
@@ -56,15 +56,13 @@ def test_options_read_every_dtrain_setting_once():
 def test_options_go_back_to_the_variables_they_came_from():
     env = {"DTRAIN_STALL_TIMEOUT": "30.0", "DTRAIN_DEBUG": "1", "DTRAIN_RUN_DIR": "/r", "DTRAIN_COMM": "fp16",
            "DTRAIN_COMM_WARMUP": "5", "DTRAIN_PARALLEL": "dp_shard=2", "DTRAIN_STARTUP_TIMEOUT": "60.0",
-           "DTRAIN_PLUGIN": "tests.support.faults", "DTRAIN_SLOW_INJECT": "1:input:50", "DTRAIN_FAKE_GPUS": "2",
+           "DTRAIN_PLUGIN": "tests.support.faults", "DTRAIN_FAKE_GPUS": "2",
            "DTRAIN_LAUNCHER_PID": "123", "DTRAIN_LAUNCH_DIR": "/tmp/x", "DTRAIN_ELASTIC": "job@h:1",
            "DTRAIN_LOCAL_RANK_ARG": "--local_rank"}
     opts = Options.from_env(env)
-    assert opts.testing.slow_inject == SlowInject(1, "input", 50.0) and opts.testing.fake_gpus == 2
+    assert opts.testing.plugin == "tests.support.faults" and opts.testing.fake_gpus == 2
     assert opts.to_env() == env and Options().to_env() == {}
     assert LaunchLink.from_env({"DTRAIN_LAUNCHER_PID": "x"}).launcher_pid == 0  # the link never fails
-    with pytest.raises(ConfigError, match=r"DTRAIN_SLOW_INJECT kind 'sleepy' is unknown"):
-        Options.from_env({"DTRAIN_SLOW_INJECT": "1:sleepy"})
 
 
 def test_options_are_parsed_once_and_handed_over_through_one_writer(monkeypatch):

@@ -13,7 +13,7 @@ import torch
 
 from dtrain.cli import main as cli_main
 from tests.paths import ROOT
-from tests.support import run_cli
+from tests.support import run_cli, slowdown
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -65,7 +65,7 @@ def test_speed_split_exactly_once_and_resumed(tmp_path, even):
     and the second point (the sleep does not shrink with the batch) moves more or keeps it; the run stops at
     step 12 and resumes with the checkpoint's split (not measured again); the ledger counts every
     sample of the epoch once; the parameters are the even split's."""
-    ledger, slow = tmp_path / "ledger", {"DTRAIN_SLOW_INJECT": "1:compute:30"}
+    ledger, slow = tmp_path / "ledger", slowdown.env("1:compute:30")
     first = _train(tmp_path, "--batch-split", "speed", "--ledger", str(ledger), "--max-steps", "12", "--save-every", "6",
                    env=slow)
     assert "batch split: measured after warm-up at step 5: shares 32/32 -> " in first

@@ -10,7 +10,7 @@ import pytest
 import dtrain
 from dtrain.metrics.breakdown import PHASES
 from tests.paths import ROOT
-from tests.support import run_cli
+from tests.support import run_cli, slowdown
 
 
 def _probe_body(nbytes):
@@ -37,7 +37,7 @@ def test_link_probe_times_every_ordered_pair_and_agrees_on_every_rank():
 
 def _train(tmp_path, inject=None, extra=()):
     metrics = tmp_path / "m.jsonl"
-    env = {"DTRAIN_SLOW_INJECT": inject} if inject else {}
+    env = slowdown.env(inject) if inject else {}
     r = run_cli(["train", "-n", "2", "--max-steps", "40", "--log-every", "10", "--straggler-window", "20",
                  "--metrics-file", str(metrics), *extra], timeout=180, env=env)
     assert r.returncode == 0, r.stderr
