@@ -1,10 +1,7 @@
-"""Where each step's time goes on this rank: data wait, forward, backward compute, exposed
-communication, optimizer step, and the rest (docs/observability.md says what each means).
-
-A lap timer: each mark (from the loop and the Context's step) ends the running lap and books it
-to a phase. Backward's compute ends at an autograd final callback queued as backward starts, so
-before DDP's: what ``backward()`` takes after it is exposed communication. On a GPU each lap
-records a CUDA event, resolved only when a window is read.
+"""Where each step's time goes on this rank (docs/observability.md), by a lap timer: each mark
+ends the running lap and books it to a phase. Backward's compute ends at an autograd final
+callback queued as backward starts, so before DDP's: what ``backward()`` takes after it is exposed
+communication. On a GPU each lap records a CUDA event, resolved only when a window is read.
 """
 
 from __future__ import annotations
@@ -29,8 +26,8 @@ _FOLDED = {"checkpoint": "rest", "start": "rest"}
 
 
 class StepBreakdown:
-    """This rank's per-step phase times (ms). ``enabled=False`` makes every mark a no-op
-    (data wait is still measured: the result record has always carried it)."""
+    """This rank's per-step phase times (ms). ``enabled=False`` makes every mark but the data
+    wait's a no-op."""
 
     def __init__(self, device: torch.device | str = "cpu", *, enabled: bool = True) -> None:
         self.enabled = enabled
@@ -155,9 +152,8 @@ class StepBreakdown:
 
 
 def stats(rows: list[tuple[float, ...]]) -> dict[str, Any] | None:
-    """``{"steps": n, "median_ms": {phase: ...}, "p90_ms": {phase: ...}}`` with ``step`` and ``own``.
-    Staged steps (pipeline): forward, backward, comm and own are None, ``schedule`` holds their
-    time, and ``note`` says so."""
+    """``{"steps": n, "median_ms": {phase: ...}, "p90_ms": {phase: ...}}`` with ``step`` and ``own``;
+    for staged steps (pipeline) ``schedule`` holds forward, backward and comm, which are None."""
     if not rows:
         return None
     rows = [(*r, *[0.0] * (len(_COLUMNS) - len(r))) for r in rows]  # rows of PHASES alone: no schedule lap

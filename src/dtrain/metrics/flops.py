@@ -1,6 +1,5 @@
-"""Model FLOPs utilisation: the model's FLOPs per step (forward + backward, not recomputation:
-PaLM's definition), counted once on a meta-device copy, against the device's peak from a small
-table (none on CPU: achieved FLOP/s only)."""
+"""Model FLOPs utilisation (PaLM's definition: forward + backward, not recomputation), counted once
+on a meta-device copy, against the device's peak from a small table (none on CPU)."""
 
 from __future__ import annotations
 
@@ -63,13 +62,9 @@ def count_step_flops(make_model: Callable[[], torch.nn.Module], inputs: Any, tar
 
 
 def _to_meta(value: Any) -> Any:
-    if torch.is_tensor(value):
-        return torch.empty_like(value, device="meta")
-    if isinstance(value, (list, tuple)):
-        return type(value)(_to_meta(v) for v in value)
-    if isinstance(value, dict):
-        return {k: _to_meta(v) for k, v in value.items()}
-    return value
+    from torch.utils._pytree import tree_map
+
+    return tree_map(lambda t: torch.empty_like(t, device="meta") if torch.is_tensor(t) else t, value)
 
 
 def utilisation(flops_per_sample: float | None, samples_per_s: float | None, peak: float | None, devices: int) -> dict[str, Any]:

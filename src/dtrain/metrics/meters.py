@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 import time
 
 
@@ -37,13 +38,7 @@ class DataWait:
     def window_median_ms(self) -> float | None:
         """Median wait of the steps since the last call (one log interval), then a new window."""
         window, self._window = self._window, []
-        return round(_median(window), 3) if window else None
+        return round(statistics.median(window), 3) if window else None
 
     def median_ms(self) -> float | None:
-        return round(_median(self._all), 3) if self._all else None
-
-
-def _median(values: list[float]) -> float:
-    s = sorted(values)
-    mid = len(s) // 2
-    return s[mid] if len(s) % 2 else (s[mid - 1] + s[mid]) / 2.0
+        return round(statistics.median(self._all), 3) if self._all else None

@@ -1,9 +1,6 @@
 """Naming a rank that is consistently slower than the others, and why (docs/observability.md).
-
 DDP evens out step times, so a straggler is named by its *own* time (the step less exposed
-communication), its cause by the phases where that exceeds the others' median most. A slow link
-shows as communication dominating every rank's step: then a link probe is asked for
-(``probe_due``) and the ranks of the slow host are named (``name_links``). Pure logic."""
+communication); a slow link shows as communication dominating every rank's step, and is probed."""
 
 from __future__ import annotations
 
@@ -35,8 +32,7 @@ class StragglerConfig:
     min_excess_ms: float = 1.0
     """...and exceeds it by at least this much (sub-millisecond steps jitter by their whole length)."""
     min_excess_share: float = 0.05
-    """...and by at least this share of the median step: what a rank adds beyond that is not what
-    slows the job (on a link-bound step of 600 ms, 6 ms more forward on one rank is noise)."""
+    """...and by at least this share of the median step (less does not slow the job)."""
     comm_share: float = 0.5
     """When exposed communication is at least this share of every rank's median step over a
     window (and no rank's own time stands out), the links are probed to name a slow one."""
@@ -61,8 +57,7 @@ class StragglerDetector:
         self._intervals: list[list[dict[str, Any] | None]] = []
         self._steps = 0
         self.probe_due: tuple[int, int, float] | None = None
-        """(step, window steps, smallest comm share of any rank) when the last complete window
-        was dominated by communication on every rank: probe the links."""
+        """(step, window steps, smallest comm share) when communication dominated every rank's last window."""
         self._held: list[dict[str, Any]] = []
         """That window's own-time findings, for ``name_links`` to return if no link is slow."""
 
@@ -89,9 +84,8 @@ class StragglerDetector:
         return found
 
     def name_links(self, ms: list[list[float]], nbytes: int) -> list[dict[str, Any]]:
-        """After a probe asked for by ``probe_due``: the ranks on the host whose link is slow by
-        ``ms[src][dst]`` (``links.probe``), with cause network; when none stands out, the
-        window's own-time findings (often none)."""
+        """After the probe ``probe_due`` asked for: the ranks on the host whose link is slow by
+        ``ms[src][dst]``; when none stands out, the window's own-time findings."""
         assert self.probe_due is not None
         step, steps, share = self.probe_due
         self.probe_due = None

@@ -15,12 +15,9 @@ WARMUP_STEPS = 5
 
 
 class SteadyRate:
-    """Samples per second after warm-up, per window (log interval) and over the whole run.
-
-    ``samples_per_step``: of all data-parallel ranks; warm-up is at most half of ``steps`` (a
-    given ``warmup_steps`` shrinks with a warning); ``sync`` waits for the device at the end of
-    warm-up. Call ``start()``, ``step_done()`` after each step, ``window()`` per log interval
-    (after the device was waited for) and ``finish()`` after the last step."""
+    """Samples per second after warm-up, per window (log interval) and over the whole run;
+    warm-up is at most half of ``steps``. Call ``start()``, ``step_done()`` after each step,
+    ``window()`` per log interval and ``finish()`` after the last step."""
 
     def __init__(self, samples_per_step: int, *, steps: int | None = None, warmup_steps: int | None = None,
                  sync: Callable[[], None] | None = None, clock: Callable[[], float] = time.perf_counter) -> None:

@@ -1,7 +1,5 @@
-"""One timeline of every rank (docs/observability.md): the breakdown's spans of a range of steps
-and each collective (from torch.profiler, run for those steps only), merged into one
-Chrome/Perfetto trace JSON. Each rank's clock is aligned to rank 0's as NTP does (shortest of
-several round trips; the error bound is recorded per rank)."""
+"""One Chrome/Perfetto timeline of every rank (docs/observability.md): the breakdown's spans and
+the profiler's collectives of a range of steps, each rank's clock aligned to rank 0's as NTP does."""
 
 from __future__ import annotations
 
