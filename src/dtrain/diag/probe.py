@@ -44,9 +44,8 @@ def _call_time(op: Callable[[], object], device: torch.device, reps: int, expect
 
 
 def expected_time(times: list[float]) -> float:
-    """What a call costs on average: the mean of the middle 90% (a stray stall of the machine left
-    out). A small gloo collective takes one of two modes (fast, or several times that): a median
-    lands on either, while a step pays each call's draw, so its average pays the mean."""
+    """The mean of the middle 90%: a small collective takes one of two modes, and a step pays each
+    call's draw, so its average (not a median, which lands on either mode)."""
     times = sorted(times)
     cut = len(times) // 20
     return statistics.mean(times[cut:len(times) - cut])
@@ -80,14 +79,12 @@ def _ops(kind: str, nbytes: int, n: int, rank: int, device: torch.device) -> Cal
 
 
 SMALL_REPS = (64 << 10, 45)
-"""Sizes up to this many bytes are timed at least this many times, and their ``expected_time``
-kept, not the median: a latency-bound collective costs next to nothing to repeat, and its calls
-take one of two modes, so a median of few calls jumps between probes of one link."""
+"""Sizes up to this many bytes are timed at least this many times and their ``expected_time`` kept:
+their calls take one of two modes, so a median of few calls jumps between probes of one link."""
 
 
 def _sized_time(op: Callable[[], object], device: torch.device, size: int, reps: int) -> float:
-    """``_call_time`` of an op of ``size`` bytes: a small one (``SMALL_REPS``) at least that many
-    times and its expected time, a larger one ``reps`` times and its median."""
+    """``_call_time`` of an op of ``size`` bytes, a small one as ``SMALL_REPS`` says."""
     small, at_least = SMALL_REPS
     if size <= small:
         return _call_time(op, device, max(reps, at_least), expected=True)
@@ -95,17 +92,14 @@ def _sized_time(op: Callable[[], object], device: torch.device, size: int, reps:
 
 
 SPREAD_KINDS = ("all_gather",)
-"""Kinds whose sizes above ``SMALL_REPS``' are timed in three groups of calls (before, amid and
-after the others) and the slowest group's median kept: on a shaped link a megabyte all-gather
-takes one of two modes that come in runs of calls (the link's rate, or ~1.5x), and FSDP's
-all-gathers in training pay the slow one (benchmarks/allgather_modes.py)."""
+"""Kinds whose large sizes are timed in three groups of calls and the slowest group's median kept:
+a megabyte all-gather's modes come in runs of calls, and FSDP's all-gathers pay the slow one."""
 
 
 def time_collectives(device: torch.device, sizes: tuple[int, ...] = LINK_SIZES, reps: int = 3) -> dict[str, dict[int, float]]:
     """Collective: every rank of the default group (at least 2). Seconds of each of ``KINDS`` at
-    each size (``_sized_time``; ``SPREAD_KINDS``' large sizes in three groups, the slowest kept),
-    the slowest rank's (a sender may return before its receivers); ``send_recv`` is half a round
-    trip between ranks 0 and 1. The same values on every rank."""
+    each size, the slowest rank's (a sender may return before its receivers); ``send_recv`` is
+    half a round trip between ranks 0 and 1."""
     n, rank = dist.get_world_size(), dist.get_rank()
     plan = [(kind, size) for kind in KINDS for size in sizes]
     spread = [(kind, size) for kind, size in plan if kind in SPREAD_KINDS and size > SMALL_REPS[0]]

@@ -1,12 +1,8 @@
-"""The start-up watch: a node lost while the process group forms ends the wait in seconds, and no
-start-up wait outlives its bound.
-
-A peer killed before the first collective leaves the workers nothing to notice, and torch waits
-for the store's timeout (30 minutes: pytorch/pytorch#111646). In an elastic job this watch reads
-torch's c10d rendezvous state once a second and, when a node of this round stopped its keep-alive
-or the round moved on, ends the worker with one line and ``LOST_EXIT`` for its agent to start a
-new round. In every job, start-up that outlives three ``--startup-timeout``s and a margin ends
-with one line and ``STALL_EXIT``.
+"""The start-up watch: a peer killed before the first collective leaves the workers nothing to
+notice, and torch would wait for the store's timeout (30 minutes: pytorch/pytorch#111646). In an
+elastic job it reads torch's rendezvous state once a second and ends the worker with ``LOST_EXIT``
+when a node of this round is lost; in every job, start-up that outlives three
+``--startup-timeout``s and a margin ends with ``STALL_EXIT``.
 """
 
 from __future__ import annotations
@@ -25,9 +21,8 @@ from .watchdog import STALL_EXIT, DaemonThread
 LOST_EXIT = 76
 """Exit status of a worker that left a round whose node was lost during start-up (the agent restarts it)."""
 DEFAULT_STARTUP_S = 120.0
-#: Each agent's keep-alive in an elastic job's rendezvous (launch/runner.py hands them to torch): a
-#: node silent for KEEP_ALIVE_S x KEEP_ALIVE_ATTEMPTS seconds is dead to torch's rendezvous and here.
-#: torch's defaults (5 s x 3) made the survivors of a lost node wait 15 s for the next round.
+#: Each agent's keep-alive in an elastic job's rendezvous: a node silent for KEEP_ALIVE_S x
+#: KEEP_ALIVE_ATTEMPTS seconds is dead (torch's defaults, 5 s x 3, kept survivors waiting 15 s).
 KEEP_ALIVE_S = 1
 KEEP_ALIVE_ATTEMPTS = 5
 _POLL_S = 1.0
