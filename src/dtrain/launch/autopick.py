@@ -1,11 +1,6 @@
 """``dtrain train --parallel auto --nnodes N``: node 0's pick, handed to every node through the
-rendezvous store (docs/plan.md).
-
-Nodes planning on their own could pick different layouts (a close call, a busier host) and hang in
-their first collective. So node 0 plans for the whole world and posts its pick under
-``dtrain/auto_pick/<rdzv id>`` as the store opens (launch/runner.py); every other node waits for
-the key and trains it. An elastic job plans once for MAX nodes among the layouts that run at every
-size, and keeps that pick: a re-plan would profile again while the others wait.
+rendezvous store (docs/plan.md), since nodes planning on their own could pick different layouts
+and hang in their first collective. An elastic job plans once, for MAX nodes, and keeps that pick.
 """
 
 from __future__ import annotations
@@ -20,7 +15,6 @@ from ..errors import ConfigError, LaunchError
 from .preflight import connect_store, wait_for_master
 from .spec import LaunchSpec
 
-#: How often a waiting node looks for the key (the store answers a check at once).
 POLL_S = 0.1
 
 
@@ -30,8 +24,7 @@ def key(run_id: str) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Pick:
-    """What every node trains: ``--strategy`` and ``--parallel`` as the plan resolved them, and the
-    world the plan was made for."""
+    """What every node trains (``--strategy``, ``--parallel``), and the world the plan was made for."""
 
     strategy: str
     layout: str | None
@@ -54,8 +47,7 @@ class Pick:
 
 
 def plans_here(spec: LaunchSpec) -> bool:
-    """Whether this node plans: node 0 of a job on a fixed set of nodes (or the only node); in an
-    elastic job the node that will host the rendezvous (it can listen on the endpoint)."""
+    """Whether this node plans: node 0, or in an elastic job the node that will host the rendezvous."""
     if spec.elastic:
         from .runner import _can_bind
 
@@ -100,7 +92,6 @@ def receive(cfg: Any, spec: LaunchSpec) -> Any:
     """``cfg`` with node 0's pick, read from its rendezvous store (a node other than 0)."""
     where, planner = f"{spec.addr}:{spec.port}", "the first node" if spec.elastic else "node 0"
     me = "this node" if spec.elastic else f"node {spec.node_rank}"
-    # the planner plans before its store opens (tens of seconds on a CPU): a refused connection is waited out
     wait_for_master(spec.addr, spec.port, timeout_s=spec.startup_timeout, me=me, what=planner,
                     waiting=f"{planner} may still be planning (--parallel auto profiles the model first), or not started")
     store = connect_store(spec.addr, spec.port)

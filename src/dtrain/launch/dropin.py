@@ -1,7 +1,6 @@
 """``dtrain run`` as a drop-in for ``torch.distributed.launch`` (docs/launching.md): the
-``--local_rank=N`` argument old scripts parse (that launcher passed it; torchrun passes only
-``LOCAL_RANK``), and one clear line, not a hang, when a script starts its own workers or names
-its own world size in ``init_process_group`` (its processes would wait for ranks that never come).
+``--local_rank=N`` argument old scripts parse, and one clear line, not a hang, when a script starts
+its own workers or names its own world size in ``init_process_group``.
 """
 
 from __future__ import annotations

@@ -226,17 +226,10 @@ def time_seconds(text: str) -> int:
     m = _TIME.fullmatch(str(text))  # not stripped: the text goes into the script as it is
     if not m:
         raise ConfigError(f"time {jv.shown(text)} is not a time limit; write e.g. \"02:00:00\", \"90\" (minutes) or \"1-00:00:00\".")
-    days, a, b, c = m.groups()
-    parts = [int(x) for x in (a, b, c) if x is not None]
-    if days is not None:  # D-HH[:MM[:SS]]
-        h, mi, s = (parts + [0, 0])[:3]
-        total = int(days) * 86400 + h * 3600 + mi * 60 + s
-    elif len(parts) == 3:
-        total = parts[0] * 3600 + parts[1] * 60 + parts[2]
-    elif len(parts) == 2:
-        total = parts[0] * 60 + parts[1]
-    else:
-        total = parts[0] * 60
+    days, *rest = m.groups()
+    parts = [int(x) for x in rest if x is not None]
+    units = (3600, 60, 1) if days is not None or len(parts) == 3 else (60, 1)  # D-HH[:MM[:SS]], HH:MM:SS; MM[:SS]
+    total = int(days or 0) * 86400 + sum(p * u for p, u in zip(parts, units))
     if total <= 0:
         raise ConfigError(f"time {jv.shown(text)} is zero; give a positive time limit.")
     return total

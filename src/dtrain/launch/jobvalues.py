@@ -1,12 +1,7 @@
-"""What each value of a job description may hold, checked where the value is defined (the
-dataclasses of ``jobspec``), so that no value reaches an sbatch script or a manifest unchecked.
-
-Two kinds of values reach a script. Names that a scheduler reads (a partition, an account, a
-Kubernetes namespace) are held to what that scheduler accepts. Free text (a working folder, the
-command's arguments, an environment value) is quoted where it is written (``shlex.quote`` for the
-shell, ``sbatch_arg`` for sbatch's own reading of ``#SBATCH`` lines) and has to be one line: a line
-break in a ``#SBATCH`` line starts a new line of the script, which sbatch does not read and bash
-runs as a command.
+"""What each value of a job description may hold, checked where it is defined (``jobspec``), so no
+value reaches an sbatch script or a manifest unchecked: names a scheduler reads are held to what
+it accepts; free text is quoted where it is written and must be one line (a line break in a
+``#SBATCH`` line would start a line that bash runs as a command).
 """
 
 from __future__ import annotations
@@ -60,12 +55,9 @@ def check_types(obj: Any, label: str = "") -> None:
 def _wrong_part(value: Any, kind: str) -> Any:
     """None when ``value`` is of ``kind``; ``""`` when the value itself is not; ``(where, part)``
     for the first wrong element of a list or table."""
-    if kind == "str":
-        return None if isinstance(value, str) else ""
-    if kind == "int":
-        return None if isinstance(value, int) and not isinstance(value, bool) else ""
-    if kind == "bool":
-        return None if isinstance(value, bool) else ""
+    plain = {"str": str, "int": int, "bool": bool}.get(kind)
+    if plain is not None:
+        return None if isinstance(value, plain) and not (plain is int and isinstance(value, bool)) else ""
     if kind == "tuple[str, ...]":
         if not isinstance(value, (tuple, list)):
             return ""
@@ -129,11 +121,9 @@ def sbatch_option(what: str, text: str) -> str:
 
 
 def sbatch_arg(option: str) -> str:
-    """``option`` as one argument of a ``#SBATCH`` line. sbatch (not the shell) reads these lines:
-    it splits at whitespace, takes quotes and backslash escapes, and ends the line at an unquoted
-    '#' (slurm's ``src/sbatch/opt.c``, ``_get_argument``); double quotes with ``\\``, ``"`` and
-    ``#`` escaped read back as ``option`` in old and new versions alike. Line breaks are refused
-    before (``one_line``)."""
+    """``option`` as one argument of a ``#SBATCH`` line. sbatch (not the shell) reads it: it splits at
+    whitespace, takes quotes and backslash escapes, and ends the line at an unquoted '#'
+    (``src/sbatch/opt.c``); double quotes with ``\\``, ``"`` and ``#`` escaped read back as ``option``."""
     if _SBATCH_PLAIN.fullmatch(option):
         return option
     return '"' + re.sub(r'([\\"#])', r"\\\1", option) + '"'

@@ -1,12 +1,10 @@
 """A job description as a Kubeflow ``PyTorchJob`` (training-operator, ``kubeflow.org/v1``;
 docs/clusters.md).
 
-One pod per node, each running ``dtrain train``/``dtrain run -n procs_per_node`` on the static
-rendezvous the Master pod hosts on its pod IP (downward API); Worker pods reach it through the
-operator's headless service ``<name>-master-0`` and take their node rank from the
-``replica-index`` label, so nothing depends on the operator's environment variables, which differ
-between its versions. An elastic job is the operator's elastic form: Worker pods only, an
-``elasticPolicy`` of MIN and MAX, the rendezvous on ``<name>-worker-0``.
+One pod per node, on the static rendezvous the Master pod hosts on its pod IP; Worker pods reach
+it through the operator's service ``<name>-master-0`` and take their node rank from the
+``replica-index`` label (the operator's environment variables differ between its versions). An
+elastic job is the operator's elastic form: Worker pods only, the rendezvous on ``<name>-worker-0``.
 """
 
 from __future__ import annotations
@@ -130,12 +128,5 @@ def to_yaml(value: Any, indent: int = 0) -> str:
 
 
 def _scalar(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return json.dumps(v)
-    if v is None:
-        return "null"
-    if isinstance(v, (dict, list)):
-        return json.dumps(v)
-    return json.dumps(str(v))
+    """JSON's spelling is YAML's for these (true, null, numbers, quoted strings, flow collections)."""
+    return json.dumps(v if v is None or isinstance(v, (bool, int, float, dict, list)) else str(v))

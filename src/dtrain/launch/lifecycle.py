@@ -1,15 +1,10 @@
 """The worker's side of a launch: die with the launcher, stop quietly when told to, and hand an
 unexpected exception to the launcher instead of losing it.
 
-Every worker that ``dtrain run`` / ``dtrain train`` starts (both launchers, a script or a
-function) runs through :func:`run_worker`, so this covers a user's script whether or not it
-calls ``dtrain.init()``. What it does not cover: a process the script starts itself (its own
-``subprocess`` or ``multiprocessing`` children; DataLoader workers watch their parent already),
-and workers started by another launcher (plain ``torchrun``, ``srun``).
-
-The launcher passes two variables: ``DTRAIN_LAUNCHER_PID`` (whose death must end this worker)
-and ``DTRAIN_LAUNCH_DIR`` (a private folder: a ``pid-*`` file per worker so the launcher can
-forward signals, a ``stop`` marker once it was told to stop, and ``error-*.json`` files).
+Every worker ``dtrain run`` / ``dtrain train`` starts runs through :func:`run_worker`, whether or
+not its script calls ``dtrain.init()``. The launch link names the launcher's pid (whose death
+ends this worker) and a private folder: a ``pid-*`` file per worker (for forwarded signals), a
+``stop`` marker once the launcher was told to stop, and ``error-*.json`` files.
 """
 
 from __future__ import annotations
@@ -51,9 +46,7 @@ def run_worker(fn: Callable[..., Any], *args: Any) -> Any:
         _settle_backend_threads()
         raise
     except BaseException as exc:  # noqa: BLE001 -- every way out is handled below
-        if stop_signal():
-            # Told to stop: whatever this raised (KeyboardInterrupt, a peer's closed socket
-            # inside a collective) is a consequence of stopping, not an error to show.
+        if stop_signal():  # what this raised (a peer's closed socket) follows from the stop: not shown
             exit_now(128 + stop_signal())
         if isinstance(exc, DtrainError):
             _report(exc, user_error=True)
@@ -68,8 +61,8 @@ def run_worker(fn: Callable[..., Any], *args: Any) -> Any:
 
 
 def _settle_backend_threads() -> None:
-    """Before the interpreter's exit: let gloo's worker threads drop the script's last collectives
-    (``world.group.settle_backend_threads``; a plain torch script never registers dtrain's exit clean-up)."""
+    """Let gloo's threads drop the script's last collectives before the interpreter's exit (a plain
+    torch script never registers dtrain's exit clean-up)."""
     if "torch.distributed" in sys.modules:
         from ..world.group import settle_backend_threads
 
@@ -86,10 +79,8 @@ def stop_signal() -> int:
 def bind_to_launcher() -> None:
     """Make this process die with the launcher, even under ``kill -9`` of the launcher.
 
-    PR_SET_PDEATHSIG sends SIGKILL when the parent *thread* exits; the worker's parent is the
-    launcher's main thread (torch's elastic agent runs inside the launcher and starts workers
-    from it; so does torch.multiprocessing.spawn). Where the parent is not the launcher (a
-    wrapper in between) or prctl is missing, a thread polls the launcher instead."""
+    PR_SET_PDEATHSIG fires when the parent *thread* exits (the launcher's main thread starts the
+    workers); where the parent is not the launcher or prctl is missing, a thread polls it instead."""
     link = launch_link()
     launcher, launch_dir = link.launcher_pid, link.launch_dir
     if not launcher:
@@ -105,17 +96,13 @@ def bind_to_launcher() -> None:
 
 
 def own_session() -> None:
-    """Put a launched worker in a session of its own, as torchrun's workers are (torch's agent
-    does not for a function entry point, nor does ``torch.multiprocessing.spawn``): Linux's
-    scheduler autogroups share the CPU between sessions first, so workers left in the launcher's
-    session would share one session's share. Stop signals are forwarded by the launcher
-    (supervise.py) and PR_SET_PDEATHSIG does not depend on the session."""
+    """Put a launched worker in a session of its own, as torchrun's script workers are: Linux's
+    autogroups share the CPU between sessions first, so workers left in the launcher's session
+    would share one session's share. Stop signals are forwarded by the launcher (supervise.py)."""
     if not launch_link().launcher_pid or not hasattr(os, "setsid"):
         return
     if SlurmTasks.job_id():
-        # Inside a SLURM job the node's CPUs are the job's (cgroups share them, not autogroups),
-        # and Slurm's proctrack/pgid finds, signals and cleans up a step's processes by their
-        # process group: a worker that left it would escape Slurm's signals and cleanup.
+        # Slurm's proctrack/pgid signals and cleans up a step's processes by their process group.
         return
     try:
         if os.getsid(0) != os.getpid():
@@ -158,8 +145,7 @@ def _install_sigint() -> None:
 
 def exit_now(code: int) -> None:
     """Leave now: flush what was printed and skip atexit hooks and C++ destructors, which after
-    a failed or interrupted collective only add warnings and can hang. A function worker that
-    returns instead waits for torch's agent to read its return value (see ``train.loop``)."""
+    a failed or interrupted collective only add warnings and can hang."""
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):
             stream.flush()
@@ -167,8 +153,7 @@ def exit_now(code: int) -> None:
 
 
 def _report(exc: BaseException, *, user_error: bool) -> None:
-    """Hand the error to the launcher (it shows the first rank's, once); print it when there is
-    no launcher to read it."""
+    """Hand the error to the launcher (it shows the first rank's, once), or print it without one."""
     rank = TorchrunEnv.rank_label()
     text = f"dtrain: error: {exc}" if user_error else _format(exc)
     launch_dir = launch_link().launch_dir
@@ -186,13 +171,10 @@ def _format(exc: BaseException) -> str:
     """The traceback without the frames of the launch machinery above the user's code."""
     tb = exc.__traceback__
     ours = (os.path.dirname(os.path.abspath(__file__)), os.path.dirname(os.path.abspath(__import__("runpy").__file__)))
-    while tb is not None and tb.tb_next is not None and _launch_frame(tb.tb_frame.f_code.co_filename, ours):
+    while tb is not None and tb.tb_next is not None and (
+            tb.tb_frame.f_code.co_filename.startswith("<frozen runpy") or os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(ours)):
         tb = tb.tb_next
     return "".join(traceback.format_exception(type(exc), exc, tb)).rstrip()
-
-
-def _launch_frame(filename: str, ours: tuple[str, ...]) -> bool:
-    return filename.startswith("<frozen runpy") or os.path.abspath(filename).startswith(ours)
 
 
 def read_errors(launch_dir: str) -> list[dict[str, Any]]:

@@ -8,11 +8,10 @@ the multi-process tests run on.
 
     results = run_distributed(body, 2.0, world_size=2, timeout=60)   # one result per rank
 
-Each rank is a fresh spawned process (or, with ``DTRAIN_LOCAL_START=forkserver``, as the test
-suite sets, a fork of a server that imported torch once) with the environment ``dtrain run`` gives its workers;
-the rendezvous store is hosted by the calling process on loopback. A rank that raises fails
-the call with every failing rank's traceback; a hang fails it after ``timeout`` seconds with
-the ranks that never finished, and all ranks are killed.
+Each rank is a spawned process (with ``DTRAIN_LOCAL_START=forkserver``, a fork of a server that
+imported torch once) with the environment ``dtrain run`` gives its workers; the store is hosted
+by the caller on loopback. A rank that raises fails the call with every failing rank's
+traceback; a hang fails it after ``timeout`` seconds, and all ranks are killed.
 """
 
 from __future__ import annotations
@@ -33,8 +32,7 @@ from .store import host_store
 
 
 class DistributedTestError(AssertionError):
-    """One or more ranks failed or hung. ``causes``: each failed rank's exception in one line
-    (the last line of its traceback), for a report of one line per failure."""
+    """One or more ranks failed or hung. ``causes``: each failed rank's exception in one line."""
 
     def __init__(self, message: str, causes: dict[int, str] | None = None) -> None:
         super().__init__(message)
@@ -55,32 +53,27 @@ def exception_line(trace: str) -> str:
 
 
 def worker_env(rank: int, local_rank: int, size: int, local_size: int, node_rank: int, addr: str, port: int) -> dict[str, str]:
-    """The variables torchrun gives a worker, for one the launcher starts itself; every worker is
-    a client of the store the launcher hosts (as under torchrun)."""
+    """The variables torchrun gives a worker, for one the launcher starts itself (a client of its store)."""
     return {"RANK": str(rank), "LOCAL_RANK": str(local_rank), "WORLD_SIZE": str(size), "LOCAL_WORLD_SIZE": str(local_size),
             "GROUP_RANK": str(node_rank), "MASTER_ADDR": addr, "MASTER_PORT": str(port),
             "TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RESTART_COUNT": "0"}
 
 
 _START = os.environ.get("DTRAIN_LOCAL_START", "spawn")
-"""How ranks start: ``spawn`` (each imports torch afresh), or ``forkserver`` (forks of one server that
-imported torch once; the test suite's choice, as it starts hundreds of ranks)."""
+"""How ranks start: ``spawn``, or ``forkserver`` (forks of one server that imported torch once)."""
 if _START == "forkserver":
     mp.set_forkserver_preload(["torch", "torch.distributed", "dtrain"])
 
 
 def _child(rank: int, world_size: int, port: int, env: dict[str, str], fn: Callable[..., Any], args: tuple, results: Any) -> None:
-    # A rank killed by a signal (an abort in a backend's C++ thread) prints every Python thread's
-    # stack to stderr, so the failure says where it was.
-    faulthandler.enable()
+    faulthandler.enable()  # a rank killed by a signal says where it was
     if _START == "forkserver":
         os.environ.clear()  # a fork of the server: the caller's environment, as spawn would give it
     os.environ.update(env)
     os.environ.update(worker_env(rank, rank, world_size, world_size, 0, "127.0.0.1", port))
     try:
         value = fn(*args)
-        # Tensors go through a queue as shared-memory handles that die with this process;
-        # send bytes instead so the parent can read them after we exit.
+        # As bytes: a tensor in a queue is a shared-memory handle that dies with this process.
         buf = io.BytesIO()
         torch.save(value, buf)
         results.put((rank, True, buf.getvalue()))

@@ -1,19 +1,11 @@
 """A node that leaves an elastic job (``--nnodes MIN:MAX``) without ending it.
 
 torch's launcher ends its agent with ``rdzv_handler.shutdown()``, which *closes* the c10d
-rendezvous for every node (torch/distributed/launcher/api.py, ``launch_agent``; only an agent
-ended by torch's own ``SignalException`` skips it, and then the others wait for its keep-alive
-to expire, 15 s by default). dtrain's launcher owns the stop signals (supervise.py), so it
-decides here: a node whose launcher was told to stop *leaves*: it takes itself out of the
-round's participants (the step torch's handler runs itself before each new round) and stops
-its heartbeats, so the other nodes' next round forms at once, without it. A node whose workers
-finished closes the rendezvous as before (the job is done).
-
-The handler is torch's own c10d one, created through a backend registered under
-``BACKEND`` so that this launcher holds it; nothing of the rendezvous is re-implemented. Taking
-a node out of the participants uses torch's private ``_RendezvousExitOp``: where a torch
-version lacks it, the node still leaves without closing, and the others wait for its
-keep-alive to expire instead.
+rendezvous for every node. Here a node that was told to stop, or whose agent failed, *leaves*
+instead: it takes itself out of the round's participants (torch's private ``_RendezvousExitOp``)
+and stops its heartbeats, so the others' next round forms at once without it. A node whose
+workers finished closes the rendezvous as before (the job is done). The handler is torch's own
+c10d one, created through a backend registered under ``BACKEND`` so that this launcher holds it.
 """
 
 from __future__ import annotations
@@ -39,9 +31,7 @@ def _create(params: Any) -> Any:
     global _handler
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
 
-    # It is torch's c10d rendezvous, and says so: the registry checks that the handler's backend
-    # name is the one the parameters ask for (RendezvousHandlerRegistry.create_handler).
-    params.backend = "c10d"
+    params.backend = "c10d"  # torch's registry checks the handler's backend name against the parameters
     backend, store = _c10d_backend(params)
     _handler = create_handler(store, backend, params)
     _handler._dtrain_backend = backend  # the exit barrier reads the rendezvous state through it
@@ -51,8 +41,7 @@ def _create(params: Any) -> Any:
 
 
 def _say_while_gathering(handler: Any, params: Any) -> None:
-    """torch's rendezvous waits for MIN nodes without a word (up to --rdzv-timeout); while this
-    node waits in it, a progress line at the rate of the static jobs' (preflight.Notes)."""
+    """While torch's rendezvous waits for MIN nodes (without a word), progress lines at preflight.Notes' rate."""
     gather = handler.next_rendezvous
     join_s = params.get_as_int("join_timeout", 600)
 
@@ -97,15 +86,12 @@ def lost_in_rendezvous(exc: BaseException) -> bool:
 
 def finished_without_this_node(exc: BaseException) -> bool:
     """Whether an agent's failure is a *closed* rendezvous: in a dtrain job only a node whose
-    workers finished closes it (``_leave_if_lost``: a failed or stopped node leaves instead), so
-    the job is done (e.g. a node killed while a round assigned ranks, started again and alone in
-    the next round, trained what was left while this one waited out the lost node's role info)."""
+    workers finished closes it (a failed or stopped node leaves instead), so the job is done."""
     return type(exc).__name__ == "RendezvousClosedError"
 
 
 def join_timed_out(me: str, endpoint: str, min_nodes: int, max_nodes: int | None, waited_s: float) -> str:
-    """The one line for torch's RendezvousTimeoutError (it carries no message): no round took this
-    node in, because fewer than MIN nodes joined, or a running job had no room (MAX nodes)."""
+    """The one line for torch's RendezvousTimeoutError (it carries no message)."""
     return (f"node {me} waited {waited_s:g} s at the rendezvous {endpoint} and no round formed with it: --nnodes "
             f"{min_nodes}:{max_nodes} needs {min_nodes} node(s) to start (a running job takes one more up to {max_nodes}); "
             "start the other node(s) with the same --nnodes, --master-addr, --master-port and --rdzv-id, or raise "
@@ -113,11 +99,8 @@ def join_timed_out(me: str, endpoint: str, min_nodes: int, max_nodes: int | None
 
 
 def _leave_if_lost(handler: Any) -> None:
-    """torch's launcher shuts the handler down (closing the rendezvous for every node) on any way
-    out. Only a node whose workers finished closes it (the job is done); an agent that failed
-    leaves instead: a node lost inside the rendezvous (runner._run_agent joins the next round),
-    or a node that could not join in time, whose close would end the job of the nodes still training."""
-
+    """An agent that failed leaves rather than closes the rendezvous (its close would end the job of
+    the nodes still training); only a node whose workers finished closes it."""
     close = handler.shutdown
 
     def shutdown() -> bool:
@@ -132,8 +115,7 @@ def _leave_if_lost(handler: Any) -> None:
 
 def _c10d_backend(params: Any) -> tuple[Any, Any]:
     """torch's c10d backend on a TCPStore that dtrain opens: the host's listens on the endpoint's
-    address only (torch's own binds every interface), and a client's connect is bounded by the
-    start-up timeout and ends with one line naming the address and the likely cause."""
+    address only (torch's binds every interface); a client's connect is bounded and fails in one line."""
     import datetime
 
     import torch.distributed as dist
@@ -155,8 +137,7 @@ def _c10d_backend(params: Any) -> tuple[Any, Any]:
             store.set(key, value)
     else:
         me = f"node {params.local_addr or 'this node'}"
-        # Polled from Python first: torch's client retries a refused connection silently, then
-        # logs its timeout with ~40 lines of C++ frames.
+        # Polled first: torch's client retries a refused connection silently, then logs C++ frames.
         wait_for_master(host, port, timeout_s=timeout_s, me=me, what="the rendezvous store",
                         fix="start the first node (the one at --master-addr) with the same --master-port")
         try:
@@ -209,11 +190,9 @@ def forget() -> None:
 
 def agent_class() -> type:
     """torch's LocalElasticAgent with an exit barrier that stops waiting for a node lost after its
-    workers finished. torch's barrier waits ``exit_barrier_timeout`` (300 s) for every node's agent
-    to check in, and a node killed in that window holds the survivors for those 300 s. This one
-    checks in the same way (torch's own barrier keys), looks for the last check-in twice a second,
-    and between them reads the rendezvous state: the round moved on, or a node of it left or went
-    silent past torch's expiry, ends the wait with one line. The bound stays torch's."""
+    workers finished (torch's waits its whole ``exit_barrier_timeout``, 300 s). It checks in on
+    torch's own barrier keys and between polls reads the rendezvous state: a node of the round that
+    left or went silent past torch's expiry ends the wait with one line."""
     from torch.distributed.elastic.agent.server import api
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
     from torch.distributed.elastic.utils import store as store_util

@@ -1,11 +1,6 @@
 """Checks the launcher makes before any worker starts, so that a misconfigured multi-node job
-fails in seconds with one clear line instead of waiting for a rendezvous timeout:
-
-- the master address answers (connection refused, or no reply, is fine until ``--startup-timeout``:
-  node 0 may start later; no reply for ``UNREACHABLE_S``, or no route, is an error sooner),
-- node 0 sees every other node within ``--startup-timeout`` (a progress line while it waits),
-- every node was started with the same ``--nnodes`` and ``-n``, and runs the same dtrain, torch
-  and Python versions (each node posts its view to node 0's rendezvous store and compares).
+fails in seconds with one clear line: the master address answers, node 0 sees every other node
+within ``--startup-timeout``, and every node has the same ``--nnodes``, ``-n`` and versions.
 """
 
 from __future__ import annotations
@@ -26,12 +21,10 @@ from ..world.group import versions, versions_differ
 from ..world.reach import refusal, wait_for_listener
 from .spec import LaunchSpec
 
-#: A waiting node says so after FIRST_NOTE_S (nodes started together have met by then), then
-#: every NOTE_EVERY_S: a modest rate, up to the bound (--startup-timeout).
+#: A waiting node says so after FIRST_NOTE_S (nodes started together have met by then), then every NOTE_EVERY_S.
 FIRST_NOTE_S = 3.0
 NOTE_EVERY_S = 30.0
-#: Silence (connections that time out, not refused ones) this long ends a wait early: something
-#: drops the packets, and waiting longer will not change that.
+#: Silence (timed-out connections, not refused ones) this long ends a wait early: something drops the packets.
 UNREACHABLE_S = 20.0
 
 
@@ -51,10 +44,9 @@ class Notes:
 def wait_for_master(addr: str, port: int, *, timeout_s: float, me: str = "this node", what: str = "node 0",
                     fix: str = "start node 0 (--node-rank 0) there with the same --master-addr and --master-port",
                     waiting: str = "not started yet, or a wrong --master-addr/--master-port?") -> None:
-    """Return once ``addr:port`` accepts a TCP connection. Refused connections, and no reply (the
-    host may be starting), are waited out up to ``timeout_s``; ``UNREACHABLE_S`` of no reply, or no
-    route in this node's table, end the wait sooner. Each ends in one line naming ``me``, ``what``
-    it waited for, and ``fix`` (for a refusal; for no reply: check the address and firewalls)."""
+    """Return once ``addr:port`` accepts a TCP connection, waiting out refusals up to ``timeout_s``
+    (``UNREACHABLE_S`` of no reply, or no route, end it sooner); else one line naming ``me``, ``what``
+    it waited for, and ``fix`` (for a refusal)."""
     notes = Notes()
     where = f"{me} could not connect to {what} at {addr}:{port}"
     check = f"check that {addr} is the address of {what} as this node sees it, and that no firewall drops the port"
@@ -82,8 +74,7 @@ def wait_for_master(addr: str, port: int, *, timeout_s: float, me: str = "this n
 
 
 def connect_store(addr: str, port: int, handshake_s: float = 20.0) -> dist.TCPStore:
-    """A client of node 0's rendezvous store. Something that accepts TCP connections but does
-    not answer as a store (a proxy, another service) is an error after ``handshake_s``."""
+    """A client of node 0's rendezvous store; a listener that does not answer as a store within ``handshake_s`` is an error."""
     t0 = time.monotonic()
     box: dict = {}
 
@@ -116,9 +107,8 @@ _POLL_S = 0.2
 
 def check_nodes(spec: LaunchSpec, port: int, *, timeout_s: float) -> None:
     """Post this node's view to the rendezvous store and compare it with the others'. Node 0 waits
-    up to ``timeout_s`` for every node, then gives them its verdict; the others compare with node 0
-    and wait for that verdict, so no node's agent starts toward a job that node 0 gave up on.
-    Raises LaunchError (one line) on a mismatch or a node that never came."""
+    up to ``timeout_s`` for every node, then gives them its verdict, so no node's agent starts
+    toward a job that node 0 gave up on. LaunchError (one line) on a mismatch or a missing node."""
     handshake = min(20.0, timeout_s)
     store = dist.PrefixStore("/dtrain/preflight", connect_store(spec.addr, port, handshake_s=handshake))
     store.set_timeout(datetime.timedelta(seconds=max(handshake, 5.0)))  # each read below is of a key that exists
@@ -203,12 +193,9 @@ def _compare(mine: dict, me: int, theirs: dict, other: int) -> None:
 
 
 def check_ranks_fit(nproc: int, device: str | None = None, *, cpu_fix: str = "--device cpu", gpus: int | None = None) -> None:
-    """Before any process starts: the ``nproc`` ranks of this node each need a GPU of their own
-    when they train on CUDA (NCCL refuses two ranks on one GPU: "Duplicate GPU detected", which
-    otherwise surfaces as a failed rendezvous). ``device``: what the ranks were told (None: CUDA
-    when there is one); ``cpu_fix``: how this command trains on the CPU instead; ``gpus``: the
-    count (default: ``cuda_device_count()``)."""
-
+    """Before any process starts: each of the ``nproc`` ranks on CUDA needs a GPU of its own (NCCL's
+    "Duplicate GPU detected" otherwise surfaces as a failed rendezvous). ``device``: what the ranks
+    were told (None: CUDA when there is one); ``cpu_fix``: how this command trains on the CPU."""
     if device is not None and not str(device).startswith("cuda"):
         return
     gpus = cuda_device_count() if gpus is None else gpus
@@ -228,10 +215,8 @@ def check_ranks_fit(nproc: int, device: str | None = None, *, cpu_fix: str = "--
 
 
 def cuda_device_count() -> int:
-    """The GPUs this process can use: ``torch.cuda.device_count()`` (which honours
-    CUDA_VISIBLE_DEVICES), 0 without CUDA. The one place that counts them, so the checks of ranks
-    against GPUs (``dtrain.launch.preflight.check_ranks_fit``) are tested with a fake count
-    (``DTRAIN_FAKE_GPUS``, or monkeypatching this function)."""
+    """The GPUs this process can use (0 without CUDA); the one place that counts them, so tests
+    can fake the count (``DTRAIN_FAKE_GPUS``)."""
     from ..options import TestHooks, section
 
     fake = section(TestHooks).fake_gpus

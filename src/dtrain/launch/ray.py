@@ -1,11 +1,7 @@
 """``--launcher ray``: the workers of ``dtrain run`` / ``dtrain train`` placed by a Ray cluster
-(docs/ray.md).
-
-One actor per rank (``ray_rank.RankActor``) in a placement group of one bundle per node; each
-starts the worker command of dtrain's own launcher with torchrun's variables, so ``dtrain.init``
-sees the world as under ``dtrain run``. A lost rank: every actor is killed and a new set started,
-up to ``--max-restarts`` times, ``TORCHELASTIC_RESTART_COUNT`` raised so ``dtrain train`` resumes.
-Ray is imported only when a job uses it.
+(docs/ray.md): one actor per rank in a placement group of one bundle per node, each starting the
+worker command of dtrain's own launcher. A lost rank: every actor is killed and a new set started,
+up to ``--max-restarts`` times. Ray is imported only when a job uses it.
 """
 
 from __future__ import annotations
@@ -31,8 +27,7 @@ from .spec import LaunchSpec
 from .supervise import GRACE_S
 
 INSTALL_HINT = "pip install 'dtrain[ray]'"
-#: Variables of the driver's environment that its workers get too (a Ray actor starts from the
-#: raylet's environment, not the driver's): dtrain's run options, and the libraries' own knobs.
+#: Variables of the driver's environment its workers get too (an actor starts from the raylet's).
 FORWARD_PREFIXES = ("DTRAIN_", "NCCL_", "GLOO_", "TORCH_", "PYTORCH_", "OMP_", "MKL_")
 FORWARD_NAMES = ("PYTHONPATH",)
 _POLL_S = 0.5
@@ -100,8 +95,7 @@ def _check_reachable(address: str) -> None:
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=5).close()
     except OSError as exc:
-        # A head whose host name resolves to 127.0.0.1 (many VMs) and no route out registers and
-        # listens on loopback only (`ray start --head` prints "Local node IP: 127.0.0.1"): refused here.
+        # A head whose host name resolves to 127.0.0.1 listens on loopback only.
         loopback = "" if is_loopback(host.strip("[]")) else (
             f" (a head that printed 'Local node IP: 127.0.0.1' listens on loopback only: start it with "
             f"`ray start --head --node-ip-address {host}`)")
@@ -156,8 +150,7 @@ def _forwarded_env() -> dict[str, str]:
 
 
 class _Job:
-    """The attempts of one job: a set of actors, watched until every worker ends; again after a
-    lost rank while restarts are left."""
+    """The attempts of one job: a set of actors, watched until every worker ends; again after a lost rank."""
 
     def __init__(self, ray: Any, spec: LaunchSpec, pg: Any, gpus: bool, command: list[str], call: bytes | None) -> None:
         self.ray, self.spec, self.pg, self.gpus = ray, spec, pg, gpus
@@ -175,8 +168,7 @@ class _Job:
                 if len(codes) == self.spec.world_size and all(c == 0 for c in codes.values()):
                     return 0
                 failed = {r: c for r, c in codes.items() if c != 0}
-                # The cause: a rank killed or lost (its peers then fail in a collective, with a status
-                # and a traceback of their own: they are not shown), else the lowest that exited.
+                # The cause: a rank killed or lost (its peers then fail in a collective), else the lowest that exited.
                 rank = min(failed, key=lambda r: (failed[r] is not None and failed[r] > 0, r))
                 first = self.first_error()
                 if attempt == self.spec.max_restarts or (first is not None and first["user_error"]):
@@ -197,8 +189,7 @@ class _Job:
         return min(self.errors, key=lambda r: r.get("time", 0.0)) if self.errors else None
 
     def _attempt(self, attempt: int) -> dict[int, int | None]:
-        """Start every rank, watch them until all ended or one failed; returns each rank's exit
-        status (None: its actor was lost)."""
+        """Start every rank, watch them until all ended or one failed; each rank's exit status (None: lost)."""
         actors = self._actors()
         try:
             ranks = self._start(actors, attempt)
@@ -207,8 +198,7 @@ class _Job:
             raise LaunchError(f"the Ray actors of this job did not start within --startup-timeout {self.spec.startup_timeout:g} s; "
                               "see `ray status` and the Ray logs of the cluster.") from None
         finally:
-            # Each actor kills a worker still running and removes its folder; a lost actor cannot
-            # answer, and the kill below ends the rest.
+            # Each actor kills its worker and removes its folder; the kill below ends a lost actor's.
             with contextlib.suppress(Exception):
                 self.ray.get([a.close.remote() for a in actors], timeout=10)
             for actor in actors:
@@ -262,7 +252,11 @@ class _Job:
                 except self.ray.exceptions.RayActorError:
                     codes[rank] = None  # the actor (or its node) is gone
                     continue
-                _show(got)
+                for data, stream in ((got["err"], sys.stderr), (got["out"], sys.stdout)):
+                    if data:
+                        stream.flush()
+                        stream.buffer.write(data)
+                        stream.buffer.flush()
                 if got["code"] is not None:
                     codes[rank] = got["code"]
                     self.errors.extend(got["errors"])
@@ -278,8 +272,7 @@ class _Job:
 
     @contextlib.contextmanager
     def _signals(self) -> Iterator[None]:
-        """Stop signals are forwarded to every worker (SIGTERM: ``dtrain train`` saves and stops),
-        which get GRACE_S to end before their actors are killed."""
+        """Stop signals are forwarded to every worker, which gets GRACE_S to end before its actor is killed."""
         import threading
 
         if threading.current_thread() is not threading.main_thread():
@@ -300,14 +293,6 @@ class _Job:
     def _stopped(self) -> int:
         print(f"dtrain: stopped by {signal.Signals(self.signum).name}.", file=sys.stderr, flush=True)
         return 128 + self.signum
-
-
-def _show(polled: dict[str, Any]) -> None:
-    for data, stream in ((polled["err"], sys.stderr), (polled["out"], sys.stdout)):
-        if data:
-            stream.flush()
-            stream.buffer.write(data)
-            stream.buffer.flush()
 
 
 def _ended(code: int | None) -> str:

@@ -1,11 +1,7 @@
-"""One rank of a job on a Ray cluster: the actor Ray places (``launch/ray.py`` starts one per
-rank), and the worker process it starts.
-
-The actor is to its worker what ``dtrain run``'s launcher is to its workers: the same worker
-command, torchrun's variables and the launch link (``launch/lifecycle.py``), the actor as the
-launcher. The worker is a process of its own, not code run inside the actor: it exits through
-``os._exit``, starts its own session and handles SIGTERM, none of which a Ray worker may do.
-This module imports without Ray: the driver wraps the class with ``ray.remote``.
+"""One rank of a job on a Ray cluster: the actor Ray places, and the worker process it starts as
+``dtrain run``'s launcher would. The worker is a process of its own, not code inside the actor: it
+exits through ``os._exit``, starts its own session and handles SIGTERM, none of which a Ray worker
+may do. This module imports without Ray: the driver wraps the class with ``ray.remote``.
 """
 
 from __future__ import annotations
@@ -49,8 +45,7 @@ class RankActor:
         return {"ip": ray.util.get_node_ip_address(), "gpus": [str(g) for g in ray.get_gpu_ids()], "pid": os.getpid()}
 
     def host_store(self, addr: str) -> int:
-        """Rank 0's actor hosts the rendezvous store on its node's address (as dtrain run's launcher
-        does on node 0; the workers are its clients); returns the port, picked free by the bind."""
+        """Rank 0's actor hosts the rendezvous store on its node's address; returns the port (a free one)."""
         from .store import host_store
 
         self.store, port = host_store(addr, 0)
@@ -68,8 +63,7 @@ class RankActor:
         full = {**os.environ, **env, "DTRAIN_LAUNCHER_PID": str(os.getpid()), LAUNCH_DIR_ENV: self.dir}
         if cwd is not None and not os.path.isdir(cwd):
             cwd = None  # another node without the driver's folder: the actor's own (the error, if any, is the worker's)
-        # Started from the actor's main thread (Ray runs a plain actor's methods there): the
-        # worker's PR_SET_PDEATHSIG fires when that thread, i.e. the actor, ends.
+        # From the actor's main thread: the worker's PR_SET_PDEATHSIG fires when the actor ends.
         self.proc = subprocess.Popen(command, env=full, cwd=cwd, stdin=subprocess.DEVNULL,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         self._drains = [threading.Thread(target=self._drain, args=(stream, sink), daemon=True)
@@ -84,8 +78,8 @@ class RankActor:
                 sink.append(line)
 
     def poll(self, wait_s: float) -> dict[str, Any]:
-        """Wait up to ``wait_s`` for the worker; returns its exit status (None: running), the output
-        since the last call and, once it exited, the error it reported (lifecycle's record)."""
+        """Wait up to ``wait_s`` for the worker; its exit status (None: running), the output since the
+        last call and, once it exited, the error it reported."""
         assert self.proc is not None, "start() first"
         try:
             code = self.proc.wait(wait_s)

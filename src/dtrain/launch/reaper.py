@@ -1,13 +1,8 @@
-"""End a stalled or frozen worker at once, rather than after torch's 30 s shutdown grace (its
-``PContext.close`` default, which the agent lets no caller change; docs/doctor.md): a stopped
-worker (state ``T``) never acts on the agent's SIGTERM, and one blocked in native code holding
-the GIL never runs its handler. A launcher thread, every ``POLL_S``:
-
-* kills a worker that is stopped while a SIGTERM waits for it;
-* once a worker's stall watchdog has reported and exited (``STALL_MARKER`` in the launch folder),
-  kills the node's workers still alive ``GRACE_S`` later: they are the stalled ones.
-
-Only the workers alive when the marker was seen are killed, never those of a restart.
+"""End a stalled or frozen worker at once, rather than after torch's fixed 30 s shutdown grace: a
+stopped worker (state ``T``) never acts on the agent's SIGTERM, and one blocked in native code
+holding the GIL never runs its handler. A launcher thread, every ``POLL_S``, kills a worker that is
+stopped while a SIGTERM waits for it, and ``GRACE_S`` after a worker's stall watchdog reported
+(``STALL_MARKER``), the workers alive when the marker was seen (never those of a restart).
 """
 
 from __future__ import annotations

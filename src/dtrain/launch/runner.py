@@ -23,7 +23,7 @@ from ..diag.watchdog import STALL_EXIT
 from ..errors import DtrainError, LaunchError
 from ..options import handed_over, launch_link
 from ..world import use_route_interface
-from ..world.reach import advertised_address
+from ..world.reach import advertised_address, listening_socket
 from . import membership
 from .lifecycle import run_worker
 from .local import worker_env
@@ -55,8 +55,7 @@ def launch_script(spec: LaunchSpec, script: str, argv: list[str]) -> int:
         return ray.launch_script(spec, script, argv)
     if spec.launcher == "spawn":
         return _spawn(spec, run_script, (script, argv))
-    # Through dtrain's worker entry (not `python script.py`), so the worker dies with this
-    # launcher and hands its traceback back (launch/lifecycle.py).
+    # dtrain's worker entry (not `python script.py`): the worker dies with this launcher (lifecycle.py).
     return _elastic(spec, sys.executable, ("-u", "-m", "dtrain.launch.worker", script, *argv))
 
 
@@ -75,12 +74,10 @@ def _rendezvous(spec: LaunchSpec) -> Iterator[int]:
     """Host the rendezvous store on node 0 (bound to the master address); yields its port.
     With ``--nnodes MIN:MAX`` torch's c10d rendezvous hosts its own store on the first node."""
     if spec.elastic:
-        # Each round builds its workers' store afresh: torch's shared store (the default) keeps the
-        # first round's rank-0 address on the other nodes, and a join after a loss then waited 60 s
-        # for keys nobody could see (torch 2.14, two launchers on one host).
+        # Each round builds its workers' store afresh: torch's shared store keeps the first round's
+        # rank-0 address on the other nodes, and a join after a loss then waits for keys nobody sees.
         membership.posted = spec.store_values  # the host's store opens in torch's agent (membership._c10d_backend)
-        # The workers get the job's `run id@endpoint` unless the user set one: the checkpoint lock keys on
-        # it (rank 0 may move to another node), and dtrain train resumes in every attempt by it.
+        # The checkpoint lock and dtrain train's resume key on the job's `run id@endpoint` (rank 0 may move).
         run_id = f"{spec.rdzv_id}@{spec.addr}:{spec.port}"
         given = contextlib.nullcontext() if launch_link().elastic is not None else handed_over(link={"elastic": run_id})
         with given, _env_default("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1"):
@@ -109,9 +106,8 @@ def _rendezvous(spec: LaunchSpec) -> Iterator[int]:
         del store
 
 
-#: The other nodes' agents may still be in torch's exit barrier (a store.wait) when node 0's
-#: agent leaves it; closing the store then gives them a "recvValueWithTimeout failed" warning
-#: with a C++ stack trace. Node 0 keeps the store until each node says it is done.
+#: Node 0 keeps the store until each node says it is done: closing it while their agents are in
+#: torch's exit barrier gives them a "recvValueWithTimeout failed" warning with C++ frames.
 _DONE_KEY = "/dtrain/done"
 _DONE_WAIT_S = 15.0
 
@@ -144,11 +140,9 @@ def _quiet_elastic_logs() -> None:
 
 @contextlib.contextmanager
 def _socket_interface(spec: LaunchSpec) -> Iterator[None]:
-    """The workers' gloo/NCCL sockets use the interface that routes to the master between
-    nodes (plain torchrun binds gloo to whatever the host name resolves to, often 127.0.0.1),
-    and the loopback interface on one node (the host name may resolve to a public address). Without
-    CUDA the workers will use gloo, whose variable is judged here; with it, each worker judges its
-    own backend's (``dtrain.init``)."""
+    """The workers' gloo/NCCL sockets use the interface that routes to the master (plain torchrun
+    binds gloo to whatever the host name resolves to, often 127.0.0.1); with CUDA each worker
+    judges its own backend's variable (``dtrain.init``)."""
     backend = None if cuda_device_count() else "gloo"
     chosen = use_route_interface(spec.addr, quiet=spec.node_rank != 0, backend=backend)
     try:
@@ -161,11 +155,9 @@ def _socket_interface(spec: LaunchSpec) -> Iterator[None]:
 def _elastic(spec: LaunchSpec, entrypoint: Callable[..., Any] | str, args: tuple) -> int:
     if callable(entrypoint):
         entrypoint, args = run_worker, (entrypoint, *args)
-    # torchrun's own rule: one OpenMP thread per worker unless the user says otherwise.
     # A stop signal on a node of an elastic job: that node leaves, the others go on (membership.py).
     on_stop = membership.leave_when_shut_down if spec.elastic else None
-    with _rendezvous(spec) as port, _env_default("OMP_NUM_THREADS", "1" if spec.nproc > 1 else None), _socket_interface(spec), \
-            Supervisor(interrupt_main=spec.max_restarts > 0 or spec.elastic, on_stop=on_stop) as sup:
+    with _node(spec) as port, Supervisor(interrupt_main=spec.max_restarts > 0 or spec.elastic, on_stop=on_stop) as sup:
         config = LaunchConfig(
             min_nodes=spec.nnodes,
             max_nodes=spec.max_nodes or spec.nnodes,
@@ -174,9 +166,7 @@ def _elastic(spec: LaunchSpec, entrypoint: Callable[..., Any] | str, args: tuple
             monitor_interval=0.1,
             start_method="spawn",
             **_rdzv_options(spec, port),
-            # The stop signals (SIGINT, SIGTERM, SIGHUP, SIGUSR1: SLURM's warning before the time
-            # limit) are the Supervisor's, not the agent's (launch/supervise.py).
-            signals_to_handle=AGENT_SIGNALS,
+            signals_to_handle=AGENT_SIGNALS,  # the stop signals are the Supervisor's (supervise.py)
         )
         _quiet_elastic_logs()
         try:
@@ -210,12 +200,9 @@ def _elastic(spec: LaunchSpec, entrypoint: Callable[..., Any] | str, args: tuple
 
 
 def _run_agent(spec: LaunchSpec, config: LaunchConfig, entrypoint: Any, args: tuple) -> None:
-    """torch's agent; in an elastic job, again (up to --max-restarts times) when the agent itself
-    failed because a node was lost inside the rendezvous: torch's agent waits for every node's
-    role info after a round completes (``_assign_worker_ranks``), and a node killed in that
-    window fails the survivors' agents with a store timeout, which would end the job. The failed
-    agent leaves the rendezvous rather than closing it (membership.py),
-    so the next agent of this node joins the next round, without the lost node."""
+    """torch's agent; in an elastic job again (up to --max-restarts times) when a node was lost while
+    a round assigned ranks (torch's ``_assign_worker_ranks`` then fails the survivors' agents with
+    a store timeout). The failed agent left the rendezvous (membership.py): the next one joins the next round."""
     attempts = spec.max_restarts if spec.elastic else 0
     while True:
         try:
@@ -251,17 +238,15 @@ def _agent(spec: LaunchSpec) -> Iterator[None]:
 
 def _rdzv_options(spec: LaunchSpec, port: int) -> dict[str, Any]:
     if spec.elastic:
-        # torch's c10d rendezvous through membership's handler (a stopped node leaves). Who hosts
-        # is decided here (is_host), not guessed by torch from host names: two launchers on one
-        # host would both guess "host". local_addr: what this node tells the others; torch's
-        # default, socket.getfqdn(), often resolves to 127.0.x.1.
+        # torch's c10d rendezvous through membership's handler. Who hosts is decided here (is_host):
+        # torch guesses from host names, and two launchers on one host would both guess "host".
+        # local_addr: torch's default, socket.getfqdn(), often resolves to 127.0.x.1.
         return {"run_id": spec.rdzv_id, "rdzv_backend": membership.register(), "rdzv_endpoint": f"{spec.addr}:{port}",
                 "local_addr": advertised_address(spec.addr, spec.local_addr),
                 "rdzv_configs": {"join_timeout": int(spec.join_timeout), "last_call_timeout": int(spec.last_call_s),
                                  "close_timeout": 30, "is_host": _can_bind(spec.addr, port),
                                  "read_timeout": max(1, int(spec.startup_timeout)),
-                                 # A lost node's keep-alive expires after 1 s x 5 (torch: 5 s x 3), so the
-                                 # next round forms without it sooner (and start-up waits end sooner: diag/startwatch.py).
+                                 # A lost node's keep-alive expires sooner than torch's 5 s x 3 (diag/startwatch.py).
                                  "keep_alive_interval": membership.KEEP_ALIVE_S,
                                  "keep_alive_max_attempt": membership.KEEP_ALIVE_ATTEMPTS}}
     return {"run_id": f"dtrain-{uuid.uuid4().hex[:8]}" if spec.nnodes == 1 else "dtrain", "rdzv_backend": "static",
@@ -271,16 +256,10 @@ def _rdzv_options(spec: LaunchSpec, port: int) -> dict[str, Any]:
 
 
 def _can_bind(addr: str, port: int) -> bool:
-    """Whether this node can listen on ``addr:port``: it is the endpoint's node and nobody hosts yet."""
-    import socket
-
+    """Whether this node can listen on ``addr:port``: it is the endpoint's node and nobody hosts yet
+    (as the store's own bind: a previous job's connections in TIME_WAIT do not count)."""
     try:
-        with socket.socket(socket.AF_INET6 if ":" in addr else socket.AF_INET, socket.SOCK_STREAM) as sock:
-            # As the store's own bind (launch/store.py): a previous job's connections in TIME_WAIT do
-            # not count, a live listener does (without it a job right after another one on the same
-            # port found nobody hosting and every node waited to its timeout).
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((addr, port))
+        listening_socket(addr, port).close()
         return True
     except OSError:
         return False
@@ -294,8 +273,7 @@ def _spawn_worker(local_rank: int, spec: LaunchSpec, port: int, fn: Callable[...
 
 def _spawn(spec: LaunchSpec, fn: Callable[..., Any], args: tuple) -> int:
     _quiet_elastic_logs()  # and torch.multiprocessing's "Terminating process ..." warnings
-    with _rendezvous(spec) as port, _env_default("OMP_NUM_THREADS", "1" if spec.nproc > 1 else None), _socket_interface(spec), \
-            Supervisor() as sup:
+    with _node(spec) as port, Supervisor() as sup:
         try:
             mp.spawn(_spawn_worker, args=(spec, port, fn, args), nprocs=spec.nproc, join=True)
         except mp.ProcessExitedException as exc:
@@ -313,8 +291,16 @@ def _spawn(spec: LaunchSpec, fn: Callable[..., Any], args: tuple) -> int:
 
 
 @contextlib.contextmanager
+def _node(spec: LaunchSpec) -> Iterator[int]:
+    """This node's part of a launch: the rendezvous (yields its port), torchrun's rule of one
+    OpenMP thread per worker unless the user set it, and the sockets' interface."""
+    with _rendezvous(spec) as port, _env_default("OMP_NUM_THREADS", "1" if spec.nproc > 1 else None), _socket_interface(spec):
+        yield port
+
+
+@contextlib.contextmanager
 def _env_default(key: str, value: str | None) -> Iterator[None]:
-    """Set ``key`` for the children unless the user set it (torchrun's rule for OMP_NUM_THREADS)."""
+    """Set ``key`` for the children unless the user set it."""
     if value is None or key in os.environ:
         yield
         return
@@ -327,9 +313,7 @@ def _env_default(key: str, value: str | None) -> Iterator[None]:
 
 def _report_failure(exit_codes: dict[int, int], sup: Supervisor) -> int:
     first = sup.first_error()
-    if first is not None:
-        # The earliest error a worker reported is the cause; the others' (a peer's closed
-        # socket inside a collective) follow from it and are not shown.
+    if first is not None:  # the cause; the others' (a peer's closed socket) follow from it
         if first["user_error"]:
             print(first["text"], file=sys.stderr)
             return USER_ERROR_EXIT

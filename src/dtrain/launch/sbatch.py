@@ -1,11 +1,8 @@
 """A job description as an sbatch script, and its submission (docs/clusters.md).
 
 The script asks for ``--requeue`` and ``--signal=USR1@<signal_before_s>``, so ``dtrain train``
-checkpoints and requeues before the time limit, and appends every attempt to one log. Layout
-``node``: one dtrain agent per node starts ``procs_per_node`` processes; layout ``process``:
-every task is one process, its rank read from SLURM. An elastic job (``nodes = "MIN:MAX"``) asks
-for ``--nodes=MIN-MAX`` and ``--no-kill``, its rendezvous on the allocation's first node; SLURM
-cannot grow a running job (``ELASTIC_NOTE``).
+checkpoints and requeues before the time limit. An elastic job (``nodes = "MIN:MAX"``) asks for
+``--nodes=MIN-MAX`` and ``--no-kill``, its rendezvous on the allocation's first node.
 """
 
 from __future__ import annotations
@@ -27,9 +24,8 @@ ELASTIC_NOTE = ("SLURM starts an elastic job on MIN to MAX nodes and, with --no-
 
 
 def job_env(job: JobSpec) -> dict[str, str]:
-    """The job's environment, with one OpenMP/torch thread per CPU of a process unless it says
-    otherwise: without it every process takes every core it sees (SLURM without CPU binding
-    shows them all), oversubscribing the node."""
+    """The job's environment, with one OpenMP thread per CPU of a process unless it says otherwise
+    (every process would take every core it sees, oversubscribing the node)."""
     return {"OMP_NUM_THREADS": str(job.cpus_per_proc), **job.env}
 
 

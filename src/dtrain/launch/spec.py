@@ -25,25 +25,21 @@ class LaunchSpec:
     max_restarts: int = 0
     """How often torch's elastic agent restarts failed workers (torchrun launcher only)."""
     max_nodes: int | None = None
-    """``--nnodes MIN:MAX``: the job runs on ``nnodes`` (MIN) to ``max_nodes`` nodes, joining and
-    leaving through torch's c10d rendezvous hosted on ``master_addr`` (None: a fixed set of nodes)."""
+    """``--nnodes MIN:MAX``: the job runs on ``nnodes`` (MIN) to ``max_nodes`` nodes (None: a fixed set)."""
     rdzv_id: str = "dtrain"
     """The job's name in the rendezvous (``--rdzv-id``): nodes with the same id and endpoint form one job."""
     join_timeout: float = 120.0
     """Seconds a rendezvous waits for at least MIN nodes before it fails (``--rdzv-timeout``)."""
     local_addr: str | None = None
-    """The address this node advertises to the others (``--local-addr``); None: the address of
-    the interface that routes to ``master_addr`` (never what the host name resolves to)."""
+    """The address this node advertises to the others (``--local-addr``); None: the interface's that routes to ``master_addr``."""
     startup_timeout: float = 120.0
-    """Seconds each start-up wait may take (store connect, process-group init, first collective;
-    ``--startup-timeout``)."""
+    """Seconds each start-up wait may take (``--startup-timeout``)."""
     last_call_s: float = 5.0
     """Once MIN nodes are in, seconds to wait for more (up to MAX) before starting (``--rdzv-last-call``)."""
     ray_address: str | None = None
     """``--launcher ray``: the cluster (``--ray-address``; None: ``RAY_ADDRESS``, else one running on this machine)."""
     store_values: tuple[tuple[str, str], ...] = ()
-    """Keys node 0 posts in the rendezvous store as it opens, before the nodes meet (``--parallel
-    auto``'s pick for every node: launch/autopick.py)."""
+    """Keys node 0 posts in the rendezvous store as it opens (``--parallel auto``'s pick: autopick.py)."""
 
     def __post_init__(self) -> None:
         if self.nproc < 1:

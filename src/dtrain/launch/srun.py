@@ -2,11 +2,9 @@
 
     srun -N 2 --ntasks-per-node 1 dtrain run -n 4 train.py    # 2 agents x 4 workers = 8 ranks
 
-Each SLURM task is one node's agent: node rank = the task's index, nodes = the step's task
-count, so the world size is tasks x processes per task (not the task count, the mistake that
-breaks scripts with more than one GPU per task). The master address is the step's first node,
-resolved through SLURM (see ``dtrain.world.slurm``); the port is derived from the job id unless
-``MASTER_PORT`` or ``--master-port`` says otherwise.
+Each SLURM task is one node's agent: node rank = the task's index, so the world size is tasks x
+processes per task. The master is the step's first node (``dtrain.world.slurm``); the port comes
+from the job id unless ``MASTER_PORT`` or ``--master-port`` says otherwise.
 """
 
 from __future__ import annotations
@@ -22,8 +20,8 @@ from .spec import LaunchSpec
 
 def spec_for_step(step: SlurmStep, env: Mapping[str, str] | None = None, *, nproc: int, master_port: int | None = None,
                   launcher: str = "torchrun", max_restarts: int = 0) -> LaunchSpec:
-    """The launch of this task's share of the job: ``nproc`` workers, node rank = task index
-    (``env``, default ``os.environ``, is read by ``dtrain.world.slurm`` for the master's address and port)."""
+    """The launch of this task's share of the job: ``nproc`` workers, node rank = task index (``env``:
+    where the master's address and port are read, default ``os.environ``)."""
     env = os.environ if env is None else env
     if step.tasks_on_node > 1 and step.ntasks > 1:
         raise ConfigError(

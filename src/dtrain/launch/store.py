@@ -1,9 +1,6 @@
-"""The rendezvous store, hosted by node 0's launcher on exactly the address it was given.
-
-torch's TCPStore binds every interface when it opens its own socket; handing it a socket
-already bound to the master address (``master_listen_fd``) keeps a one-node run on loopback.
-The store is created multi-tenant, so torch's static rendezvous (same port, same process)
-reuses it instead of opening a second server.
+"""The rendezvous store, hosted by node 0's launcher on exactly the address it was given: torch's
+TCPStore binds every interface unless handed a bound socket (``master_listen_fd``). Multi-tenant,
+so torch's static rendezvous (same port, same process) reuses it.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """The launcher's side of the workers' life cycle (the workers' side is ``lifecycle``).
 
-While workers run, the launcher owns SIGINT, SIGTERM, SIGHUP and SIGUSR1 rather than torch's
-elastic agent: the agent's own handling sends the signal on and then waits its 30 s shutdown
-timeout for workers that already finished (a function worker waits for the agent to read its
-return value, which the agent no longer does once it is shutting down). Here the signal is
-forwarded to every worker and the agent keeps running, so a worker that stops (``dtrain
-train`` saves at its next log interval, a script ends on SIGINT/SIGTERM) is collected at once.
-A worker still running after the grace period is killed; a second Ctrl-C kills at once.
+The launcher owns SIGINT, SIGTERM, SIGHUP and SIGUSR1 rather than torch's elastic agent (which
+waits its 30 s shutdown timeout even for workers that finished): the signal is forwarded to every
+worker and the agent keeps running, so a worker that stops is collected at once. A worker still
+running after the grace period is killed; a second Ctrl-C kills at once.
 """
 
 from __future__ import annotations
@@ -36,12 +33,12 @@ AGENT_SIGNALS = "SIGQUIT"
 
 class Stopped(BaseException):
     """Raised in the launcher's main thread once its workers are gone after a stop signal (not an
-    ``Exception``, so torch's agent lets it through rather than logging it as a failure)."""
+    ``Exception``: torch's agent lets it through)."""
 
 
 class Supervisor:
-    """Context for one launch: the environment and private folder the workers bind to, the
-    signal handlers, and no worker left behind on the way out (whatever the way out is)."""
+    """One launch: the link and private folder the workers bind to, the signal handlers, and no
+    worker left behind on the way out."""
 
     def __init__(self, *, interrupt_main: bool = False, on_stop: Callable[[], None] | None = None) -> None:
         self.dir = ""
@@ -125,8 +122,7 @@ class Supervisor:
     # -- workers -------------------------------------------------------------------------
 
     def workers(self) -> list[int]:
-        """Live workers of this launch (they register in the launch folder; a pid is checked
-        against the folder in its environment, so a reused pid is never signalled)."""
+        """Live workers of this launch (a pid's environment must name this folder: a reused pid is never signalled)."""
         out = []
         try:
             names = os.listdir(self.dir)
