@@ -1,6 +1,5 @@
-"""The fast path on a GPU (docs/performance.md): fused optimizers, float8 where it runs,
-``--fast``'s compile, channels-last for conv nets. Pure functions of the device and the model, so
-each choice is tested on a CPU with a CUDA ``torch.device`` standing in."""
+"""The fast path on a GPU (docs/performance.md): pure functions of the device and the model, so each
+choice is tested on a CPU with a CUDA ``torch.device`` standing in."""
 
 from __future__ import annotations
 
@@ -28,15 +27,12 @@ def float8_here(device: torch.device) -> bool:
 
 
 def float8_capable(device: torch.device) -> bool:
-    """Whether ``device`` multiplies in float8: a GPU of compute capability >= 8.9 (Ada, Hopper
-    and newer: ``torch._scaled_mm``'s float8 kernels)."""
+    """Whether ``device`` multiplies in float8: a GPU of compute capability >= 8.9 (Ada, Hopper and newer)."""
     return device.type == "cuda" and torch.cuda.is_available() and torch.cuda.get_device_capability(device) >= (8, 9)
 
 
 def compile_pays(device: str | None) -> bool:
-    """Whether ``--fast`` compiles: on CUDA (the ``--device`` asked for, or the default when a GPU
-    is visible). On a CPU compiling takes minutes and does not pay reliably
-    (benchmarks/results/28-gpu-readiness.md), so ``--fast`` leaves it out there."""
+    """Whether ``--fast`` compiles: on CUDA only (on a CPU compiling takes minutes and does not pay reliably)."""
     if device is not None:
         return str(device).startswith("cuda")
     return torch.cuda.is_available()

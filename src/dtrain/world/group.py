@@ -23,8 +23,7 @@ if TYPE_CHECKING:
 
 def init_process_group(world: World, timeout_s: float = 1800.0, startup_s: float | None = None) -> bool:
     """Join the default process group described by ``world`` (no-op for one process); True when
-    this call created it. Collective. Each start-up wait is bounded by ``startup_s`` (default
-    ``timeout_s``) and ends in one LaunchError line naming who did not come."""
+    this call created it. Collective. Each start-up wait is bounded by ``startup_s`` (default ``timeout_s``)."""
     from . import reach
 
     if not world.distributed or dist.is_initialized():
@@ -36,8 +35,7 @@ def init_process_group(world: World, timeout_s: float = 1800.0, startup_s: float
                     "world_size": world.size}
     store = None
     if world.source == "torchrun" and world.agent_store:
-        # The agent's store outlives restarts: a prefix per attempt keeps a restart's workers from
-        # reading the addresses their dead predecessors published there.
+        # The agent's store outlives restarts: a prefix per attempt hides the dead predecessors' addresses.
         store = reach.connect_store(world, startup)
         kwargs["store"] = dist.PrefixStore(f"/dtrain/attempt_{world.restart_count}", store)
     elif world.source == "torchrun":
@@ -69,8 +67,7 @@ def init_process_group(world: World, timeout_s: float = 1800.0, startup_s: float
 
 
 def _first_collective(world: World, store: Any, timeout_s: float) -> None:
-    """One barrier within the start-up bound: a rank that formed the group but never reaches a
-    collective (its node lost meanwhile) is named here rather than in the first step, 30 minutes on."""
+    """One barrier within the start-up bound: a rank lost since the group formed is named here, not in the first step."""
     from . import reach
 
     try:
@@ -114,8 +111,7 @@ def versions_differ(mine: dict[str, str], theirs: dict[str, str], me: str, other
 
 def _check_same_versions(world: World) -> None:
     """Raise LaunchError on a rank whose dtrain, torch or Python version differs from rank 0's
-    (jobs started by torchrun or srun; ``dtrain run`` compares the nodes itself). Store
-    operations, no collective: a rank with another torch fails here, not in a collective."""
+    (through the store: a rank with another torch fails here, not in a collective)."""
     try:
         store = dist.PrefixStore("/dtrain/versions", dist.distributed_c10d._get_default_store())
     except Exception:  # a private torch API; without it the check is skipped
@@ -166,12 +162,10 @@ _BACKEND_THREADS = ("pt_gloo_runloop",)
 
 
 def settle_backend_threads(limit_s: float = 2.0, look_s: float = 0.005) -> None:
-    """Wait, the GIL released, until the backend's worker threads have let go of finished work.
-
-    A gloo thread drops a finished collective's tensors (taking the GIL) after ``wait()`` returned;
-    if the interpreter finalizes first, Python unwinds that thread through torch's ``noexcept``
-    code and the process aborts. So this sleeps until no such thread is runnable at two looks in a
-    row (/proc/self/task), at most ``limit_s``; a thread blocked in a collective sleeps ('S')."""
+    """Wait, the GIL released, until the backend's worker threads have let go of finished work: a
+    gloo thread drops a finished collective's tensors (taking the GIL) after ``wait()`` returned, and
+    if the interpreter finalizes first the process aborts. Sleeps until no such thread is runnable
+    at two looks in a row, at most ``limit_s``."""
     deadline, quiet = time.monotonic() + limit_s, 0
     while quiet < 2 and time.monotonic() < deadline:
         time.sleep(look_s)
@@ -203,9 +197,8 @@ _left_groups: list[Any] = []
 
 
 def destroy_process_group() -> None:
-    """Leave the default process group if one exists. The groups' Python objects are kept until
-    the interpreter ends: a last reference dropped on one of the backend's own threads (a comm
-    hook's future callback) would join that thread from itself and abort the process."""
+    """Leave the default process group if one exists. The groups' objects are kept until the end: a
+    last reference dropped on a backend thread (a comm hook's callback) would join it from itself and abort."""
     if dist.is_initialized():
         with contextlib.suppress(Exception):  # a private map; without it, nothing is kept
             _left_groups.extend(dist.distributed_c10d._world.pg_map)

@@ -1,7 +1,6 @@
-"""Which network interface the collectives' sockets use. gloo picks its address from the host
-name, which often resolves to 127.0.0.1: the other nodes would then wait until the timeout. So
-dtrain names the interface that routes to the master (loopback for a one-node run) unless the user
-set ``GLOO_SOCKET_IFNAME`` / ``NCCL_SOCKET_IFNAME``."""
+"""Which network interface the collectives' sockets use: gloo picks its address from the host name,
+which often resolves to 127.0.0.1, so dtrain names the interface that routes to the master unless
+the user set ``GLOO_SOCKET_IFNAME`` / ``NCCL_SOCKET_IFNAME``."""
 
 from __future__ import annotations
 
@@ -20,8 +19,8 @@ _SIOCGIFADDR = 0x8915
 
 
 def source_address(addr: str, port: int = 9) -> str | None:
-    """The local IP address this host would send from to reach ``addr`` (None: no route or no
-    such host). A connected UDP socket asks the kernel's routing table; nothing is sent."""
+    """The local IP address this host would send from to reach ``addr`` (None: no route or no such
+    host): a connected UDP socket asks the kernel's routing table; nothing is sent."""
     try:
         infos = socket.getaddrinfo(addr, port, type=socket.SOCK_DGRAM)
     except OSError:
@@ -84,10 +83,7 @@ def is_loopback(addr: str) -> bool:
 
 def loopback_interface() -> str | None:
     """The name of the interface that holds 127.0.0.1 (``lo`` on Linux)."""
-    for name, addresses in interface_addresses().items():
-        if "127.0.0.1" in addresses:
-            return name
-    return None
+    return interface_of("127.0.0.1")
 
 
 def socket_env(master_addr: str, environ: Mapping[str, str]) -> dict[str, str]:
@@ -95,13 +91,8 @@ def socket_env(master_addr: str, environ: Mapping[str, str]) -> dict[str, str]:
     ``master_addr`` (loopback for a loopback master); empty when none is found."""
     if all(environ.get(v) for v in VARIABLES):
         return {}
-    if is_loopback(master_addr):
-        name = loopback_interface()
-        return {v: name for v in VARIABLES if not environ.get(v)} if name else {}
-    found = route_interface(master_addr)
-    if found is None:
-        return {}
-    return {v: found[0] for v in VARIABLES if not environ.get(v)}
+    name = loopback_interface() if is_loopback(master_addr) else (route_interface(master_addr) or (None,))[0]
+    return {v: name for v in VARIABLES if not environ.get(v)} if name else {}
 
 
 def _resolves_to_loopback(addr: str) -> bool:
@@ -116,10 +107,9 @@ def _resolves_to_loopback(addr: str) -> bool:
 
 
 def user_interface_problem(master_addr: str, environ: Mapping[str, str], variables: Sequence[str] = VARIABLES) -> str | None:
-    """Why a ``*_SOCKET_IFNAME`` in ``variables`` the user set cannot carry a job whose master is
-    ``master_addr`` (None: fine): an interface this host lacks, or loopback where the master is
-    another host; otherwise a connect timeout after the rendezvous. NCCL's value is a list of
-    prefixes (``=`` exact, ``^`` excludes: not judged)."""
+    """Why a ``*_SOCKET_IFNAME`` the user set cannot carry a job whose master is ``master_addr``
+    (None: fine): an interface this host lacks, or loopback where the master is another host.
+    NCCL's value is a list of prefixes (``=`` exact, ``^`` excludes: not judged)."""
     names = [name for _, name in socket.if_nameindex()]
     loop = loopback_interface()
     between_hosts = not _resolves_to_loopback(master_addr)

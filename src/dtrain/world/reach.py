@@ -1,8 +1,6 @@
 """The address a node gives the others, and the one-line reasons a node could not be reached.
-
-torch's agent advertises ``socket.getfqdn()``, which often resolves to loopback: every node then
-connects to itself until the timeout (pytorch/pytorch#111646). dtrain hands torch the address
-that routes to the master instead, or the user's ``--local-addr``."""
+torch's agent advertises ``socket.getfqdn()``, which often resolves to loopback
+(pytorch/pytorch#111646); dtrain hands it the address that routes to the master instead."""
 
 from __future__ import annotations
 
@@ -88,8 +86,7 @@ def unreachable_cause(addr: str, *, here_is_master: bool) -> str:
 def wait_for_listener(addr: str, port: int, timeout_s: float,
                       on_wait: Callable[[float, OSError], None] | None = None) -> OSError | None:
     """Try TCP connections to ``addr:port`` until one is accepted (None) or ``timeout_s`` has passed
-    (the last try's error); ``on_wait(elapsed_s, error)`` after each failed try may raise to stop.
-    Why: torch's TCPStore client logs its own timeout with ~40 lines of C++ frames."""
+    (the last try's error; torch's client would log C++ frames); ``on_wait(elapsed_s, error)`` may raise to stop."""
     start = time.monotonic()
     while True:
         left = start + timeout_s - time.monotonic()
@@ -120,8 +117,7 @@ def refusal(error: OSError) -> str:
 # -- the workers' store and process group: each wait bounded, each failure one line ---------------
 
 def listening_socket(addr: str, port: int) -> socket.socket:
-    """A socket listening on ``addr:port`` only (port 0: a free one); raises OSError (a
-    ``socket.gaierror`` for a name that does not resolve)."""
+    """A socket listening on ``addr:port`` only (port 0: a free one); OSError where it cannot be."""
     family, _, _, _, sockaddr = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)[0]
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
@@ -152,8 +148,7 @@ def worker_store(world: Any, timeout_s: float) -> Any:
 
 
 def connect_store(world: Any, timeout_s: float) -> Any:
-    """A client of the store at ``world.master_addr:master_port``; LaunchError (one line) when it
-    cannot be reached within ``timeout_s``."""
+    """A client of the store at ``world.master_addr:master_port``; one LaunchError line after ``timeout_s``."""
     import datetime
 
     import torch.distributed as dist

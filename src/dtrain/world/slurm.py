@@ -1,9 +1,7 @@
 """The SLURM job step this process runs in, and the master address resolved through SLURM.
 
-Only a process started by ``srun`` counts as a SLURM task: a batch script also sees
-``SLURM_PROCID=0`` and ``SLURM_NTASKS``, but would wait for N-1 peers that never come. The step's
-first host hosts the rendezvous, at its ``NodeAddr`` from scontrol (node names need not resolve
-by DNS), else at its name."""
+Only a process started by ``srun`` is a SLURM task (a batch script also sees ``SLURM_PROCID=0``).
+The step's first host hosts the rendezvous, at its ``NodeAddr`` (names need not resolve by DNS)."""
 
 from __future__ import annotations
 
@@ -17,8 +15,7 @@ from dataclasses import dataclass
 from .._log import logger
 from ..errors import ConfigError
 
-#: Port used under SLURM when the job does not set MASTER_PORT: derived from the job id
-#: so that two jobs sharing a node do not collide (the same rule as Lightning's).
+#: Under SLURM without MASTER_PORT the port comes from the job id: two jobs sharing a node do not collide.
 PORT_BASE = 15000
 SCONTROL_TIMEOUT_S = 10.0
 
@@ -47,8 +44,7 @@ class SlurmStep:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> SlurmStep | None:
-        """The step this process is a task of (``env``: default ``os.environ``); None outside
-        ``srun`` (batch script, salloc shell, no SLURM)."""
+        """The step this process is a task of; None outside ``srun`` (batch script, salloc shell, no SLURM)."""
         env = os.environ if env is None else env
         if "SLURM_PROCID" not in env or not (env.get("SLURM_STEP_ID") or env.get("SLURM_STEPID")):
             return None
@@ -96,14 +92,22 @@ class SlurmStep:
             )
 
 
-def _int(env: Mapping[str, str], key: str, default: int) -> int:
+def env_int(env: Mapping[str, str], key: str, default: int | None = None) -> int:
+    """``env[key]`` as an int; ``default`` when unset (ConfigError without one, or when malformed)."""
     raw = env.get(key)
-    if raw is None or raw == "":
+    if raw is None:
+        if default is None:
+            raise ConfigError(f"environment variable {key} is not set; start the job with `dtrain run`.")
         return default
     try:
         return int(raw)
     except ValueError:
         raise ConfigError(f"environment variable {key}={raw!r} is not an integer.") from None
+
+
+def _int(env: Mapping[str, str], key: str, default: int) -> int:
+    """A SLURM variable as an int; an empty one counts as unset."""
+    return default if env.get(key) == "" else env_int(env, key, default)
 
 
 _REPEAT = re.compile(r"^(\d+)\(x(\d+)\)$")
@@ -130,7 +134,8 @@ _RANGE = re.compile(r"^(\d+)-(\d+)$")
 def expand_hostlist(spec: str) -> list[str]:
     """Expand a SLURM host list such as ``node[01-03,7],gpu5`` into host names (without scontrol)."""
     hosts: list[str] = []
-    for part in _split_top_level(spec):
+    parts = re.split(r",(?![^\[]*\])", spec)  # the commas outside brackets
+    for part in filter(None, (p.strip() for p in parts)):
         m = re.match(r"^([^\[]*)\[([^\]]+)\](.*)$", part)
         if not m:
             hosts.append(part)
@@ -147,23 +152,6 @@ def expand_hostlist(spec: str) -> list[str]:
     if not hosts:
         raise ConfigError(f"SLURM node list {spec!r} names no host.")
     return hosts
-
-
-def _split_top_level(spec: str) -> list[str]:
-    parts, depth, cur = [], 0, ""
-    for ch in spec:
-        if ch == "[":
-            depth += 1
-        elif ch == "]":
-            depth -= 1
-        if ch == "," and depth == 0:
-            parts.append(cur)
-            cur = ""
-        else:
-            cur += ch
-    if cur:
-        parts.append(cur)
-    return [p.strip() for p in parts if p.strip()]
 
 
 def scontrol(args: list[str], env: Mapping[str, str] | None = None) -> str | None:
@@ -223,8 +211,7 @@ def requeue(job_id: int, env: Mapping[str, str] | None = None) -> tuple[bool, st
     if exe is None:
         return False, "scontrol not found"
     try:
-        # Its own session: the requeue ends this job step, and with it (proctrack/pgid) our
-        # process group, possibly before scontrol has reported back.
+        # Its own session: the requeue ends this step's process group, maybe before scontrol reports back.
         r = subprocess.run([exe, "requeue", str(job_id)], capture_output=True, text=True, start_new_session=True,
                            timeout=SCONTROL_TIMEOUT_S, env=dict(env) if env is not None else None)
     except (OSError, subprocess.TimeoutExpired) as exc:

@@ -8,8 +8,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from ..errors import ConfigError
-from .slurm import SlurmStep, master_address
+from .slurm import SlurmStep, env_int, master_address
 
 Fields = dict[str, Any]
 """Some of ``World``'s fields, by name."""
@@ -39,8 +38,7 @@ class TorchrunEnv:
 
     @staticmethod
     def rank_label(env: Mapping[str, str] | None = None) -> str:
-        """``RANK`` as the launcher gave it, '?' without one: a label for a worker's files and
-        errors before (or without) a World, so it never fails."""
+        """``RANK`` as the launcher gave it, '?' without one: a label that never fails."""
         return _env(env).get("RANK", "?")
 
     @staticmethod
@@ -66,8 +64,7 @@ class TorchrunEnv:
 
 
 class SlurmTasks:
-    """One SLURM task per process: the job step gives every rank. A batch script (no step) and a
-    step of one task (``srun dtrain run``: the task is a launcher) are not this source."""
+    """One SLURM task per process (a step of one task, ``srun dtrain run``, is a launcher, not this source)."""
 
     @staticmethod
     def detect(env: Mapping[str, str]) -> Fields | None:
@@ -118,19 +115,6 @@ def detect(env: Mapping[str, str]) -> Fields:
         if fields is not None:
             return {**fields, **SlurmTasks.job(env)}
     raise AssertionError("OneProcess answers every environment")
-
-
-def env_int(env: Mapping[str, str], key: str, default: int | None = None) -> int:
-    """``env[key]`` as an int; ``default`` when unset (ConfigError without one, or when malformed)."""
-    raw = env.get(key)
-    if raw is None:
-        if default is None:
-            raise ConfigError(f"environment variable {key} is not set; start the job with `dtrain run`.")
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise ConfigError(f"environment variable {key}={raw!r} is not an integer.") from None
 
 
 def _env(env: Mapping[str, str] | None) -> Mapping[str, str]:
