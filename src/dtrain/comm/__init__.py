@@ -1,11 +1,5 @@
-"""Communication over slow links: compressed all-reduce, PowerSGD, post-local SGD, and ``auto``.
-
-    spec = CommSpec.parse("powersgd:4")          # ConfigError with one line for a bad value
-    method = attach(ddp_model, spec)             # registers the DDP comm hook; None for "none"
-    ...optimizer.step(); method.after_step(optimizer)   # the DDP strategy does this for you
-
-The methods are torch's own (DDP comm hooks, PowerSGD, PeriodicModelAverager) with their state
-kept in ``state_dict()``; see ``methods`` for what had to be worked around on gloo.
+"""Communication over slow links: compressed all-reduce, PowerSGD, post-local SGD, and ``auto``;
+torch's own methods (DDP comm hooks, PowerSGD, PeriodicModelAverager) attached to a DDP model.
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
-"""``--comm auto``: measure this link and this model during the warm-up, then pick the lightest
-method that keeps exposed communication under ~10% of a step.
-
-The warm-up is two plain all-reduce steps (the second measured), then PowerSGD at rank ``PROBE``,
-cheap on any link. The rank that arrives last waits only for the wire, so per step the minimum
-wait over ranks is the communication and the maximum of (wall - wait) the slowest rank's compute;
-one-element all-reduces give the latency. Other methods are predicted from their bytes (PowerSGD
-at other ranks scaled from the measured rank-``PROBE`` steps).
+"""``--comm auto``: measure this link and this model during the warm-up (two plain steps, then
+PowerSGD at rank ``PROBE``, cheap on any link), then pick the lightest method that keeps exposed
+communication under ~10% of a step. The rank that arrives last waits only for the wire, so the
+minimum wait over ranks is the communication; other methods are predicted from their bytes.
 """
 
 from __future__ import annotations
@@ -42,8 +38,7 @@ class LinkMeasurement:
     powersgd_numel: dict[int, int]
     """Elements PowerSGD sends per step, by rank (P, Q and the uncompressed tensors)."""
     powersgd_ms: float | None = None
-    """Communication of a PowerSGD step at rank ``PROBE`` as measured (compression included);
-    None: predicted from bytes alone."""
+    """A PowerSGD step at rank ``PROBE`` as measured (None: predicted from bytes alone)."""
 
     @property
     def bytes_per_s(self) -> float:

@@ -1,11 +1,6 @@
 """Labelled collectives: every collective dtrain issues goes through one ``Collectives``, which
 records it for the stall watchdog and, in debug mode, checks it against the other ranks first;
 mechanisms that communicate take this object, not the whole ``Context``.
-
-    coll = Collectives(world, Tracker(), debug=False)
-    coll.all_reduce(loss, op="mean")
-    with coll.labelled("pipeline step (1f1b)", inputs):
-        schedule.step(inputs)
 """
 
 from __future__ import annotations

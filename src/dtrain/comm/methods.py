@@ -15,6 +15,7 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState, _should_compress, powerSGD_hook
 from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
+from torch.utils._pytree import tree_map
 
 Future = torch.futures.Future
 
@@ -25,9 +26,8 @@ def allreduce(bucket: dist.GradBucket) -> Future:
 
 
 class AllReduce:
-    """All-reduce every step: plain (``none``: as DDP does without a hook; what ``auto`` runs when
-    it picks ``none``), or in 16 bits (``fp16``/``bf16``: torch's ``fp16_compress_hook`` /
-    ``bf16_compress_hook``): half the bytes; bf16 keeps fp32's range, fp16 keeps 3 more mantissa bits."""
+    """All-reduce every step: plain (``none``), or in 16 bits (``fp16``/``bf16``, torch's compress
+    hooks): half the bytes; bf16 keeps fp32's range, fp16 keeps 3 more mantissa bits."""
 
     def __init__(self, kind: str = "none") -> None:
         self.kind = kind
@@ -189,11 +189,7 @@ def _set_optimizer_state(optimizer: torch.optim.Optimizer, saved: dict) -> None:
 
 
 def _clone_nested(obj: Any) -> Any:
-    if torch.is_tensor(obj):
-        return obj.detach().clone()
-    if isinstance(obj, dict):
-        return {k: _clone_nested(v) for k, v in obj.items()}
-    return obj
+    return tree_map(lambda t: t.detach().clone() if torch.is_tensor(t) else t, obj)
 
 
 def _clone(tensors: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:

@@ -1,8 +1,4 @@
-"""What ``--comm`` asks for, parsed once from its string into a frozen value.
-
-    CommSpec.parse("powersgd:4")   # CommSpec(kind='powersgd', rank=4, period=16, warmup=10)
-    CommSpec.parse("localsgd")     # CommSpec(kind='localsgd', rank=2, period=16, warmup=10)
-"""
+"""What ``--comm`` asks for, parsed once from its string into a frozen value."""
 
 from __future__ import annotations
 
@@ -28,7 +24,7 @@ class CommSpec:
     """Local SGD: steps between parameter averages (``localsgd:H``)."""
     warmup: int | None = None
     """Plain all-reduce steps before compression or local steps start; None: 10. For auto, the
-    steps it measures during (default 8): 2 plain, then PowerSGD at rank 4 (see ``comm.auto``)."""
+    steps it measures during (default 8)."""
 
     def __post_init__(self) -> None:
         if self.warmup is None:
