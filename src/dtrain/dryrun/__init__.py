@@ -1,13 +1,6 @@
 """`dtrain dry-run`: check a configuration for a large world before booking it, by running one of
-its ranks for real on this machine's device, with torch's fake process group for the others.
-
-    rec = dry_run(DryRunConfig(task=TaskConfig(name="lm"), parallel=ParallelConfig(strategy="fsdp"),
-                               world_size=512, local_size=8))
-    rec["peak_mib"], rec["fits"], rec["collectives"]
-
-The rank runs `dtrain train`'s own program (``rank.run_rank``) on a model built on the meta device,
-so only its own shard is allocated; its memory and collectives are recorded (``track``) beside
-`dtrain plan`'s prediction (``report``).
+its ranks for real on this machine's device (`dtrain train`'s own program on a meta-built model,
+so only its own shard is allocated), with torch's fake process group for the others.
 """
 
 from __future__ import annotations

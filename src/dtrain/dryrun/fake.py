@@ -1,8 +1,6 @@
-"""torch's fake process group: every collective returns at once without moving data, so one rank
-of any world runs its real program alone (as torchtitan's ``--comm.mode fake_backend``:
-``FakeStore`` and ``init_process_group("fake", ...)``; torch/testing/_internal/distributed/fake_pg.py).
-The values a collective leaves are wrong (an all-gather's output is whatever its buffer held);
-shapes, memory and the calls themselves are the real ones.
+"""torch's fake process group (as torchtitan's ``--comm.mode fake_backend``): every collective returns
+at once without moving data, so one rank of any world runs its real program alone; the values are
+wrong, the shapes, memory and calls are the real ones.
 """
 
 from __future__ import annotations

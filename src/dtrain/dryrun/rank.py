@@ -1,10 +1,6 @@
-"""The program of one rank, as `dtrain train` runs it: the task's model set up for the layout
-through ``ctx.setup`` (the one apply path), a few steps of forward, backward and optimizer, with
-this rank's memory and collectives recorded (``track``).
-
-``materialize="meta"`` (the dry run) builds the model on the meta device and allocates only what
-this rank keeps (after the apply path where it shards or splits), filled with stand-in values: a
-dry run checks memory and communication, not learning. ``materialize="eager"`` builds it as
+"""The program of one rank, as `dtrain train` runs it, with its memory and collectives recorded.
+``materialize="meta"`` (the dry run) allocates only what this rank keeps, filled with stand-in
+values (a dry run checks memory and communication, not learning); ``"eager"`` builds the model as
 `dtrain train` does: the real run a dry run is compared with.
 """
 
@@ -69,9 +65,8 @@ class KeepMeta(TorchFunctionMode):
 
 @torch.no_grad()
 def stand_in_values(model: nn.Module, device: torch.device) -> None:
-    """Allocate the meta model's local shards on ``device`` and fill them (module docstring).
-    ``to_empty`` gives each module its own new tensors, which would untie a head tied to its
-    embedding (two copies, more memory than the real run): ties are restored after it."""
+    """Allocate the meta model's local shards on ``device`` and fill them; ``to_empty`` would untie
+    a head tied to its embedding (more memory than the real run), so ties are restored after it."""
     ties: dict[int, list[str]] = {}
     for name, p in model.named_parameters(remove_duplicate=False):
         ties.setdefault(id(p), []).append(name)

@@ -1,10 +1,6 @@
-"""What one rank's steps hold and send, counted the same way in a dry run and in a real run:
-
-* ``TensorMemory``: live tensor storages' bytes and their peak on a CPU, by torch's MemTracker
-  mechanism (a dispatch mode sees each new storage, a weak reference its end, and the wrapped
-  ``UntypedStorage.resize_`` FSDP2's re-allocations), without its one-iteration limit.
-* ``CollectiveLog``: each collective, by kind, mesh dimension and bytes, c10d and functional
-  ops alike (DTensor's redistributions), seen by a dispatch mode.
+"""What one rank's steps hold and send, counted the same way in a dry run and in a real run, by
+dispatch modes: live tensor storages and their peak (torch's MemTracker mechanism, without its
+one-iteration limit), and each collective by kind, mesh dimension and bytes.
 """
 
 from __future__ import annotations

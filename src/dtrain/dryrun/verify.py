@@ -1,7 +1,5 @@
-"""`dtrain plan --verify`: the plan's memory for a layout beside a dry run of that layout (rank 0 of
-the planned world, run for real on this machine's device: ``dry_run``), so a pick is checked before
-the cluster is booked. The plan's terms that are not tensors (CUDA context, a worker's interpreter)
-are added to the measured peak for ``fits``, as the plan adds them to its own.
+"""`dtrain plan --verify`: the plan's memory for a layout beside a dry run of rank 0 of it, so a pick
+is checked before the cluster is booked.
 """
 
 from __future__ import annotations
@@ -61,8 +59,7 @@ def planned(pred: Any) -> dict[str, float]:
 
 def verify(preds: list[Any], job: Job, world_size: int, procs_per_node: int, capacity: float) -> list[dict[str, Any]]:
     """Dry-run each prediction's layout; one entry each: the plan's and the dry run's peak and state,
-    the relative error of the plan's, and ``fits`` with the measured peak; or ``impossible`` (one
-    line naming the cause: the dry run's own ConfigError)."""
+    the plan's relative error and ``fits``, or ``impossible`` (the dry run's own ConfigError)."""
     from . import dry_run
 
     out = []
