@@ -22,9 +22,10 @@ from dtrain.train.listeners.batch_split import attach
 from dtrain.train.listeners.batch_split import costs as split_costs
 
 
-def _window(per_sample_ms: float, samples: int, fixed_ms: float = 1.0, steps: int = 4) -> dict:
+def _window(per_sample_ms: float, samples: int, fixed_ms: float = 1.0, steps: int = 4, *, backward_ms: float = 0.0,
+            comm_ms: float = 0.0) -> dict:
     fwd = per_sample_ms * samples / 2
-    med = {"data_wait": 0.0, "forward": fwd, "backward": fwd, "comm": 0.0, "optimizer": fixed_ms, "rest": 0.0}
+    med = {"data_wait": 0.0, "forward": fwd, "backward": fwd + backward_ms, "comm": comm_ms, "optimizer": fixed_ms, "rest": 0.0}
     med["step"] = sum(med.values())
     med["own"] = med["step"]
     return {"steps": steps, "median_ms": med, "p90_ms": dict(med)}
@@ -43,12 +44,15 @@ class FakeCtx:
         self.loader = None
         self.breakdown = SimpleNamespace(recent=lambda n: None)
         self.gathers = 0
+        self.windows = None
+        """Optional: shares -> each rank's window, for costs other than ``speeds``' straight lines."""
 
     def all_gather(self, t):
         self.gathers += 1
         step = self.loader.batch_sampler.next_step
         shares = self.loader.schedule.at(step - 1)
-        return [torch.tensor([*pack(_window(c, n)), float(step)], dtype=torch.float64) for c, n in zip(self.speeds, shares)]
+        windows = self.windows(shares) if self.windows else [_window(c, n) for c, n in zip(self.speeds, shares)]
+        return [torch.tensor([*pack(w), float(step)], dtype=torch.float64) for w in windows]
 
 
 def _setup(split="speed", world=2, batch=32, **ctx_kw):
@@ -98,6 +102,39 @@ def test_speed_split_after_warm_up_then_follows_a_drift():
     new = loader.schedule.last
     # named by the drift gate (4x apart) in the window the fake's detector is still filling
     assert new[0] < new[1] and sum(new) == 64 and listener.changes[-1]["why"].startswith("re-measured: ")
+
+
+def _bent(shares, *, slow_below=0, comm_ms=0.0):
+    """Rank 0 1 ms a sample; rank 1 20 ms + 2 ms a sample (a fixed part the first, one-point
+    measurement cannot see); with ``slow_below``, a cost the model does not know (30 ms more in
+    every rank's step, as exposed communication) whenever rank 1 has fewer samples than that."""
+    extra = comm_ms if shares[1] < slow_below else 0.0
+    return [_window(1.0, shares[0], comm_ms=extra), _window(2.0, shares[1], backward_ms=20.0, comm_ms=extra)]
+
+
+def _refined_run(**bent):
+    ctx, loader, task, listener = _setup("speed")
+    ctx.windows = lambda shares: _bent(shares, **bent)
+    run = _Run(loader, listener)
+    run.steps(5)  # measured: 32/32 -> 47/17 from step 6 (rank 1 read as 2.625 ms a sample)
+    run.steps(7)  # refined at step 12 from the line through both points: 47/17 -> 50/14 from step 13
+    assert [c["new"] for c in listener.changes] == [[47, 17], [50, 14]] and not listener.settled(12)
+    return ctx, loader, listener, run
+
+
+def test_a_refined_split_that_measures_slower_is_undone():
+    ctx, loader, listener, run = _refined_run(slow_below=16, comm_ms=30.0)  # 50/14 costs 30 ms the lines cannot see
+    run.steps(7)  # its 6 steps (13-18) read at step 19: 81 ms a step against 47/17's 55 ms
+    assert loader.schedule.last == [47, 17] and loader.schedule.entries[-1][0] == 20
+    assert listener.changes[-1]["why"] == "the refined split measured slower" and listener.settled(19)
+
+
+def test_a_refined_split_that_measures_faster_is_kept():
+    ctx, loader, listener, run = _refined_run()  # the lines were right: 51 ms a step against 55
+    gathers = ctx.gathers
+    run.steps(7)
+    assert ctx.gathers == gathers + 1 and loader.schedule.last == [50, 14] and len(listener.changes) == 2
+    assert listener.settled(19)
 
 
 def test_weighted_loss_replaces_the_tasks():

@@ -5,7 +5,9 @@ After the warm-up, every rank's step breakdown is gathered (one small all_gather
 batch split so the slowest rank's predicted time is least (``split.shares_for``), from a step no
 rank's sampler has built yet. One batch size cannot tell per-sample cost from the part that does
 not shrink with the batch, so ``REFINE_ROWS`` steps later each rank's compute is fitted as a line
-through two points (``fit_line``) and the split made again. Then every ``--straggler-window``
+through two points (``fit_line``) and the split made again; ``REFINE_ROWS`` steps after a change
+the refined split's measured step is compared with the one it replaced, and the faster kept
+(the fit is from noisy medians). Then every ``--straggler-window``
 steps a straggler detector, or a compute spread past ``split.DriftGate``, re-measures the split.
 ``--batch-split 40,24`` fixes the shares; a checkpoint keeps the schedule.
 """
@@ -35,6 +37,8 @@ REFINE_ROWS = 6
 LEAST = 2
 """Samples per micro-batch a measured split leaves every rank (where the batch has that many):
 BatchNorm in training refuses a batch of one sample at a 1x1 feature map (ResNet's last block)."""
+CONFIRM_SLACK = 0.01
+"""A refined split is kept unless its measured step is longer than the replaced split's by more than this share."""
 PER_SAMPLE = ("forward", "backward", "data_wait")
 FIXED = ("optimizer", "rest")
 
@@ -104,10 +108,13 @@ class BatchSplit(Listener):
         """The step at which the first split's figures are read for the two-point fit (pending)."""
         self.first_point: tuple[list[int], list[float]] | None = None
         """The first measurement's shares and each rank's compute ms (the line's first point)."""
+        self.confirm: tuple[int, list[int], list[int], float] | None = None
+        """A refinement to check by measurement (pending): at which step, the refined shares, the shares
+        they replaced and those shares' measured step (ms)."""
 
     def settled(self, step: int) -> bool:
         """Measured, refined, and the last change in use from the step after ``step``."""
-        return self.measured and self.refine_at is None and (not self.changes or step + 1 >= self.changes[-1]["from_step"])
+        return self.measured and self.refine_at is None and self.confirm is None and (not self.changes or step + 1 >= self.changes[-1]["from_step"])
 
     def on_start(self, state: LoopState) -> None:
         self.loader.start_step(state.step)
@@ -123,9 +130,16 @@ class BatchSplit(Listener):
         if self.refine_at is not None and state.step == self.refine_at:
             self.refine_at = None
             self._refine(state.step)
-            if self.next_check is not None and self.next_check <= state.step:  # a window shorter than the refinement's
-                self.next_check = state.step + self.window
+        elif self.confirm is not None and state.step == self.confirm[0]:
+            self._confirm(state.step)
+        else:
+            self._due_check(state)
             return
+        if self.next_check is not None and self.next_check <= state.step:  # a window shorter than the refinement's
+            self.next_check = state.step + self.window
+
+    def _due_check(self, state: LoopState) -> None:
+        """The first measurement, or a drift check, where this step is the one due."""
         if self.next_check is None or state.step != self.next_check:
             return
         first = not self.measured
@@ -204,6 +218,20 @@ class BatchSplit(Listener):
                 logger.info(f"batch split: refined with a second point at step {step}: shares stay {describe(current)} ({figures})")
             return
         self._change(step, from_step, current, new, "refined with a second point", figures)
+        before = slowest_step(per_rank)
+        if before is not None:  # the lines come from noisy medians: the new split's own steps say whether it is faster
+            self.confirm = (from_step + REFINE_ROWS, new, current, before)
+
+    def _confirm(self, step: int) -> None:
+        """The refined split's last ``REFINE_ROWS`` steps against the split it replaced: back to
+        that one where the refined split measured slower. Collective: every rank, same step."""
+        per_rank, from_step = self._gather(REFINE_ROWS)
+        (_, refined, before, before_ms), self.confirm = self.confirm, None
+        after_ms, current = slowest_step(per_rank), self.loader.schedule.at(step - 1)
+        if current != refined or after_ms is None or after_ms <= (1 + CONFIRM_SLACK) * before_ms:
+            return  # kept (or a drift check, with a window shorter than REFINE_ROWS, changed it meanwhile)
+        self._change(step, from_step, current, before, "the refined split measured slower",
+                     f"step {after_ms:.4g} ms against {before_ms:.4g} ms with {describe(before)}")
 
 
 def fit_line(n1: int, t1: float, n2: int, t2: float) -> tuple[float, float]:
@@ -216,6 +244,13 @@ def fit_line(n1: int, t1: float, n2: int, t2: float) -> tuple[float, float]:
         if slope > 0 and cut >= 0:
             return cut, slope
     return 0.0, t2 / n2
+
+
+def slowest_step(per_rank: list[dict[str, Any] | None]) -> float | None:
+    """The longest of the ranks' median step times (ms, with exposed communication): the step
+    every rank runs at; None where a rank has no figure."""
+    steps = [(w or {}).get("median_ms", {}).get("step") for w in per_rank]
+    return None if None in steps else max(steps)
 
 
 def costs(per_rank: list[dict[str, Any] | None], shares: list[int]) -> tuple[list[float], list[float]]:
