@@ -1,6 +1,5 @@
-"""Fit ``dtrain bench``'s methods to this machine before any process starts: the processes per
-method against the GPUs NCCL can use, and the methods that cannot run here, each with the reason
-the report prints (instead of a method that fails after its processes started)."""
+"""Fit ``dtrain bench``'s methods to this machine before any process starts: the processes against
+the GPUs NCCL can use, and the methods that cannot run here, each with the reason."""
 
 from __future__ import annotations
 
@@ -22,9 +21,8 @@ class Fit:
 
 
 def fit_methods(methods: list[Method], nproc: int, device: str | None, *, nproc_given: bool, gpus: int | None = None) -> Fit:
-    """The methods that run here and with how many processes. ``nproc_given``: ``-n`` was on the
-    command line (too many for the GPUs is then one error line, as in ``dtrain train``); the
-    default is sized down to the GPUs with a note. ``gpus``: the count (default: counted)."""
+    """The methods that run here and with how many processes: a given ``-n`` too large for the GPUs
+    is an error line, the default is sized down with a note. ``gpus``: default counted."""
     from ..launch import preflight
 
     gpus = preflight.cuda_device_count() if gpus is None else gpus

@@ -1,5 +1,5 @@
 """The measured loop's bookkeeping, shared by the dtrain worker and the plain reference so that
-both are timed the same way. No dtrain training code (the peak memory is ``dtrain.metrics``')."""
+both are timed the same way."""
 
 from __future__ import annotations
 
@@ -32,8 +32,7 @@ class Recorder:
     """Wall seconds of each measured repeat."""
     steps_per_repeat: int = 0
     warmup_s: float | None = None
-    """Wall seconds of the warm-up steps (compilation, autotuning, first batches): kept out of
-    every rate, reported apart."""
+    """Wall seconds of the warm-up steps: kept out of every rate, reported apart."""
     compute_only_ms: list[float] = field(default_factory=list)
     """forward+backward times (ms) of steps run without gradient communication."""
     loss_curve: list[tuple[float, float]] = field(default_factory=list)
@@ -54,8 +53,7 @@ class Recorder:
     """This rank's parameter, gradient and optimizer-state bytes after the first step."""
     mem_kind: str = "rss"
     breakdown: dict[str, Any] | None = None
-    """dtrain's own step breakdown (``dtrain.metrics.breakdown``) of the measured steps: forward,
-    backward compute and exposed communication apart (dtrain methods only)."""
+    """dtrain's own step breakdown of the measured steps (dtrain methods only)."""
     batch_split: list[dict[str, Any]] | None = None
     """``--batch-split speed``: every change of the shares (step, from step, old, new, why)."""
     threads: int = field(default_factory=torch.get_num_threads)
@@ -74,9 +72,8 @@ class Recorder:
 
     def time_repeats(self, step: Callable[[bool], None], args: Any, barrier: Callable[[], Any],
                      after_warmup: Callable[[], None] | None = None) -> None:
-        """The schedule both workers are timed by: ``args.warmup`` steps unmeasured, then
-        ``args.repeats`` repeats of ``args.steps`` measured steps, every rank starting each repeat
-        together (``barrier``), so a repeat's time is the slowest rank's."""
+        """``args.warmup`` steps unmeasured, then ``args.repeats`` repeats of ``args.steps`` measured
+        steps, every rank starting each repeat together, so a repeat's time is the slowest rank's."""
         t_warm = self.clock()
         for _ in range(args.warmup):
             step(False)

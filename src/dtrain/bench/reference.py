@@ -1,7 +1,5 @@
-"""The plain PyTorch DDP reference of ``dtrain bench``: no dtrain in the training path.
-
-Started by torchrun. Only the task (model and data) and the shared timing bookkeeping come from
-dtrain, so the reference trains the same thing and is timed the same way as every method.
+"""The plain PyTorch DDP reference of ``dtrain bench``, started by torchrun: only the task and the
+shared timing bookkeeping come from dtrain, none of the training path.
 """
 
 from __future__ import annotations

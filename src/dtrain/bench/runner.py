@@ -80,8 +80,8 @@ def command(cfg: BenchConfig, method: Method, nproc: int, folder: str) -> list[s
 
 
 def round_order(runs: list[MethodRun], rnd: int) -> list[MethodRun]:
-    """The order of round ``rnd``: as given in even rounds, reversed in odd ones, so a drift in
-    the machine's load (or a cache warming) during a round does not always favour the same methods."""
+    """As given in even rounds, reversed in odd ones, so a drift in the machine's load does not
+    always favour the same methods."""
     return list(runs) if rnd % 2 == 0 else list(reversed(runs))
 
 
@@ -126,9 +126,8 @@ _LAUNCHER = ("ChildFailedError", "SignalException")
 
 
 def _last_error(proc: subprocess.CompletedProcess) -> str:
-    """The failure's cause in one line: a worker's own ``dtrain: error:`` line, else the first
-    exception a worker raised (torchrun's ChildFailedError summary names no cause), else the
-    last line that mentions an error."""
+    """The failure's cause in one line: a worker's ``dtrain: error:`` line, else its first exception
+    (torchrun's ChildFailedError names no cause), else the last line that mentions an error."""
     lines = [ln.strip() for ln in ((proc.stderr or "") + "\n" + (proc.stdout or "")).splitlines() if ln.strip()]
     for ln in lines:
         if "dtrain: error:" in ln:

@@ -112,9 +112,8 @@ def measure(ctx: dtrain.Context, task, args) -> Recorder:
 
 
 def _batch_split(ctx: dtrain.Context, loader, task, batch: int):
-    """``--batch-split speed`` as ``dtrain train`` does it: the loader that hands each rank its
-    share of the global batch, the loss weighted so the update is the even split's, and the
-    listener that measures the ranks' speed after warm-up (and again on drift)."""
+    """``--batch-split speed`` as ``dtrain train`` does it: the split loader, the weighted loss and
+    the listener that measures the ranks' speed."""
     from dtrain.data.split import SplitSpec, weighted
     from dtrain.data.split_sampler import split_loader
     from dtrain.metrics.stragglers import StragglerConfig
