@@ -50,12 +50,10 @@ class Task:
     checkpointing, FSDP wrapping and pipeline splitting. None: the strategy's own default."""
     tp_plan: Callable[[nn.Module, int], dict[str, Any]] | None = None
     """Tensor parallelism: ``tp_plan(model, tp)`` gives ``{submodule name: ParallelStyle}`` for
-    ``torch.distributed.tensor.parallel.parallelize_module`` (lm: ``gpt_tp_plan``). None: the
-    task cannot run with ``--parallel tp=N`` (N > 1)."""
+    ``parallelize_module``. None: the task cannot run with ``--parallel tp=N`` (N > 1)."""
     load_weights: Callable[[nn.Module], None] | None = None
-    """Called on every rank with the model ``Context.setup`` returned, before training: reads
-    weights into it once the layout has split it, so each rank reads only its own shards
-    (hf:PATH's ``--init-from``). None: ``build_model`` made the starting weights."""
+    """Called on every rank with the model ``Context.setup`` returned, so each rank reads only its
+    own shards (hf:PATH's ``--init-from``). None: ``build_model`` made the starting weights."""
     optimizer: str = "sgd"
     """Default optimizer: one of ``OPTIMIZERS``."""
     lr: float = 0.01

@@ -1,6 +1,5 @@
-"""A GPT-2-style decoder (as nanoGPT's ``model.py``), an ``nn.Sequential`` of ``Embedding``,
-``Block`` x layers and ``Head`` so that a pipeline can cut it between blocks; its blocks are the
-units of FSDP wrapping and of activation checkpointing (``gpt_blocks``).
+"""A GPT-2-style decoder (as nanoGPT's ``model.py``) as an ``nn.Sequential``, so that a pipeline
+can cut it between blocks.
 """
 
 from __future__ import annotations
@@ -116,9 +115,8 @@ def gpt_blocks(model: nn.Module) -> list[nn.Module]:
 
 def gpt_tp_plan(model: nn.Module, tp: int) -> dict[str, object]:
     """Megatron-LM's split of each block with sequence parallelism between them, as torchtitan's
-    Llama plan: q, k, v and mlp.0 column-wise, the outputs row-wise and reduce-scattered along the
-    sequence; LayerNorms run on T/tp positions; the token embedding is vocabulary-parallel and the
-    head column-wise over the same rows, so a tied head stays tied (its logits gathered whole)."""
+    Llama plan; the token embedding is vocabulary-parallel and the head column-wise over the same
+    rows, so a tied head stays tied."""
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel
 

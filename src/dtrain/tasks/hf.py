@@ -1,8 +1,6 @@
-"""``--task hf:PATH``: a Hugging Face ``transformers`` causal language model from a local folder.
-
-Built from ``PATH/config.json`` with the folder's safetensors weights if any (nothing is ever
-downloaded); ``--init-from DIR`` loads another folder's weights before the layout splits the model.
-The data are the ``lm`` task's windows, tokenised by the folder's tokenizer, else byte-level.
+"""``--task hf:PATH``: a Hugging Face ``transformers`` causal language model from a local folder
+(nothing is ever downloaded), trained on the ``lm`` task's windows, tokenised by the folder's
+tokenizer, else byte-level.
 """
 
 from __future__ import annotations
@@ -15,7 +13,7 @@ from torch import nn
 
 from .._log import logger
 from ..checkpoint import hf as folder
-from ..errors import ConfigError, DataError
+from ..errors import ConfigError, DataError, first_line
 from . import Task
 from .lm import causal_lm_task, corpus_files, read_corpus
 
@@ -70,8 +68,8 @@ def make_task(path: str, data_dir: str | None = None, context: int = 0, max_byte
 
 
 def load_init(model: nn.Module) -> None:
-    """``--init-from DIR``'s weights into the set-up model (any layout), each rank reading the
-    rows and columns of its own shards only (``checkpoint.hf_shards``). Not collective."""
+    """``--init-from DIR``'s weights into the set-up model, each rank reading its own shards only.
+    Not collective."""
     from ..checkpoint import hf_shards
 
     root = hf_shards.model_module(model)
@@ -116,8 +114,7 @@ def _tokens(what: str, path: str, config: Any, data_dir: str | None, max_bytes: 
         try:
             tok = tf.AutoTokenizer.from_pretrained(path, local_files_only=True)
         except (ValueError, OSError, KeyError, TypeError) as exc:
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
-            raise ConfigError(f"{what}: the tokenizer files in {path} do not load ({first}); fix or remove them "
+            raise ConfigError(f"{what}: the tokenizer files in {path} do not load ({first_line(exc, 200)}); fix or remove them "
                               "(without them the corpus is read byte-level).") from None
         ids = tok(data.decode("utf-8", errors="replace"), add_special_tokens=False, verbose=False)["input_ids"]
     tokens = torch.tensor(ids, dtype=torch.long)

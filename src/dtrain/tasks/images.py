@@ -1,9 +1,7 @@
 """Image classification: any torchvision classification model (never pretrained weights) on an
-``ImageFolder`` layout (``DIR/train/CLASS/*``, optionally ``DIR/val/CLASS/*``) with the ImageNet
-reference transforms, or on random tensors (``source=synthetic``: compute and communication alone).
-
-Augmentation is keyed on ``(run seed, epoch, index)``, which the training sampler hands in, so a
-sample gets the same crop whichever worker reads it and a resumed run sees the same batches.
+``ImageFolder`` layout with the ImageNet reference transforms, or on random tensors
+(``source=synthetic``). Augmentation is keyed on ``(run seed, epoch, index)``, so a sample gets
+the same crop whichever worker reads it and a resumed run sees the same batches.
 """
 
 from __future__ import annotations
@@ -104,8 +102,7 @@ def _is_resnet(name: str) -> bool:
 
 
 def resnet_stages(model: nn.Module) -> list[nn.Module]:
-    """The four stages of a torchvision ResNet (``layer1``..``layer4``): the units of activation
-    checkpointing and compile, FSDP's wrapping, and where pipeline stages are cut."""
+    """The four stages of a torchvision ResNet: the units of checkpointing, compile, FSDP and stages."""
     return [model.layer1, model.layer2, model.layer3, model.layer4]
 
 
@@ -212,8 +209,7 @@ class ImageFolderSet(Dataset):
 
 
 class SyntheticImages(Dataset):
-    """``samples`` random images of ``3 x size x size`` with random labels, drawn once from a
-    fixed pool of 64 (no decoding, no augmentation): the model's cost alone."""
+    """``samples`` random images of ``3 x size x size`` with random labels from a fixed pool of 64."""
 
     in_memory = True  # nothing to decode: DataLoader workers would only add copies
 
@@ -233,7 +229,7 @@ class SyntheticImages(Dataset):
         return self.images[index % len(self.images)], self.labels[index % len(self.images)]
 
     def device_batch(self, size: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """One batch of ``size`` samples, which ``dtrain``'s loader moves to the device once and
-        hands out for every step (``DeviceLoader``): a synthetic run measures the model alone."""
+        """One batch of ``size`` samples, which ``DeviceLoader`` moves to the device once and hands
+        out for every step: a synthetic run measures the model alone."""
         index = torch.arange(size) % len(self.images)
         return self.images[index], self.labels[index]

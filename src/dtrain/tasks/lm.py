@@ -1,8 +1,6 @@
 """A byte-level GPT-style language model on the bytes of ``--data-dir`` (by default the Python
-standard library's ``*.py`` sources), capped at ``max_bytes``; its last ``val_fraction`` validates.
-
-Samples are fixed, non-overlapping windows of ``context`` tokens, so a sample is an index like any
-other data set's and the sampler's exact resume and exact-once evaluation hold unchanged.
+standard library's sources). Samples are fixed, non-overlapping windows of ``context`` tokens, so
+the sampler's exact resume and exact-once evaluation hold unchanged.
 """
 
 from __future__ import annotations
@@ -26,8 +24,7 @@ VOCAB = 256  # byte-level: every byte is a token, no tokenizer to download or tr
 class Windows(Dataset):
     """Non-overlapping windows of a token stream: sample i is (tokens[iT : iT+T], tokens[iT+1 : iT+T+1])."""
 
-    in_memory = True
-    """Slicing a tensor in memory: DataLoader workers would only add copies (no default workers)."""
+    in_memory = True  # slicing a tensor in memory: DataLoader workers would only add copies
 
     def __init__(self, tokens: torch.Tensor, context: int) -> None:
         self.tokens, self.context = tokens, context
@@ -105,8 +102,7 @@ def make_task(data_dir: str | None = None, layers: int = 4, heads: int = 4, widt
               dropout: float = 0.0, tie: bool = True, max_bytes: int = 2_000_000, val_fraction: float = 0.05,
               vocab: int = VOCAB, ffn: int = 0) -> Task:
     """``vocab`` > 256 and ``ffn`` (the MLP's hidden width; 0: 4 x width) shape the model as a
-    published one (e.g. Llama-3-8B's 128256 and a hidden width of its parameter count) for `dtrain
-    plan` and `dtrain dry-run`; tokens stay bytes, so rows above 255 are never looked up."""
+    published one for `dtrain plan` and `dtrain dry-run`; tokens stay bytes."""
     _check_sizes(layers, heads, width, context, dropout, val_fraction, max_bytes, vocab, ffn)
     root, files = corpus_files(data_dir)
     data, used = read_corpus(files, max_bytes)
