@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from ._log import note_once
-from .errors import ConfigError
+from .errors import ConfigError, first_line
 
 PRESETS = ("fp32", "bf16-mixed", "fp16-mixed")
 """The autocast presets (``float8`` is bf16-mixed with float8 linears: ``Float8Config``)."""
@@ -168,8 +168,7 @@ def check_torchao() -> None:
     try:
         import torchao.float8  # noqa: F401
     except Exception as exc:  # ImportError, or a torchao built for another torch
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ConfigError(f"float8 needs torchao's float8 training, which does not import here ({first}); "
+        raise ConfigError(f"float8 needs torchao's float8 training, which does not import here ({first_line(exc)}); "
                           "install it with: pip install 'dtrain[float8]'.") from None
     finally:
         quiet.setLevel(level)

@@ -18,7 +18,7 @@ from torch import nn
 
 from .. import _check as check
 from .._log import logger
-from ..errors import CheckpointError
+from ..errors import CheckpointError, first_line
 from . import lock
 from .sharded import SHARDED_DIR, load_sharded, save_sharded, sharded_names
 from .store import STATE_FILE, clean_leftovers, prune, set_latest, step_name, write_checkpoint
@@ -303,8 +303,7 @@ def _load_one(path: str, name: str, obj: Any, sd: Any) -> None:
     try:
         target.load_state_dict(sd)
     except (RuntimeError, ValueError, KeyError) as exc:
-        first = str(exc).strip().splitlines()[0]
-        raise CheckpointError(f"checkpoint {path} does not fit this {name}: {first}.") from None
+        raise CheckpointError(f"checkpoint {path} does not fit this {name}: {first_line(exc)}.") from None
 
 
 def _few(items: list[str], n: int = 4) -> str:
