@@ -7,10 +7,11 @@ The bed's hosts are network namespaces of one machine: every host's processes sh
 broadcasts between hosts run two trees at a time (``queued_broadcasts``), as measured by
 benchmarks/zero1_broadcasts.py. Its shaper (tbf) passes a short transfer faster than a long one
 (``SizedFigure``: each measured size at its own rate, and below the smallest the bucket's burst at
-once), and queues a host's acknowledgements behind the data it sends, so the two directions of a
+once; ``refilled_chain``: PowerSGD's three all-reduces one after another, the bucket refilling between
+them), and queues a host's acknowledgements behind the data it sends, so the two directions of a
 link take turns (``bed_makespan``: a pipeline's hand-offs that cross); `python3 benchmarks/plan_bed.py
-plan ...` is `dtrain plan` with measured links read that way and the pipeline's crossing hand-offs
-taking turns (plan_validation.py runs it).
+plan ...` is `dtrain plan` with measured links read that way, PowerSGD's chain through the bucket and
+the pipeline's crossing hand-offs taking turns (plan_validation.py runs it).
 """
 
 from __future__ import annotations
@@ -95,6 +96,49 @@ def sized_fit(kind: str, seconds: dict[int, float], n: int, backend: str = "gloo
     by_size = tuple((b, volume(n) * b / (seconds[b] - steps(n) * f.lat)) for b in sorted(seconds)[1:]
                     if seconds[b] > 1.05 * steps(n) * f.lat)
     return SizedFigure(f.lat, f.bw, by_size, max(16 * 1024, 0.002 * f.bw) if by_size else 0.0)
+
+
+def powersgd_calls(prof, rank: int) -> list[float]:  # noqa: ANN001
+    """Elements of PowerSGD's three all-reduces in torch's order: the uncompressed rest, P (rows x rank
+    of each matrix it compresses), Q (columns x rank); ``steps.powersgd_elements`` is their sum."""
+    packed = [(m, n) for m, n in prof.matrices if m * n >= 2 * rank * (m + n)]
+    rest = prof.params - sum(m * n for m, n in packed)
+    return [rest, sum(rank * m for m, _ in packed), sum(rank * n for _, n in packed)]
+
+
+def refilled_chain(sizes: Sequence[float], group: Group, c: Cluster) -> float:
+    """Seconds for all-reduces of ``sizes`` bytes issued one after another on the bed, its shaper's bucket
+    (``SizedFigure.burst``) full at the first (the link idled through backward) and refilled at the link's
+    rate while each call's latency passes; the bytes beyond what it holds at the smallest measured size's
+    rate. (``costs.allreduce`` of their sum counts the burst once: lm-20m's 31.7 KB took 6.8 ms of bytes in
+    the plan; the bed passed P's 13.8 KB in about its latency and only part of Q's at the rate,
+    benchmarks/plan_comm_parts.py.) Where the group is inside one host, or the link has no burst:
+    ``costs.allreduce`` of each."""
+    f = c.figure("all_reduce", group.nodes > 1, group.sharing)
+    burst, n = getattr(f, "burst", 0.0), group.size
+    if group.nodes <= 1 or n <= 1 or burst <= 0 or group.per_node > 1:
+        return sum(costs.allreduce(b, group, c) for b in sizes)
+    steps, volume = shape("all_reduce", c.backend)
+    rate = f.by_size[0][1] if f.by_size else f.bw
+    tokens, total = burst, 0.0
+    for b in sizes:
+        lat = steps(n) * f.lat
+        tokens = min(burst, tokens + rate * lat)
+        used = min(tokens, volume(n) * b)
+        tokens -= used
+        total += lat + (volume(n) * b - used) / rate
+    return total
+
+
+def bed_comm_cost(prof, c: Cluster, layout, s, bwd_window: float, nbytes: float, group: Group,  # noqa: ANN001
+                  _real=steps.comm_cost) -> tuple[float, float, str | None]:
+    """``steps.comm_cost`` with PowerSGD's three all-reduces played through the bed's bucket (``refilled_chain``)."""
+    wire, exposed, note = _real(prof, c, layout, s, bwd_window, nbytes, group)
+    if not layout.comm.startswith("powersgd"):
+        return wire, exposed, note
+    rank = int(layout.comm.partition(":")[2] or 2)
+    chain = refilled_chain([4 * e / layout.dims.tp for e in powersgd_calls(prof, rank)], group, c)
+    return chain, chain, note
 
 
 CROSSED = 1.0
@@ -255,5 +299,6 @@ if __name__ == "__main__":  # `dtrain plan` with the bed's measured links read s
 
     from dtrain.cli import main
 
-    with mock.patch.object(costs, "fit", sized_fit), mock.patch.object(steps, "makespan", bed_makespan):
+    with mock.patch.object(costs, "fit", sized_fit), mock.patch.object(steps, "makespan", bed_makespan), \
+            mock.patch.object(steps, "comm_cost", bed_comm_cost):
         sys.exit(main(sys.argv[1:]))

@@ -177,8 +177,11 @@ def small_all_reduces(calls: int = 45, gap_s: float = 0.02) -> dict:
         dist.all_reduce(t)
         gap.append(t1 - t0)
         chained.append((time.perf_counter() - t1) / 2)
-    return {k: round(expected_time(v) * 1e3, 3) for k, v in (("after_barrier_ms", barrier), ("after_gap_ms", gap),
-                                                              ("chained_ms", chained))}
+    def spread(v: list[float]) -> list[float]:  # p10, p50, p90 (ms)
+        v = sorted(v)
+        return [round(v[int(q * (len(v) - 1))] * 1e3, 3) for q in (0.1, 0.5, 0.9)]
+    named = (("after_barrier", barrier), ("after_gap", gap), ("chained", chained))
+    return {**{f"{k}_ms": round(expected_time(v) * 1e3, 3) for k, v in named}, **{f"{k}_p10_p50_p90": spread(v) for k, v in named}}
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -200,6 +203,10 @@ def worker(args: argparse.Namespace) -> None:
     task = load_task(args.task, data_dir=None, options=dict(a.split("=", 1) for a in task_args))
     x, y = sample_batch(task, batch)
     out: dict = {"task": args.task, "world": world}
+    if args.small_only:
+        print(json.dumps({**out, "small": small_all_reduces(args.steps)}) if args.rank == 0 else "", flush=True)
+        dist.destroy_process_group()
+        return
     for comm in ("powersgd:2", "localsgd:16", "none"):
         out[comm] = one_method(comm, task, x, y, args.steps)
     if world > 1:
@@ -228,6 +235,7 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=42)
     p.add_argument("--rate", type=float, default=None, help="Mbit/s of each host's link (default: the group's, 20 or 100)")
     p.add_argument("--out", default=None, help="append each result as a JSON line here")
+    p.add_argument("--small-only", action="store_true", help="only the 64-byte all-reduce, --steps times each way")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--single", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
@@ -244,9 +252,11 @@ def main() -> int:
     env = {**os.environ, "PYTHONPATH": SRC}
     for task in (sorted(TASKS) if args.task == "both" else [args.task]):
         base = [sys.executable, os.path.abspath(__file__), "--worker", "--task", task, "--steps", str(args.steps)]
+        base += ["--small-only"] if args.small_only else []
         lines = []
-        single = subprocess.run([*base, "--single", "--port", "29719"], capture_output=True, text=True, env=env, timeout=600)
-        lines.append(single.stdout.strip() or json.dumps({"error": single.stderr[-2000:]}))
+        if not args.small_only:
+            single = subprocess.run([*base, "--single", "--port", "29719"], capture_output=True, text=True, env=env, timeout=600)
+            lines.append(single.stdout.strip() or json.dumps({"error": single.stderr[-2000:]}))
         rate = args.rate or TASKS[task][2]
         with NetBed(hosts=2, rate_mbit=rate) as bed:
             outs = bed.run_nodes(lambda r, master: [*base, "--rank", str(r), "--master", master], timeout=600, env=env)

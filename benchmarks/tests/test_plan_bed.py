@@ -83,3 +83,36 @@ def test_on_the_bed_a_pipelines_crossing_hand_offs_take_turns():
     plan, on_bed = steps.makespan(2, 4, 1.0, 1.0, 10.0), bed.bed_makespan(2, 4, 1.0, 1.0, 10.0)
     assert on_bed - plan == pytest.approx(3 * 10.0)
     assert steps.makespan(2, 4, 1.0, 1.0, 10.0) == plan  # the plan's own schedule is left as it was
+
+
+def test_powersgds_all_reduces_one_after_another_draw_on_the_shapers_bucket_refilled_between_them():
+    """tbf's bucket refills at the link's rate while each all-reduce's latency passes: on the bed P's 13.8 KB
+    crossed in about its latency after the first call (benchmarks/plan_comm_parts.py); the plan's one
+    all-reduce of their 31.7 KB took the burst once and the rest at the rate."""
+    from dtrain.plan import cluster
+    from dtrain.plan.costs import Group, Links
+
+    f = bed.sized_fit("all_reduce", SECONDS, 2)
+    links = Links(between="nodes", ranks=2, backend="gloo", figures={"all_reduce": f})
+    c = cluster.with_links(cluster.build({"device": "cpu", "nodes": 2}), {"inter": links})
+    g, lm = Group(2, 1), [7168, 13824, 10752]  # lm-20m's uncompressed rest, P, Q (bytes)
+    rate, lat = f.by_size[0][1], 2 * f.lat
+    assert bed.refilled_chain(lm, g, c) == pytest.approx(3 * lat)  # each call's bytes within what the bucket holds
+    one = costs.allreduce(sum(lm), g, c) + 2 * costs.allreduce(4, g, c)  # the plan's pricing on the bed's links
+    assert one == pytest.approx(3 * lat + (sum(lm) - f.burst) / rate, rel=1e-2)  # 20.7 ms where the chain takes 14.0
+    # a larger last call: the bucket holds what was left plus a latency's refill, the rest at the rate
+    left = min(f.burst, f.burst - 7168 + rate * lat) - 13824 + rate * lat
+    assert bed.refilled_chain([7168, 13824, 40000], g, c) == pytest.approx(3 * lat + (40000 - left) / rate)
+    plain = cluster.with_links(c, {"inter": Links(between="nodes", ranks=2, backend="gloo",
+                                                  figures={"all_reduce": costs.fit("all_reduce", SECONDS, 2)})})
+    assert bed.refilled_chain(lm, g, plain) == pytest.approx(sum(costs.allreduce(b, g, plain) for b in lm))  # no bucket
+
+
+def test_the_bed_plan_prices_powersgd_call_by_call():
+    from dtrain.plan.profile import ModelProfile
+
+    prof = ModelProfile(name="m", params=10_000, fwd_flops=1.0, act_bytes=1.0, matrices=((64, 100), (4, 4)))
+    assert bed.powersgd_calls(prof, 2) == [10_000 - 6400, 2 * 64, 2 * 100]  # the 4 x 4 stays whole (16 < 2 x 2 x 8)
+    from dtrain.plan.steps import powersgd_elements
+
+    assert sum(bed.powersgd_calls(prof, 2)) == powersgd_elements(prof, 2)

@@ -62,8 +62,7 @@ def make_plan(prof: ModelProfile, cluster: Cluster, settings: Settings, *, layou
               comms: tuple[str, ...] = COMMS, tp_ok: bool = True, pp_ok: bool = True) -> Plan:
     """Predict every candidate layout (or ``layouts``) and rank them."""
     layouts = _layouts(prof, cluster, comms, tp_ok, pp_ok) if layouts is None else layouts
-    preds = [predict(prof, cluster, lay, settings) for lay in layouts]
-    preds.sort(key=lambda p: (not p.fits, -p.samples_per_s))
+    preds = sorted((predict(prof, cluster, lay, settings) for lay in layouts), key=lambda p: (not p.fits, -p.samples_per_s))
     return Plan(preds, cluster, prof, settings)
 
 
@@ -91,10 +90,9 @@ def plan_task(task: Any, cluster: Cluster, *, batch: int, precision: str = "fp32
     elif cluster.device.profiled:  # this machine's GPU: its step timed, its achieved fraction of the peak kept
         prof = add_timing(prof, task, batch=batch, optimizer=optimizer, threads=threads, device="cuda",
                           checkpointed=activation_checkpointing)
-        dev, achieved = cluster.device, prof.achieved_flops or 0.0
-        peak = dev.flops(precision)
-        dev = replace(dev, achieved=min(1.0, achieved / peak)) if peak else replace(dev, peak_flops=dict.fromkeys(dev.peak_flops, achieved))
-        cluster = replace(cluster, device=dev)
+        dev, achieved, peak = cluster.device, prof.achieved_flops or 0.0, cluster.device.flops(precision)
+        cluster = replace(cluster, device=replace(dev, achieved=min(1.0, achieved / peak)) if peak
+                          else replace(dev, peak_flops=dict.fromkeys(dev.peak_flops, achieved)))
     settings = Settings(batch=batch, precision=precision, optimizer=optimizer, grad_accum=grad_accum,
                         activation_checkpointing=activation_checkpointing, microbatches=microbatches, schedule=schedule,
                         threads_per_proc=threads, log_every=log_every, param_comm_bytes=fsdp_param_bytes(precision),

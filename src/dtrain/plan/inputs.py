@@ -96,11 +96,10 @@ def cluster_settings(raw: dict[Any, Any], where: str | None = None) -> dict[str,
     out = {}
     for key, value in raw.items():
         b = SETTINGS[key]
-        if where is None:
-            if value is not None:
-                out[key] = check(b, value, b.flag or key, f"e.g. {b.flag} {b.example.strip(chr(34))}", flag=True)
-        else:
+        if where is not None:
             out[key] = check(b, value, f'{where}: "{key}"', f'e.g. "{key}": {b.example}')
+        elif value is not None:
+            out[key] = check(b, value, b.flag or key, f"e.g. {b.flag} {b.example.strip(chr(34))}", flag=True)
     return out
 
 
@@ -149,8 +148,7 @@ def parse(what: str, text: str, fix: str, *, yaml: bool = False) -> Any:
         try:
             return pyyaml.safe_load(text)
         except pyyaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f"line {mark.line + 1}: " if mark is not None else ""
+            where = f"line {exc.problem_mark.line + 1}: " if getattr(exc, "problem_mark", None) is not None else ""
             problem = str(getattr(exc, "problem", None) or type(exc).__name__).replace("\n", " ")
             raise ConfigError(f"{what} is not valid YAML ({where}{problem}); {fix}.") from None
         except (RecursionError, ValueError, TypeError) as exc:
