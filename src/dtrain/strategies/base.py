@@ -45,24 +45,20 @@ class Capabilities:
 
 
 class Strategy(abc.ABC):
-    """How a model and its optimizer are spread over ranks: the contract every strategy meets.
-
-    A strategy declares ``name``, ``capabilities`` and ``layout`` (a ``ParallelDims`` preset) and
-    supplies its pieces of the one apply path (``replicate``, ``fsdp``, ``pipeline``, ``tp_plan``);
-    every other hook defaults to a strategy without that feature. Callers use the hooks and
-    ``capabilities`` only, never ``getattr`` or the name; shared steps are plain functions.
-    """
+    """How a model and its optimizer are spread over ranks: the contract every strategy meets. A
+    strategy declares ``name``, ``capabilities`` and ``layout`` (a ``ParallelDims`` preset) and
+    supplies its pieces of the one apply path; every other hook defaults to a strategy without
+    that feature."""
 
     name: str = ""
     """Declared on the class (a layout's strategy is named by its instance: ``fsdp``, ``composed``, ...)."""
     capabilities: Capabilities = Capabilities()
-    """Declared on the class; a strategy whose answers depend on how it was built sets its own
-    in ``__init__`` (a ``--parallel`` layout: what each of its dimensions declares)."""
+    """Declared on the class, or in ``__init__`` where the answers depend on how it was built."""
     pipeline: PipelineConfig | None = None
     """Cut the model into the layout's pipeline stages with these settings (None: no stages)."""
     fsdp: FSDPConfig | None = None
     """How to shard the model over the layout's ``dp_shard`` ranks (None: FSDPConfig's defaults
-    where the layout has ``dp_shard`` > 1, else ``replicate``)."""
+    where ``dp_shard`` > 1)."""
     hybrid: bool = False
     """Shard within groups and replicate across them (HSDP), even where the layout has one group."""
     tp_plan: Callable[[nn.Module, int], dict] | None = None
@@ -72,18 +68,17 @@ class Strategy(abc.ABC):
 
     # -- the layout and the apply path -------------------------------------------------------------
     def layout(self, world: World) -> ParallelDims:
-        """How this strategy splits ``world``'s ranks (its preset). By default every rank is a
-        replica: ``dp_replicate`` = the world size, replicated by ``replicate``."""
+        """How this strategy splits ``world``'s ranks (its preset); by default every rank is a replica."""
         return ParallelDims(dp_replicate=world.size)
 
     def setup_model(self, model: nn.Module, world: World, blocks: list[nn.Module] | None = None) -> nn.Module:
-        """``model`` on the world's device, parallelised for this layout through the one apply path
-        (``blocks``: fsdp units, pipeline cut points). Collective: call on every rank."""
+        """``model`` parallelised for this layout through the one apply path (``blocks``: fsdp
+        units, pipeline cut points). Collective: call on every rank."""
         return parallelize(model, self, world, blocks=blocks or ())
 
     def replicate(self, model: nn.Module, world: World, place: Placement) -> nn.Module:
         """This strategy's way of replicating ``model`` over ``dp_replicate`` where it does not shard
-        (default: the model on the device). Collective where it communicates: call on every rank."""
+        (default: the model on the device). Collective where it communicates."""
         return model.to(world.device)
 
     def placed(self, place: Placement) -> None:
@@ -149,15 +144,14 @@ class Strategy(abc.ABC):
         return {}
 
     def comm_payload_bytes(self, model: nn.Module) -> int | None:
-        """Bytes handed to collectives per step, for ``dtrain bench`` (default: one all-reduce of
-        the trainable gradients; None: unknown)."""
+        """Bytes handed to collectives per step (default: one all-reduce of the trainable gradients;
+        None: unknown)."""
         return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
 
 
 class ForwardingOptimizer(torch.optim.Optimizer):
     """An optimizer that wraps another and forwards its state (``isinstance`` checks and LR
-    schedulers keep working). Subclasses override ``step``; ``zero_grad`` forwards (torch's own
-    would patch the wrapper's class as if it were a torch optimizer, and its next step fails)."""
+    schedulers keep working); ``zero_grad`` forwards, as torch's own would patch the wrapper's class."""
 
     def __init__(self, optimizer: torch.optim.Optimizer) -> None:
         # Deliberately no super().__init__: the wrapped optimizer owns the state.

@@ -1,6 +1,5 @@
-"""A layout as given (``--parallel dp_shard=2,tp=2``): the named presets' ``LayoutStrategy``, each
-dimension run its usual way, so a layout of one way is the named strategy itself (``dp_shard=N``
-is fsdp, ``pp=N`` pipeline, ``dp_replicate=N`` ddp).
+"""A layout as given (``--parallel dp_shard=2,tp=2``), each dimension run its usual way, so a layout
+of one way is the named strategy itself.
 """
 
 from __future__ import annotations

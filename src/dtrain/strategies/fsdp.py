@@ -1,8 +1,5 @@
-"""Fully sharded data parallel with torch's ``fully_shard`` (FSDP2; ZeRO stage 3).
-
-``fsdp`` is the layout ``dp_shard`` = every process; ``hsdp`` the layout ``dp_replicate x dp_shard``:
-sharded over the ranks of a node (or ``shard_size`` ranks), replicated across them. Both go
-through the one apply path (``dtrain.parallel.apply.apply_fsdp``).
+"""Fully sharded data parallel with torch's ``fully_shard`` (FSDP2; ZeRO stage 3): ``fsdp`` shards
+over every process, ``hsdp`` over the ranks of a node (or ``shard_size``), replicated across them.
 """
 
 from __future__ import annotations

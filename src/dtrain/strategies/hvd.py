@@ -56,8 +56,7 @@ class HvdConfig:
 
 def plan(params: list[nn.Parameter], first: int, cap: int) -> list[list[nn.Parameter]]:
     """Fixed buckets of ``params`` in reverse order (backward produces the last layers' gradients
-    first), one dtype and device each, up to ``cap`` bytes (the first up to ``first``, so that
-    communication starts early), as DDP plans its buckets."""
+    first), one dtype and device each, up to ``cap`` bytes (the first up to ``first``), as DDP's."""
     out: list[list[nn.Parameter]] = []
     size = 0
     for p in reversed(params):
@@ -239,7 +238,7 @@ class GradientAllReduceOptimizer(ForwardingOptimizer):
 
 def match_names(named: list[tuple[str, nn.Parameter]], params: list[nn.Parameter]) -> tuple[dict[nn.Parameter, str], list[str], int]:
     """{parameter: name}, the names given twice, and how many of ``params`` have none (each caller
-    raises its own error: this strategy a ConfigError, ``dtrain.compat.horovod`` Horovod's ValueError)."""
+    raises its own error)."""
     names = [n for n, _ in named]
     dupes = sorted({n for n in names if names.count(n) > 1})
     by_param = {p: n for n, p in named}

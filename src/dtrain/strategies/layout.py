@@ -1,9 +1,6 @@
 """A layout run with each dimension's usual way: the strategy behind ``ddp``, ``fsdp``, ``hsdp``,
-``pipeline`` (each a ``ParallelDims`` preset of the world) and every ``--parallel`` layout.
-
-The apply path does the layout's steps; what stays here comes after: replication (DDP with
-``--comm``, or FSDP2's ``replicate`` under TP or stages), the staged step and evaluation, clipping
-over every piece. Capabilities are declared per way; a layout declares those of the ways it uses.
+``pipeline`` and every ``--parallel`` layout. What the apply path leaves is here: replication, the
+staged step and evaluation, clipping over every piece.
 """
 
 from __future__ import annotations
@@ -76,9 +73,8 @@ class LayoutStrategy(Strategy):
         return self._preset(world)
 
     def replicate(self, model: nn.Module, world: World, place: Placement) -> nn.Module:
-        """DDP over the replicas (with ``--comm``); FSDP2's ``replicate`` where TP or pipeline
-        stages left DTensors or stages (DDP takes no DTensor parameters; ``PipelineStage`` drives
-        FSDP2's gradient sync); one replica: the model on the device."""
+        """DDP over the replicas (with ``--comm``); FSDP2's ``replicate`` where TP or stages left
+        DTensors or stages (DDP takes no DTensor parameters); one replica: the model on the device."""
         if self._ddp is not None:
             return self._ddp.wrap(model, world, place.group("dp_replicate"))
         if place.dims.dp_replicate > 1:
@@ -120,10 +116,8 @@ class LayoutStrategy(Strategy):
         return out if self.placement is None or self.placement.scores else None
 
     def clip_grad_norm_(self, parameters: Iterable[nn.Parameter], max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
-        """The norm over every rank's pieces: torch's where the parameters are plain or DTensors of
-        one mesh; each stage's norm combined over the stages for a pipeline alone; over every
-        dimension's pieces in one all-reduce for a mix (TP, or stages sharded or replicated).
-        Collective: call on every rank."""
+        """The norm over every rank's pieces (torch's where the parameters are plain or DTensors of
+        one mesh). Collective: call on every rank."""
         place = self.placement
         dims = place.dims if place is not None else ParallelDims()
         if dims.tp > 1 or (dims.pp > 1 and dims.dp > 1):
@@ -149,9 +143,8 @@ class LayoutStrategy(Strategy):
             self._ddp.load_state_dict(state)
 
     def comm_payload_bytes(self, model: nn.Module) -> int | None:
-        """Per step: None with TP or stages (activations depend on the batch); FSDP over every rank:
-        the parameters all-gathered (twice when resharded after forward) in the policy's dtype and
-        the gradients reduce-scattered in its reduce dtype; else as ``--comm`` sends them."""
+        """Per step: None with TP or stages (activations depend on the batch); FSDP: the parameters
+        all-gathered (twice when resharded after forward) and the gradients reduce-scattered."""
         dims = self.placement.dims if self.placement is not None else ParallelDims()
         if self.pipeline is not None or dims.tp > 1 or dims.pp > 1:
             return None

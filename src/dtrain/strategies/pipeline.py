@@ -1,7 +1,5 @@
-"""Pipeline model parallelism with ``torch.distributed.pipelining`` (GPipe or 1F1B schedules):
-the layout ``pp`` = every process, an ``nn.Sequential`` cut into one stage per rank. All ranks see
-the same batch, and the step goes through ``ctx.forward_backward`` (``model(x)`` would run one
-stage); the last stage's loss is broadcast to every rank.
+"""Pipeline model parallelism with ``torch.distributed.pipelining``: an ``nn.Sequential`` cut into one
+stage per rank; the step goes through ``ctx.forward_backward`` (``model(x)`` would run one stage).
 """
 
 from __future__ import annotations
