@@ -23,7 +23,7 @@ from ..diag.watchdog import STALL_EXIT
 from ..errors import DtrainError, LaunchError
 from ..options import handed_over, launch_link
 from ..world import use_route_interface
-from ..world.reach import advertised_address, listening_socket
+from ..world.reach import advertised_address
 from . import membership
 from .lifecycle import run_worker
 from .local import worker_env
@@ -256,10 +256,15 @@ def _rdzv_options(spec: LaunchSpec, port: int) -> dict[str, Any]:
 
 
 def _can_bind(addr: str, port: int) -> bool:
-    """Whether this node can listen on ``addr:port``: it is the endpoint's node and nobody hosts yet
-    (as the store's own bind: a previous job's connections in TIME_WAIT do not count)."""
+    """Whether this node can listen on ``addr:port``: it is the endpoint's node and nobody hosts yet."""
+    import socket
+
     try:
-        listening_socket(addr, port).close()
+        with socket.socket(socket.AF_INET6 if ":" in addr else socket.AF_INET, socket.SOCK_STREAM) as sock:
+            # Bound, never listening (another node's connect must not land here); as the store's own
+            # bind, a previous job's connections in TIME_WAIT do not count, a live listener does.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((addr, port))
         return True
     except OSError:
         return False
