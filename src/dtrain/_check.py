@@ -63,14 +63,12 @@ def seconds(what: str, value: Any) -> float:
 
 
 MIN_STARTUP_S = 1.0
-"""The smallest start-up bound. torch counts its store's timeouts in whole milliseconds and the
-rendezvous' in whole seconds: a bound below a second ended waits before any connection could be
-made (``--startup-timeout 1e-9``: a 0 ms store timeout, logged with ~40 lines of C++ frames)."""
+"""The smallest start-up bound: torch counts the rendezvous' timeouts in whole seconds, so a bound
+below a second ends waits before any connection could be made."""
 
 
 def startup_seconds(what: str, value: Any) -> float:
-    """A start-up bound (``--startup-timeout``, ``--rdzv-timeout``, DTRAIN_STARTUP_TIMEOUT):
-    finite, at least ``MIN_STARTUP_S`` seconds."""
+    """A start-up bound (``--startup-timeout``, ``--rdzv-timeout``): finite, at least ``MIN_STARTUP_S``."""
     instance(what, value, (int, float), "give a number of seconds")
     if not (math.isfinite(value) and value >= MIN_STARTUP_S):
         raise ConfigError(f"{what} must be a finite number of seconds >= {MIN_STARTUP_S:g}, got {value:g}; give the seconds "
@@ -79,8 +77,7 @@ def startup_seconds(what: str, value: Any) -> float:
 
 
 def output_file(what: str, path: str) -> str:
-    """A file dtrain will write (creating its folders): not a folder, not under a file, in a
-    place this user may write. Checked before any work starts."""
+    """A file dtrain will write (creating its folders): not a folder, not under a file, writable."""
     if not isinstance(path, str) or not path:
         raise ConfigError(f"{what} needs a file path, got {path!r}.")
     if os.path.isdir(path):
@@ -102,9 +99,7 @@ def output_dir(what: str, path: str) -> str:
 
 
 def _creatable(what: str, path: str, folder: str) -> None:
-    """The nearest existing ancestor of ``folder`` is a folder this process can create files in
-    (so ``folder`` can be made): tried by creating and removing a file there, since ``os.access``
-    says yes to root for /proc and for a read-only mount."""
+    """The nearest existing ancestor of ``folder`` is a folder this process can create files in."""
     probe = folder
     while not os.path.exists(probe):
         parent = os.path.dirname(probe)
@@ -119,7 +114,8 @@ def _creatable(what: str, path: str, folder: str) -> None:
 
 
 def write_probe(folder: str) -> str | None:
-    """Why no file can be created in the existing ``folder`` (None: one can)."""
+    """Why no file can be created in the existing ``folder`` (None: one can); tried by creating one,
+    since ``os.access`` says yes to root for /proc and for a read-only mount."""
     import tempfile
 
     if not os.access(folder, os.W_OK | os.X_OK):
@@ -135,8 +131,8 @@ def write_probe(folder: str) -> str | None:
 
 
 def make_dir(what: str, folder: str, flag: str, error: type[Exception] = ConfigError) -> str:
-    """Create the folder ``flag`` names (``what``: how errors name it) and check that files can
-    be created in it: one line now, before any work, rather than a traceback after training started."""
+    """Create the folder ``flag`` names (``what``: how errors name it) and check that files can be
+    created in it: one line now rather than a traceback after training started."""
     if not isinstance(folder, str) or not folder:
         raise error(f"{flag} needs a folder path, got {folder!r}.")
     if os.path.exists(folder) and not os.path.isdir(folder):
@@ -155,8 +151,7 @@ _HOST = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9](
 
 
 def host(what: str, addr: str) -> str:
-    """A host name or IP address that resolves, checked at once (a bad one otherwise fails only
-    after the rendezvous timeout, with C++ frames)."""
+    """A host name or IP address that resolves (a bad one otherwise fails after the rendezvous timeout)."""
     if not isinstance(addr, str) or not addr.strip():
         raise ConfigError(f"{what} is empty; give the address of node 0 (e.g. 10.0.0.1 or node001).")
     bare = addr[1:-1] if addr.startswith("[") and addr.endswith("]") else addr

@@ -45,8 +45,7 @@ class DoctorConfig:
     """Run the all-reduce probe (starts 2 local processes, or one per node)."""
     timeout_s: float = 30.0
     links_out: str | None = None
-    """Also time every collective a layout issues at a few sizes and write them here (JSON, for
-    ``dtrain plan --links``); node 0 writes it."""
+    """Also time every collective at a few sizes and write them here (JSON, for ``dtrain plan --links``; node 0)."""
 
 
 def check_torch() -> Check:
@@ -115,9 +114,7 @@ def check_network(cfg: DoctorConfig) -> Check:
             return Check("network", "FAIL", detail + f"; master {addr} is a loopback address",
                          "use node 0's address on the network the nodes share (not 127.0.0.1) for --master-addr")
     if host_ip.startswith("127.") and _has_network_address():
-        # The condition of issue 29 / pytorch#111646: a launcher that advertises the host name
-        # (plain torchrun's elastic agent, gloo without GLOO_SOCKET_IFNAME) tells the other nodes
-        # to connect to their own loopback, and they wait until the timeout.
+        # pytorch#111646: a launcher that advertises the host name tells the other nodes to connect to their own loopback.
         where = f"{local}" if not local.startswith("127.") else "this node's network address"
         return Check("network", "WARN" if cfg.nnodes > 1 or cfg.master_addr is None else "PASS", detail,
                      f"the host name resolves to loopback: a multi-node job that advertises host names (plain torchrun, "
@@ -167,9 +164,7 @@ def check_rendezvous(cfg: DoctorConfig) -> tuple[Check, dist.Store | None, bool]
     mine = {"nnodes": cfg.nnodes, "probe": cfg.probe}
     probes = True
     try:
-        if cfg.node_rank == 0:
-            # Bound to the master address only (TCPStore alone listens on every interface,
-            # IPv4 and IPv6): loopback on one node.
+        if cfg.node_rank == 0:  # bound to the master address only (TCPStore alone listens on every interface)
             store, _ = host_store(addr, cfg.master_port or 0, timeout_s=cfg.timeout_s)
         else:
             store = dist.TCPStore(addr, cfg.master_port, None, False, timeout)

@@ -1,7 +1,6 @@
-"""``dtrain doctor``'s all-reduce probe: between 2 local processes (one per GPU on nccl), or
-between the nodes, one process each, over the doctor's rendezvous store, its connection bounded
-by ``--timeout``; with ``--links-out`` every collective's times for ``dtrain plan --links``. The
-timing itself is ``dtrain.diag.probe``'s."""
+"""``dtrain doctor``'s all-reduce probe: between local processes (one per GPU on nccl), or between
+the nodes, one process each, over the doctor's rendezvous store; with ``--links-out`` every
+collective's times for ``dtrain plan --links``. The timing itself is ``dtrain.diag.probe``'s."""
 
 from __future__ import annotations
 
@@ -35,10 +34,8 @@ def _probe_body(sizes: list[int], reps: int, device: str | None = None, links: b
 
 
 def _probe_nodes(cfg: DoctorConfig, store: dist.Store, connected: threading.Event) -> tuple[dict[int, float], dict | None]:
-    """Collective: every node's doctor. The probe between the nodes, one process each, over the
-    doctor's rendezvous store (the same transport a job's ranks use between nodes), its sockets on
-    the interface that routes to the master as a job's are (``netif.socket_env``: on hosts whose
-    name resolves to loopback gloo would otherwise announce 127.0.0.1 to the other nodes)."""
+    """Collective: every node's doctor. The probe between the nodes over the doctor's store, its
+    sockets on the interface that routes to the master, as a job's are (``netif.socket_env``)."""
     cuda = torch.cuda.is_available()
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")
     if cuda:
@@ -68,10 +65,8 @@ abandoned_probe = False
 
 
 def _probe_nodes_bounded(cfg: DoctorConfig, store: dist.Store) -> tuple[dict[int, float], dict | None]:
-    """``_probe_nodes`` with its connection bounded by ``--timeout``: gloo retries a peer it
-    cannot connect to for its own ~100 s whatever the group's timeout (seen with the nodes
-    meeting in the store, then each announcing an address the other cannot reach). Once
-    connected, the collectives run to the end (each bounded by the group's timeout)."""
+    """``_probe_nodes`` with its connection bounded by ``--timeout`` (gloo retries a peer it cannot
+    reach for its own ~100 s whatever the group's timeout); once connected, the collectives run to the end."""
     global abandoned_probe
     connected, box = threading.Event(), {}
 
@@ -140,9 +135,8 @@ PROBE_MAX_PROCS = 8
 
 
 def local_probe_size(gpus: int) -> tuple[int, str | None, str]:
-    """(processes, their device, a note) of the one-node probe: one process per GPU on nccl
-    (two ranks on one GPU is an error NCCL reports as "Duplicate GPU detected"), else two CPU
-    processes on gloo (no GPU, or one: no pair of GPUs to all-reduce between)."""
+    """(processes, their device, a note) of the one-node probe: one process per GPU on nccl (NCCL
+    refuses two ranks on one GPU), else two CPU processes on gloo (no pair of GPUs)."""
     if gpus >= 2:
         return min(gpus, PROBE_MAX_PROCS), None, ""
     if gpus == 1:

@@ -1,7 +1,6 @@
 """`dtrain dry-run`: check a configuration for a large world before booking it: one of its ranks
-runs for real on this machine (the model built on the meta device, only this rank's shard
-allocated), torch's fake process group stands in for the others; prints its peak memory, its
-state, whether it fits, and the collectives of a step, with `dtrain plan`'s prediction beside them."""
+runs for real on this machine, torch's fake process group stands in for the others; prints its
+peak memory, whether it fits, and the collectives of a step, with `dtrain plan`'s prediction."""
 
 from __future__ import annotations
 

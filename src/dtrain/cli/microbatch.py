@@ -32,10 +32,9 @@ def micro_from_args(value: str | None) -> AutoMicro | None:
 
 def with_proposal(cfg: Any, world_size: int, device: str | None, capacity_bytes: float | None = None,
                   local_size: int = 1) -> Any:
-    """``cfg`` (a TrainConfig with ``--micro-batch auto``) with the plan's proposal: the largest
-    divisor of the batch whose predicted memory per rank fits this device (``capacity_bytes``:
-    default the GPU's memory x its process fraction; on a CPU the machine's memory shared by the
-    node's ``local_size`` processes)."""
+    """``cfg`` (a TrainConfig with ``--micro-batch auto``) with the plan's proposal: the largest divisor
+    of the batch whose predicted memory per rank fits this device (``capacity_bytes``; default the
+    GPU's share, or the machine's memory shared by the node's ``local_size`` processes)."""
     from ..parallel.dims import ParallelDims
     from ..plan import Layout, Settings, make_plan
     from ..plan.cluster import GIB, build, preset_for

@@ -1,8 +1,6 @@
 """``dtrain train --parallel auto``: the launching process profiles the task and trains the plan's fastest
 layout that fits and averages the exact gradients (``Plan.best_exact``); on several nodes node 0 plans for the
-whole world and hands its pick to the others (launch/autopick.py), so every node trains the same layout.
-``dtrain train``'s glue, as train_ft.py is: it refuses flags, rewrites the run's config and prints the pick;
-plan/ stays the model."""
+whole world and hands its pick to the others (launch/autopick.py)."""
 
 from __future__ import annotations
 
@@ -49,8 +47,7 @@ def resolve(cfg: Any, world_size: int, nproc: int, device: str | None, *, nnodes
         return _with(cfg, strategy="auto", layout=None)
     kind, gpu = _device_kind(device)
     precision = cfg.runtime.precision
-    # float8 rates exist (plan/float8.py) but only `dtrain plan --precision float8` applies them; auto is
-    # asked without float8, so a float8 run is still planned as the bf16 it runs around
+    # auto is asked without float8: a float8 run is planned as the bf16 it runs around
     if precision == "auto":
         precision = auto_name(gpu=gpu, bf16=gpu and DEVICES[kind].bf16)
     clu = build({"device": kind, "procs_per_node": nproc, "nodes": nnodes})
@@ -83,8 +80,7 @@ def pick_line(plan: Any, pick: Any) -> str:
 
 
 def nodes_note(nnodes: int, nproc: int, *, elastic: bool = False) -> str:
-    """What the pick line adds on several nodes: the world it was planned for, and who trains it;
-    an elastic job's rule (launch/autopick.py): the pick is kept at every size, never re-planned."""
+    """What the pick line adds on several nodes: the world it was planned for, and who trains it."""
     if nnodes == 1 and not elastic:
         return ""
     world = f"{nnodes} nodes x {nproc} process{'es' if nproc > 1 else ''} (world {nnodes * nproc})"
