@@ -1,45 +1,20 @@
 """A user's own loop as one replica group of a fault-tolerant job (``dtrain.init(fault_tolerance=True)``,
-started by ``dtrain run --fault-tolerance``): the same torchft session as ``dtrain train
---fault-tolerance`` (``dtrain.ft.session``), behind the Context's own calls.
+started by ``dtrain run --fault-tolerance``): the torchft session of ``dtrain.ft.session`` behind
+the Context's calls (docs/fault-tolerance.md, "Your own loop").
 
-    ctx = dtrain.init(fault_tolerance=True)
-    model, optimizer = ctx.setup(model, optimizer)      # what a returning group heals from
-    loader = ctx.setup_dataloader(DataLoader(train_set, batch_size=32, shuffle=True))
-    for epoch in range(loader.next_epoch, 3):                # a group that healed starts at its peers' epoch
-        for x, y in loader:                              # each batch: the step's quorum, then this group's share
-            optimizer.zero_grad()
-            with ctx.accumulate(model, steps=K):          # optional: K batches a step
-                ctx.backward(loss_fn(model(x), y))
-            if ctx.should_commit():                      # gradients averaged over the quorum, then torchft's vote
-                optimizer.step()
-
-Fetching a batch forms the step's quorum (a group that is behind heals there, from a live peer's
-memory: the models, the optimizers and the data position) and plans the step from the global
-order (``dtrain.ft.order``): this group's slice of ``participants x batch_size`` samples. Only
-``should_commit() == True`` moves the data position, so a step that is not committed is trained
-again, by whoever is in the next quorum. ``setup_dataloader`` takes the first quorum at once, so
-``loader.next_epoch`` is the healed group's epoch before its loop starts.
-
-Under ``ctx.accumulate(model, steps=K)`` a step is a window of K batches: the window's first batch
-forms the quorum, the next K-1 are the following slices of the global order under that same quorum
-(no Lighthouse round trip), and ``should_commit`` averages and votes once, after the last; inside
-the window it is False without communicating. The step's samples are the window's, committed (or
-not) together; an epoch's end cuts a window short (the loader tells the Context, as ``DeviceLoader``
-does), so no window spans two epochs.
-
-A stop signal (SIGTERM, SIGUSR1) is a clean leave, as for ``dtrain train --fault-tolerance``'s groups:
-it only sets a flag (``dtrain.context.preempt``); the step in flight (its whole window) finishes and
-votes, then the loader's pass ends before the next quorum (every later pass is empty), so the
-script's own code after its loop runs (an evaluation, a save) and ``ctx.close()`` ends the process
-with ``LEFT_EXIT`` (143): its launcher does not restart it, and the other groups' next quorum goes
-on without it.
+Fetching a batch forms the step's quorum (a group that is behind heals there from a live peer:
+the models, the optimizers and the data position) and plans this group's slice of the global
+order (``dtrain.ft.order``); only ``should_commit() == True`` moves the data position, so a step
+not committed is trained again by the next quorum. Under ``ctx.accumulate(model, steps=K)`` the
+window's K batches share one quorum and vote once, after the last; an epoch's end cuts a window
+short. A stop signal only sets a flag (``dtrain.context.preempt``): the step in flight votes, the
+loader's passes end, and ``ctx.close()`` exits with ``LEFT_EXIT`` (its launcher does not restart it).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import signal
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -53,7 +28,7 @@ from ..errors import ConfigError
 from ..ft.launch import reach
 from ..ft.ledger import FtLedger
 from ..ft.order import GlobalOrder, StepPlan
-from ..ft.session import Session, quiet_torchft, snapshot
+from ..ft.session import Session, first_quorum, quiet_torchft, snapshot
 from ..ft.spec import LEFT_EXIT, FaultTolerance, FaultToleranceStopped, lighthouse_address
 from ..options import FaultToleranceLink
 
@@ -166,16 +141,11 @@ class Replicas:
         return FtLoader(self, loader, device, on_last)
 
     def _join(self) -> tuple[int, int]:
-        """The first quorum. A group its launcher restarted that is alone in it at step 0 and healed by
-        nobody has no live peer: the others finished (or died) while it started. It asks again for up to
-        ``timeout`` (a peer in a long step misses a quorum), then stops with one line: it never trains the
+        """The first quorum; a restarted group alone there stops with one line: it never trains the
         job again from step 0 alone (a second, different result)."""
-        tries = max(1, int(self.ft.quorum_timeout_s / (self.ft.join_s / 2)))
-        for _ in range(tries):
-            rank, participants = self.session.quorum()
-            if not self.restart or participants > 1 or self.session.healed or self.session.step > 0:
-                return rank, participants
-            time.sleep(self.ft.join_s / 2)  # within the Lighthouse's join wait: a peer's next quorum takes us in
+        joined, alone = first_quorum(self.session, self.ft, self.restart)
+        if not alone:
+            return joined
         self.session.shutdown()
         raise FaultToleranceStopped(
             f"replica group {self.replica_id}: restarted, but alone in its quorum for {self.ft.quorum_timeout_s:g} s at step 0: "

@@ -1,12 +1,8 @@
-"""A replica group of several processes (``dtrain train --fault-tolerance --strategy fsdp --nproc P``):
-the model sharded over the group's P processes (FSDP on their own gloo group), replicated across
-groups through torchft (HSDP-style: local rank i of every group is one torchft participant, and
-averages its gradient shard with the other groups' rank i).
-
-The launcher hosts one store per start of the group (a restart gets a fresh one, so it never reads
-what the dead processes left there); torchft's Manager and the group's process group both meet in
-it, as under torchrun. A group is whole or lost: one of its processes that fails takes the others
-down with it (they would only wait in a collective), and the launcher restarts the group as one.
+"""A replica group of several processes (``--fault-tolerance`` with ``--strategy fsdp`` or a
+``--parallel`` layout): local rank i of every group is one torchft participant, averaging its
+shard with the other groups' rank i. Each start of a group gets a fresh store (a restart never
+reads what the dead processes left); a group is whole or lost: one process that fails takes the
+others down (they would only wait in a collective), and the launcher restarts the group as one.
 """
 
 from __future__ import annotations

@@ -1,26 +1,16 @@
 """The samples ledger of a fault-tolerant job (``dtrain train --fault-tolerance --ledger DIR``).
 
-Every replica group appends to a file of its own, ``ft-{replica}-{attempt}.jsonl``: a header
-(``{"ft": 1, "begin": S, "source": "start" | "peer", ...}``: the step it began at, from a fresh
-start or a disk checkpoint, or healed from a live peer), then one line per committed step with
-the step's samples: **every participant's**, since the global order is known to all of them
-(``order.py``). A replica group killed between its commit and its write loses its line, but the
-survivors wrote the same step, so the ledger still holds every committed step.
+Every replica group appends to a file of its own, ``ft-{replica}-{attempt}.jsonl``: a header (the
+step it began at; ``source``: a fresh start or a disk checkpoint, or healed from a peer), then one
+line per committed step with **every participant's** samples (the global order is known to all),
+so a group killed between its commit and its write loses nothing the survivors did not write.
 
 The check: a step's record stands unless a later ``start`` header began below it (a whole-job
-restart from a disk checkpoint redid that step), or it is a commit lost with its group (below);
-the records of one step must agree (they describe the same committed step); each standing step
-counts once.
-
-A commit lost with its group: torchft's commit vote counts a group's own processes only, so a
-group whose all-reduce completed can commit a step its peer's failed (one side only). If that
-group lives, the peer heals from it at the next quorum (it is one step ahead) and never commits the
-step itself. If it dies first, nobody heals from it: the step is lost like an uncommitted one, and
-the survivors commit it again with their own quorum's samples. So the earlier record of a step,
-the last of its file, that another group's record of the same step written later replaces (that
-group went on from it), and from which no later start of its replica from disk went on (``begin``
-at or after the step), is not the job's line. Two groups that both went on from different records of one step still
-disagree (their models differ: the result lines' ``model_digest`` shows it too).
+restart redid that step), or it is a commit lost with its group: torchft's vote counts a group's
+own processes, so a group can commit a step its peer's all-reduce failed; if it dies before anyone
+heals from it, the survivors commit that step again with their own samples. So a file's last record
+that another group's later record of the same step replaces, and that no later start of its replica
+from disk went on from, is not the job's. Records of one step must otherwise agree; each counts once.
 """
 
 from __future__ import annotations

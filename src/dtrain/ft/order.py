@@ -1,17 +1,10 @@
 """The samples of a fault-tolerant job: one global order per epoch, shared by the replica groups.
 
 Each step takes the next ``participants x batch`` samples of the epoch's order; participant ``r``
-trains the ``r``-th slice of ``batch``. The position moves only when the step is committed, so a
-step that is not committed consumes no samples: the next step (of whichever replica groups are
-then in the quorum) takes the same samples again. The position is part of the state a returning
-replica group heals from, so every replica group agrees on it.
-
-The batch rule when the quorum shrinks or grows: each replica group keeps its ``--batch-size``,
-so the global batch is ``participants x batch`` and follows the quorum (torchft averages the
-gradients over the participants; the learning rate is not changed).
-
-An epoch ends when fewer than ``participants x batch`` samples are left: those are left out (as
-``drop_last`` does) and recorded as dropped, and the next step starts the next epoch's order.
+trains the ``r``-th slice. The position moves only when the step is committed (a step not committed
+is taken again by the next quorum) and travels with a heal, so every group agrees on it. Each group
+keeps its ``--batch-size``: the global batch follows the quorum. An epoch's last samples that do not
+fill a step are left out (as ``drop_last``) and recorded as dropped.
 """
 
 from __future__ import annotations

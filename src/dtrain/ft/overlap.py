@@ -1,18 +1,11 @@
 """The gradient average over the quorum overlapped with backward, as DDP overlaps its all-reduce:
-the parameters in DDP's buckets, each bucket handed to torchft's fault-tolerant all-reduce
-(``Manager.allreduce``, asynchronous) as soon as backward has produced all its gradients, every
-bucket waited for after backward, before the commit vote.
+DDP's buckets, each handed to torchft's asynchronous ``Manager.allreduce`` as soon as backward has
+produced its gradients, all waited for before the commit vote. torchft's own DDP comm hook fails
+an assertion when a peer dies mid-all-reduce (benchmarks/ft_ddp_peer_loss.py); a plain
+``Manager.allreduce`` reports it through its ``wait()``, and the vote fails the step for everyone.
 
-torchft's own ``DistributedDataParallel`` does the same through a DDP comm hook, but when a peer
-dies during its all-reduce that hook fails an assertion in the survivor instead of reporting the
-error (benchmarks/ft_ddp_peer_loss.py). Here each bucket is a plain ``Manager.allreduce``: a
-failed one (a peer lost mid-step) is reported to the manager by its ``wait()``, the buckets after
-it become no-ops, and the vote fails the step for everyone (torchft's manager.py, ``allreduce``
-and ``_ManagedWork.wait``). Each wait is bounded by the step timeout (the process group's).
-
-Used where the gradient is this process's own, a replica group of one process; where a group's
-own collectives produce it (FSDP's reduce-scatter, TP, a pipeline schedule), the average stays
-one flat all-reduce after backward (``dtrain.ft.session.average_gradients``).
+Used in a replica group of one process; where a group's own collectives make the gradient (FSDP,
+TP, a pipeline), the average stays one flat all-reduce after backward (``session.average_gradients``).
 """
 
 from __future__ import annotations

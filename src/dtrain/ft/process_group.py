@@ -1,20 +1,12 @@
 """The gloo group a replica group averages its gradients over with the others' (torchft reconfigures
 it in place at every new quorum), with its start bounded apart from its collectives.
 
-torchft's ``ProcessGroupGloo`` takes one timeout for both: reaching the quorum's store and every
-member (``configure``), and each all-reduce. A member that the Lighthouse put in a quorum and that
-died before it reached the store (a host killed right after it asked for a quorum: its request
-stands until its heartbeat expires) never publishes its address, so each survivor waited the
-whole ``step-timeout`` (30 s) in configure before the step was given up (benchmarks/ft_stall.py).
-A live member reaches the store at once: every member is waiting for the quorum when it forms,
-and the store's address comes with it. So configure is bounded by ``FaultTolerance.connect_s``,
-the Lighthouse's own time to take a silent member for dead, and each collective by ``step-timeout``.
-
-A member whose step failed (its all-reduce saw a peer's connection reset) leaves the collective,
-but its connections to the others stay open until the next quorum reconfigures the group, and one
-that waits on it for data (the next in gloo's ring) waited the whole ``step-timeout`` (30 s on the
-bed, 3 hosts): ``QuorumManager`` closes the group as soon as the step failed (at the latest before
-its vote), so the others' collective fails at once too. The next quorum reconfigures it: a failed vote bumps its id.
+torchft's ``ProcessGroupGloo`` takes one timeout for both reaching the quorum's members
+(``configure``) and each all-reduce: a member that died after the Lighthouse put it in a quorum
+never arrives, and each survivor waited the whole ``step-timeout``. A live member arrives at once,
+so configure is bounded by ``FaultTolerance.connect_s`` and each collective by ``step-timeout``.
+And a member whose step failed keeps its connections open until the next quorum, so a peer waiting
+on it for data waited ``step-timeout`` too: ``QuorumManager`` closes the group as soon as a step failed.
 """
 
 from __future__ import annotations

@@ -1,17 +1,14 @@
 """One replica group's link to the job: torchft's Manager, asked for a quorum before each step,
-the gradients averaged over it, its commit vote after. Both faces use it: ``dtrain train
---fault-tolerance``'s loop (``dtrain.train.ft_replica``) and a user's own loop through the
-Context (``dtrain.init(fault_tolerance=True)``, ``dtrain.context.replicas``).
-
-The caller owns the state: ``state_dict()`` is what a peer that is behind heals from (torchft's
-checkpoint transport), ``load_state_dict(state)`` takes a peer's. The quorum is synchronous (the
-step's samples depend on who is in it), so healing happens inside ``quorum()``, before the step.
+the gradients averaged over it, its commit vote after (``dtrain.train.ft_replica`` and
+``dtrain.context.replicas`` use it). The caller owns the state a peer heals from; the quorum is
+synchronous (the step's samples depend on who is in it), so healing happens inside ``quorum()``.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import time
 import warnings
 from collections.abc import Callable, Iterable
 from datetime import timedelta
@@ -121,12 +118,24 @@ class Session:
         self.manager.shutdown(wait=False)
 
 
+def first_quorum(session: Any, ft: FaultTolerance, restarted: bool,
+                 before_stop: Callable[[int], str] = lambda step: "") -> tuple[tuple[int, int], bool]:
+    """``session``'s first quorum, and whether this group is alone there with no peer: restarted by
+    its launcher, alone and healed by nobody, the others finished or died while it started. It asks
+    again for up to ``timeout`` first (a peer in a long step or save misses a quorum)."""
+    tries = max(1, int(ft.quorum_timeout_s / (ft.join_s / 2)))  # a count: a group's processes agree
+    for _ in range(tries):
+        joined = session.quorum(before_stop)
+        if not restarted or joined[1] > 1 or session.healed:
+            return joined, False
+        time.sleep(ft.join_s / 2)  # within the Lighthouse's join wait: a peer's next quorum takes us in
+    return joined, True
+
+
 def snapshot(module: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """``module``'s state as a peer heals from it: copies, not the live tensors. torchft's transport
-    serves the state while this group already runs the step's forward, which changes buffers in
-    place (BatchNorm's running statistics and batch count): a healing peer read them one batch
-    ahead (resnet18: num_batches_tracked 7 against 6). Parameters and the optimizer's state only
-    change after the vote, which waits for the healing peer."""
+    """``module``'s state as a peer heals from it: copies, since torchft's transport serves it while
+    this group's next forward already changes buffers in place (BatchNorm's statistics); parameters
+    and the optimizer's state only change after the vote, which waits for the healing peer."""
     return {k: _local(v).detach().clone() for k, v in module.state_dict().items()}
 
 
@@ -146,9 +155,8 @@ def load_snapshot(module: torch.nn.Module, state: dict[str, torch.Tensor]) -> No
 
 
 def model_digest(model: torch.nn.Module) -> str:
-    """A digest of the model's parameters and buffers (under FSDP: this process's shards): the
-    groups of a job end with equal models, so their result lines carry equal digests; a group
-    whose heal missed part of the state does not."""
+    """A digest of the model's parameters and buffers (under FSDP: this process's shards): equal
+    on every group of a job whose heals carried the whole state."""
     import hashlib
 
     digest = hashlib.sha256()
@@ -191,13 +199,10 @@ def _local(t: Any) -> Any:
 
 def average_gradients(manager: Any, params: Iterable[torch.nn.Parameter], buffers: Iterable[torch.Tensor] = ()) -> None:
     """The gradients averaged over the quorum by torchft's fault-tolerant all-reduce, as one flat
-    buffer. A failed all-reduce (a peer lost mid-step) is reported to the manager, so the step is
-    not committed. torchft 0.2.0's DistributedDataParallel is not used for this: when a peer dies
-    during its all-reduce, its comm hook fails an assertion instead (benchmarks/ft_ddp_peer_loss.py).
-
-    The model's floating-point ``buffers`` (BatchNorm's running statistics) travel in the same
-    buffer and are averaged too: each group's forward updates its own, and without this the
-    groups' models would drift apart in them (DDP broadcasts rank 0's instead)."""
+    buffer; a failed one (a peer lost mid-step) is reported to the manager, so the step is not
+    committed (torchft 0.2.0's DDP fails an assertion there instead: benchmarks/ft_ddp_peer_loss.py).
+    The floating-point ``buffers`` (BatchNorm's statistics) are averaged in the same buffer, or the
+    groups' models would drift apart in them."""
     params = [p for p in params if p.requires_grad]
     for p in params:
         if p.grad is None:  # unused this step: every group must still send the same buffer

@@ -1,13 +1,10 @@
-"""One replica group of a fault-tolerant job, on torchft: one process, or (``--strategy fsdp``)
-the node's processes with the model sharded over them (``dtrain.ft.group``).
+"""One replica group of a fault-tolerant job, on torchft: one process, or the node's processes
+under fsdp or a ``--parallel`` layout (``dtrain.ft.group``).
 
-Each step: a quorum from the Lighthouse (torchft's Manager; a replica group that is behind heals
-from a live peer's memory before the step), this group's slice of the global order
-(``order.py``), forward and backward, the gradients averaged over the quorum (torchft's
-fault-tolerant all-reduce, on a gloo group torchft reconfigures in place), then ``should_commit``:
-only a committed step moves the optimizer, the step count and the data position. A peer lost
-mid-step fails the step's collective; nobody commits it and the next quorum, without the lost
-peer, takes the same samples again.
+Each step: a quorum (a group that is behind heals from a live peer first), this group's slice of
+the global order (``dtrain.ft.order``), forward and backward, the gradients averaged over the
+quorum, then ``should_commit``: only a committed step moves the optimizer, the step count and the
+data position; a step a lost peer failed is taken again by the next quorum.
 """
 
 from __future__ import annotations
@@ -29,6 +26,7 @@ from ..ft.order import GlobalOrder, StepPlan
 from ..ft.overlap import Overlap
 from ..ft.session import (
     Session,
+    first_quorum,
     load_optimizer_snapshot,
     load_snapshot,
     model_digest,
@@ -171,17 +169,12 @@ class _Replica:
         return why is not None
 
     def _join(self) -> tuple[int, int] | None:
-        """The first quorum; None: the job has ended. A group its launcher restarted that is alone in
-        it and healed by nobody has no live peer: the others finished or died while it started. It asks
-        again for up to ``timeout`` (a peer in a long step or save misses a quorum), then reads the
-        job's newest checkpoint again (the others' last saves): it goes on from there, or stops; never
-        does it train the job again from step 0 alone (a second, different result)."""
-        tries = max(1, int(self.ft.quorum_timeout_s / (self.ft.join_s / 2)))  # a count: the group's processes agree
-        for _ in range(tries):
-            rank, participants = self.session.quorum(self._stop_saved)
-            if not self.restart or participants > 1 or self.session.healed:
-                return rank, participants
-            time.sleep(self.ft.join_s / 2)  # within the Lighthouse's join wait: a peer's next quorum takes us in
+        """The first quorum; None: the job has ended. A restarted group alone there reads the job's
+        newest checkpoint again (the others' last saves): it goes on from there, or stops; never does
+        it train the job again from step 0 alone (a second, different result)."""
+        joined, alone = first_quorum(self.session, self.ft, self.restart, self._stop_saved)
+        if not alone:
+            return joined
         self._resume()
         if self._ended():
             return None
@@ -191,7 +184,7 @@ class _Replica:
                 "to heal from and no checkpoint of the job (--checkpoint-dir); the others have finished or are gone, and "
                 "it does not train the job again from step 0 alone; restart the whole job (with --checkpoint-dir and --resume "
                 "to go on from its checkpoints).")
-        return rank, participants
+        return joined
 
     def train(self, lighthouse: str, host: str, t0: float) -> dict[str, Any]:
         self.session = Session(self.ft, replica_id=self.replica_id, lighthouse=lighthouse, host=host,
@@ -209,7 +202,7 @@ class _Replica:
             self.session.shutdown()
 
     def _stop_saved(self, step: int) -> str:
-        """Before a stop for want of a quorum: a checkpoint, and what the stop's line says of it."""
+        """A checkpoint before a stop (no quorum, a stop signal), and what the stop's line says of it."""
         self.save(step)
         return f"; saved step {step} to {self.ckpt.folder}" if self.ckpt is not None else ""
 
@@ -249,9 +242,8 @@ class _Replica:
             if not left:  # the last plan's leftovers: the epoch's end (after a leave, the job goes on)
                 ledger.end(step, plan)
             ledger.close()
-        self.save(step)
+        saved = self._stop_saved(step)
         if left and self.rank == 0:
-            saved = f"; saved step {step} to {self.ckpt.folder}" if self.ckpt is not None else ""
             logger.warning(f"replica group {self.replica_id}: {signal.Signals(left).name} received; left the job after "
                            f"step {step}{saved} (the other groups go on)")
         return {**self._result(step, loss, stats, t0), "left": signal.Signals(left).name if left else None, "rank": self.rank}

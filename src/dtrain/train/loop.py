@@ -240,7 +240,7 @@ def _listeners(ctx: Context, cfg: TrainConfig, task: Task, batch: int, t0: float
                     extra=lambda sps: _tokens(task, sps), progress=progress, sink=sink)
     listeners = [
         LedgerListener(ledger) if ledger is not None else None,
-        *plugin_listeners(options.testing.plugin, ctx),  # DTRAIN_PLUGIN's (the tests' fault driver)
+        *plugin_listeners(options.testing.plugin, ctx),  # DTRAIN_PLUGIN's (the tests' fault and slowness drivers)
         LossWindow(ctx, seen.log_every),
         DivergenceCheck(ctx, lr=cfg.optim.lr or task.lr, checkpoint_dir=cfg.checkpoint.dir, save_due=saves.due if saves else lambda s: False),
         report,
@@ -267,7 +267,7 @@ def _result(ctx: Context, task: Task, model: Any, state: LoopState, rate: Steady
         "world_size": ctx.world_size,
         "strategy": ctx.strategy.name,
         "precision": ctx.precision.effective,
-        **_comm_record(ctx),
+        **ctx.strategy.comm_record(),  # comm (asked) and comm_choice (what ran: auto's pick)
         "steps": state.step,
         "samples_per_s": sps,
         **_tokens(task, sps),
@@ -332,10 +332,6 @@ def _log_memory(ctx: Context, model: Any, optimizer: Any) -> None:
     if ctx.is_main:
         for report in reports:
             logger.info(f"memory after the first step: {report.line()}")
-
-def _comm_record(ctx: Context) -> dict[str, Any]:
-    """``comm`` (what was asked) and ``comm_choice`` (what ran: auto's pick), when the strategy has one."""
-    return ctx.strategy.comm_record()
 
 
 def _steps_left(loader: Any, per_epoch: int, epochs: int) -> int:

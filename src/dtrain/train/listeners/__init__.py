@@ -1,7 +1,7 @@
 """The training loop's listeners: each concern the loop serves besides the step itself is one
 object with hooks the loop calls, in a fixed order, after every optimizer step.
 
-    samples ledger -> fault injection -> loss window -> divergence -> report -> preemption -> checkpoints
+    samples ledger -> DTRAIN_PLUGIN's -> loss window -> divergence -> report -> preemption -> checkpoints
 
 Each module holds one listener and is tested alone (tests/logic/train/test_train_listeners.py).
 """
