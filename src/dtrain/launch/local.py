@@ -1,17 +1,9 @@
-"""Run a function on N local processes: what `dtrain plan`'s profiles, `dtrain doctor`'s probe and
-the multi-process tests run on.
-
-    def body(scale):                      # module-level, so spawned processes can import it
-        ctx = dtrain.init("ddp")
-        ...
-        return result                     # any picklable value
-
-    results = run_distributed(body, 2.0, world_size=2, timeout=60)   # one result per rank
-
-Each rank is a spawned process (with ``DTRAIN_LOCAL_START=forkserver``, a fork of a server that
-imported torch once) with the environment ``dtrain run`` gives its workers; the store is hosted
-by the caller on loopback. A rank that raises fails the call with every failing rank's
-traceback; a hang fails it after ``timeout`` seconds, and all ranks are killed.
+"""Run a function on N local processes (``run_distributed(body, *args, world_size=2)``: one result
+per rank; ``body`` module-level, its result picklable): what `dtrain plan`'s profiles, `dtrain
+doctor`'s probe and the multi-process tests run on. Each rank is a spawned process (with
+``DTRAIN_LOCAL_START=forkserver``, a fork of a server that imported torch once) with the
+environment ``dtrain run`` gives its workers, the store hosted by the caller on loopback. A rank
+that raises fails the call with every failing rank's traceback; a hang fails it after ``timeout``.
 """
 
 from __future__ import annotations

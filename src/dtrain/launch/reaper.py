@@ -75,10 +75,8 @@ def stopped_with_sigterm_pending(pid: int) -> bool:
         return False
     if not fields.get("State", "").strip().startswith("T"):
         return False
-    pending = 0
-    for key in ("SigPnd", "ShdPnd"):
-        try:
-            pending |= int(fields.get(key, "0").strip(), 16)
-        except ValueError:
-            continue
+    try:  # pending for the thread or for the whole process
+        pending = int(fields.get("SigPnd", "0"), 16) | int(fields.get("ShdPnd", "0"), 16)
+    except ValueError:
+        return False
     return bool(pending & _SIGTERM_BIT)
