@@ -84,8 +84,7 @@ def compute_rates(prof: Any, c: Any, s: Any) -> tuple[float, float]:
     r16, r8 = dev.flops("bf16-mixed") * dev.achieved, float8_peak(dev) * dev.achieved
     weights = CAST_WEIGHT_BYTES / 2 * f8.params / max(1, s.batch)  # per sample, half in each pass
     fwd = (prof.fwd_flops - f8.fwd_flops) / r16 + f8.fwd_flops / r8 + (f8.fwd_cast_bytes + weights) / dev.mem_bw
-    bwd_flops = prof.fwd_flops * prof.bwd_ratio
-    bwd = (bwd_flops - 2 * f8.fwd_flops) / r16 + 2 * f8.fwd_flops / r8 + (f8.bwd_cast_bytes + weights) / dev.mem_bw
+    bwd = (prof.fwd_flops * prof.bwd_ratio - 2 * f8.fwd_flops) / r16 + 2 * f8.fwd_flops / r8 + (f8.bwd_cast_bytes + weights) / dev.mem_bw
     return fwd, bwd
 
 

@@ -105,17 +105,12 @@ def measure(task: Any, x: Any, y: Any, *, optimizer: str, lr: float, autocast_dt
             model, x, y = model.to("cuda"), to_device(x, torch.device("cuda")), to_device(y, torch.device("cuda"))
         opt = make_optimizer(optimizer, model.parameters(), lr, device=torch.device(device))
         cast = (lambda: torch.autocast(device, dtype=autocast_dtype)) if autocast_dtype is not None else NoCast
-        run = timed_step(model, opt, task, x, y, cast, gpu=gpu)
-        runs, warm, start = [], WARMUP_GPU if gpu else 2, time.perf_counter()
-        for i in range(repeats + warm):
-            if i >= warm + 5 and time.perf_counter() - start > budget_s:
-                break
-            got = run()
-            runs += [got] if i >= warm else []
+        steps, _ = _rounds({"step": timed_step(model, opt, task, x, y, cast, gpu=gpu)}, budget_s, warm=WARMUP_GPU if gpu else 2,
+                           least=5, most=repeats)
     finally:
         torch.set_num_threads(old)
     batch = len(y) if hasattr(y, "__len__") else 1
-    fwd, bwd, opt_s = (statistics.median(r[i] for r in runs) for i in range(3))
+    fwd, bwd, opt_s = steps["step"]
     return Timing(batch=batch, fwd_s=fwd, bwd_s=bwd, opt_s=opt_s, threads=threads, device=device,
                   data_s=0.0 if gpu else data_time(task, batch), checkpointed=checkpointed)
 
@@ -153,8 +148,7 @@ class Machinery:
 
     def extra(self, kind: str) -> Phases:
         """What ``kind`` adds to the plain step, per phase (0 where noise made it negative)."""
-        got = self.steps.get(kind, self.steps["plain"])
-        return Phases(*(max(0.0, g - b) for g, b in zip(got, self.steps["plain"])))
+        return Phases(*(max(0.0, g - b) for g, b in zip(self.steps.get(kind, self.steps["plain"]), self.steps["plain"])))
 
     def describe(self) -> dict[str, Any]:
         return {"rounds": self.rounds, "threads": self.threads, "batch": self.batch, "microbatches": self.microbatches,
@@ -223,15 +217,16 @@ def body(spec: dict[str, Any]) -> dict[str, Any]:
 MAX_ROUNDS = 60  # within the budget: enough to meet a shared machine's slower moments
 
 
-def _rounds(runners: dict[str, Callable[[], tuple[float, float, float]]], budget_s: float) -> tuple[dict[str, tuple], int]:
-    """Every runner once a round (3 warm-up rounds: PowerSGD compresses from its third step) until
-    ``budget_s`` is spent (3 to ``MAX_ROUNDS`` rounds); per-phase medians."""
-    for _ in range(3):
+def _rounds(runners: dict[str, Runner], budget_s: float, *, warm: int = 3, least: int = 3,
+            most: int = MAX_ROUNDS) -> tuple[dict[str, tuple], int]:
+    """Every runner once a round (``warm`` rounds first: PowerSGD compresses from its third step) until
+    ``budget_s`` is spent (``least`` to ``most`` rounds); per-phase medians."""
+    for _ in range(warm):
         for run in runners.values():
             run()
     times: dict[str, list[tuple[float, float, float]]] = {k: [] for k in runners}
     order, start, rounds = list(runners), time.perf_counter(), 0
-    while rounds < MAX_ROUNDS and (rounds < 3 or time.perf_counter() - start < budget_s):
+    while rounds < most and (rounds < least or time.perf_counter() - start < budget_s):
         for k in order[rounds % len(order):] + order[:rounds % len(order)]:  # each kind first in turn
             times[k].append(runners[k]())
         rounds += 1

@@ -113,8 +113,7 @@ def compute_rates(prof: ModelProfile, c: Cluster, s: Settings) -> tuple[float, f
         from .float8 import compute_rates as float8_rates
 
         return (*float8_rates(prof, c, s), OPT_BYTES_TOUCHED.get(s.optimizer, 28) / c.device.mem_bw)
-    rate = c.device.flops(s.precision) * c.device.achieved
-    fwd = prof.fwd_flops / rate
+    fwd = prof.fwd_flops / (c.device.flops(s.precision) * c.device.achieved)
     return fwd, fwd * prof.bwd_ratio, OPT_BYTES_TOUCHED.get(s.optimizer, 28) / c.device.mem_bw
 
 
@@ -140,8 +139,7 @@ def memory(prof: ModelProfile, c: Cluster, layout: Layout, s: Settings) -> dict[
     act = prof.act_bytes * a_share
     if s.activation_checkpointing and prof.blocks:
         blocks = prof.blocks[: math.ceil(len(prof.blocks) / d.pp)]
-        kept = sum(b.out_bytes for b in blocks) + max(b.act_bytes for b in blocks)
-        act = act - sum(b.act_bytes for b in blocks) + kept
+        act = act - sum(b.act_bytes for b in blocks) + (sum(b.out_bytes for b in blocks) + max(b.act_bytes for b in blocks))
     mem["activations"] = act * micro * in_flight / d.tp
     if shard > 1:  # the unit being used and the one prefetched, whole
         mem["gathered"] = 2 * max(g for g, _, _ in fsdp_units(prof, s)) / d.tp
