@@ -29,6 +29,11 @@ class FaultToleranceStopped(DtrainError):
     exit_code = 1
 
 
+_KEYS = {"min": "min_replicas", "heartbeat": "heartbeat_s", "join": "join_s", "timeout": "quorum_timeout_s",
+         "step-timeout": "step_timeout_s"}
+"""``--fault-tolerance``'s keys and the fields they set."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class FaultTolerance:
     min_replicas: int = 1
@@ -57,25 +62,22 @@ class FaultTolerance:
     def __post_init__(self) -> None:
         if self.min_replicas < 1:
             raise ConfigError(f"--fault-tolerance min must be >= 1, got {self.min_replicas}; write e.g. --fault-tolerance min=1.")
-        for key, value in (("heartbeat", self.heartbeat_s), ("join", self.join_s), ("timeout", self.quorum_timeout_s),
-                           ("step-timeout", self.step_timeout_s)):
-            if not value > 0:
-                raise ConfigError(f"--fault-tolerance {key} must be > 0 seconds, got {value}.")
+        for key, name in list(_KEYS.items())[1:]:  # the times
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"--fault-tolerance {key} must be > 0 seconds, got {getattr(self, name)}.")
 
     @classmethod
     def parse(cls, text: str | None) -> FaultTolerance:
         """``min=M,heartbeat=S,join=S,timeout=S,step-timeout=S`` (each optional; empty: the defaults)."""
-        keys = {"min": "min_replicas", "heartbeat": "heartbeat_s", "join": "join_s", "timeout": "quorum_timeout_s",
-                "step-timeout": "step_timeout_s"}
         values: dict[str, float | int] = {}
         for part in filter(None, (text or "").split(",")):
             key, sep, value = part.partition("=")
-            if not sep or key.strip() not in keys:
-                raise ConfigError(f"--fault-tolerance {text!r}: {part!r} is not one of {', '.join(k + '=...' for k in keys)}; "
+            if not sep or key.strip() not in _KEYS:
+                raise ConfigError(f"--fault-tolerance {text!r}: {part!r} is not one of {', '.join(k + '=...' for k in _KEYS)}; "
                                   "write e.g. --fault-tolerance min=2.")
             key = key.strip()
             try:
-                values[keys[key]] = int(value) if key == "min" else float(value)
+                values[_KEYS[key]] = int(value) if key == "min" else float(value)
             except ValueError:
                 kind = "a whole number" if key == "min" else "a number of seconds"
                 raise ConfigError(f"--fault-tolerance {key}={value!r} is not {kind}; write e.g. {key}=2.") from None
@@ -83,8 +85,7 @@ class FaultTolerance:
 
     def to_text(self) -> str:
         """The settings as ``parse`` reads them (a launcher hands them to its groups so)."""
-        return (f"min={self.min_replicas},heartbeat={self.heartbeat_s:g},join={self.join_s:g},timeout={self.quorum_timeout_s:g},"
-                f"step-timeout={self.step_timeout_s:g}")
+        return ",".join(f"{key}={getattr(self, name):g}" for key, name in _KEYS.items())
 
 
 def lighthouse_address(text: str) -> str:
