@@ -1,16 +1,5 @@
-"""NVIDIA apex's ``amp`` and ``parallel`` on torch.autocast, GradScaler, DDP and SyncBatchNorm.
-
-Change one line of an apex script::
-
-    from apex import amp                 ->   from dtrain.compat.apex import amp
-    from apex.parallel import DistributedDataParallel as DDP
-                                          ->   from dtrain.compat.apex.parallel import DistributedDataParallel as DDP
-
-    from apex.optimizers import FusedAdam  ->   from dtrain.compat.apex.optimizers import FusedAdam
-    from apex.fp16_utils import to_python_float, FP16_Optimizer
-                                          ->   from dtrain.compat.apex.fp16_utils import ...
-    from apex.multi_tensor_apply import multi_tensor_applier (+ ``amp_C`` from the same module)
-"""
+"""NVIDIA apex's ``amp``, ``parallel``, ``optimizers``, ``fp16_utils`` and ``multi_tensor_apply`` on
+torch: an apex script changes ``from apex`` to ``from dtrain.compat.apex`` (docs/compat.md)."""
 
 from . import amp, fp16_utils, multi_tensor_apply, optimizers, parallel
 

@@ -5,9 +5,8 @@ after changing one line::
 
     import horovod.torch as hvd        ->   import dtrain.compat.horovod as hvd
 
-Everything of ``horovod.torch`` that runs without MPI is here (docs/compat.md lists it), and
-Horovod Elastic (``hvd.elastic``). Ranks that submit different shapes, dtypes or roots all raise
-``HorovodInternalError``-derived errors instead of hanging. Not here: the timeline, MPI, CCL.
+Everything of ``horovod.torch`` that runs without MPI is here (docs/compat.md), and Horovod
+Elastic; ranks that submit different shapes, dtypes or roots all raise instead of hanging.
 """
 
 from __future__ import annotations

@@ -115,16 +115,19 @@ def reduce_body(buf: torch.Tensor, op: int, ps) -> torch.Tensor:
 def allreduce_body(tensor: torch.Tensor, op: int, pre: float, post: float, ps) -> torch.Tensor:
     negotiate("allreduce", tensor, ps, op)
     out = reduce_body(scale(tensor.detach(), pre, tensor.dtype), op, ps)
-    if op == Average:
-        n = ps.size()
-        out = out / n if out.is_floating_point() else torch.div(out, n, rounding_mode="trunc")
-    return scale(out, post, tensor.dtype)
+    return scale(_averaged(out, op, ps.size()), post, tensor.dtype)
+
+
+def _averaged(out: torch.Tensor, op: int, n: int) -> torch.Tensor:
+    """A sum over ``n`` members divided by ``n`` for ``Average`` (integers truncated, as Horovod does)."""
+    if op != Average:
+        return out
+    return out / n if out.is_floating_point() else torch.div(out, n, rounding_mode="trunc")
 
 
 def barrier_body(ps) -> None:
-    """Return once every member has reached ``barrier`` (a rank in ``join`` counts as there).
-    Until then the members still in other operations fail them (each learns who waits here), so
-    ranks that went apart, e.g. after a failure on one rank only, meet again at the barrier."""
+    """Return once every member has reached ``barrier`` (a rank in ``join`` counts as there); the
+    members still in other operations fail them meanwhile, so ranks that went apart meet again here."""
     while True:
         rows = negotiate("barrier", None, ps)
         if all(int(k) in (KINDS["barrier"], KINDS["join"]) for k in rows[:, 0]):
@@ -181,17 +184,13 @@ def _gather_bytes(t: torch.Tensor, counts: list[int], ps) -> list[torch.Tensor]:
     return [p[:c] for p, c in zip(parts, counts)]
 
 
-def _rows(rows: torch.Tensor) -> list[int]:
-    return [int(r[6]) if int(r[2]) > 0 else 1 for r in rows]
-
-
 def allgather_body(tensor: torch.Tensor, ps) -> tuple[torch.Tensor, list[int]]:
     rows = negotiate("allgather", tensor, ps)
     t = tensor.detach().reshape(1) if tensor.dim() == 0 else tensor.detach()
     item = t.element_size()
     counts = [int(r[5]) * item for r in rows]
     parts = _gather_bytes(t, counts, ps)
-    dims0 = _rows(rows)
+    dims0 = [int(r[6]) if int(r[2]) > 0 else 1 for r in rows]  # a scalar gathers as one row
     data = torch.cat(parts).view(t.dtype) if t.dtype != torch.uint8 else torch.cat(parts)
     return data.reshape(sum(dims0), *t.shape[1:]), dims0
 
@@ -234,6 +233,4 @@ def reducescatter_body(tensor: torch.Tensor, op: int, pre: float, post: float, p
     summed = reduce_body(scale(tensor.detach(), pre, tensor.dtype), Sum, ps)
     split = reducescatter_rows(tensor.shape[0], n)
     out = summed[sum(split[:me]): sum(split[: me + 1])].clone()
-    if op == Average:
-        out = out / n if out.is_floating_point() else torch.div(out, n, rounding_mode="trunc")
-    return scale(out, post, tensor.dtype)
+    return scale(_averaged(out, op, n), post, tensor.dtype)

@@ -1,7 +1,6 @@
 """The background thread that runs Horovod's collectives one at a time, in submission order, and
-the handles its async API returns (a thread: ``*_async`` returns at once, and a rank in ``join``
-keeps answering the others). Every operation starts with an ``all_gather`` of its description,
-so ranks that disagree all raise the same error instead of hanging gloo.
+the handles its async API returns. Every operation starts with an ``all_gather`` of its
+description, so ranks that disagree all raise the same error instead of hanging gloo.
 """
 
 from __future__ import annotations
@@ -32,8 +31,7 @@ class MismatchError(HorovodInternalError):
 
 
 class HostsUpdatedInterrupt(RuntimeError):
-    """Horovod Elastic: the set of workers is changing (raised by ``state.commit()`` on every rank
-    once the launcher asked the workers to stop; ``hvd.elastic.run`` handles it)."""
+    """Horovod Elastic: the set of workers is changing (raised by ``state.commit()``; ``hvd.elastic.run`` handles it)."""
 
     def __init__(self, skip_sync: bool = False) -> None:
         super().__init__("the set of workers is changing")
@@ -41,8 +39,8 @@ class HostsUpdatedInterrupt(RuntimeError):
 
 
 def as_horovod_error(exc: BaseException) -> BaseException:
-    """What a failed operation raises on the caller's thread: our own errors and ValueError as
-    they are; anything else (gloo's error when a peer died) as ``HorovodInternalError``."""
+    """What a failed operation raises on the caller's thread: anything but our own errors and
+    ValueError (gloo's error when a peer died) as ``HorovodInternalError``."""
     if isinstance(exc, (HorovodInternalError, ValueError, DtrainError)):
         return exc
     error = HorovodInternalError(f"{type(exc).__name__}: {exc}")

@@ -54,9 +54,8 @@ class _DistributedMixin:
         self._fusion: GradientFusion | None = None
         if self._communicates():
             grads = [p for p in params if p.requires_grad]
-            # Horovod's fusion with overlap (its hook per parameter and background thread fuse
-            # whatever is ready; here the buckets are planned once, so every rank sends the same
-            # operations in the same order, which the engine thread matches by order).
+            # Buckets planned once (Horovod fuses whatever is ready): every rank sends the same
+            # operations in the same order, which the engine thread matches by order.
             self._fusion = GradientFusion(grads, backward_passes_per_step, self._launch, self._finish,
                                           first=FIRST_BUCKET_BYTES, cap=bucket_bytes())
             if process_set.size() > 1:
@@ -109,9 +108,7 @@ class _DistributedMixin:
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         if self._fusion is not None:
-            if self._fusion.in_flight():
-                # Horovod's rule (horovod/torch/optimizer.py): the all-reduces would write into
-                # gradients that zero_grad is about to clear.
+            if self._fusion.in_flight():  # Horovod's rule: the all-reduces would write into cleared gradients
                 raise AssertionError("optimizer.zero_grad() was called after loss.backward() but before optimizer.step() "
                                      "or optimizer.synchronize(). This is prohibited as it can cause a race condition.")
             self._fusion.discard()

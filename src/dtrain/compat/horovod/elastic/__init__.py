@@ -1,10 +1,6 @@
-"""Horovod Elastic (``hvd.elastic``) on torch's elastic agent: ``run``, ``TorchState``,
-``ElasticSampler`` (docs/compat.md says how recovery differs from Horovod's).
-
-torch's agent restarts every worker on a failure or a change of nodes, so every commit is also
-written to the node's disk (commits.py), ``run`` starts each worker from the newest commit any
-node holds, and a failed collective ends this worker once its last commit is on disk. The agent's
-stop signal is held until the next ``commit()``. Without ``dtrain run`` commits stay in memory.
+"""Horovod Elastic (``hvd.elastic``) on torch's elastic agent (docs/compat.md). The agent restarts
+every worker on a failure or a change of nodes, so every commit is also written to the node's disk
+(commits.py) and ``run`` starts each worker from the newest commit any node holds.
 """
 
 from __future__ import annotations
@@ -103,9 +99,7 @@ def _stop(state: State, why: str, code: int, loud: bool) -> None:
         print(f"dtrain: hvd.elastic: rank {_basics.rank()} stops at commit {written if written > 0 else 'none'}: "
               f"{why}{after}.", file=sys.stderr, flush=True)
     sys.stdout.flush()
-    # Not sys.exit: after a failed collective the interpreter's exit (process-group destructors,
-    # atexit hooks) can hang; the agent only reads the status.
-    os._exit(code)
+    os._exit(code)  # not sys.exit: after a failed collective the interpreter's exit can hang
 
 
 __all__ = ["ElasticSampler", "ObjectState", "State", "TorchState", "get_handler_registry", "run", "set_handler_registry"]

@@ -1,7 +1,6 @@
-"""Durable copies of the last committed state: what lets a restarted worker resume (torch's agent
-keeps no surviving workers). Local rank 0 of each node writes the newest commit into the
-launcher's private folder (``$DTRAIN_LAUNCH_DIR``) from a background thread, atomically, skipping
-to the newest when commits come faster than the disk; every rank of the node reads it."""
+"""Durable copies of the last committed state, so a restarted worker resumes: local rank 0 of each
+node writes the newest commit into the launcher's private folder from a background thread,
+atomically, skipping to the newest when commits come faster than the disk."""
 
 from __future__ import annotations
 
@@ -60,8 +59,7 @@ class CommitStore:
                 self._closing = False
                 self._thread = threading.Thread(target=self._run, name="dtrain-hvd-commit", daemon=True)
                 self._thread.start()
-                # A daemon thread still inside torch.save when the interpreter exits is ended
-                # mid-C++ ("terminate called without an active exception", SIGABRT): stop it first.
+                # A daemon thread inside torch.save at the interpreter's exit aborts the process: stop it first.
                 atexit.register(self.close)
             self._cond.notify_all()
 

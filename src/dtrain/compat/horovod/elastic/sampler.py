@@ -1,9 +1,6 @@
-"""``hvd.elastic.ElasticSampler``: this rank's share of the samples an epoch has not yet
-processed, re-split over the world size after every reset.
-
-On dtrain's ``ShardSampler``: rank r takes r, r+W, ... of one permutation per epoch, so the
-processed samples are always the first ``processed_num`` of it, whatever W was, and that count is
-the whole state. The permutation is torch's ``randperm``, so the order is not Horovod's.
+"""``hvd.elastic.ElasticSampler``: this rank's share of the samples an epoch has not yet processed,
+re-split over the world size after every reset. Rank r takes r, r+W, ... of one permutation per
+epoch, so the processed samples are always its first ``processed_num``: that count is the state.
 """
 
 from __future__ import annotations
@@ -49,8 +46,7 @@ class ElasticSampler(Sampler[int]):
         self.processed_num += batch_size * self.num_replicas
 
     def record_indices(self, indices: Any) -> None:
-        """``indices``, this rank's samples of one step, are done; every rank processed as many
-        (Horovod <= 0.22's call; the count is what is kept)."""
+        """``indices``, this rank's samples of one step, are done (Horovod <= 0.22's call)."""
         self.processed_num += len(indices) * self.num_replicas
 
     def get_indices(self, batch_idx: int, batch_size: int) -> list[int]:

@@ -1,7 +1,5 @@
-"""``hvd.elastic.State``, ``ObjectState`` and ``TorchState``: what a Horovod Elastic script
-commits, restores and synchronises, with Horovod's contract (``commit()`` = ``save()`` +
-``check_host_updates()``). dtrain adds: each commit also goes to the node's ``CommitStore``, and
-``check_host_updates()`` learns of a coming restart from the agent's stop signal.
+"""``hvd.elastic.State``, ``ObjectState`` and ``TorchState`` with Horovod's contract (``commit()`` =
+``save()`` + ``check_host_updates()``); each commit also goes to the node's ``CommitStore``.
 """
 
 from __future__ import annotations
@@ -125,8 +123,7 @@ class StateHandler:
         self.saved = self.state_dict()
 
     def restore(self) -> None:
-        # A copy: torch's load_state_dict keeps tensors it need not move, and the next step
-        # would then change the saved state in place.
+        # A copy: load_state_dict keeps tensors it need not move, which the next step would change.
         self.value.load_state_dict(copy.deepcopy(self.saved))
 
     def sync(self, root_rank: int) -> None:
