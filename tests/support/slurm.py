@@ -120,7 +120,7 @@ SlurmUser={user}
 SlurmdUser={user}
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket={r / 'munge' / 'munge.sock'},cred_expire=10
+AuthInfo=socket={r / 'munge' / 'munge.sock'},cred_expire=5
 StateSaveLocation={r / 'state'}
 SlurmdSpoolDir={r / 'spool'}/%n
 SlurmctldPidFile={r / 'slurmctld.pid'}
