@@ -23,6 +23,7 @@ _FT_SAYS = {
     "train-ft-tp-heads": "heads=4", "train-ft-tp-no-plan": "no tensor-parallel plan", "train-ft-task-arg": "classes",
     "train-ft-unknown-optimizer": "'nosuch'", "train-ft-unknown-task": "'nosuch'", "train-ft-no-data": "nosuchdir",
     "train-ft-device-tpu": "'tpu'", "train-ft-float8-cpu": "float8", "train-ft-checkpoint-under-file": "afile",
+    "train-ft-ac-no-blocks": "needs the model's blocks",
 }
 _REFUSED = [c for c in bad_inputs.LATEST_CASES
             if c.argv is not None and c.fast and c.says is None and c.rc == 2 and c.id not in _FT_SAYS]
