@@ -110,8 +110,10 @@ def build_causal_lm(what: str, path: str, config: Any, *, weights: bool) -> nn.M
 def fit(what: str, model: nn.Module, state: dict[str, torch.Tensor], source: str) -> None:
     """``model.load_state_dict(state)``, strict by name and shape except for names tied to a
     weight ``state`` has (a head tied to the embedding is saved once)."""
+    from ..parallel.apply import tied_groups
+
     check_fit(what, {k: tuple(v.shape) for k, v in model.state_dict().items()}, {k: tuple(v.shape) for k, v in state.items()},
-              _tied_names(model), source)
+              tie_map(tied_groups(model)), source)
     model.load_state_dict(state, strict=False)  # strict but for the tied names checked above
 
 
@@ -130,12 +132,9 @@ def check_fit(what: str, own: dict[str, tuple[int, ...]], theirs: dict[str, tupl
                               "give the config the weights were trained with.")
 
 
-def _tied_names(model: nn.Module) -> dict[str, list[str]]:
-    """Each parameter name -> the other names of the same tensor (weight tying)."""
-    groups: dict[int, list[str]] = {}
-    for name, p in model.named_parameters(remove_duplicate=False):
-        groups.setdefault(id(p), []).append(name)
-    return {n: [o for o in names if o != n] for names in groups.values() for n in names}
+def tie_map(groups: list[list[str]]) -> dict[str, list[str]]:
+    """Each name of a tie -> the other names of the same tensor."""
+    return {n: [o for o in names if o != n] for names in groups for n in names}
 
 
 def copy_tokenizer(source: str, out: str) -> list[str]:

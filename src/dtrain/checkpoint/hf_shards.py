@@ -63,12 +63,11 @@ def _fqn(name: str) -> str:
 def _own(module: nn.Module, prefix: str) -> tuple[dict[str, torch.Tensor], dict[str, list[str]]]:
     """The module's state by the file's names (``prefix`` and wrappers' segments dropped), with
     the storage of its parameters (this rank's shards), and each name's tied names."""
+    from ..parallel.apply import tied_groups
+
     state = {_fqn(k)[len(prefix):]: v for k, v in module.state_dict().items() if _fqn(k).startswith(prefix)}
-    groups: dict[int, list[str]] = {}
-    for name, p in module.named_parameters(remove_duplicate=False):
-        if _fqn(name).startswith(prefix):
-            groups.setdefault(id(p), []).append(_fqn(name)[len(prefix):])
-    return state, {n: [o for o in names if o != n] for names in groups.values() for n in names}
+    groups = [[_fqn(n)[len(prefix):] for n in names if _fqn(n).startswith(prefix)] for names in tied_groups(module)]
+    return state, hf.tie_map(groups)
 
 
 def _chunk(value: torch.Tensor) -> tuple[torch.Tensor, tuple[slice, ...]]:

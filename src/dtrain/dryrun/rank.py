@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader
 from ..context.core import Context
 from ..context.startup import init
 from ..errors import ConfigError
+from ..parallel.apply import retie, tied_groups
 from ..parallel.dims import DIMS
 from ..tasks import Task, load_task, make_optimizer
 from ..train.config import check_accum
@@ -67,15 +68,10 @@ class KeepMeta(TorchFunctionMode):
 def stand_in_values(model: nn.Module, device: torch.device) -> None:
     """Allocate the meta model's local shards on ``device`` and fill them; ``to_empty`` would untie
     a head tied to its embedding (more memory than the real run), so ties are restored after it."""
-    ties: dict[int, list[str]] = {}
-    for name, p in model.named_parameters(remove_duplicate=False):
-        ties.setdefault(id(p), []).append(name)
+    ties = tied_groups(model)
     model.to_empty(device=device)
-    for names in (n for n in ties.values() if len(n) > 1):
-        first = model.get_parameter(names[0])
-        for name in names[1:]:
-            owner, _, attr = name.rpartition(".")
-            setattr(model.get_submodule(owner), attr, first)
+    for names in ties:
+        retie(model, names)
     for name, t in list(model.named_parameters()) + list(model.named_buffers()):
         local = t.to_local() if hasattr(t, "to_local") else t
         if not local.is_floating_point():

@@ -50,13 +50,23 @@ def apply_tp(model: nn.Module, tp_mesh: Any, plan: dict[str, Any]) -> nn.Module:
     if missing:
         raise ConfigError(f"the tensor-parallel plan names {', '.join(missing[:3])}, which the model does not have; "
                           f"plan keys are submodule names such as {next(iter(n for n in names if n), 'block0.mlp')}.")
-    ties = _ties(model)
+    ties = tied_groups(model)
     model = parallelize_module(model, tp_mesh, plan)
-    _retie(model, ties)
+    # parallelize_module gives each layer its own new parameter, which would train a tied pair as
+    # two tensors: tie them again, if the plan split them alike.
+    for names in ties:
+        first = model.get_parameter(names[0])
+        for name in names[1:]:
+            other = model.get_parameter(name)
+            if other is not first and _layout(other) != _layout(first):
+                raise ConfigError(f"the tensor-parallel plan splits the tied parameters {names[0]} ({_layout(first)}) and {name} "
+                                  f"({_layout(other)}) differently; split both alike (vocabulary rows: RowwiseParallel embedding, "
+                                  "ColwiseParallel head) or untie them (task lm: --task-arg tie=false).")
+        retie(model, names)
     return model
 
 
-def _ties(model: nn.Module) -> list[list[str]]:
+def tied_groups(model: nn.Module) -> list[list[str]]:
     """Names of the parameters that are one tensor (weight tying), grouped."""
     groups: dict[int, list[str]] = {}
     for name, p in model.named_parameters(remove_duplicate=False):
@@ -64,21 +74,12 @@ def _ties(model: nn.Module) -> list[list[str]]:
     return [names for names in groups.values() if len(names) > 1]
 
 
-def _retie(model: nn.Module, ties: list[list[str]]) -> None:
-    """``parallelize_module`` gives each layer its own new parameter, which would train a tied
-    pair as two tensors: point every name of a tie at the first one's again, if split alike."""
-    for names in ties:
-        first = model.get_parameter(names[0])
-        for name in names[1:]:
-            other = model.get_parameter(name)
-            if other is first:
-                continue
-            if _layout(other) != _layout(first):
-                raise ConfigError(f"the tensor-parallel plan splits the tied parameters {names[0]} ({_layout(first)}) and {name} "
-                                  f"({_layout(other)}) differently; split both alike (vocabulary rows: RowwiseParallel embedding, "
-                                  "ColwiseParallel head) or untie them (task lm: --task-arg tie=false).")
-            owner, _, attr = name.rpartition(".")
-            setattr(model.get_submodule(owner), attr, first)
+def retie(model: nn.Module, names: list[str]) -> None:
+    """Point every name of a tie at the first name's parameter."""
+    first = model.get_parameter(names[0])
+    for name in names[1:]:
+        owner, _, attr = name.rpartition(".")
+        setattr(model.get_submodule(owner), attr, first)
 
 
 def _layout(p: torch.Tensor) -> str:
