@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from .._version import __version__
 from ..errors import DtrainError, first_line
+from ..launch import preflight
 from ..launch.store import host_store
 from ..world import netif
 
@@ -26,7 +27,7 @@ from ..world import netif
 @dataclass(frozen=True)
 class Check:
     name: str
-    status: str  # PASS, WARN, FAIL, INFO
+    status: str  # PASS, WARN, FAIL, INFO; WAIT: a progress line while a check waits (never a result)
     detail: str
     fix: str = ""
 
@@ -129,7 +130,8 @@ def _has_network_address() -> bool:
                for a in addrs)
 
 
-def check_port(cfg: DoctorConfig) -> Check:
+def check_port(cfg: DoctorConfig, say: Callable[[str], None] = print) -> Check:
+    """Node 0: the port is free; another node: node 0 listens there (``say`` prints the lines while it waits)."""
     addr = cfg.master_addr or "127.0.0.1"
     port = cfg.master_port
     if port is None:
@@ -143,16 +145,16 @@ def check_port(cfg: DoctorConfig) -> Check:
                 fix = "choose another --master-port" if exc.errno == errno.EADDRINUSE else f"run node 0 on the host that owns {addr}"
                 return Check("port", "FAIL", f"cannot listen on {addr}:{port} ({exc.strerror})", fix)
         return Check("port", "PASS", f"{addr}:{port} is free on node 0")
+    # Nodes start in any order (SLURM, k8s): wait for node 0 as `dtrain run` does, within --timeout.
     try:
-        with socket.create_connection((addr, port), timeout=5):
-            return Check("port", "PASS", f"{addr}:{port} accepts connections")
-    except socket.timeout:
-        return Check("port", "FAIL", f"{addr}:{port} does not answer (timed out)", "check --master-addr and firewalls between the nodes")
-    except OSError as exc:
-        if exc.errno == errno.ECONNREFUSED:
-            return Check("port", "FAIL", f"nothing listens on {addr}:{port} (connection refused)",
-                         "start node 0 first (`dtrain doctor --node-rank 0 ...`), and check --master-addr/--master-port")
-        return Check("port", "FAIL", f"{addr}:{port} is unreachable ({exc.strerror})", "check --master-addr and the route to node 0")
+        preflight.wait_for_master(addr, port, timeout_s=cfg.timeout_s, me=f"node {cfg.node_rank}", bound="--timeout",
+                                  fix="start `dtrain doctor --node-rank 0` on node 0 with the same --master-addr and --master-port",
+                                  waiting="node 0's doctor has not started yet, or a wrong --master-addr/--master-port?",
+                                  say=lambda note: say(Check("port", "WAIT", note).line()))
+    except DtrainError as exc:  # one line "what; fix", as Check shows it
+        what, _, fix = str(exc).partition("; ")
+        return Check("port", "FAIL", what, fix.rstrip("."))
+    return Check("port", "PASS", f"{addr}:{port} accepts connections")
 
 
 def check_rendezvous(cfg: DoctorConfig) -> tuple[Check, dist.Store | None, bool]:
@@ -229,7 +231,7 @@ def run_doctor(cfg: DoctorConfig, env: dict[str, str] | None = None, echo: Calla
     add(check_devices())
     add(check_env(env))
     add(check_network(cfg))
-    port = check_port(cfg)
+    port = check_port(cfg, echo)
     add(port)
     store, probes = None, False
     if port.status != "FAIL":

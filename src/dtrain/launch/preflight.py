@@ -11,6 +11,7 @@ import json
 import os
 import threading
 import time
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -43,11 +44,13 @@ class Notes:
 
 def wait_for_master(addr: str, port: int, *, timeout_s: float, me: str = "this node", what: str = "node 0",
                     fix: str = "start node 0 (--node-rank 0) there with the same --master-addr and --master-port",
-                    waiting: str = "not started yet, or a wrong --master-addr/--master-port?") -> None:
+                    waiting: str = "not started yet, or a wrong --master-addr/--master-port?", bound: str = "--startup-timeout",
+                    say: Callable[[str], None] | None = None) -> None:
     """Return once ``addr:port`` accepts a TCP connection, waiting out refusals up to ``timeout_s``
     (``UNREACHABLE_S`` of no reply, or no route, end it sooner); else one line naming ``me``, ``what``
-    it waited for, and ``fix`` (for a refusal)."""
-    notes = Notes()
+    it waited for, and ``fix`` (for a refusal). ``bound``: the flag that sets ``timeout_s``; ``say``:
+    where the progress lines go (dtrain's log by default; ``dtrain doctor`` prints its own)."""
+    notes, say = Notes(), say or logger.info
     where = f"{me} could not connect to {what} at {addr}:{port}"
     check = f"check that {addr} is the address of {what} as this node sees it, and that no firewall drops the port"
     seen = {"silent": 0.0, "at": 0.0}
@@ -61,12 +64,11 @@ def wait_for_master(addr: str, port: int, *, timeout_s: float, me: str = "this n
         seen["at"] = elapsed
         if elapsed >= timeout_s:
             raise LaunchError(f"{where} within {timeout_s:g} s: {refusal(error)}; {fix if refused else check}, or raise "
-                              "--startup-timeout.")
+                              f"{bound}.")
         if seen["silent"] >= UNREACHABLE_S:
             raise LaunchError(f"{where}: {refusal(error)} for {seen['silent']:.0f} s; {check}.")
         if notes.due(elapsed):
-            logger.info(f"{me}: waiting for {what} at {addr}:{port} ({elapsed:.0f} s of {timeout_s:g} s): "
-                        f"{refusal(error)}; {waiting}")
+            say(f"{me}: waiting for {what} at {addr}:{port} ({elapsed:.0f} s of {timeout_s:g} s): {refusal(error)}; {waiting}")
 
     error = wait_for_listener(addr, port, timeout_s, on_wait)
     if error is not None:  # a name that does not resolve (no other error gets here)

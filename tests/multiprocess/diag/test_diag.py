@@ -193,30 +193,28 @@ def test_doctor_passes_on_a_healthy_node():
     assert "bus bandwidth" in r.stdout and "FAIL" not in r.stdout
 
 
-def test_doctor_fails_with_the_fix_for_an_unreachable_master():
-    port = _free_port()  # nothing listens there
-    t0 = time.monotonic()
-    r = run_cli(["doctor", "--nnodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1", "--master-port", str(port), "--no-probe"], timeout=60)
-    assert time.monotonic() - t0 < 30
-    assert r.returncode == 1
-    assert re.search(r"^FAIL\s+port\s+nothing listens on 127.0.0.1:\d+ .*-> fix: start node 0 first", r.stdout, re.M), r.stdout
-    assert re.search(r"^FAIL\s+network\s+.*loopback.*-> fix:", r.stdout, re.M), r.stdout  # 127.0.0.1 across nodes
-
-
-def test_doctor_probes_between_nodes():
-    # Two "nodes" on this host: they meet in node 0's store, then all-reduce over gloo.
+def test_doctor_probes_between_nodes_started_in_any_order():
+    # Two "nodes" on this host, node 1 first (as SLURM or k8s may start them): node 1 waits for node 0's
+    # port, then they meet in node 0's store and all-reduce over gloo. The --timeout bounds each wait
+    # only; it is long because node 0 imports torch after node 1 began to wait, on a busy machine.
     port = _free_port()
-    cmd = ["doctor", "--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port", str(port), "--timeout", "20"]
+    cmd = ["doctor", "--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port", str(port), "--timeout", "90"]
     src = str(Path(dtrain.__file__).resolve().parents[1])
-    node0 = subprocess.Popen([sys.executable, "-m", "dtrain", *cmd, "--node-rank", "0"], stdout=subprocess.PIPE, text=True,
+    node1 = subprocess.Popen([sys.executable, "-m", "dtrain", *cmd, "--node-rank", "1"], stdout=subprocess.PIPE, text=True,
                              env={**os.environ, "PYTHONPATH": src})
     try:
-        time.sleep(1)
-        r1 = run_cli([*cmd, "--node-rank", "1"], timeout=60)
-        out0 = node0.communicate(timeout=60)[0]
+        seen = []
+        while not (seen and seen[-1].startswith("WAIT")):  # node 1 was refused and waits: only now does node 0 start
+            line = node1.stdout.readline()
+            assert line, "".join(seen)
+            seen.append(line)
+        r0 = run_cli([*cmd, "--node-rank", "0"], timeout=150)
+        out1 = "".join(seen) + node1.communicate(timeout=150)[0]
     finally:
-        node0.kill()
-    for out in (out0, r1.stdout):
+        node1.kill()
+    assert re.search(rf"^WAIT\s+port\s+node 1: waiting for node 0 at 127.0.0.1:{port} ", out1, re.M), out1
+    assert re.search(rf"^PASS\s+port\s+127.0.0.1:{port} accepts connections", out1, re.M), out1
+    for out in (r0.stdout, out1):
         assert re.search(r"^PASS\s+rendezvous\s+2 node\(s\) met", out, re.M), out
         assert re.search(r"^PASS\s+all-reduce\s+2 nodes \(gloo\): latency \d+ us .*bus bandwidth", out, re.M), out
         assert re.search(r"^FAIL\s+network\s+.*loopback", out, re.M), out  # 127.0.0.1 across nodes
