@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from ..errors import CheckpointError, first_line
+from ..metrics.memory import inner_optimizer
 from . import dcp_safe
 
 if TYPE_CHECKING:
@@ -31,18 +32,12 @@ def _options() -> Any:
 def _split(objects: dict[str, Any]) -> tuple[tuple[str, nn.Module] | None, dict[str, torch.optim.Optimizer]]:
     """The one model and the optimizers among ``objects`` (both as the user's torch objects)."""
     models = {k: getattr(v, "original", v) for k, v in objects.items() if isinstance(v, nn.Module)}
-    optims = {k: _inner(v) for k, v in objects.items() if isinstance(v, torch.optim.Optimizer)}
+    optims = {k: inner_optimizer(v) for k, v in objects.items() if isinstance(v, torch.optim.Optimizer)}
     if len(models) > 1:
         raise CheckpointError(f"a sharded checkpoint holds one model; got {len(models)} ({', '.join(models)}); save them in separate checkpoints.")
     if optims and not models:
         raise CheckpointError("a sharded checkpoint needs the model next to its optimizer (save(model=..., optimizer=...)).")
     return (next(iter(models.items())) if models else None), optims
-
-
-def _inner(opt: torch.optim.Optimizer) -> torch.optim.Optimizer:
-    while isinstance(getattr(opt, "optimizer", None), torch.optim.Optimizer):
-        opt = opt.optimizer  # dtrain's forwarding wrappers
-    return opt
 
 
 def sharded_names(objects: dict[str, Any]) -> list[str]:
