@@ -46,13 +46,13 @@ def _flag_spelling(value: str) -> str:
 
 def main(args: argparse.Namespace) -> int:
     configure_cli_logging(0, verbose=args.verbose)
-    export_comm(args)
     if not os.path.isfile(args.script):
         raise ConfigError(f"script {args.script} does not exist; give the path of the training script to run.")
-    if args.fault_tolerance is not None:
+    if args.fault_tolerance is not None:  # before --comm is handed over: it refuses the flags a group would ignore
         from .train_ft import start_script
 
         return start_script(args)
+    export_comm(args)
     _local_rank_arg(args)
     step = slurm_step(args)
     if step is not None and step.ntasks > 1 and args.nproc is None:

@@ -13,6 +13,7 @@ import torch
 from .. import _check as check
 from .. import strategies
 from ..errors import ConfigError, DtrainError
+from ..metrics.stragglers import StragglerConfig
 from ..parallel import ParallelDims
 from ..parallel import parse as parse_layout
 from ..parallel.convnets import check_channels_last
@@ -46,6 +47,38 @@ def refuse_unsupported(cfg: TrainConfig, elastic_batch: str = "per-process") -> 
                           "groups in forward (the groups average their running statistics after each step instead); drop --sync-bn.")
     if cfg.runtime.channels_last and par.strategy == "fsdp":
         check_channels_last(strategies.build("fsdp", distributed=True, **par.strategy_options))
+    refuse_unread(cfg)
+
+
+# option (--parallel with --fsdp-* or pipeline flags) -> its flag
+_LAYOUT_FLAGS = {"wrap": "--fsdp-wrap", "offload": "--fsdp-offload", "reduce_dtype": "--fsdp-reduce",
+                 "schedule": "--pipeline-schedule", "microbatches": "--microbatches", "split_points": "--split-points"}
+
+
+def refuse_unread(cfg: TrainConfig) -> None:
+    """Flags the replica groups' loop (``ft_replica``) has no part for: refused, not ignored."""
+    batch, seen, par = cfg.batch, cfg.observe, cfg.parallel
+    if batch.num_workers:  # 0 is what a group does
+        raise ConfigError(f"--num-workers {batch.num_workers} does not apply under --fault-tolerance: a replica group reads "
+                          "each step's samples in its training process once the step's quorum says which (a worker would read "
+                          "ahead samples of a step that may not be committed); drop --num-workers.")
+    if batch.split != "even":
+        raise ConfigError(f"--batch-split {batch.split} does not apply under --fault-tolerance: each replica group takes an equal "
+                          "slice of the step's samples (--batch-size each); drop --batch-split.")
+    given, default = seen.stragglers, StragglerConfig()
+    unread = [("--trace", seen.trace, "the groups' loop times no step phases to draw"),
+              ("--warmup-steps", seen.warmup_steps, "the groups' results have no rates (samples/s, MFU) to leave steps out of"),
+              ("--straggler-window", None if given.window == default.window else given.window, "no step breakdown to compare ranks with"),
+              ("--straggler-threshold", None if given.threshold == default.threshold else given.threshold,
+               "no step breakdown to compare ranks with")]
+    for flag, value, why in unread:
+        if value is not None:
+            raise ConfigError(f"{flag} {value} does not apply under --fault-tolerance: {why}; drop {flag}.")
+    options = [_LAYOUT_FLAGS.get(k, k) for k in par.strategy_options] if par.layout else []
+    if options:  # a group's layout is built without them (and checked without them: check_layout)
+        raise ConfigError(f"{', '.join(options)} with --parallel {par.layout} does not apply under --fault-tolerance: a "
+                          "replica group's layout takes its default units and schedule; drop "
+                          f"{'it' if len(options) == 1 else 'them'} (or use --strategy fsdp with --fsdp-* flags).")
 
 
 def group_size(cfg: TrainConfig, nproc: int) -> int:

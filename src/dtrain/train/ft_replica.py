@@ -35,6 +35,7 @@ from ..ft.session import (
 )
 from ..ft.spec import FaultTolerance, FaultToleranceStopped, require_torchft
 from ..metrics import JsonlSink
+from ..metrics.tensorboard import TensorBoardSink
 from ..parallel.clip import settle_grads
 from ..tasks import load_task, make_optimizer
 from ..world import World
@@ -106,8 +107,11 @@ class _Replica:
         # One folder per replica group: each holds the whole state (the groups are replicas), and
         # no group waits on another's lock; after a whole-job loss the groups resume from their
         # own folders and the quorum heals the ones behind from the one ahead.
-        self.ckpt = ctx.checkpoints(os.path.join(saving.dir, f"replica-{replica_id}"), keep=saving.keep) if saving.dir else None
+        self.ckpt = (ctx.checkpoints(os.path.join(saving.dir, f"replica-{replica_id}"), keep=saving.keep, async_save=saving.async_save)
+                     if saving.dir else None)
         self.session: Any = None
+        self.sinks: list[Any] = []
+        """The metrics records' sinks (the group's rank 0; set by ``_loop``, closed by ``train``)."""
 
     # -- the state a returning replica group heals from (torchft's checkpoint transport) --
     # (under FSDP: this process's shards; the peer it heals from is the other group's same rank)
@@ -199,6 +203,8 @@ class _Replica:
                 return {"ended": True, "left": None, "rank": self.rank}
             return self._loop(t0)
         finally:
+            for sink in self.sinks:
+                sink.close()
             self.session.shutdown()
 
     def _stop_saved(self, step: int) -> str:
@@ -217,7 +223,7 @@ class _Replica:
         ledger = FtLedger(seen.ledger, self.replica_id, self.order.n) if seen.ledger and main else None
         if ledger is not None:
             ledger.begin(manager.current_step(), healed=bool(self.session.healed))
-        sink = JsonlSink(seen.metrics_file) if seen.metrics_file and main else None
+        self.sinks = self._sinks() if main else []
         stats = {"not_committed": 0, "participants": set()}
         loss = torch.zeros(())
         plan = None
@@ -236,7 +242,7 @@ class _Replica:
             self.optimizer.step()
             self.order.commit(plan)
             stats["participants"].add(participants)
-            self._committed(plan, participants, loss, ledger, sink, t0)
+            self._committed(plan, participants, loss, ledger, t0)
         step, left = manager.current_step(), self._stop_signal()
         if ledger is not None:
             if not left:  # the last plan's leftovers: the epoch's end (after a leave, the job goes on)
@@ -258,16 +264,26 @@ class _Replica:
         torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
         return int(flag.item())
 
-    def _committed(self, plan: StepPlan, participants: int, loss: torch.Tensor, ledger: FtLedger | None, sink: Any,
-                   t0: float) -> None:
+    def _sinks(self) -> list[Any]:
+        """Where the group's metrics records go: ``--metrics-file`` (shared by the groups, each record
+        names its replica) and ``--tensorboard DIR``'s ``replica-ID`` folder (one TensorBoard run a group)."""
+        seen = self.cfg.observe
+        sinks: list[Any] = [JsonlSink(seen.metrics_file)] if seen.metrics_file else []
+        if seen.tensorboard:
+            sinks.append(TensorBoardSink(os.path.join(seen.tensorboard, f"replica-{self.replica_id}")))
+        return sinks
+
+    def _committed(self, plan: StepPlan, participants: int, loss: torch.Tensor, ledger: FtLedger | None, t0: float) -> None:
         """A committed step's records: the ledger, the metrics, the first commit's line, a due checkpoint."""
         step, cfg = self.manager.current_step(), self.cfg
         if ledger is not None:
             ledger.commit(step, plan)
-        if sink is not None and step % cfg.observe.log_every == 0:
-            sink.write({"step": step, "epoch": plan.epoch, "train_loss": round(loss.item(), 6), "replica": self.replica_id,
-                        "participants": participants, "global_batch": participants * self.batch * self.dp,
-                        "wall_s": round(time.perf_counter() - t0, 3), "time": round(time.time(), 3)})
+        if self.sinks and step % cfg.observe.log_every == 0:
+            record = {"step": step, "epoch": plan.epoch, "train_loss": round(loss.item(), 6), "replica": self.replica_id,
+                      "participants": participants, "global_batch": participants * self.batch * self.dp,
+                      "wall_s": round(time.perf_counter() - t0, 3), "time": round(time.time(), 3)}
+            for sink in self.sinks:
+                sink.write(record)
         if self._joined_at is not None and self.rank == 0:
             healed = self.session.healed
             healed = f", healed from a peer to step {healed[-1]}" if healed else ""
