@@ -14,7 +14,7 @@ from ..launch.runner import run_script
 from ..options import hand_over
 from .common import add_comm_args, add_launch_args, export_comm, export_diagnostics, launch_spec, slurm_step
 from .parallel import add_parallel_arg, export_parallel
-from .train_ft import add_ft_args
+from .train_ft import add_ft_args, refuse_without_ft
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -52,6 +52,7 @@ def main(args: argparse.Namespace) -> int:
         from .train_ft import start_script
 
         return start_script(args)
+    refuse_without_ft(args)
     export_comm(args)
     _local_rank_arg(args)
     step = slurm_step(args)

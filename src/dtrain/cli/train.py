@@ -27,7 +27,7 @@ from .microbatch import add_micro_batch_arg, micro_from_args, with_proposal
 from .observe import add_observe_args, observe_options
 from .parallel import add_parallel_arg
 from .sharding import add_sharding_args, strategy_options
-from .train_ft import add_ft_args
+from .train_ft import add_ft_args, refuse_without_ft
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -144,6 +144,7 @@ def main(args: argparse.Namespace) -> int:
         from . import train_ft
 
         return train_ft.start(cfg, args)
+    refuse_without_ft(args)
     export_diagnostics(args)
     world = World.detect(device=cfg.runtime.device)  # once per process; a worker's run() reuses it
     launched = world.distributed and args.nproc is None  # under torchrun/srun: this process is a worker

@@ -23,6 +23,14 @@ def add_ft_args(parser: argparse.ArgumentParser) -> None:
                    help="with --fault-tolerance: this node's replica group name (default: the node rank); keep it when restarting one")
 
 
+def refuse_without_ft(args: argparse.Namespace) -> None:
+    """``--lighthouse`` and ``--replica-id`` name a fault-tolerant job's parts: without ``--fault-tolerance``
+    nothing reads them."""
+    for flag, value in (("--lighthouse", args.lighthouse), ("--replica-id", args.replica_id)):
+        if value is not None:
+            raise ConfigError(f"{flag} {value} applies to a fault-tolerant job only; add --fault-tolerance, or drop {flag}.")
+
+
 def start(cfg: TrainConfig, args: argparse.Namespace) -> int:
     """Start this node's part of a fault-tolerant job; returns the exit status."""
     from ..ft import FaultTolerance

@@ -134,6 +134,15 @@ def test_run_refuses_a_flag_its_script_groups_would_ignore(flags, says, capsys):
     assert says in _refused(["run", "--fault-tolerance", *flags, SCRIPT], capsys)
 
 
+@pytest.mark.parametrize("argv, says", [
+    (["train", "--lighthouse", "127.0.0.1:29510"], "--lighthouse 127.0.0.1:29510 applies to a fault-tolerant job only"),
+    (["train", "--replica-id", "b"], "--replica-id b applies to a fault-tolerant job only"),
+    (["run", "--replica-id", "b", SCRIPT], "--replica-id b applies to a fault-tolerant job only"),
+])
+def test_a_fault_tolerant_jobs_flag_without_fault_tolerance_is_refused(argv, says, capsys):
+    assert says in _refused(argv, capsys)
+
+
 def test_the_flags_that_work_pass_the_checks(tmp_path):
     args = build_parser().parse_args([
         "train", "--fault-tolerance", "--num-workers", "0", "--no-breakdown", "--async-save", "--checkpoint-dir", str(tmp_path / "c"),
