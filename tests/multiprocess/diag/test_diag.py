@@ -127,7 +127,7 @@ def _free_port() -> int:
 def test_nodes_started_with_different_world_sizes_fail_fast():
     port = _free_port()
     cmd = [sys.executable, "-m", "dtrain", "run", "-n", "1", "--master-addr", "127.0.0.1", "--master-port", str(port)]
-    t0 = time.monotonic()
+    # Fast: before the rendezvous's own timeout (120 s); the 60 s bounds below fail the test if a node waits for it.
     node0 = subprocess.Popen([*cmd, "--nnodes", "2", "--node-rank", "0", str(ALLREDUCE)], stderr=subprocess.PIPE, text=True)
     try:
         time.sleep(1)
@@ -136,7 +136,6 @@ def test_nodes_started_with_different_world_sizes_fail_fast():
         err0 = node0.communicate(timeout=60)[1]
     finally:
         node0.kill()
-    assert time.monotonic() - t0 < 30
     assert r.returncode == 1 and "nodes disagree on the job's size" in r.stderr
     assert node0.returncode == 1 and "--nnodes 3 -n 1 (world size 3)" in err0
 
