@@ -114,16 +114,12 @@ def print_table(plan: Plan, *, top: int | None = None, out: TextIO | None = None
 
 
 def chart(plan: Plan, path: str) -> str:
-    """A bar chart of samples/s per layout (hatched: does not fit) at ``path``."""
-    try:
-        import matplotlib
+    """A bar chart of samples/s per layout (hatched: does not fit) at ``path``; the CLI checked matplotlib first."""
+    import matplotlib
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        from ..errors import ConfigError
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
 
-        raise ConfigError("--chart needs matplotlib; pip install 'dtrain[plot]' (or matplotlib).") from None
     preds = plan.predictions
     fig, ax = plt.subplots(figsize=(max(6, 0.6 * len(preds) + 2), 4.5))
     bars = ax.bar(range(len(preds)), [p.samples_per_s for p in preds], color=["tab:blue" if p.fits else "lightgray" for p in preds])
