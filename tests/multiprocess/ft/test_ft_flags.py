@@ -1,7 +1,7 @@
 """``--compile --activation-checkpointing --channels-last`` under ``--fault-tolerance``: 2 replica
 groups (min=2) train the conv task, the second heals from the first at step 0 into its compiled,
 checkpointed, channels-last model, and both end with the same state, in channels-last layout and
-with the plain parameter names."""
+with the plain parameter names. ``--async-save`` and ``--tensorboard`` reach each group."""
 
 from __future__ import annotations
 
