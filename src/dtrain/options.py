@@ -2,7 +2,7 @@
 
 A launcher hands its workers settings through the environment (``dtrain run --comm`` sets
 ``DTRAIN_COMM``, ``--stall-timeout`` sets ``DTRAIN_STALL_TIMEOUT``), and users may set the same
-variables by hand (``DTRAIN_DEBUG=1``, ``DTRAIN_FAULT_INJECT=1:25``). This module is the only reader
+variables by hand (``DTRAIN_DEBUG=1``, ``DTRAIN_STALL_TIMEOUT=60``). This module is the only reader
 and the only writer of ``DTRAIN_*`` variables:
 
     current().diag.stall_timeout           # 900.0: every section, parsed once per process
