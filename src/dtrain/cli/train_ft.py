@@ -7,7 +7,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..train.config import TrainConfig
-from .common import parse_nnodes
+from .common import add_launch_args, parse_nnodes
 
 
 def add_ft_args(parser: argparse.ArgumentParser) -> None:
@@ -49,6 +49,7 @@ def start_script(args: argparse.Namespace) -> int:
     """``dtrain run --fault-tolerance script.py``: each replica group runs the script (``dtrain.init`` joins the job)."""
     from ..ft import FaultTolerance
     from ..ft.launch import ScriptGroups
+    from ..train.ft_check import refuse_given
 
     ft = FaultTolerance.parse(args.fault_tolerance)
     script_flags = [("--comm", args.comm, "a script's replica group is one process and runs no DDP, whose gradient hooks --comm "
@@ -57,38 +58,37 @@ def start_script(args: argparse.Namespace) -> int:
                     ("--parallel", args.parallel, "a script's replica group is one process (--parallel applies to dtrain train's "
                      "groups)"),
                     ("--local-rank-arg", args.local_rank_arg, "a script's replica group is one process, of local rank 0")]
-    _refuse_given(script_flags)
+    refuse_given(script_flags)
     _refuse_launch_flags(args)
     return _start(ft, ScriptGroups(ft, args.script, list(args.args)), args)
 
 
 def _refuse_launch_flags(args: argparse.Namespace) -> None:
     """The launch and diagnostics flags a fault-tolerant job has no part for (its groups meet at the
-    Lighthouse, not in a rendezvous): one line each, not ignored. Flags with a default count as
-    given when they differ from it."""
-    def other(value: Any, default: Any) -> Any:
-        return None if value == default else value
+    Lighthouse, not in a rendezvous): one line each, not ignored. A flag counts as given where it
+    differs from its default, as ``add_launch_args`` declares it."""
+    from ..train.ft_check import refuse_given
+
+    declared = argparse.ArgumentParser(add_help=False)
+    add_launch_args(declared)
+
+    def given(dest: str) -> Any:
+        value = getattr(args, dest)
+        return None if value == declared.get_default(dest) else value
 
     rendezvous = "the replica groups meet at the Lighthouse (--lighthouse HOST:PORT, or node 0's at --master-addr), not in a rendezvous"
-    _refuse_given([
-        ("--master-port", args.master_port, rendezvous), ("--local-addr", args.local_addr, rendezvous),
-        ("--startup-timeout", other(args.startup_timeout, 120.0), rendezvous + "; a group waits `timeout` for a quorum "
+    refuse_given([
+        ("--master-port", given("master_port"), rendezvous), ("--local-addr", given("local_addr"), rendezvous),
+        ("--startup-timeout", given("startup_timeout"), rendezvous + "; a group waits `timeout` for a quorum "
          "(--fault-tolerance timeout=S)"),
-        ("--rdzv-id", other(args.rdzv_id, "dtrain"), rendezvous), ("--rdzv-timeout", args.rdzv_timeout, rendezvous),
-        ("--rdzv-last-call", other(args.rdzv_last_call, 5.0), rendezvous),
-        ("--launcher", other(args.launcher, "torchrun"), "dtrain starts and restarts the replica groups itself"),
-        ("--ray-address", args.ray_address, "dtrain starts and restarts the replica groups itself"),
-        ("--stall-timeout", args.stall_timeout, "a replica group's steps are bounded by --fault-tolerance step-timeout=S"),
-        ("--debug", args.debug or None, "the replica groups run no collective checker"),
-        ("--run-dir", args.run_dir, "the replica groups write no stall reports"),
+        ("--rdzv-id", given("rdzv_id"), rendezvous), ("--rdzv-timeout", given("rdzv_timeout"), rendezvous),
+        ("--rdzv-last-call", given("rdzv_last_call"), rendezvous),
+        ("--launcher", given("launcher"), "dtrain starts and restarts the replica groups itself"),
+        ("--ray-address", given("ray_address"), "dtrain starts and restarts the replica groups itself"),
+        ("--stall-timeout", given("stall_timeout"), "a replica group's steps are bounded by --fault-tolerance step-timeout=S"),
+        ("--debug", given("debug"), "the replica groups run no collective checker"),
+        ("--run-dir", given("run_dir"), "the replica groups write no stall reports"),
     ])
-
-
-def _refuse_given(flags: list[tuple[str, Any, str]]) -> None:
-    for flag, value, why in flags:
-        if value is not None:
-            shown = flag if value is True else f"{flag} {value}"
-            raise ConfigError(f"{shown} does not apply under --fault-tolerance: {why}; drop {flag}.")
 
 
 def _start(ft: Any, groups: Any, args: argparse.Namespace) -> int:

@@ -8,6 +8,8 @@ found by the groups, it printed once per process, then once per group from the l
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from .. import _check as check
@@ -71,14 +73,20 @@ def refuse_unread(cfg: TrainConfig) -> None:
               ("--straggler-window", None if given.window == default.window else given.window, "no step breakdown to compare ranks with"),
               ("--straggler-threshold", None if given.threshold == default.threshold else given.threshold,
                "no step breakdown to compare ranks with")]
-    for flag, value, why in unread:
-        if value is not None:
-            raise ConfigError(f"{flag} {value} does not apply under --fault-tolerance: {why}; drop {flag}.")
+    refuse_given(unread)
     options = [_LAYOUT_FLAGS.get(k, k) for k in par.strategy_options] if par.layout else []
     if options:  # a group's layout is built without them (and checked without them: check_layout)
         raise ConfigError(f"{', '.join(options)} with --parallel {par.layout} does not apply under --fault-tolerance: a "
                           "replica group's layout takes its default units and schedule; drop "
                           f"{'it' if len(options) == 1 else 'them'} (or use --strategy fsdp with --fsdp-* flags).")
+
+
+def refuse_given(flags: list[tuple[str, Any, str]]) -> None:
+    """One line for the first of ``(flag, value, why)`` given (value not None) that a fault-tolerant job has no part for."""
+    for flag, value, why in flags:
+        if value is not None:
+            shown = flag if value is True else f"{flag} {value}"
+            raise ConfigError(f"{shown} does not apply under --fault-tolerance: {why}; drop {flag}.")
 
 
 def group_size(cfg: TrainConfig, nproc: int) -> int:
